@@ -1,0 +1,222 @@
+//! Store benchmark: write and read throughput of one thread through the
+//! store, next to the raw codec on the same pages (the ceiling), plus memory
+//! overhead. Not a test: run by hand and copy the table into BENCHMARKS.md.
+//!
+//! cargo bench -p vzram-store --bench store -- [--data FILE | --synthetic] [--copies N] [--reps N]
+
+use std::time::Instant;
+
+use vzram_store::codec::MAX_COMPRESSED;
+use vzram_store::device::same_filled;
+use vzram_store::{Codec, DeviceConfig, Page, Pool, PoolConfig, PAGE_SIZE};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// A deterministic mix resembling anonymous memory, for machines without
+/// the captured corpus: zero pages, small-integer arrays, pointer-rich
+/// structs, text, and random bytes.
+fn synthetic(n: usize) -> Vec<Page> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let words = b"the of and to in is was for that with as on by def return self none import ";
+    (0..n)
+        .map(|i| {
+            let mut p = [0u8; PAGE_SIZE];
+            match i % 10 {
+                0 | 1 => {}
+                2 | 3 => {
+                    for c in p.chunks_exact_mut(8) {
+                        c.copy_from_slice(&(rnd() % 1000).to_le_bytes());
+                    }
+                }
+                4..=6 => {
+                    let base = 0x7f3a_0000_0000u64 + (rnd() % 4096) * 4096;
+                    for (j, c) in p.chunks_exact_mut(8).enumerate() {
+                        let v = match j % 4 {
+                            0 => base + (rnd() % 64) * 32,
+                            1 => rnd() % 256,
+                            2 => 0,
+                            _ => base + j as u64 * 16,
+                        };
+                        c.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                7 | 8 => {
+                    let mut k = 0;
+                    while k < PAGE_SIZE {
+                        let w = (rnd() as usize) % (words.len() - 8);
+                        let n = (4 + rnd() % 5) as usize;
+                        let end = (k + n).min(PAGE_SIZE);
+                        p[k..end].copy_from_slice(&words[w..w + end - k]);
+                        k = end;
+                    }
+                }
+                _ => p.iter_mut().for_each(|b| *b = rnd() as u8),
+            }
+            p
+        })
+        .collect()
+}
+
+fn load(path: &str) -> Vec<Page> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    bytes
+        .chunks_exact(PAGE_SIZE)
+        .map(|c| c.try_into().unwrap())
+        .collect()
+}
+
+struct Row {
+    codec: Codec,
+    raw_c: f64,
+    raw_d: f64,
+    raw_ratio: f64,
+    w: f64,
+    r: f64,
+    ratio: f64,
+    mem_over_compr: f64,
+    meta_per_slot: f64,
+    same: u64,
+    huge: u64,
+}
+
+fn bench(codec: Codec, pages: &[Page], copies: usize, reps: usize, threshold: usize) -> Row {
+    let mib = |secs: f64, n: usize| (n * PAGE_SIZE) as f64 / secs / 1e6;
+    let mut cbuf = Box::new([0u8; MAX_COMPRESSED]);
+    let mut out = Box::new([0u8; PAGE_SIZE]);
+    // The ceiling: the codec alone on every page, no store around it.
+    let mut comp: Vec<Vec<u8>> = Vec::with_capacity(pages.len());
+    let mut raw_c = Vec::new();
+    let mut raw_d = Vec::new();
+    let mut raw_bytes = 0usize;
+    for rep in 0..reps {
+        let t = Instant::now();
+        for p in pages {
+            let n = codec
+                .compress(p, &mut cbuf, MAX_COMPRESSED)
+                .unwrap_or(PAGE_SIZE);
+            if rep == 0 {
+                raw_bytes += n.min(PAGE_SIZE);
+                comp.push(cbuf[..n].to_vec());
+            }
+        }
+        raw_c.push(mib(t.elapsed().as_secs_f64(), pages.len()));
+        let t = Instant::now();
+        for c in &comp {
+            assert!(codec.decompress(c, &mut out));
+        }
+        raw_d.push(mib(t.elapsed().as_secs_f64(), pages.len()));
+    }
+
+    let n = pages.len() * copies;
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let mut w = Vec::new();
+    let mut r = Vec::new();
+    let mut last = None;
+    for _ in 0..reps {
+        let mut cfg = DeviceConfig::new((n * PAGE_SIZE) as u64, codec);
+        cfg.shards = 1;
+        cfg.huge_threshold = threshold;
+        let dev = pool.create_device(cfg).unwrap();
+        let t = Instant::now();
+        for (i, p) in pages.iter().cycle().take(n).enumerate() {
+            dev.write_page(i as u64, p).unwrap();
+        }
+        w.push(mib(t.elapsed().as_secs_f64(), n));
+        let t = Instant::now();
+        for i in 0..n {
+            dev.read_page(i as u64, &mut out).unwrap();
+        }
+        r.push(mib(t.elapsed().as_secs_f64(), n));
+        for (i, p) in pages.iter().enumerate() {
+            dev.read_page(i as u64, &mut out).unwrap();
+            assert!(*out == *p, "page {i} differs");
+        }
+        last = Some(dev.stats());
+    }
+    let s = last.unwrap();
+    Row {
+        codec,
+        raw_c: median(raw_c),
+        raw_d: median(raw_d),
+        raw_ratio: (pages.len() * PAGE_SIZE) as f64 / raw_bytes as f64,
+        w: median(w),
+        r: median(r),
+        ratio: s.orig_data_size as f64 / s.compr_data_size as f64,
+        mem_over_compr: s.mem_used_total as f64 / s.compr_data_size as f64,
+        meta_per_slot: s.meta_bytes as f64 / n as f64,
+        same: s.same_pages,
+        huge: s.huge_pages,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let default_data = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/data/anon-pages.bin"
+    );
+    let (pages, source) = if args.iter().any(|a| a == "--synthetic") {
+        (synthetic(16384), "synthetic mix".to_string())
+    } else {
+        let path = arg("--data").unwrap_or_else(|| default_data.to_string());
+        if std::path::Path::new(&path).exists() {
+            (load(&path), path)
+        } else {
+            eprintln!("{path} not found; using the synthetic mix");
+            (synthetic(16384), "synthetic mix".to_string())
+        }
+    };
+    let copies: usize = arg("--copies").map_or(4, |s| s.parse().unwrap());
+    let reps: usize = arg("--reps").map_or(5, |s| s.parse().unwrap());
+    let threshold: usize = arg("--huge-threshold")
+        .map_or(vzram_store::device::DEFAULT_HUGE_THRESHOLD, |s| {
+            s.parse().unwrap()
+        });
+    let zero = pages.iter().filter(|p| same_filled(p).is_some()).count();
+    println!(
+        "data: {source}: {} pages ({} same-filled); device = {copies} copies; median of {reps}; 1 thread",
+        pages.len(),
+        zero
+    );
+    println!();
+    println!("| codec | raw compress MB/s | store write MB/s | write/raw | raw decompress MB/s | store read MB/s | read/raw | raw ratio | store ratio | mem_used/compr | meta B/slot | same | huge |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let codecs = match arg("--algo") {
+        Some(a) => vec![a.parse().unwrap()],
+        None => vec![Codec::Lz4, Codec::Zstd { level: 1 }],
+    };
+    for codec in codecs {
+        let r = bench(codec, &pages, copies, reps, threshold);
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} |",
+            r.codec,
+            r.raw_c,
+            r.w,
+            r.w / r.raw_c,
+            r.raw_d,
+            r.r,
+            r.r / r.raw_d,
+            r.raw_ratio,
+            r.ratio,
+            r.mem_over_compr,
+            r.meta_per_slot,
+            r.same,
+            r.huge
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! lz4 and zstd over single pages, with one context per thread: queue threads
+//! never share or lock a compression context.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::str::FromStr;
+
+use crate::PAGE_SIZE;
+
+/// Bytes a compressed page may need in the worst case (lz4's bound).
+pub const MAX_COMPRESSED: usize = lz4_flex::block::get_maximum_output_size(PAGE_SIZE);
+
+/// Compression algorithm of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Lz4,
+    Zstd { level: i32 },
+}
+
+impl Codec {
+    pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
+
+    /// The 2-bit id kept in the slot word.
+    pub fn id(self) -> u8 {
+        match self {
+            Codec::Lz4 => 0,
+            Codec::Zstd { .. } => 1,
+        }
+    }
+
+    /// Compresses one page into `out` and returns the compressed length, or
+    /// `None` when the result would not be smaller than `limit` bytes.
+    pub fn compress(
+        self,
+        page: &[u8; PAGE_SIZE],
+        out: &mut [u8; MAX_COMPRESSED],
+        limit: usize,
+    ) -> Option<usize> {
+        let n = match self {
+            Codec::Lz4 => lz4_flex::block::compress_into(page, out).ok()?,
+            Codec::Zstd { level } => ZSTD_C.with(|c| {
+                let mut c = c.borrow_mut();
+                let ctx = match &mut *c {
+                    Some((l, ctx)) if *l == level => ctx,
+                    slot => {
+                        let ctx = zstd::bulk::Compressor::new(level).ok()?;
+                        &mut slot.insert((level, ctx)).1
+                    }
+                };
+                ctx.compress_to_buffer(&page[..], &mut out[..limit]).ok()
+            })?,
+        };
+        (n < limit).then_some(n)
+    }
+
+    /// Decompresses `src` into a whole page. Fails unless exactly a page
+    /// comes out.
+    pub fn decompress(self, src: &[u8], page: &mut [u8; PAGE_SIZE]) -> bool {
+        match self {
+            Codec::Lz4 => matches!(lz4_flex::block::decompress_into(src, page), Ok(PAGE_SIZE)),
+            Codec::Zstd { .. } => ZSTD_D.with(|d| {
+                let mut d = d.borrow_mut();
+                let ctx = match &mut *d {
+                    Some(ctx) => ctx,
+                    slot => match zstd::bulk::Decompressor::new() {
+                        Ok(ctx) => slot.insert(ctx),
+                        Err(_) => return false,
+                    },
+                };
+                matches!(ctx.decompress_to_buffer(src, &mut page[..]), Ok(PAGE_SIZE))
+            }),
+        }
+    }
+
+    /// The codec for a stored id; zstd's level only matters when compressing.
+    pub fn from_id(id: u8) -> Codec {
+        match id {
+            1 => Codec::Zstd {
+                level: Self::DEFAULT_ZSTD_LEVEL,
+            },
+            _ => Codec::Lz4,
+        }
+    }
+}
+
+thread_local! {
+    static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Codec::Lz4 => write!(f, "lz4"),
+            Codec::Zstd { level } => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+impl FromStr for Codec {
+    type Err = String;
+
+    /// Accepts `lz4`, `zstd` and `zstd:LEVEL` (LEVEL in zstd's range).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, level) = match s.split_once(':') {
+            Some((n, l)) => (n, Some(l)),
+            None => (s, None),
+        };
+        match (name, level) {
+            ("lz4", None) => Ok(Codec::Lz4),
+            ("zstd", None) => Ok(Codec::Zstd {
+                level: Self::DEFAULT_ZSTD_LEVEL,
+            }),
+            ("zstd", Some(l)) => {
+                let level: i32 = l.parse().map_err(|_| format!("bad zstd level {l:?}"))?;
+                let range = zstd::compression_level_range();
+                if !range.contains(&level) || level == 0 {
+                    return Err(format!(
+                        "zstd level {level} is outside {}..={} (0 excluded)",
+                        range.start(),
+                        range.end()
+                    ));
+                }
+                Ok(Codec::Zstd { level })
+            }
+            _ => Err(format!(
+                "unknown algorithm {s:?} (expected lz4, zstd or zstd:LEVEL)"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_page() -> [u8; PAGE_SIZE] {
+        let mut p = [0u8; PAGE_SIZE];
+        for (i, b) in p.iter_mut().enumerate() {
+            *b = b"the quick brown fox jumps over the lazy dog "[i % 44] ^ (i / 700) as u8;
+        }
+        p
+    }
+
+    #[test]
+    fn round_trip_both_codecs() {
+        let page = text_page();
+        for codec in [
+            Codec::Lz4,
+            Codec::Zstd { level: 1 },
+            Codec::Zstd { level: 9 },
+        ] {
+            let mut buf = [0u8; MAX_COMPRESSED];
+            let n = codec.compress(&page, &mut buf, 3072).expect("compressible");
+            assert!(n < 3072);
+            let mut out = [0xaa; PAGE_SIZE];
+            assert!(codec.decompress(&buf[..n], &mut out));
+            assert_eq!(out, page);
+            assert!(
+                !codec.decompress(&buf[..n / 2], &mut out),
+                "{codec} accepted a truncated page"
+            );
+        }
+    }
+
+    #[test]
+    fn incompressible_is_refused() {
+        let mut page = [0u8; PAGE_SIZE];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for b in page.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        let mut buf = [0u8; MAX_COMPRESSED];
+        assert_eq!(Codec::Lz4.compress(&page, &mut buf, 3072), None);
+        assert_eq!(
+            Codec::Zstd { level: 1 }.compress(&page, &mut buf, 3072),
+            None
+        );
+    }
+
+    #[test]
+    fn parse() {
+        assert_eq!("lz4".parse(), Ok(Codec::Lz4));
+        assert_eq!("zstd".parse(), Ok(Codec::Zstd { level: 1 }));
+        assert_eq!("zstd:7".parse(), Ok(Codec::Zstd { level: 7 }));
+        assert!("zstd:99".parse::<Codec>().is_err());
+        assert!("zstd:x".parse::<Codec>().is_err());
+        assert!("lz4:1".parse::<Codec>().is_err());
+        assert!("gzip".parse::<Codec>().is_err());
+        assert_eq!(Codec::Zstd { level: 3 }.to_string(), "zstd:3");
+    }
+}

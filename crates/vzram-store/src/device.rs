@@ -1,0 +1,511 @@
+//! A device: a fixed array of 4 KiB slots backed by the shared pool.
+//!
+//! Every operation on a slot holds that slot's lock bit and nothing wider.
+//! Compression happens before the lock is taken, so a writer holds it only
+//! to swap one word; readers hold it while decompressing, which is what stops
+//! compaction or a writer from freeing the object under them.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use crate::codec::{Codec, MAX_COMPRESSED};
+use crate::error::{Result, StoreError};
+use crate::limits::Budget;
+use crate::mmap::OS_PAGE;
+use crate::pool::class::{class_of, BLOCK_BYTES};
+use crate::pool::heap::Heap;
+use crate::pool::Pool;
+use crate::slot::{self, Slot};
+use crate::stats::{self, Counters, DeviceStats, Footprint};
+use crate::table::SlotTable;
+use crate::{Page, PAGE_SIZE};
+
+/// Default size below which a compressed page is kept compressed; above it
+/// the raw page is stored ("huge"), since decompressing would buy little.
+pub const DEFAULT_HUGE_THRESHOLD: usize = PAGE_SIZE * 3 / 4;
+
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Capacity in bytes; a multiple of 4096.
+    pub size_bytes: u64,
+    pub codec: Codec,
+    /// Per-device cap on pool memory, in bytes; 0 = unlimited.
+    pub mem_limit: u64,
+    /// Compressed pages of this many bytes or more are stored raw.
+    pub huge_threshold: usize,
+    /// Allocator shards: about one per thread that writes to the device
+    /// (its queue count). 0 picks the number of CPUs.
+    pub shards: usize,
+}
+
+impl DeviceConfig {
+    pub fn new(size_bytes: u64, codec: Codec) -> DeviceConfig {
+        DeviceConfig {
+            size_bytes,
+            codec,
+            mem_limit: 0,
+            huge_threshold: DEFAULT_HUGE_THRESHOLD,
+            shards: 0,
+        }
+    }
+}
+
+pub struct Device {
+    pool: Arc<Pool>,
+    table: SlotTable,
+    heap: Heap,
+    codec: Codec,
+    huge_threshold: usize,
+    budget: Budget,
+    counters: Box<[Counters]>,
+    compacting: Mutex<()>,
+    size_bytes: u64,
+}
+
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD_SEQ: usize = NEXT_THREAD.fetch_add(1, Relaxed);
+    static CBUF: RefCell<Box<[u8; MAX_COMPRESSED]>> = RefCell::new(Box::new([0; MAX_COMPRESSED]));
+    static PAGE_BUF: RefCell<Box<Page>> = RefCell::new(Box::new([0; PAGE_SIZE]));
+}
+
+/// Returns the fill value if the page is one 8-byte value repeated.
+#[inline]
+pub fn same_filled(page: &Page) -> Option<u64> {
+    let first = u64::from_ne_bytes(page[..8].try_into().unwrap());
+    // Compare the last word first: most pages that are not same-filled fail here.
+    let last = u64::from_ne_bytes(page[PAGE_SIZE - 8..].try_into().unwrap());
+    if first != last {
+        return None;
+    }
+    page.chunks_exact(8)
+        .all(|c| u64::from_ne_bytes(c.try_into().unwrap()) == first)
+        .then_some(first)
+}
+
+fn fill(page: &mut Page, v: u64) {
+    let bytes = v.to_ne_bytes();
+    for c in page.chunks_exact_mut(8) {
+        c.copy_from_slice(&bytes);
+    }
+}
+
+fn footprint(word: u64) -> Footprint {
+    match Slot::decode(word) {
+        Slot::Empty => Footprint::default(),
+        Slot::Same(_) => Footprint {
+            stored: 1,
+            same: 1,
+            ..Default::default()
+        },
+        Slot::Object { len, huge, .. } => Footprint {
+            stored: 1,
+            compr: i64::from(len),
+            huge: i64::from(huge),
+            ..Default::default()
+        },
+    }
+}
+
+impl Device {
+    pub(crate) fn new(pool: Arc<Pool>, cfg: DeviceConfig) -> Result<Device> {
+        if cfg.size_bytes == 0 || !cfg.size_bytes.is_multiple_of(PAGE_SIZE as u64) {
+            return Err(StoreError::InvalidConfig(format!(
+                "device size {} is not a positive multiple of {PAGE_SIZE}",
+                cfg.size_bytes
+            )));
+        }
+        if !(1..=PAGE_SIZE).contains(&cfg.huge_threshold) {
+            return Err(StoreError::InvalidConfig(format!(
+                "huge threshold {} is outside 1..={PAGE_SIZE}",
+                cfg.huge_threshold
+            )));
+        }
+        let shards = match cfg.shards {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+        .min(64);
+        Ok(Device {
+            table: SlotTable::new(cfg.size_bytes / PAGE_SIZE as u64)?,
+            heap: Heap::new(shards),
+            codec: cfg.codec,
+            huge_threshold: cfg.huge_threshold,
+            budget: Budget::new(cfg.mem_limit),
+            counters: (0..shards).map(|_| Counters::default()).collect(),
+            compacting: Mutex::new(()),
+            size_bytes: cfg.size_bytes,
+            pool,
+        })
+    }
+
+    pub fn num_slots(&self) -> u64 {
+        self.table.len()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn set_mem_limit(&self, bytes: u64) {
+        self.budget.set_limit(bytes);
+    }
+
+    pub fn mem_limit(&self) -> u64 {
+        self.budget.limit()
+    }
+
+    pub fn reset_mem_used_max(&self) {
+        self.budget.reset_max();
+    }
+
+    #[inline]
+    fn shard(&self) -> usize {
+        THREAD_SEQ.with(|s| *s) % self.heap.num_shards()
+    }
+
+    #[inline]
+    fn check(&self, slot: u64) -> Result<()> {
+        if slot < self.table.len() {
+            Ok(())
+        } else {
+            Err(StoreError::OutOfRange {
+                slot,
+                slots: self.table.len(),
+            })
+        }
+    }
+
+    /// Reads a slot into `out`. Unwritten and discarded slots read as zeros.
+    pub fn read_page(&self, slot: u64, out: &mut Page) -> Result<()> {
+        let ctr = &self.counters[self.shard()];
+        ctr.reads.fetch_add(1, Relaxed);
+        let r = self.check(slot).and_then(|()| self.read_checked(slot, out));
+        if r.is_err() {
+            ctr.failed_reads.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    fn read_checked(&self, slot: u64, out: &mut Page) -> Result<()> {
+        let w = self.table.word(slot);
+        // Empty and same-filled slots are answered from one atomic load:
+        // there is no object that could move or be freed.
+        let snap = w.load(std::sync::atomic::Ordering::Acquire);
+        if snap & slot::LOCK == 0 {
+            match Slot::decode(snap) {
+                Slot::Empty => {
+                    out.fill(0);
+                    return Ok(());
+                }
+                Slot::Same(v) => {
+                    fill(out, v);
+                    return Ok(());
+                }
+                Slot::Object { .. } => {}
+            }
+        }
+        let cur = slot::lock(w);
+        let ok = self.load(cur, out);
+        slot::unlock(w, cur);
+        if ok {
+            Ok(())
+        } else {
+            Err(StoreError::Corrupt { slot })
+        }
+    }
+
+    /// Expands a slot word into a page; the caller holds the slot lock.
+    fn load(&self, word: u64, out: &mut Page) -> bool {
+        match Slot::decode(word) {
+            Slot::Empty => out.fill(0),
+            Slot::Same(v) => fill(out, v),
+            Slot::Object {
+                offset,
+                len,
+                huge,
+                codec,
+            } => {
+                let len = len as usize;
+                // SAFETY: the slot lock pins the object: nobody frees or moves
+                // it, and nobody writes its bytes, until we unlock.
+                let src =
+                    unsafe { std::slice::from_raw_parts(self.pool.arena.ptr(offset, len), len) };
+                if huge {
+                    out.copy_from_slice(src);
+                } else {
+                    return Codec::from_id(codec).decompress(src, out);
+                }
+            }
+        }
+        true
+    }
+
+    /// Stores a whole page. On any error the slot keeps its old content.
+    pub fn write_page(&self, slot: u64, data: &Page) -> Result<()> {
+        let sh = self.shard();
+        let ctr = &self.counters[sh];
+        ctr.writes.fetch_add(1, Relaxed);
+        let r = self
+            .check(slot)
+            .and_then(|()| self.encode(data, sh))
+            .map(|new| {
+                let w = self.table.word(slot);
+                let old = slot::lock(w);
+                slot::unlock(w, new);
+                self.retire(old, new, sh);
+            });
+        if r.is_err() {
+            ctr.failed_writes.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    /// Read-modify-write of part of a page, under the slot lock: `f` sees the
+    /// current content and changes it in place.
+    pub fn modify_page(&self, slot: u64, f: impl FnOnce(&mut Page)) -> Result<()> {
+        let sh = self.shard();
+        let ctr = &self.counters[sh];
+        ctr.writes.fetch_add(1, Relaxed);
+        let r = self.check(slot).and_then(|()| {
+            PAGE_BUF.with(|buf| {
+                let page = &mut **buf.borrow_mut();
+                let w = self.table.word(slot);
+                let old = slot::lock(w);
+                if !self.load(old, page) {
+                    slot::unlock(w, old);
+                    return Err(StoreError::Corrupt { slot });
+                }
+                f(page);
+                match self.encode(page, sh) {
+                    Ok(new) => {
+                        slot::unlock(w, new);
+                        self.retire(old, new, sh);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        slot::unlock(w, old);
+                        Err(e)
+                    }
+                }
+            })
+        });
+        if r.is_err() {
+            ctr.failed_writes.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    /// Writes `data` at byte `offset` of a slot, keeping the rest of the page.
+    pub fn write_partial(&self, slot: u64, offset: usize, data: &[u8]) -> Result<()> {
+        let end = offset.checked_add(data.len()).filter(|&e| e <= PAGE_SIZE);
+        let Some(end) = end else {
+            return Err(StoreError::BadPageRange {
+                offset,
+                len: data.len(),
+            });
+        };
+        self.modify_page(slot, |p| p[offset..end].copy_from_slice(data))
+    }
+
+    /// Zeroes `len` bytes at `offset` of a slot; a whole page is discarded.
+    pub fn zero_partial(&self, slot: u64, offset: usize, len: usize) -> Result<()> {
+        let end = offset.checked_add(len).filter(|&e| e <= PAGE_SIZE);
+        let Some(end) = end else {
+            return Err(StoreError::BadPageRange { offset, len });
+        };
+        if len == PAGE_SIZE {
+            return self.discard(slot..slot + 1);
+        }
+        self.modify_page(slot, |p| p[offset..end].fill(0))
+    }
+
+    /// Frees a range of slots; they read as zeros afterwards.
+    pub fn discard(&self, slots: Range<u64>) -> Result<()> {
+        if slots.start > slots.end || slots.end > self.table.len() {
+            return Err(StoreError::OutOfRange {
+                slot: slots.end.saturating_sub(1),
+                slots: self.table.len(),
+            });
+        }
+        let sh = self.shard();
+        self.counters[sh]
+            .discards
+            .fetch_add(slots.end - slots.start, Relaxed);
+        for s in slots {
+            let w = self.table.word(s);
+            if w.load(Relaxed) == 0 {
+                continue;
+            }
+            let old = slot::lock(w);
+            slot::unlock(w, 0);
+            self.retire(old, 0, sh);
+        }
+        Ok(())
+    }
+
+    /// Turns a page into the word that will represent it, allocating and
+    /// filling an object if it needs one.
+    fn encode(&self, data: &Page, shard: usize) -> Result<u64> {
+        if let Some(w) = same_filled(data).and_then(|v| Slot::Same(v).encode()) {
+            return Ok(w);
+        }
+        CBUF.with(|cbuf| {
+            let cbuf = &mut **cbuf.borrow_mut();
+            let (src, huge): (&[u8], bool) =
+                match self.codec.compress(data, cbuf, self.huge_threshold) {
+                    Some(n) => (&cbuf[..n], false),
+                    None => (&data[..], true),
+                };
+            let offset = self
+                .heap
+                .alloc(&self.pool, &self.budget, class_of(src.len()), shard)?;
+            // SAFETY: the object was just allocated to us and nobody else can
+            // reach it until its word is published; source and arena never overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    self.pool.arena.ptr(offset, src.len()),
+                    src.len(),
+                );
+            }
+            let word = Slot::Object {
+                offset,
+                len: src.len() as u32,
+                huge,
+                codec: self.codec.id(),
+            };
+            Ok(word.encode().expect("objects always encode"))
+        })
+    }
+
+    /// Accounts for a slot going from `old` to `new` and frees the old object.
+    fn retire(&self, old: u64, new: u64, shard: usize) {
+        if let Slot::Object { offset, .. } = Slot::decode(old) {
+            self.heap.free(&self.pool, &self.budget, offset);
+        }
+        self.counters[shard].apply(footprint(old), footprint(new));
+    }
+
+    /// Moves objects out of sparse spans and gives emptied spans back to the
+    /// OS. Runs beside I/O: each move holds only the moved slot's lock.
+    /// Returns the number of pages given back.
+    pub fn compact(&self) -> u64 {
+        let _one_at_a_time = self.compacting.lock().unwrap_or_else(|e| e.into_inner());
+        let blocks = self.heap.plan_compaction(&self.pool);
+        if blocks.is_empty() {
+            return 0;
+        }
+        let sh = self.shard();
+        self.for_each_object(|s, w| self.relocate(s, w, &blocks, sh));
+        let pages = self
+            .heap
+            .finish_compaction(&self.pool, &self.budget, &blocks);
+        self.counters[sh].pages_compacted.fetch_add(pages, Relaxed);
+        pages
+    }
+
+    fn relocate(&self, slot: u64, w: &AtomicU64, blocks: &HashSet<u32>, shard: usize) {
+        let in_set = |word: u64| match Slot::decode(word) {
+            Slot::Object { offset, len, .. } => blocks
+                .contains(&((offset / BLOCK_BYTES as u64) as u32))
+                .then_some((offset, len)),
+            _ => None,
+        };
+        if in_set(w.load(Relaxed)).is_none() {
+            return;
+        }
+        let cur = slot::lock(w);
+        let Some((offset, len)) = in_set(cur) else {
+            slot::unlock(w, cur);
+            return;
+        };
+        let len = len as usize;
+        let Ok(new_off) = self
+            .heap
+            .alloc(&self.pool, &self.budget, class_of(len), shard)
+        else {
+            // Over a limit: leave this one where it is.
+            slot::unlock(w, cur);
+            return;
+        };
+        // SAFETY: we hold the slot lock, so the old object is pinned; the new
+        // one is ours alone until the word is published; they never overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.pool.arena.ptr(offset, len),
+                self.pool.arena.ptr(new_off, len),
+                len,
+            );
+        }
+        let Slot::Object { huge, codec, .. } = Slot::decode(cur) else {
+            unreachable!()
+        };
+        let new = Slot::Object {
+            offset: new_off,
+            len: len as u32,
+            huge,
+            codec,
+        }
+        .encode()
+        .expect("objects encode");
+        slot::unlock(w, new);
+        self.heap.free(&self.pool, &self.budget, offset);
+        tracing::trace!(slot, "moved during compaction");
+    }
+
+    /// Calls `f` for every slot whose table page is resident; slots on pages
+    /// never touched are empty and skipped without faulting them in.
+    fn for_each_object(&self, mut f: impl FnMut(u64, &AtomicU64)) {
+        let per_page = (OS_PAGE / 8) as u64;
+        let resident = self.table.resident_pages();
+        for (page, &res) in resident.iter().enumerate() {
+            if !res {
+                continue;
+            }
+            let start = page as u64 * per_page;
+            for s in start..(start + per_page).min(self.table.len()) {
+                let w = self.table.word(s);
+                if w.load(Relaxed) != 0 {
+                    f(s, w);
+                }
+            }
+        }
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        let mut s = DeviceStats::default();
+        stats::sum(&self.counters, &mut s);
+        s.mem_used_total = self.budget.used();
+        s.mem_used_max = self.budget.max();
+        s.mem_limit = self.budget.limit();
+        s.table_bytes = self.table.resident_bytes();
+        s.meta_bytes = s.table_bytes
+            + self.heap.spans() * std::mem::size_of::<crate::pool::arena::SpanHeader>() as u64;
+        s.size_bytes = self.size_bytes;
+        s
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // Give every object back so the pool's budget and spans are whole again.
+        let sh = self.shard();
+        self.for_each_object(|_, w| {
+            let old = w.swap(0, Relaxed);
+            self.retire(old, 0, sh);
+        });
+    }
+}

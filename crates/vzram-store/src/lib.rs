@@ -1,0 +1,24 @@
+//! vzram's page store: compressed 4 KiB pages in one shared pool.
+//!
+//! A [`Pool`] owns the memory; each [`Device`] has a fixed number of slots
+//! and a per-slot-locked table. Nothing here knows about virtio.
+
+pub mod codec;
+pub mod device;
+pub mod error;
+pub mod limits;
+mod mmap;
+pub mod pool;
+pub mod slot;
+pub mod stats;
+pub mod table;
+
+pub use codec::Codec;
+pub use device::{Device, DeviceConfig};
+pub use error::{Result, StoreError};
+pub use pool::{Pool, PoolConfig};
+pub use stats::{DeviceStats, PoolStats};
+
+/// Bytes per slot.
+pub const PAGE_SIZE: usize = 4096;
+pub type Page = [u8; PAGE_SIZE];

@@ -1,0 +1,80 @@
+//! Memory budgets: one per device and one for the whole pool. Both count
+//! bytes of spans actually mapped, and both can change at runtime.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Budget {
+    used: AtomicU64,
+    max: AtomicU64,
+    /// 0 means unlimited.
+    limit: AtomicU64,
+}
+
+impl Budget {
+    pub fn new(limit: u64) -> Budget {
+        Budget {
+            limit: AtomicU64::new(limit),
+            ..Default::default()
+        }
+    }
+
+    /// Charges `bytes`, or refuses (charging nothing) if that would pass the limit.
+    pub fn try_charge(&self, bytes: u64) -> bool {
+        let now = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let limit = self.limit.load(Ordering::Relaxed);
+        if limit != 0 && now > limit {
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+            return false;
+        }
+        self.max.fetch_max(now, Ordering::Relaxed);
+        true
+    }
+
+    pub fn uncharge(&self, bytes: u64) {
+        let prev = self.used.fetch_sub(bytes, Ordering::Relaxed);
+        debug_assert!(prev >= bytes, "budget underflow");
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub fn max(&self) -> u64 {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Lowering a limit below current use refuses new spans until use drops
+    /// under it; nothing already stored is evicted.
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Restarts `mem_used_max` from the current use (zram's `reset mem_used_max`).
+    pub fn reset_max(&self) {
+        self.max.store(self.used(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_refuses_and_keeps_accounting() {
+        let b = Budget::new(100);
+        assert!(b.try_charge(60));
+        assert!(!b.try_charge(50));
+        assert_eq!(b.used(), 60);
+        assert!(b.try_charge(40));
+        assert_eq!(b.max(), 100);
+        b.uncharge(100);
+        assert_eq!(b.used(), 0);
+        b.set_limit(0);
+        assert!(b.try_charge(1 << 40));
+    }
+}

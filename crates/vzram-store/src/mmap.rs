@@ -1,0 +1,88 @@
+//! Anonymous, lazily backed memory regions. The slot table, the span
+//! directory and the pool arena are all reserved up front with
+//! `MAP_NORESERVE`, so address space is cheap and RSS grows only with the
+//! pages actually touched.
+
+use crate::error::{Result, StoreError};
+
+pub struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a Region is a plain memory mapping owned by this value; access to
+// its bytes is coordinated by the types that embed it (atomics, locks).
+unsafe impl Send for Region {}
+// SAFETY: see above; the Region itself has no interior state.
+unsafe impl Sync for Region {}
+
+pub const OS_PAGE: usize = 4096;
+
+impl Region {
+    /// Reserves `len` bytes (rounded up to a page) of zeroed, lazily backed memory.
+    pub fn reserve(len: usize) -> Result<Region> {
+        let len = len.max(1).div_ceil(OS_PAGE) * OS_PAGE;
+        // SAFETY: an anonymous private mapping with no fixed address touches
+        // no existing memory; the result is checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(StoreError::Map(format!(
+                "mmap of {len} bytes: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(Region {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    #[inline]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Gives the pages fully inside `[offset, offset + len)` back to the OS.
+    /// They read as zeros afterwards, so freed memory never leaks old bytes.
+    pub fn release(&self, offset: usize, len: usize) {
+        let start = offset.div_ceil(OS_PAGE) * OS_PAGE;
+        let end = ((offset + len) / OS_PAGE * OS_PAGE).min(self.len);
+        if end <= start {
+            return;
+        }
+        // SAFETY: the range lies inside this mapping (clamped above) and the
+        // caller guarantees nothing live is stored there. MADV_DONTNEED on a
+        // private anonymous mapping drops the pages and refills them with zeros.
+        let rc =
+            unsafe { libc::madvise(self.ptr.add(start).cast(), end - start, libc::MADV_DONTNEED) };
+        if rc != 0 {
+            tracing::warn!(
+                "madvise(DONTNEED) failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len come from a successful mmap owned by self.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}

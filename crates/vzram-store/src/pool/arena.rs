@@ -1,0 +1,139 @@
+//! The arena: one big reservation carved into fixed 32 KiB blocks, one span
+//! per block, plus a directory holding each block's span header. A span uses
+//! the first 1..=8 pages of its block; the rest of the block is never touched
+//! and costs no memory. Fixed blocks make "which span owns this object" a
+//! shift, with no per-page map.
+
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use super::class::BLOCK_BYTES;
+use crate::error::{Result, StoreError};
+use crate::mmap::Region;
+
+pub const NONE: u32 = u32::MAX;
+pub const NO_OBJ: u16 = u16::MAX;
+
+/// Flags in [`SpanHeader::flags`].
+pub const IN_AVAIL: u8 = 1;
+pub const EVACUATING: u8 = 2;
+
+/// Per-span state, 20 bytes in the directory. Fields are atomics only so
+/// that shared references are sound; every write happens under the owning
+/// class shard's mutex. `class` and `shard` never change while the span has
+/// live objects, which is what lets `free` find the right mutex.
+#[repr(C)]
+pub struct SpanHeader {
+    pub class: AtomicU16,
+    pub shard: AtomicU16,
+    pub live: AtomicU16,
+    pub bump: AtomicU16,
+    pub free_head: AtomicU16,
+    pub flags: AtomicU16,
+    pub prev: AtomicU32,
+    pub next: AtomicU32,
+}
+
+impl SpanHeader {
+    pub fn flag(&self, f: u8) -> bool {
+        self.flags.load(Relaxed) & u16::from(f) != 0
+    }
+
+    pub fn set_flag(&self, f: u8, on: bool) {
+        let v = self.flags.load(Relaxed);
+        let v = if on {
+            v | u16::from(f)
+        } else {
+            v & !u16::from(f)
+        };
+        self.flags.store(v, Relaxed);
+    }
+}
+
+struct FreeBlocks {
+    /// Blocks never handed out start here.
+    next: u32,
+    /// Blocks given back; their pages were already returned to the OS.
+    free: Vec<u32>,
+}
+
+pub struct Arena {
+    mem: Region,
+    dir: Region,
+    blocks: u32,
+    // Taken only when a span is created or dropped (once per dozens of
+    // objects), never per page.
+    free: Mutex<FreeBlocks>,
+}
+
+impl Arena {
+    pub fn new(bytes: u64) -> Result<Arena> {
+        let blocks = (bytes / BLOCK_BYTES as u64).min(u64::from(NONE - 1));
+        if blocks == 0 {
+            return Err(StoreError::InvalidConfig(format!(
+                "arena of {bytes} bytes is smaller than one {BLOCK_BYTES}-byte block"
+            )));
+        }
+        let mem = Region::reserve(blocks as usize * BLOCK_BYTES)?;
+        let dir = Region::reserve(blocks as usize * std::mem::size_of::<SpanHeader>())?;
+        Ok(Arena {
+            mem,
+            dir,
+            blocks: blocks as u32,
+            free: Mutex::new(FreeBlocks {
+                next: 0,
+                free: Vec::new(),
+            }),
+        })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.blocks) * BLOCK_BYTES as u64
+    }
+
+    #[inline]
+    pub fn header(&self, block: u32) -> &SpanHeader {
+        assert!(block < self.blocks);
+        // SAFETY: the directory holds `blocks` zero-initialised headers and
+        // all-zero bytes are a valid SpanHeader (plain atomics).
+        unsafe { &*(self.dir.as_ptr() as *const SpanHeader).add(block as usize) }
+    }
+
+    /// Pointer to byte `offset` of the arena; `offset + len` must not pass the end.
+    #[inline]
+    pub fn ptr(&self, offset: u64, len: usize) -> *mut u8 {
+        assert!(offset as usize + len <= self.mem.len());
+        // SAFETY: bounds checked just above.
+        unsafe { self.mem.as_ptr().add(offset as usize) }
+    }
+
+    pub fn alloc_block(&self) -> Result<u32> {
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = f.free.pop() {
+            return Ok(b);
+        }
+        if f.next >= self.blocks {
+            return Err(StoreError::ArenaFull);
+        }
+        f.next += 1;
+        Ok(f.next - 1)
+    }
+
+    /// Returns a block's first `pages` pages to the OS and the block to the
+    /// free list. The next owner sees zeros, never old bytes.
+    pub fn free_block(&self, block: u32, pages: usize) {
+        self.mem
+            .release(block as usize * BLOCK_BYTES, pages * crate::PAGE_SIZE);
+        let h = self.header(block);
+        for a in [&h.class, &h.shard, &h.live, &h.bump, &h.free_head, &h.flags] {
+            a.store(0, Relaxed);
+        }
+        h.prev.store(0, Relaxed);
+        h.next.store(0, Relaxed);
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free
+            .push(block);
+    }
+}

@@ -1,0 +1,278 @@
+//! A device's share of the pool: for every size class, a few independently
+//! locked shards, each holding a list of spans with free room. Queue threads
+//! map to different shards, so they do not meet on a lock; the lock is taken
+//! once per object and never while compressing.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Mutex, MutexGuard};
+
+use super::arena::{Arena, SpanHeader, EVACUATING, IN_AVAIL, NONE, NO_OBJ};
+use super::class::{Class, BLOCK_BYTES, NUM_CLASSES};
+use crate::error::StoreError;
+use crate::limits::Budget;
+use crate::pool::Pool;
+use crate::PAGE_SIZE;
+
+#[derive(Default)]
+struct ShardState {
+    /// Head of the list of spans that have free objects.
+    avail: u32,
+    /// Spans this shard owns, for statistics.
+    spans: u32,
+}
+
+pub struct Heap {
+    // shards[shard][class]: one shard's classes sit together, so two threads
+    // on two shards never write the same cache lines.
+    shards: Box<[Box<[Mutex<ShardState>]>]>,
+}
+
+/// Where an allocation went and which budget refused it.
+pub enum AllocError {
+    Device,
+    Host,
+    Arena,
+}
+
+impl From<AllocError> for StoreError {
+    fn from(e: AllocError) -> StoreError {
+        match e {
+            AllocError::Device => StoreError::DeviceLimit,
+            AllocError::Host => StoreError::HostLimit,
+            AllocError::Arena => StoreError::ArenaFull,
+        }
+    }
+}
+
+fn lock(m: &Mutex<ShardState>) -> MutexGuard<'_, ShardState> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Heap {
+    pub fn new(shards: usize) -> Heap {
+        let shards = (0..shards.max(1))
+            .map(|_| {
+                (0..NUM_CLASSES)
+                    .map(|_| {
+                        Mutex::new(ShardState {
+                            avail: NONE,
+                            spans: 0,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .into_boxed_slice()
+            })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Heap { shards }
+    }
+
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Allocates one object of class `class` and returns its arena offset.
+    /// A new span is charged to both budgets first; if either refuses,
+    /// nothing changes.
+    pub fn alloc(
+        &self,
+        pool: &Pool,
+        budget: &Budget,
+        class: usize,
+        shard: usize,
+    ) -> std::result::Result<u64, AllocError> {
+        let c = pool.classes[class];
+        let arena = &pool.arena;
+        let mut st = lock(&self.shards[shard][class]);
+        let block = if st.avail != NONE {
+            st.avail
+        } else {
+            let block = new_span(pool, budget, c)?;
+            let h = arena.header(block);
+            h.class.store(class as u16, Relaxed);
+            h.shard.store(shard as u16, Relaxed);
+            h.free_head.store(NO_OBJ, Relaxed);
+            st.spans += 1;
+            push(arena, &mut st, block);
+            block
+        };
+        let h = arena.header(block);
+        let base = u64::from(block) * BLOCK_BYTES as u64;
+        let idx = match h.free_head.load(Relaxed) {
+            NO_OBJ => {
+                let i = h.bump.load(Relaxed);
+                h.bump.store(i + 1, Relaxed);
+                i
+            }
+            i => {
+                h.free_head.store(
+                    read_link(arena, base + u64::from(i) * u64::from(c.size)),
+                    Relaxed,
+                );
+                i
+            }
+        };
+        let live = h.live.load(Relaxed) + 1;
+        h.live.store(live, Relaxed);
+        if u32::from(live) == c.capacity {
+            unlink(arena, &mut st, block);
+        }
+        Ok(base + u64::from(idx) * u64::from(c.size))
+    }
+
+    /// Frees the object at `offset`. A span left empty goes back to the OS,
+    /// unless compaction is emptying it (compaction frees it itself).
+    pub fn free(&self, pool: &Pool, budget: &Budget, offset: u64) {
+        let arena = &pool.arena;
+        let block = (offset / BLOCK_BYTES as u64) as u32;
+        let h = arena.header(block);
+        let class = h.class.load(Relaxed) as usize;
+        let shard = h.shard.load(Relaxed) as usize;
+        let c = pool.classes[class];
+        let mut st = lock(&self.shards[shard][class]);
+        let base = u64::from(block) * BLOCK_BYTES as u64;
+        let idx = ((offset - base) / u64::from(c.size)) as u16;
+        write_link(arena, offset, h.free_head.load(Relaxed));
+        h.free_head.store(idx, Relaxed);
+        let live = h.live.load(Relaxed) - 1;
+        h.live.store(live, Relaxed);
+        if h.flag(EVACUATING) {
+            return;
+        }
+        if live == 0 {
+            if h.flag(IN_AVAIL) {
+                unlink(arena, &mut st, block);
+            }
+            st.spans -= 1;
+            drop_span(pool, budget, block, c);
+        } else if !h.flag(IN_AVAIL) {
+            push(arena, &mut st, block);
+        }
+    }
+
+    /// Picks spans worth emptying: in each class shard, the sparsest spans
+    /// beyond what the live objects need. They leave the allocation lists and
+    /// are returned as a set of blocks.
+    pub fn plan_compaction(&self, pool: &Pool) -> HashSet<u32> {
+        let arena = &pool.arena;
+        let mut out = HashSet::new();
+        for shard in self.shards.iter() {
+            for (class, m) in shard.iter().enumerate() {
+                let mut st = lock(m);
+                let mut spans = Vec::new();
+                let mut b = st.avail;
+                while b != NONE {
+                    let h = arena.header(b);
+                    spans.push((h.live.load(Relaxed), b));
+                    b = h.next.load(Relaxed);
+                }
+                let cap = pool.classes[class].capacity as usize;
+                let live: usize = spans.iter().map(|s| s.0 as usize).sum();
+                let needed = live.div_ceil(cap);
+                if spans.len() <= needed {
+                    continue;
+                }
+                spans.sort_unstable();
+                for &(_, b) in &spans[..spans.len() - needed] {
+                    unlink(arena, &mut st, b);
+                    arena.header(b).set_flag(EVACUATING, true);
+                    out.insert(b);
+                }
+            }
+        }
+        out
+    }
+
+    /// Ends a compaction: spans it emptied go back to the OS, the rest
+    /// (objects written while it ran) rejoin their lists. Returns pages freed.
+    pub fn finish_compaction(&self, pool: &Pool, budget: &Budget, blocks: &HashSet<u32>) -> u64 {
+        let arena = &pool.arena;
+        let mut freed = 0;
+        for &b in blocks {
+            let h = arena.header(b);
+            let class = h.class.load(Relaxed) as usize;
+            let c = pool.classes[class];
+            let mut st = lock(&self.shards[h.shard.load(Relaxed) as usize][class]);
+            h.set_flag(EVACUATING, false);
+            if h.live.load(Relaxed) == 0 {
+                st.spans -= 1;
+                drop_span(pool, budget, b, c);
+                freed += u64::from(c.pages);
+            } else {
+                push(arena, &mut st, b);
+            }
+        }
+        freed
+    }
+
+    /// Number of spans and pages currently held, per the shard lists.
+    pub fn spans(&self) -> u64 {
+        self.shards
+            .iter()
+            .flat_map(|s| s.iter())
+            .map(|m| u64::from(lock(m).spans))
+            .sum()
+    }
+}
+
+fn new_span(pool: &Pool, budget: &Budget, c: Class) -> std::result::Result<u32, AllocError> {
+    let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
+    if !budget.try_charge(bytes) {
+        return Err(AllocError::Device);
+    }
+    if !pool.host.try_charge(bytes) {
+        budget.uncharge(bytes);
+        return Err(AllocError::Host);
+    }
+    pool.arena.alloc_block().map_err(|_| {
+        budget.uncharge(bytes);
+        pool.host.uncharge(bytes);
+        AllocError::Arena
+    })
+}
+
+fn drop_span(pool: &Pool, budget: &Budget, block: u32, c: Class) {
+    pool.arena.free_block(block, c.pages as usize);
+    let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
+    budget.uncharge(bytes);
+    pool.host.uncharge(bytes);
+}
+
+fn push(arena: &Arena, st: &mut ShardState, block: u32) {
+    let h: &SpanHeader = arena.header(block);
+    h.prev.store(NONE, Relaxed);
+    h.next.store(st.avail, Relaxed);
+    if st.avail != NONE {
+        arena.header(st.avail).prev.store(block, Relaxed);
+    }
+    st.avail = block;
+    h.set_flag(IN_AVAIL, true);
+}
+
+fn unlink(arena: &Arena, st: &mut ShardState, block: u32) {
+    let h = arena.header(block);
+    let (prev, next) = (h.prev.load(Relaxed), h.next.load(Relaxed));
+    if prev == NONE {
+        st.avail = next;
+    } else {
+        arena.header(prev).next.store(next, Relaxed);
+    }
+    if next != NONE {
+        arena.header(next).prev.store(prev, Relaxed);
+    }
+    h.set_flag(IN_AVAIL, false);
+}
+
+// A free object's first two bytes hold the index of the next free object in
+// its span: free lists cost no memory outside the span.
+fn read_link(arena: &Arena, offset: u64) -> u16 {
+    // SAFETY: the object lies inside the arena (`ptr` checks the bounds) and
+    // is free, so only the shard lock holder touches it; unaligned read is fine.
+    unsafe { (arena.ptr(offset, 2) as *const u16).read_unaligned() }
+}
+
+fn write_link(arena: &Arena, offset: u64, next: u16) {
+    // SAFETY: as in `read_link`; the object was just freed by its slot owner.
+    unsafe { (arena.ptr(offset, 2) as *mut u16).write_unaligned(next) }
+}

@@ -1,0 +1,130 @@
+//! Counters in the shape of zram's `mm_stat` and `io_stat`. Each shard of a
+//! device counts on its own cache line, so queue threads never share one.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+/// Per-device statistics (zram `mm_stat` fields, then `io_stat`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceStats {
+    pub orig_data_size: u64,
+    pub compr_data_size: u64,
+    pub mem_used_total: u64,
+    pub mem_limit: u64,
+    pub mem_used_max: u64,
+    pub same_pages: u64,
+    pub pages_compacted: u64,
+    pub huge_pages: u64,
+    pub failed_reads: u64,
+    pub failed_writes: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub discards: u64,
+    /// Bytes of slot table currently backed by RAM.
+    pub table_bytes: u64,
+    /// All metadata outside the pool: resident table plus span headers.
+    pub meta_bytes: u64,
+    pub size_bytes: u64,
+}
+
+/// Whole-pool statistics: the device fields summed, with the host budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStats {
+    pub devices: u64,
+    pub orig_data_size: u64,
+    pub compr_data_size: u64,
+    pub mem_used_total: u64,
+    pub mem_limit: u64,
+    pub mem_used_max: u64,
+    pub same_pages: u64,
+    pub pages_compacted: u64,
+    pub huge_pages: u64,
+    pub failed_reads: u64,
+    pub failed_writes: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub discards: u64,
+    pub table_bytes: u64,
+    pub meta_bytes: u64,
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+pub(crate) struct Counters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub discards: AtomicU64,
+    pub failed_reads: AtomicU64,
+    pub failed_writes: AtomicU64,
+    pub pages_compacted: AtomicU64,
+    // Gauges move both ways; a shard may go negative when another shard
+    // stored what this one frees. Only the sum means anything.
+    pub stored: AtomicI64,
+    pub compr: AtomicI64,
+    pub same: AtomicI64,
+    pub huge: AtomicI64,
+}
+
+/// A slot's contribution to the gauges.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Footprint {
+    pub stored: i64,
+    pub compr: i64,
+    pub same: i64,
+    pub huge: i64,
+}
+
+impl Counters {
+    pub fn apply(&self, old: Footprint, new: Footprint) {
+        for (g, d) in [
+            (&self.stored, new.stored - old.stored),
+            (&self.compr, new.compr - old.compr),
+            (&self.same, new.same - old.same),
+            (&self.huge, new.huge - old.huge),
+        ] {
+            if d != 0 {
+                g.fetch_add(d, Relaxed);
+            }
+        }
+    }
+}
+
+pub(crate) fn sum(shards: &[Counters], out: &mut DeviceStats) {
+    let s = |f: fn(&Counters) -> &AtomicU64| shards.iter().map(|c| f(c).load(Relaxed)).sum::<u64>();
+    let g = |f: fn(&Counters) -> &AtomicI64| {
+        shards
+            .iter()
+            .map(|c| f(c).load(Relaxed))
+            .sum::<i64>()
+            .max(0) as u64
+    };
+    out.reads = s(|c| &c.reads);
+    out.writes = s(|c| &c.writes);
+    out.discards = s(|c| &c.discards);
+    out.failed_reads = s(|c| &c.failed_reads);
+    out.failed_writes = s(|c| &c.failed_writes);
+    out.pages_compacted = s(|c| &c.pages_compacted);
+    out.orig_data_size = g(|c| &c.stored) * crate::PAGE_SIZE as u64;
+    out.compr_data_size = g(|c| &c.compr);
+    out.same_pages = g(|c| &c.same);
+    out.huge_pages = g(|c| &c.huge);
+}
+
+impl PoolStats {
+    pub(crate) fn add(&mut self, d: &DeviceStats) {
+        self.devices += 1;
+        self.orig_data_size += d.orig_data_size;
+        self.compr_data_size += d.compr_data_size;
+        self.same_pages += d.same_pages;
+        self.pages_compacted += d.pages_compacted;
+        self.huge_pages += d.huge_pages;
+        self.failed_reads += d.failed_reads;
+        self.failed_writes += d.failed_writes;
+        self.reads += d.reads;
+        self.writes += d.writes;
+        self.discards += d.discards;
+        self.table_bytes += d.table_bytes;
+        self.meta_bytes += d.meta_bytes;
+    }
+}

@@ -40,10 +40,24 @@ impl Region {
                 std::io::Error::last_os_error()
             )));
         }
+        // Transparent huge pages would make RSS grow in 2 MiB steps and turn
+        // every 32 KiB span release into a huge-page split; density needs
+        // small, exact steps.
+        // SAFETY: advising our own fresh mapping; failure only costs memory.
+        unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
         Ok(Region {
             ptr: ptr.cast(),
             len,
         })
+    }
+
+    /// Faults in `[offset, offset + len)` with one call instead of one
+    /// page fault per page. Best effort: on old kernels pages fault later.
+    pub fn populate(&self, offset: usize, len: usize) {
+        debug_assert!(offset.is_multiple_of(OS_PAGE) && offset + len <= self.len);
+        // SAFETY: the range is inside this mapping; MADV_POPULATE_WRITE only
+        // allocates zeroed pages there, as a write fault would.
+        unsafe { libc::madvise(self.ptr.add(offset).cast(), len, libc::MADV_POPULATE_WRITE) };
     }
 
     #[inline]

@@ -225,11 +225,13 @@ fn new_span(pool: &Pool, budget: &Budget, c: Class) -> std::result::Result<u32, 
         budget.uncharge(bytes);
         return Err(AllocError::Host);
     }
-    pool.arena.alloc_block().map_err(|_| {
+    let block = pool.arena.alloc_block().map_err(|_| {
         budget.uncharge(bytes);
         pool.host.uncharge(bytes);
         AllocError::Arena
-    })
+    })?;
+    pool.arena.populate(block, c.pages as usize);
+    Ok(block)
 }
 
 fn drop_span(pool: &Pool, budget: &Budget, block: u32, c: Class) {

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Boot the vzram test guest against a vhost-user-blk socket.
+#
+#   contrib/guest/run.sh --socket SOCK [--mem 256M] [--queues N] [--test NAME[,NAME..]]
+#                        [--append 'extra kernel args'] [--cache DIR] [--print-cmd] [--check]
+#
+# The guest console (ttyS0) is this script's stdout. QEMU is exec'd, so the
+# PID of this script is QEMU's: tests can kill it to simulate a crash.
+# --check: instead of exec, exit 0 only if the guest printed
+# "VZRAM-GUEST-DONE rc=0" (QEMU itself exits 0 even when a scenario failed).
+# Builds/refreshes the guest first (contrib/guest/build.sh).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+sock="" mem=256M queues=1 test=info append="" print_cmd=0 check=0
+cache="${VZRAM_GUEST_DIR:-$HOME/.cache/vzram-guest}"
+qemu="${QEMU:-qemu-system-x86_64}"
+
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --socket) sock="$2"; shift 2 ;;
+        --mem) mem="$2"; shift 2 ;;
+        --queues) queues="$2"; shift 2 ;;
+        --test) test="$2"; shift 2 ;;
+        --append) append="$2"; shift 2 ;;
+        --cache) cache="$2"; shift 2 ;;
+        --print-cmd) print_cmd=1; shift ;;
+        --check) check=1; shift ;;
+        -h|--help) usage ;;
+        *) echo "run.sh: unknown argument $1" >&2; usage ;;
+    esac
+done
+[ -n "$sock" ] || { echo "run.sh: --socket is required" >&2; usage; }
+
+# Cheap when the cache is current (no apt calls); rebuilds after edits to
+# init/pressure.c so a stale initramfs is never booted.
+if ! b="$("$HERE/build.sh" "$cache" 2>&1)"; then
+    echo "$b" >&2
+    exit 1
+fi
+
+# vhost-user needs guest RAM in a shareable fd (memfd, share=on) so the
+# backend can mmap it; plain -m RAM would not work.
+# KVM hangs on this host and -cpu host fails under TCG: use TCG with the
+# default CPU model. quiet keeps kernel chatter from interleaving with the
+# result lines; panic=-1 + -no-reboot turns a guest panic into a QEMU exit.
+# shellcheck disable=SC2054  # commas are QEMU option syntax
+cmd=(
+    "$qemu"
+    -accel tcg -smp 2 -machine pc
+    -object "memory-backend-memfd,id=mem,size=$mem,share=on"
+    -numa node,memdev=mem -m "$mem"
+    -kernel "$cache/vmlinuz" -initrd "$cache/initramfs.cpio.gz"
+    -append "console=ttyS0 quiet panic=-1 vzram.test=$test${append:+ $append}"
+    -chardev "socket,id=c0,path=$sock"
+    -device "vhost-user-blk-pci,chardev=c0,num-queues=$queues"
+    -nographic -nodefaults -serial stdio -monitor none -no-reboot
+)
+if [ "$print_cmd" = 1 ]; then
+    printf '%q ' "${cmd[@]}"; echo
+    exit 0
+fi
+[ "$check" = 1 ] || exec "${cmd[@]}"
+
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+rc=0
+"${cmd[@]}" | tee "$out" || rc=$?
+if ! grep -aq '^VZRAM-GUEST-DONE rc=0' "$out"; then
+    echo "run.sh: guest did not report success (qemu rc=$rc)" >&2
+    exit 1
+fi
+exit "$rc"

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One-command demo: start vzram, boot the tiny test guest with swap on the
+# vzram disk, push it to 1.5x its RAM, and print the daemon's stats.
+#
+#   contrib/qemu.sh [--mem 256M] [--size 1G] [--queues 2] [--test swap]
+#                   [--append 'vzram.rounds=3'] [--backend vzram|qsd]
+#
+# --backend qsd serves the disk from qemu-storage-daemon instead (a RAM file,
+# no compression), to check the guest side without vzram.
+# Env: VZRAM_BIN (daemon binary), VZRAM_GUEST_DIR (guest cache), QEMU.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+mem=256M size=1G queues=2 test=swap append="" backend=vzram
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --mem) mem="$2"; shift 2 ;;
+        --size) size="$2"; shift 2 ;;
+        --queues) queues="$2"; shift 2 ;;
+        --test) test="$2"; shift 2 ;;
+        --append) append="$2"; shift 2 ;;
+        --backend) backend="$2"; shift 2 ;;
+        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "qemu.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+sock=/tmp/vzram-demo.sock
+ctl=/tmp/vzram-demo.ctl
+log=/tmp/vzram-demo.log
+daemon_pid=""
+img=""
+# shellcheck disable=SC2317  # invoked via trap
+cleanup() {
+    if [ -n "$daemon_pid" ]; then
+        kill "$daemon_pid" 2>/dev/null || true
+        wait "$daemon_pid" 2>/dev/null || true
+    fi
+    [ -z "$img" ] || rm -f "$img"
+    rm -f "$sock" "$ctl"
+}
+trap cleanup EXIT
+
+"$HERE/guest/build.sh" >/dev/null
+
+rm -f "$sock" "$ctl"
+case "$backend" in
+vzram)
+    bin="${VZRAM_BIN:-}"
+    if [ -z "$bin" ] && command -v cargo >/dev/null; then
+        # Always ask cargo: a no-op when fresh, and never a stale binary.
+        echo "qemu.sh: cargo build --release -p vzram" >&2
+        (cd "$ROOT" && cargo build --release -p vzram)
+        bin="$ROOT/target/release/vzram"
+    fi
+    if [ -z "$bin" ]; then
+        for b in "$ROOT/target/release/vzram" "$ROOT/target/debug/vzram"; do
+            [ -x "$b" ] && { bin="$b"; break; }
+        done
+    fi
+    [ -n "$bin" ] || { echo "qemu.sh: no vzram binary and no cargo; set VZRAM_BIN" >&2; exit 1; }
+    echo "qemu.sh: $bin serve --socket $sock --size $size --queues $queues --control $ctl (log: $log)" >&2
+    "$bin" serve --socket "$sock" --size "$size" --queues "$queues" --control "$ctl" >"$log" 2>&1 &
+    daemon_pid=$!
+    ;;
+qsd)
+    img="/dev/shm/vzram-demo.$$.img"
+    truncate -s "$size" "$img"
+    qemu-storage-daemon \
+        --blockdev "driver=file,node-name=f,filename=$img,discard=unmap" \
+        --export "type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path=$sock,writable=on,num-queues=$queues" \
+        >"$log" 2>&1 &
+    daemon_pid=$!
+    ;;
+*) echo "qemu.sh: unknown backend $backend" >&2; exit 2 ;;
+esac
+
+# The daemon creates the socket once it listens; QEMU fails if it is absent.
+for _ in $(seq 100); do
+    [ -S "$sock" ] && break
+    kill -0 "$daemon_pid" 2>/dev/null || { echo "qemu.sh: daemon exited:" >&2; cat "$log" >&2; exit 1; }
+    sleep 0.1
+done
+[ -S "$sock" ] || { echo "qemu.sh: no socket at $sock after 10s" >&2; cat "$log" >&2; exit 1; }
+
+start=$(date +%s)
+rc=0
+"$HERE/guest/run.sh" --check --socket "$sock" --mem "$mem" --queues "$queues" --test "$test" \
+    ${append:+--append "$append"} || rc=$?
+echo "qemu.sh: guest finished in $(($(date +%s) - start))s (rc=$rc)"
+
+echo "--- daemon stats ---"
+case "$backend" in
+vzram) "$bin" stat --control "$ctl" || rc=1 ;;
+qsd) du -h --apparent-size "$img"; du -h "$img" ;;
+esac
+exit $rc

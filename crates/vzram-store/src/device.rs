@@ -289,7 +289,13 @@ impl Device {
                     return Err(StoreError::Corrupt { slot });
                 }
                 f(page);
-                match self.encode(page, sh) {
+                // A partial write or zeroing that leaves nothing but zeros
+                // frees the slot, as a discard would.
+                let encoded = match same_filled(page) {
+                    Some(0) => Ok(0),
+                    _ => self.encode(page, sh),
+                };
+                match encoded {
                     Ok(new) => {
                         slot::unlock(w, new);
                         self.retire(old, new, sh);

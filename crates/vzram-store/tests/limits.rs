@@ -97,3 +97,28 @@ fn device_then_host_limit() {
     a.set_mem_limit(10 * P);
     assert_eq!(a.write_page(900, &noise(1)), Err(StoreError::DeviceLimit));
 }
+
+#[test]
+fn zeroing_the_last_bytes_frees_the_slot() {
+    let pool = Pool::new(PoolConfig {
+        arena_bytes: 1 << 30,
+        ..Default::default()
+    })
+    .unwrap();
+    let dev = pool
+        .create_device(DeviceConfig::new(16 * P, Codec::Lz4))
+        .unwrap();
+    let mut page = noise(3);
+    page[100..].fill(0);
+    dev.write_page(1, &page).unwrap();
+    assert_eq!(dev.stats().orig_data_size, P);
+    dev.zero_partial(1, 0, 100).unwrap();
+    let s = dev.stats();
+    assert_eq!(
+        (s.orig_data_size, s.same_pages, s.mem_used_total),
+        (0, 0, 0)
+    );
+    // Zeroing part of an empty slot stores nothing either.
+    dev.zero_partial(2, 512, 512).unwrap();
+    assert_eq!(dev.stats().orig_data_size, 0);
+}

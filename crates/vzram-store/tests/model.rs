@@ -119,6 +119,10 @@ fn run(codec: Codec, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Ok(()) => {
                         let e = model.entry(slot).or_insert_with(|| zero.clone());
                         e[offset..offset + len].copy_from_slice(&p[..len]);
+                        // A partial write that leaves only zeros frees the slot.
+                        if *e == zero {
+                            model.remove(&slot);
+                        }
                     }
                     Err(StoreError::DeviceLimit | StoreError::HostLimit) => {}
                     Err(e) => return Err(TestCaseError::fail(format!("partial: {e}"))),
@@ -128,6 +132,9 @@ fn run(codec: Codec, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 Ok(()) => {
                     let e = model.entry(slot).or_insert_with(|| zero.clone());
                     e[offset..offset + len].fill(0);
+                    if *e == zero {
+                        model.remove(&slot);
+                    }
                 }
                 Err(StoreError::DeviceLimit | StoreError::HostLimit) => {}
                 Err(e) => return Err(TestCaseError::fail(format!("zero: {e}"))),

@@ -1,0 +1,306 @@
+//! The vhost-user-backend glue: one worker thread per virtqueue.
+//!
+//! We implement the `&self` trait [`VhostUserBackend`], not
+//! `VhostUserBackendMut`: the framework wraps a `Mut` backend in a
+//! `Mutex`/`RwLock` and takes it for every queue event, which would put all
+//! queues of a device behind one lock. Here a queue thread touches only its
+//! own vring (whose lock nobody else takes while the device runs), atomics,
+//! thread-local scratch space, and the store's per-slot locks.
+//!
+//! A backend lives for one frontend connection. The [`BlkDevice`] it serves
+//! outlives it, so a frontend that reconnects finds its data.
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+use vzram_store::{Page, PAGE_SIZE};
+
+use crate::config::{self, MAX_QUEUE_SIZE};
+use crate::device::{BlkDevice, STATUS_IOERR, STATUS_OK};
+use crate::request::Request;
+
+/// Guest memory as the framework hands it to us.
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+type Vring = VringRwLock<GuestMem>;
+
+/// After this many requests in one go, tell the guest about the ones done so
+/// far instead of holding them back until the ring is empty.
+const SIGNAL_EVERY: u32 = 64;
+
+thread_local! {
+    /// Per queue thread: the request being parsed and the bounce page.
+    /// Reused for every request, so the I/O path does not allocate.
+    static SCRATCH: RefCell<(Request, Box<Page>)> = RefCell::new((Request::default(), Box::new([0; PAGE_SIZE])));
+}
+
+/// vhost-user-blk backend for one connection.
+pub struct BlkBackend {
+    dev: Arc<BlkDevice>,
+    mem: GuestMem,
+    event_idx: AtomicBool,
+    acked_features: AtomicU64,
+    /// Read ends of the worker exit events. The framework takes them with
+    /// `into_raw_fd` and never closes them; we close them once every worker
+    /// and its epoll are gone, i.e. when the last reference to us drops.
+    exit_consumers: Mutex<Vec<RawFd>>,
+}
+
+impl BlkBackend {
+    /// `mem` must be the same `GuestMemoryAtomic` given to `VhostUserDaemon::new`:
+    /// the framework swaps the mapping inside it when the frontend changes
+    /// the memory table, and we read through it without a lock.
+    pub fn new(dev: Arc<BlkDevice>, mem: GuestMem) -> BlkBackend {
+        BlkBackend {
+            dev,
+            mem,
+            event_idx: AtomicBool::new(false),
+            acked_features: AtomicU64::new(0),
+            exit_consumers: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn device(&self) -> &Arc<BlkDevice> {
+        &self.dev
+    }
+
+    /// Features the frontend acknowledged.
+    pub fn acked_features(&self) -> u64 {
+        self.acked_features.load(Ordering::Relaxed)
+    }
+
+    /// Drains one virtqueue. With EVENT_IDX, guest notifications stay off
+    /// while we work and are turned back on only when the ring is empty;
+    /// then we look once more, since the guest may have added a request
+    /// just before we re-enabled them.
+    fn process_queue(&self, vring: &Vring) -> Result<(), virtio_queue::Error> {
+        let mem = self.mem.memory();
+        let mem: &GuestMemoryMmap = &mem;
+        let event_idx = self.event_idx.load(Ordering::Relaxed);
+        let mut state = vring.get_mut();
+        loop {
+            if event_idx {
+                state.get_queue_mut().disable_notification(mem)?;
+            }
+            let mut pending = 0u32;
+            while let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) {
+                let head = chain.head_index();
+                let used = SCRATCH.with(|s| {
+                    let (req, bounce) = &mut *s.borrow_mut();
+                    self.handle_chain(mem, chain, req, bounce)
+                });
+                state.get_queue_mut().add_used(mem, head, used)?;
+                pending += 1;
+                if pending == SIGNAL_EVERY {
+                    self.signal(&mut state, mem)?;
+                    pending = 0;
+                }
+            }
+            if pending > 0 {
+                self.signal(&mut state, mem)?;
+            }
+            if !event_idx || !state.get_queue_mut().enable_notification(mem)? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn signal(
+        &self,
+        state: &mut vhost_user_backend::VringState<GuestMem>,
+        mem: &GuestMemoryMmap,
+    ) -> Result<(), virtio_queue::Error> {
+        if state.get_queue_mut().needs_notification(mem)? {
+            if let Err(e) = state.signal_used_queue() {
+                tracing::warn!("cannot signal the guest: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses and runs one chain; returns the used length (bytes written to
+    /// the guest, status included).
+    fn handle_chain(
+        &self,
+        mem: &GuestMemoryMmap,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+        req: &mut Request,
+        bounce: &mut Page,
+    ) -> u32 {
+        let (status, written) = match req.parse(chain) {
+            Ok(()) => match self.dev.execute(mem, req, bounce) {
+                Ok(n) => (STATUS_OK, n),
+                Err(e) => {
+                    tracing::debug!(kind = ?req.kind, sector = req.sector, "request failed: {e}");
+                    (e.status(), 0)
+                }
+            },
+            Err(e) => {
+                tracing::debug!("malformed request: {e}");
+                (STATUS_IOERR, 0)
+            }
+        };
+        match req.status {
+            Some(addr) if mem.write_obj(status, addr).is_ok() => written.saturating_add(1),
+            _ => 0,
+        }
+    }
+}
+
+impl Drop for BlkBackend {
+    fn drop(&mut self) {
+        let fds = std::mem::take(
+            self.exit_consumers
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        for fd in fds {
+            // SAFETY: each fd was the read end of an exit event that the
+            // framework took over with `into_raw_fd` and registered in a
+            // worker's epoll; nothing else owns or closes it. Every worker
+            // holds a clone of the `Arc` around us, so when we drop all
+            // workers have been joined and their epolls closed.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+}
+
+impl VhostUserBackend for BlkBackend {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        usize::from(self.dev.num_queues())
+    }
+
+    fn max_queue_size(&self) -> usize {
+        MAX_QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        config::virtio_features(self.dev.readonly())
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.acked_features.store(features, Ordering::Relaxed);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        config::protocol_features()
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        self.dev.config().read(offset, size)
+    }
+
+    fn set_config(&self, _offset: u32, _buf: &[u8]) -> io::Result<()> {
+        // Nothing in virtio-blk's config space is writable for us (no WCE).
+        Err(io::Error::from_raw_os_error(libc::EPERM))
+    }
+
+    fn update_memory(&self, _mem: GuestMem) -> io::Result<()> {
+        // Same GuestMemoryAtomic as ours; the new map is already visible.
+        Ok(())
+    }
+
+    /// One worker thread per queue: bit i of entry i.
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.num_queues()).map(|i| 1u64 << i).collect()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+            Ok((consumer, notifier)) => {
+                self.exit_consumers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(consumer.as_raw_fd());
+                Some((consumer, notifier))
+            }
+            Err(e) => {
+                tracing::error!("cannot create a worker exit event: {e}");
+                None
+            }
+        }
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if !evset.contains(EventSet::IN) {
+            tracing::warn!(?evset, "unexpected event on queue {thread_id}");
+            return Ok(());
+        }
+        // With one queue per thread the event is always 0, the thread's only vring.
+        let Some(vring) = vrings.get(usize::from(device_event)) else {
+            tracing::warn!(device_event, "event for an unknown vring");
+            return Ok(());
+        };
+        // An error here would end the worker thread for good; a broken ring
+        // is the guest's problem, so log it and keep serving.
+        if let Err(e) = self.process_queue(vring) {
+            tracing::warn!(queue = thread_id, "virtqueue error: {e}");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig};
+
+    fn backend(queues: u16, readonly: bool) -> BlkBackend {
+        let pool = Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 28,
+        })
+        .unwrap();
+        let store = pool
+            .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
+            .unwrap();
+        let dev = Arc::new(BlkDevice::new(store, queues, readonly, "x"));
+        BlkBackend::new(dev, GuestMemoryAtomic::new(GuestMemoryMmap::new()))
+    }
+
+    #[test]
+    fn one_thread_per_queue() {
+        let b = backend(4, false);
+        assert_eq!(b.queues_per_thread(), vec![0b1, 0b10, 0b100, 0b1000]);
+        assert_eq!(b.num_queues(), 4);
+        let b = backend(64, false);
+        assert_eq!(b.queues_per_thread().last(), Some(&(1u64 << 63)));
+    }
+
+    #[test]
+    fn features_and_config() {
+        let b = backend(2, true);
+        assert_ne!(
+            b.features() & (1 << virtio_bindings::virtio_blk::VIRTIO_BLK_F_RO),
+            0
+        );
+        assert!(b
+            .protocol_features()
+            .contains(VhostUserProtocolFeatures::CONFIG));
+        assert_eq!(b.get_config(0, 60).len(), 60);
+        assert_eq!(b.get_config(34, 2), 2u16.to_le_bytes().to_vec());
+    }
+}

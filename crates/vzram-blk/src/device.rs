@@ -1,0 +1,604 @@
+//! Executing a parsed [`Request`] against a page store device.
+//!
+//! The disk is addressed in 512-byte sectors; the store in 4 KiB slots.
+//! Whole, aligned pages go straight to `write_page`/`read_page` through one
+//! bounce page per queue thread. Anything smaller is a read-modify-write in
+//! the store under that slot's lock, so two queues writing different
+//! sectors of one page never lose each other's bytes.
+
+use std::sync::Arc;
+
+use thiserror::Error;
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
+};
+use vm_memory::GuestMemory;
+use vzram_store::{Device, Page, StoreError, PAGE_SIZE};
+
+use crate::config::{BlkConfig, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR_SIZE, SERIAL_LEN};
+use crate::request::{Request, RequestType, SegmentCursor, DWZ_SEGMENT_LEN};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// Why a well-formed request failed; each says the status the guest gets.
+#[derive(Debug, Error)]
+pub enum ExecError {
+    /// The request reaches past the end of the device. IOERR.
+    #[error("request past the end of the device")]
+    OutOfRange,
+    /// A write, discard or write-zeroes on a read-only device. IOERR.
+    #[error("device is read-only")]
+    ReadOnly,
+    /// The store refused: a memory limit was hit (the slot keeps its old
+    /// data), or a stored page is corrupt. IOERR.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Guest memory could not be read or written (it was unmapped under us). IOERR.
+    #[error("guest memory access failed: {0}")]
+    GuestMemory(String),
+    /// Unknown request type, or discard/write-zeroes flags we do not know
+    /// (or UNMAP on a discard). UNSUPP.
+    #[error("unsupported request")]
+    Unsupported,
+    /// A discard/write-zeroes segment longer than `max_discard_sectors`. IOERR.
+    #[error("discard/write-zeroes segment of {0} sectors is too long")]
+    SegmentTooLong(u32),
+}
+
+impl ExecError {
+    /// The virtio status byte for this error.
+    pub fn status(&self) -> u8 {
+        match self {
+            ExecError::Unsupported => VIRTIO_BLK_S_UNSUPP as u8,
+            _ => VIRTIO_BLK_S_IOERR as u8,
+        }
+    }
+}
+
+impl From<vm_memory::GuestMemoryError> for ExecError {
+    fn from(e: vm_memory::GuestMemoryError) -> Self {
+        ExecError::GuestMemory(e.to_string())
+    }
+}
+
+/// Status byte for a request that completed.
+pub const STATUS_OK: u8 = VIRTIO_BLK_S_OK as u8;
+/// Status byte for a malformed chain.
+pub const STATUS_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
+
+/// One virtio-blk disk backed by a store device. Shared by all queue threads
+/// and across frontend connections: the data lives as long as this does.
+pub struct BlkDevice {
+    store: Arc<Device>,
+    readonly: bool,
+    serial: [u8; SERIAL_LEN],
+    num_queues: u16,
+}
+
+impl BlkDevice {
+    /// `serial` longer than 20 bytes is cut (GET_ID has room for 20).
+    pub fn new(store: Arc<Device>, num_queues: u16, readonly: bool, serial: &str) -> BlkDevice {
+        let mut s = [0u8; SERIAL_LEN];
+        let n = serial.len().min(SERIAL_LEN);
+        s[..n].copy_from_slice(&serial.as_bytes()[..n]);
+        BlkDevice {
+            store,
+            readonly,
+            serial: s,
+            num_queues,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<Device> {
+        &self.store
+    }
+
+    pub fn readonly(&self) -> bool {
+        self.readonly
+    }
+
+    pub fn num_queues(&self) -> u16 {
+        self.num_queues
+    }
+
+    pub fn config(&self) -> BlkConfig {
+        BlkConfig::new(self.store.size_bytes(), self.num_queues)
+    }
+
+    /// Runs `req`. Returns how many payload bytes were written into the
+    /// guest's buffers (not counting the status byte).
+    pub fn execute<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &M,
+        req: &Request,
+        bounce: &mut Page,
+    ) -> Result<u32, ExecError> {
+        match req.kind {
+            RequestType::In => {
+                self.read(mem, req, bounce)?;
+                // The chain is < 4 GiB by construction (virtio-queue stops at 2^32).
+                Ok(req.writable_len as u32)
+            }
+            RequestType::Out => {
+                self.check_writable()?;
+                self.write(mem, req, bounce)?;
+                Ok(0)
+            }
+            RequestType::Flush => Ok(0), // nothing is cached between us and RAM
+            RequestType::GetId => {
+                let n = (req.writable_len as usize).min(SERIAL_LEN);
+                SegmentCursor::new(&req.writable).write(mem, &self.serial[..n])?;
+                Ok(n as u32)
+            }
+            RequestType::Discard | RequestType::WriteZeroes => {
+                self.check_writable()?;
+                self.discard_or_zero(mem, req)?;
+                Ok(0)
+            }
+            RequestType::Unsupported(_) => Err(ExecError::Unsupported),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), ExecError> {
+        if self.readonly {
+            Err(ExecError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Byte range of an IN/OUT request, checked against the capacity.
+    fn byte_range(&self, start: u64, len: u64) -> Result<(u64, u64), ExecError> {
+        let end = start.checked_add(len).ok_or(ExecError::OutOfRange)?;
+        if end > self.store.size_bytes() {
+            return Err(ExecError::OutOfRange);
+        }
+        Ok((start, end))
+    }
+
+    fn read<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &M,
+        req: &Request,
+        bounce: &mut Page,
+    ) -> Result<(), ExecError> {
+        let (mut pos, end) = self.byte_range(req.offset(), req.writable_len)?;
+        let mut out = SegmentCursor::new(&req.writable);
+        while pos < end {
+            let slot = pos / PAGE;
+            let off = (pos % PAGE) as usize;
+            let n = (PAGE_SIZE - off).min((end - pos) as usize);
+            self.store.read_page(slot, bounce)?;
+            out.write(mem, &bounce[off..off + n])?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    fn write<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &M,
+        req: &Request,
+        bounce: &mut Page,
+    ) -> Result<(), ExecError> {
+        let (mut pos, end) = self.byte_range(req.offset(), req.readable_len)?;
+        let mut input = SegmentCursor::new(&req.readable);
+        while pos < end {
+            let slot = pos / PAGE;
+            let off = (pos % PAGE) as usize;
+            let n = (PAGE_SIZE - off).min((end - pos) as usize);
+            // Copy out of guest memory first: the guest may change its buffer
+            // while we compress, and the store needs a stable page.
+            input.read(mem, &mut bounce[..n])?;
+            if n == PAGE_SIZE {
+                self.store.write_page(slot, bounce)?;
+            } else {
+                self.store.write_partial(slot, off, &bounce[..n])?;
+            }
+            pos += n as u64;
+        }
+        Ok(())
+    }
+
+    fn discard_or_zero<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &M,
+        req: &Request,
+    ) -> Result<(), ExecError> {
+        let allowed_flags = match req.kind {
+            RequestType::WriteZeroes => VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
+            _ => 0,
+        };
+        // Read and check every segment before touching anything, so a bad
+        // segment fails the whole request with no change on the disk.
+        let mut ranges = [(0u64, 0u64); MAX_DISCARD_SEG as usize];
+        let count = req.num_dwz_segments() as usize;
+        let ranges = ranges.get_mut(..count).ok_or(ExecError::Unsupported)?;
+        let mut input = SegmentCursor::new(&req.readable);
+        let mut seg = [0u8; DWZ_SEGMENT_LEN as usize];
+        let capacity = self.store.size_bytes();
+        for r in ranges.iter_mut() {
+            input.read(mem, &mut seg)?;
+            let sector = u64::from_le_bytes(seg[0..8].try_into().expect("8 bytes"));
+            let num = u32::from_le_bytes(seg[8..12].try_into().expect("4 bytes"));
+            let flags = u32::from_le_bytes(seg[12..16].try_into().expect("4 bytes"));
+            if flags & !allowed_flags != 0 {
+                return Err(ExecError::Unsupported);
+            }
+            if num > MAX_DISCARD_SECTORS {
+                return Err(ExecError::SegmentTooLong(num));
+            }
+            let start = sector
+                .checked_mul(SECTOR_SIZE)
+                .ok_or(ExecError::OutOfRange)?;
+            let end = start
+                .checked_add(u64::from(num) * SECTOR_SIZE)
+                .ok_or(ExecError::OutOfRange)?;
+            if end > capacity {
+                return Err(ExecError::OutOfRange);
+            }
+            *r = (start, end);
+        }
+        for &(start, end) in ranges.iter() {
+            self.zero_range(start, end)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `[start, end)` read as zeros: whole slots are freed, the ends
+    /// of partial pages are zeroed in place.
+    fn zero_range(&self, start: u64, end: u64) -> Result<(), StoreError> {
+        let mut pos = start;
+        while pos < end {
+            let slot = pos / PAGE;
+            let off = (pos % PAGE) as usize;
+            if off == 0 && end - pos >= PAGE {
+                let last = end / PAGE;
+                self.store.discard(slot..last)?;
+                pos = last * PAGE;
+                continue;
+            }
+            let n = (PAGE_SIZE - off).min((end - pos) as usize);
+            self.store.zero_partial(slot, off, n)?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::tests::{d, guest_mem, header, F_WRITE};
+    use crate::request::RequestError;
+    use virtio_bindings::virtio_blk::*;
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+    use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig};
+
+    const H: u64 = 0x10_0000;
+    const DATA: u64 = 0x20_0000;
+    const ST: u64 = 0x30_0000;
+    const SIZE: u64 = 1 << 20;
+
+    struct Fixture {
+        mem: GuestMemoryMmap,
+        dev: BlkDevice,
+        bounce: Box<Page>,
+    }
+
+    fn fixture(readonly: bool) -> Fixture {
+        fixture_with(readonly, 0)
+    }
+
+    fn fixture_with(readonly: bool, mem_limit: u64) -> Fixture {
+        let pool = Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 30,
+        })
+        .unwrap();
+        let mut cfg = DeviceConfig::new(SIZE, Codec::Lz4);
+        cfg.shards = 1;
+        cfg.mem_limit = mem_limit;
+        let store = pool.create_device(cfg).unwrap();
+        Fixture {
+            mem: guest_mem(),
+            dev: BlkDevice::new(store, 1, readonly, "serial-123"),
+            bounce: Box::new([0; PAGE_SIZE]),
+        }
+    }
+
+    impl Fixture {
+        /// Runs one chain the way the queue thread does; returns (status, used payload bytes).
+        fn run(&mut self, descs: &[RawDescriptor]) -> (u8, u32) {
+            let q = MockSplitQueue::new(&self.mem, 1024);
+            let chain = q.build_desc_chain(descs).unwrap();
+            let mut req = Request::default();
+            match req.parse(chain) {
+                Ok(()) => match self.dev.execute(&self.mem, &req, &mut self.bounce) {
+                    Ok(n) => (STATUS_OK, n),
+                    Err(e) => (e.status(), 0),
+                },
+                Err(e) => panic!("parse failed: {e}"),
+            }
+        }
+
+        fn write(&mut self, sector: u64, data: &[u8]) -> u8 {
+            header(&self.mem, H, VIRTIO_BLK_T_OUT, sector);
+            self.mem.write_slice(data, GuestAddress(DATA)).unwrap();
+            self.run(&[
+                d(H, 16, 0),
+                d(DATA, data.len() as u32, 0),
+                d(ST, 1, F_WRITE),
+            ])
+            .0
+        }
+
+        fn read(&mut self, sector: u64, len: usize) -> (u8, Vec<u8>) {
+            header(&self.mem, H, VIRTIO_BLK_T_IN, sector);
+            let (st, n) = self.run(&[d(H, 16, 0), d(DATA, len as u32, F_WRITE), d(ST, 1, F_WRITE)]);
+            let mut out = vec![0u8; len];
+            self.mem.read_slice(&mut out, GuestAddress(DATA)).unwrap();
+            if st == STATUS_OK {
+                assert_eq!(n as usize, len);
+            }
+            (st, out)
+        }
+
+        fn dwz(&mut self, t: u32, segs: &[(u64, u32, u32)]) -> u8 {
+            header(&self.mem, H, t, 0);
+            for (i, &(sector, num, flags)) in segs.iter().enumerate() {
+                let mut b = [0u8; 16];
+                b[0..8].copy_from_slice(&sector.to_le_bytes());
+                b[8..12].copy_from_slice(&num.to_le_bytes());
+                b[12..16].copy_from_slice(&flags.to_le_bytes());
+                self.mem
+                    .write_slice(&b, GuestAddress(DATA + 16 * i as u64))
+                    .unwrap();
+            }
+            self.run(&[
+                d(H, 16, 0),
+                d(DATA, 16 * segs.len() as u32, 0),
+                d(ST, 1, F_WRITE),
+            ])
+            .0
+        }
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn whole_pages_round_trip() {
+        let mut f = fixture(false);
+        let data = pattern(3 * PAGE_SIZE, 1);
+        assert_eq!(f.write(8, &data), STATUS_OK);
+        assert_eq!(f.read(8, data.len()), (STATUS_OK, data));
+        let (st, zeros) = f.read(0, 4096);
+        assert_eq!(st, STATUS_OK);
+        assert!(zeros.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn unaligned_and_sub_page_io_match_a_model() {
+        let mut f = fixture(false);
+        let mut model = vec![0u8; 64 * 1024];
+        let cases: &[(u64, usize)] = &[
+            (1, 512),
+            (7, 1024),
+            (3, 4096),
+            (9, 8192 + 512),
+            (0, 512),
+            (15, 3 * 4096),
+            (30, 512),
+        ];
+        for (i, &(sector, len)) in cases.iter().enumerate() {
+            let data = pattern(len, i as u8 + 7);
+            assert_eq!(f.write(sector, &data), STATUS_OK);
+            let off = sector as usize * 512;
+            model[off..off + len].copy_from_slice(&data);
+        }
+        let (st, all) = f.read(0, model.len());
+        assert_eq!(st, STATUS_OK);
+        assert_eq!(all, model);
+        // Unaligned read spanning pages.
+        let (st, part) = f.read(5, 5000 / 512 * 512);
+        assert_eq!(st, STATUS_OK);
+        assert_eq!(part, model[5 * 512..5 * 512 + 5000 / 512 * 512]);
+    }
+
+    #[test]
+    fn scattered_descriptors() {
+        let mut f = fixture(false);
+        // Write 3 sectors from three separate buffers, one straddling a page of the disk.
+        header(&f.mem, H, VIRTIO_BLK_T_OUT, 7);
+        let data = pattern(1536, 9);
+        f.mem.write_slice(&data[..512], GuestAddress(DATA)).unwrap();
+        f.mem
+            .write_slice(&data[512..1024], GuestAddress(DATA + 0x5000))
+            .unwrap();
+        f.mem
+            .write_slice(&data[1024..], GuestAddress(DATA + 0x9000))
+            .unwrap();
+        let (st, _) = f.run(&[
+            d(H, 16, 0),
+            d(DATA, 512, 0),
+            d(DATA + 0x5000, 512, 0),
+            d(DATA + 0x9000, 512, 0),
+            d(ST, 1, F_WRITE),
+        ]);
+        assert_eq!(st, STATUS_OK);
+        assert_eq!(f.read(7, 1536), (STATUS_OK, data));
+    }
+
+    #[test]
+    fn out_of_range() {
+        let mut f = fixture(false);
+        let last = SIZE / 512 - 1;
+        assert_eq!(f.write(last, &[1; 512]), STATUS_OK);
+        assert_eq!(f.write(last, &[1; 1024]), STATUS_IOERR);
+        assert_eq!(f.read(last + 1, 512).0, STATUS_IOERR);
+        assert_eq!(f.read(last, 512).0, STATUS_OK);
+        assert_eq!(f.dwz(VIRTIO_BLK_T_DISCARD, &[(last, 2, 0)]), STATUS_IOERR);
+        assert_eq!(
+            f.dwz(VIRTIO_BLK_T_DISCARD, &[(u64::MAX / 2, 8, 0)]),
+            STATUS_IOERR
+        );
+    }
+
+    #[test]
+    fn read_only_rejects_writes() {
+        let mut f = fixture(true);
+        assert_eq!(f.write(0, &[1; 4096]), STATUS_IOERR);
+        assert_eq!(f.dwz(VIRTIO_BLK_T_DISCARD, &[(0, 8, 0)]), STATUS_IOERR);
+        assert_eq!(f.dwz(VIRTIO_BLK_T_WRITE_ZEROES, &[(0, 8, 0)]), STATUS_IOERR);
+        assert_eq!(f.read(0, 4096), (STATUS_OK, vec![0; 4096]));
+        header(&f.mem, H, VIRTIO_BLK_T_FLUSH, 0);
+        assert_eq!(f.run(&[d(H, 16, 0), d(ST, 1, F_WRITE)]).0, STATUS_OK);
+        assert_eq!(f.dev.store().stats().writes, 0);
+    }
+
+    #[test]
+    fn discard_and_write_zeroes_free_memory() {
+        let mut f = fixture(false);
+        let data = pattern(16 * PAGE_SIZE, 3);
+        assert_eq!(f.write(0, &data), STATUS_OK);
+        let before = f.dev.store().stats();
+        assert!(before.mem_used_total > 0);
+        // Two segments: sectors 8..24 (pages 1-2) and 40..44 (half of page 5).
+        assert_eq!(
+            f.dwz(VIRTIO_BLK_T_DISCARD, &[(8, 16, 0), (40, 4, 0)]),
+            STATUS_OK
+        );
+        let mut model = data.clone();
+        model[8 * 512..24 * 512].fill(0);
+        model[40 * 512..44 * 512].fill(0);
+        assert_eq!(f.read(0, model.len()), (STATUS_OK, model.clone()));
+        // Write-zeroes with UNMAP, unaligned start and end.
+        assert_eq!(
+            f.dwz(
+                VIRTIO_BLK_T_WRITE_ZEROES,
+                &[(49, 40, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP)]
+            ),
+            STATUS_OK
+        );
+        model[49 * 512..89 * 512].fill(0);
+        assert_eq!(f.read(0, model.len()), (STATUS_OK, model));
+        // Logical data shrinks at once.
+        let after = f.dev.store().stats();
+        assert!(after.orig_data_size < before.orig_data_size);
+        assert!(after.compr_data_size < before.compr_data_size);
+        assert!(after.discards >= 2);
+    }
+
+    #[test]
+    fn discarding_most_of_the_disk_gives_memory_back() {
+        let mut f = fixture(false);
+        let pages = 192;
+        for chunk in 0..pages / 16 {
+            let data = pattern(16 * PAGE_SIZE, chunk as u8);
+            assert_eq!(f.write(chunk * 16 * 8, &data), STATUS_OK);
+        }
+        let before = f.dev.store().stats().mem_used_total;
+        assert_eq!(f.dwz(VIRTIO_BLK_T_DISCARD, &[(0, 160 * 8, 0)]), STATUS_OK);
+        let after = f.dev.store().stats().mem_used_total;
+        assert!(after < before / 2, "{after} !< {before} / 2");
+    }
+
+    #[test]
+    fn discard_flags_and_segment_checks() {
+        let mut f = fixture(false);
+        assert_eq!(f.write(0, &[7; 4096]), STATUS_OK);
+        // UNMAP is not allowed on a discard; unknown flags nowhere.
+        assert_eq!(f.dwz(VIRTIO_BLK_T_DISCARD, &[(0, 8, 1)]), STATUS_UNSUPP);
+        assert_eq!(
+            f.dwz(VIRTIO_BLK_T_WRITE_ZEROES, &[(0, 8, 2)]),
+            STATUS_UNSUPP
+        );
+        // Too long a segment.
+        assert_eq!(
+            f.dwz(VIRTIO_BLK_T_DISCARD, &[(0, MAX_DISCARD_SECTORS + 8, 0)]),
+            STATUS_IOERR
+        );
+        // One good and one bad segment: nothing happens.
+        assert_eq!(
+            f.dwz(VIRTIO_BLK_T_DISCARD, &[(0, 8, 0), (SIZE / 512, 8, 0)]),
+            STATUS_IOERR
+        );
+        assert_eq!(f.read(0, 4096), (STATUS_OK, vec![7; 4096]));
+        // Zero-length segments are fine.
+        assert_eq!(f.dwz(VIRTIO_BLK_T_WRITE_ZEROES, &[(0, 0, 0)]), STATUS_OK);
+    }
+
+    const STATUS_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
+
+    #[test]
+    fn get_id_and_unknown_type() {
+        let mut f = fixture(false);
+        header(&f.mem, H, VIRTIO_BLK_T_GET_ID, 0);
+        f.mem.write_slice(&[0xff; 20], GuestAddress(DATA)).unwrap();
+        let (st, n) = f.run(&[d(H, 16, 0), d(DATA, 20, F_WRITE), d(ST, 1, F_WRITE)]);
+        assert_eq!((st, n), (STATUS_OK, 20));
+        let mut id = [0u8; 20];
+        f.mem.read_slice(&mut id, GuestAddress(DATA)).unwrap();
+        assert_eq!(&id[..10], b"serial-123");
+        assert!(id[10..].iter().all(|&b| b == 0));
+
+        header(&f.mem, H, VIRTIO_BLK_T_SCSI_CMD, 0);
+        assert_eq!(f.run(&[d(H, 16, 0), d(ST, 1, F_WRITE)]).0, STATUS_UNSUPP);
+        header(&f.mem, H, 0xdead, 0);
+        assert_eq!(
+            f.run(&[d(H, 16, 0), d(DATA, 512, 0), d(ST, 1, F_WRITE)]).0,
+            STATUS_UNSUPP
+        );
+    }
+
+    #[test]
+    fn limit_hit_keeps_old_data() {
+        let mut f = fixture_with(false, 64 * 1024);
+        let page = |seed: u8| -> Vec<u8> {
+            // Incompressible so that every page costs a full 4 KiB.
+            let mut x = 0x9e37_79b9u32 ^ u32::from(seed);
+            (0..PAGE_SIZE)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect()
+        };
+        let first = page(1);
+        assert_eq!(f.write(0, &first), STATUS_OK);
+        let mut failed = false;
+        for i in 1..64u64 {
+            if f.write(i * 8, &page(i as u8 + 1)) == STATUS_IOERR {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "the device limit was never hit");
+        // Overwriting slot 0 at the limit fails and leaves it intact.
+        if f.write(0, &page(200)) == STATUS_IOERR {
+            assert_eq!(f.read(0, PAGE_SIZE), (STATUS_OK, first));
+        }
+        assert!(f.dev.store().stats().failed_writes >= 1);
+    }
+
+    #[test]
+    fn malformed_chains_never_reach_the_store() {
+        let f = fixture(false);
+        header(&f.mem, H, VIRTIO_BLK_T_OUT, 0);
+        let q = MockSplitQueue::new(&f.mem, 1024);
+        let chain = q
+            .build_desc_chain(&[d(H, 16, 0), d(DATA, 100, 0), d(ST, 1, F_WRITE)])
+            .unwrap();
+        let mut req = Request::default();
+        assert_eq!(req.parse(chain), Err(RequestError::NotSectorMultiple(100)));
+        assert_eq!(f.dev.store().stats().writes, 0);
+    }
+}

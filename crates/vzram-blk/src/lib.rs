@@ -1,0 +1,14 @@
+//! virtio-blk over vhost-user for vzram.
+//!
+//! Data flows one way: a queue thread ([`backend`]) pops a descriptor chain,
+//! [`request`] parses it without side effects, and [`device`] executes it
+//! against the page store. [`config`] holds what the guest is told.
+
+pub mod backend;
+pub mod config;
+pub mod device;
+pub mod request;
+
+pub use backend::{BlkBackend, GuestMem};
+pub use device::{BlkDevice, ExecError};
+pub use request::{Request, RequestError, RequestType};

@@ -1,0 +1,246 @@
+//! Command line: `vzram serve`, `vzram stat`, `vzram set-limit`, `vzram compact`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use vzram_store::Codec;
+
+use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "vzram",
+    version,
+    about = "Compressed RAM block devices for VMs, served over vhost-user-blk"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve devices on vhost-user-blk sockets; stays in the foreground.
+    Serve(ServeArgs),
+    /// Print per-device and pool statistics of a running daemon.
+    Stat(StatArgs),
+    /// Change a device's memory limit, or the host-wide one, on a running daemon.
+    SetLimit(SetLimitArgs),
+    /// Compact the pool of a running daemon now.
+    Compact(CompactArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// vhost-user socket of a single device (with --size).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Capacity of that device: 512M, 8G, 1T or bytes (a multiple of 4096).
+    #[arg(long, value_parser = config::parse_size)]
+    pub size: Option<u64>,
+    /// Virtqueues of that device, one worker thread each [default: 4].
+    #[arg(long)]
+    pub queues: Option<u16>,
+    /// Compression: lz4, zstd or zstd:LEVEL [default: lz4].
+    #[arg(long, value_parser = config::parse_codec)]
+    pub algo: Option<Codec>,
+    /// Cap on the memory that device may use (0 = none).
+    #[arg(long, value_parser = config::parse_size)]
+    pub mem_limit: Option<u64>,
+    /// Serial the guest reads with GET_ID (at most 20 bytes) [default: the name].
+    #[arg(long)]
+    pub serial: Option<String>,
+    /// Offer the device read-only.
+    #[arg(long)]
+    pub readonly: bool,
+    /// Name of that device in stats and control requests [default: vzram0].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
+    #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
+    pub devices: Vec<DeviceDraft>,
+    /// TOML file with host_mem_limit, control, socket_mode and [[device]] tables.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Cap on the memory of all devices together (0 = none).
+    #[arg(long, value_parser = config::parse_size)]
+    pub host_mem_limit: Option<u64>,
+    /// Control socket for `vzram stat`, `set-limit` and `compact`.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Permissions of the sockets, in octal [default: 0600].
+    #[arg(long, value_parser = config::parse_mode)]
+    pub socket_mode: Option<u32>,
+}
+
+impl ServeArgs {
+    /// Merges the config file, `--device` specs and the single-device flags,
+    /// in that order; flags on the command line win over the file.
+    pub fn resolve(self) -> Result<DaemonConfig, ConfigError> {
+        let file = match &self.config {
+            Some(p) => config::load_file(p)?,
+            None => config::FileDrafts::default(),
+        };
+        let mut drafts = file.devices;
+        drafts.extend(self.devices);
+        let single = DeviceDraft {
+            name: self.name,
+            socket: self.socket,
+            size: self.size,
+            queues: self.queues,
+            algo: self.algo,
+            mem_limit: self.mem_limit,
+            serial: self.serial,
+            readonly: self.readonly.then_some(true),
+        };
+        if single.socket.is_some() {
+            drafts.push(single);
+        } else if single != DeviceDraft::default() {
+            return Err(ConfigError(
+                "--size, --queues, --algo, --mem-limit, --serial, --readonly and --name need --socket".into(),
+            ));
+        }
+        DaemonConfig::build(
+            self.host_mem_limit.or(file.host_mem_limit),
+            self.control.or(file.control),
+            self.socket_mode.or(file.socket_mode),
+            drafts,
+        )
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// The daemon's control socket.
+    #[arg(long, value_name = "PATH")]
+    pub control: PathBuf,
+    /// Print the daemon's JSON reply instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SetLimitArgs {
+    /// The daemon's control socket.
+    #[arg(long, value_name = "PATH")]
+    pub control: PathBuf,
+    /// Device name or index.
+    #[arg(long, conflicts_with = "host", required_unless_present = "host")]
+    pub device: Option<String>,
+    /// Set the host-wide limit instead of a device's.
+    #[arg(long)]
+    pub host: bool,
+    /// New limit: 512M, 8G, ... (0 = none).
+    #[arg(value_parser = config::parse_size)]
+    pub size: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct CompactArgs {
+    /// The daemon's control socket.
+    #[arg(long, value_name = "PATH")]
+    pub control: PathBuf,
+    /// Only this device (name or index).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn serve(args: &[&str]) -> Result<DaemonConfig, String> {
+        let cli = Cli::try_parse_from(["vzram", "serve"].iter().chain(args))
+            .map_err(|e| e.to_string())?;
+        let Command::Serve(s) = cli.command else {
+            unreachable!()
+        };
+        s.resolve().map_err(|e| e.0)
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn single_device() {
+        let c = serve(&[
+            "--socket",
+            "/tmp/x.sock",
+            "--size",
+            "8G",
+            "--queues",
+            "2",
+            "--algo",
+            "zstd:5",
+            "--readonly",
+        ])
+        .unwrap();
+        assert_eq!(c.devices.len(), 1);
+        let d = &c.devices[0];
+        assert_eq!((d.size, d.queues, d.readonly), (8 << 30, 2, true));
+        assert_eq!(d.algo, Codec::Zstd { level: 5 });
+    }
+
+    #[test]
+    fn many_devices() {
+        let c = serve(&[
+            "--device",
+            "socket=/tmp/a,size=1G",
+            "--device",
+            "socket=/tmp/b,size=2G,queues=1,name=b",
+            "--host-mem-limit",
+            "1G",
+            "--socket-mode",
+            "0660",
+        ])
+        .unwrap();
+        assert_eq!(c.devices.len(), 2);
+        assert_eq!(c.devices[1].name, "b");
+        assert_eq!(c.host_mem_limit, 1 << 30);
+        assert_eq!(c.socket_mode, 0o660);
+    }
+
+    #[test]
+    fn bad_input() {
+        assert!(serve(&["--socket", "/tmp/x", "--size", "12Q"]).is_err());
+        assert!(serve(&["--size", "1G"])
+            .unwrap_err()
+            .contains("need --socket"));
+        assert!(serve(&[]).unwrap_err().contains("no device"));
+        assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--queues", "0"]).is_err());
+        assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--algo", "gzip"]).is_err());
+        assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--socket-mode", "999"]).is_err());
+    }
+
+    #[test]
+    fn set_limit_needs_a_target() {
+        assert!(Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "1G"]).is_err());
+        assert!(
+            Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "--host", "1G"]).is_ok()
+        );
+        assert!(Cli::try_parse_from([
+            "vzram",
+            "set-limit",
+            "--control",
+            "/c",
+            "--device",
+            "0",
+            "1G"
+        ])
+        .is_ok());
+        assert!(Cli::try_parse_from([
+            "vzram",
+            "set-limit",
+            "--control",
+            "/c",
+            "--device",
+            "0",
+            "--host",
+            "1G"
+        ])
+        .is_err());
+    }
+}

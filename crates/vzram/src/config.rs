@@ -1,0 +1,485 @@
+//! The daemon's configuration: sizes, the TOML file, `--device` specs, and
+//! the checks that turn them into a [`DaemonConfig`]. Every error here is
+//! the user's input, so the binary reports it in one line and exits 2.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+use vzram_blk::config::{MAX_QUEUES, SERIAL_LEN};
+use vzram_store::{Codec, PAGE_SIZE};
+
+pub const DEFAULT_QUEUES: u16 = 4;
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// Parses `512M`, `8G`, `1T`, `64K` (binary units, optional `B`/`iB`) or
+/// plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix("ib"))
+        .unwrap_or(t);
+    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                'P' => 50,
+                _ => {
+                    return Err(format!(
+                        "bad size {s:?}: unknown unit {c:?} (use K, M, G or T)"
+                    ))
+                }
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "bad size {s:?}: expected a number with an optional K, M, G or T"
+        ));
+    }
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("bad size {s:?}: too large"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("bad size {s:?}: too large"))
+}
+
+/// Parses an octal file mode such as `0600` or `660`.
+pub fn parse_mode(s: &str) -> Result<u32, String> {
+    let t = s.strip_prefix("0o").unwrap_or(s);
+    match u32::from_str_radix(t, 8) {
+        Ok(m) if m <= 0o777 && !t.is_empty() => Ok(m),
+        _ => Err(format!(
+            "bad socket mode {s:?}: expected octal permissions like 0600"
+        )),
+    }
+}
+
+pub fn parse_codec(s: &str) -> Result<Codec, String> {
+    s.parse::<Codec>()
+}
+
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "true" | "yes" | "on" | "1" => Ok(true),
+        "false" | "no" | "off" | "0" => Ok(false),
+        _ => Err(format!("bad boolean {s:?}: expected true or false")),
+    }
+}
+
+/// One device as given, before defaults and checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceDraft {
+    pub name: Option<String>,
+    pub socket: Option<PathBuf>,
+    pub size: Option<u64>,
+    pub queues: Option<u16>,
+    pub algo: Option<Codec>,
+    pub mem_limit: Option<u64>,
+    pub serial: Option<String>,
+    pub readonly: Option<bool>,
+}
+
+/// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`.
+pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, String> {
+    let mut d = DeviceDraft::default();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("bad device option {part:?}: expected key=value"))?;
+        match k {
+            "socket" | "path" => d.socket = Some(PathBuf::from(v)),
+            "size" => d.size = Some(parse_size(v)?),
+            "queues" | "num-queues" => d.queues = Some(v.parse().map_err(|_| format!("bad queue count {v:?}"))?),
+            "algo" | "comp-algorithm" => d.algo = Some(parse_codec(v)?),
+            "mem-limit" | "mem_limit" => d.mem_limit = Some(parse_size(v)?),
+            "serial" => d.serial = Some(v.to_string()),
+            "readonly" | "read-only" | "ro" => d.readonly = Some(parse_bool(v)?),
+            "name" => d.name = Some(v.to_string()),
+            _ => {
+                return Err(format!(
+                    "unknown device option {k:?} (known: socket, size, queues, algo, mem-limit, serial, readonly, name)"
+                ))
+            }
+        }
+    }
+    Ok(d)
+}
+
+/// A size in the config file: a number of bytes or a string like "8G".
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self, what: &str) -> Result<u64, ConfigError> {
+        match self {
+            SizeValue::Bytes(n) => Ok(*n),
+            SizeValue::Text(s) => parse_size(s).map_err(|e| ConfigError(format!("{what}: {e}"))),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ModeValue {
+    Number(u32),
+    Text(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(alias = "host-mem-limit")]
+    host_mem_limit: Option<SizeValue>,
+    control: Option<PathBuf>,
+    #[serde(alias = "socket-mode")]
+    socket_mode: Option<ModeValue>,
+    #[serde(default)]
+    device: Vec<FileDevice>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDevice {
+    name: Option<String>,
+    socket: Option<PathBuf>,
+    size: Option<SizeValue>,
+    queues: Option<u16>,
+    algo: Option<String>,
+    #[serde(alias = "mem-limit")]
+    mem_limit: Option<SizeValue>,
+    serial: Option<String>,
+    readonly: Option<bool>,
+}
+
+/// What the config file holds, as drafts for the command line to extend.
+#[derive(Debug, Default)]
+pub struct FileDrafts {
+    pub host_mem_limit: Option<u64>,
+    pub control: Option<PathBuf>,
+    pub socket_mode: Option<u32>,
+    pub devices: Vec<DeviceDraft>,
+}
+
+/// Reads and parses a TOML config file.
+pub fn load_file(path: &Path) -> Result<FileDrafts, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+    parse_file(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+}
+
+pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
+    let f: FileConfig = toml::from_str(text).map_err(|e| {
+        // toml's messages span several lines (they quote the input); keep one.
+        let msg = e
+            .message()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        match e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+        {
+            Some(line) => ConfigError(format!("line {line}: {msg}")),
+            None => ConfigError(msg),
+        }
+    })?;
+    let socket_mode = match f.socket_mode {
+        None => None,
+        // A TOML integer is read as the octal it looks like: 600 means 0o600.
+        Some(ModeValue::Number(n)) => Some(parse_mode(&n.to_string()).map_err(ConfigError)?),
+        Some(ModeValue::Text(s)) => Some(parse_mode(&s).map_err(ConfigError)?),
+    };
+    let mut devices = Vec::new();
+    for (i, d) in f.device.into_iter().enumerate() {
+        let what = |field: &str| format!("device {i} {field}");
+        devices.push(DeviceDraft {
+            name: d.name,
+            socket: d.socket,
+            size: d.size.map(|s| s.bytes(&what("size"))).transpose()?,
+            queues: d.queues,
+            algo: d
+                .algo
+                .map(|a| parse_codec(&a).map_err(|e| ConfigError(format!("{}: {e}", what("algo")))))
+                .transpose()?,
+            mem_limit: d
+                .mem_limit
+                .map(|s| s.bytes(&what("mem_limit")))
+                .transpose()?,
+            serial: d.serial,
+            readonly: d.readonly,
+        });
+    }
+    Ok(FileDrafts {
+        host_mem_limit: f
+            .host_mem_limit
+            .map(|s| s.bytes("host_mem_limit"))
+            .transpose()?,
+        control: f.control,
+        socket_mode,
+        devices,
+    })
+}
+
+/// One device, checked and with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub name: String,
+    pub socket: PathBuf,
+    pub size: u64,
+    pub queues: u16,
+    pub algo: Codec,
+    pub mem_limit: u64,
+    pub serial: String,
+    pub readonly: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonConfig {
+    /// Pool-wide cap on memory; 0 = none.
+    pub host_mem_limit: u64,
+    pub control: Option<PathBuf>,
+    pub socket_mode: u32,
+    pub devices: Vec<DeviceSpec>,
+}
+
+impl DaemonConfig {
+    /// Fills in defaults and checks everything that can be checked before
+    /// touching the system.
+    pub fn build(
+        host_mem_limit: Option<u64>,
+        control: Option<PathBuf>,
+        socket_mode: Option<u32>,
+        drafts: Vec<DeviceDraft>,
+    ) -> Result<DaemonConfig, ConfigError> {
+        if drafts.is_empty() {
+            return err("no device to serve: give --socket and --size, --device socket=...,size=..., or --config FILE");
+        }
+        let mut devices = Vec::with_capacity(drafts.len());
+        let mut sockets = HashSet::new();
+        let mut names = HashSet::new();
+        for (i, d) in drafts.into_iter().enumerate() {
+            let name = d.name.unwrap_or_else(|| format!("vzram{i}"));
+            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return err(format!("device {i}: bad name {name:?}"));
+            }
+            let Some(socket) = d.socket else {
+                return err(format!("device {name}: no socket path"));
+            };
+            if socket.as_os_str().is_empty() {
+                return err(format!("device {name}: empty socket path"));
+            }
+            let Some(size) = d.size else {
+                return err(format!("device {name}: no size"));
+            };
+            if size == 0 || size % PAGE_SIZE as u64 != 0 {
+                return err(format!(
+                    "device {name}: size {size} is not a positive multiple of {PAGE_SIZE}"
+                ));
+            }
+            let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
+            if !(1..=MAX_QUEUES).contains(&usize::from(queues)) {
+                return err(format!(
+                    "device {name}: queues must be 1..={MAX_QUEUES}, not {queues}"
+                ));
+            }
+            let serial = d.serial.unwrap_or_else(|| name.clone());
+            if serial.len() > SERIAL_LEN {
+                return err(format!(
+                    "device {name}: serial {serial:?} is longer than {SERIAL_LEN} bytes"
+                ));
+            }
+            if !sockets.insert(socket.clone()) {
+                return err(format!(
+                    "socket {} is used by two devices",
+                    socket.display()
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return err(format!("device name {name:?} is used twice"));
+            }
+            devices.push(DeviceSpec {
+                name,
+                socket,
+                size,
+                queues,
+                algo: d.algo.unwrap_or(Codec::Lz4),
+                mem_limit: d.mem_limit.unwrap_or(0),
+                serial,
+                readonly: d.readonly.unwrap_or(false),
+            });
+        }
+        if let Some(c) = &control {
+            if sockets.contains(c) {
+                return err(format!(
+                    "control socket {} is also a device socket",
+                    c.display()
+                ));
+            }
+        }
+        Ok(DaemonConfig {
+            host_mem_limit: host_mem_limit.unwrap_or(0),
+            control,
+            socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
+            devices,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("0"), Ok(0));
+        for bad in ["", "G", "12Q", "1.5G", "-1G", "8 G", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn modes() {
+        assert_eq!(parse_mode("0600"), Ok(0o600));
+        assert_eq!(parse_mode("660"), Ok(0o660));
+        assert!(parse_mode("0800").is_err());
+        assert!(parse_mode("1777").is_err());
+        assert!(parse_mode("").is_err());
+    }
+
+    #[test]
+    fn device_spec() {
+        let d = parse_device_spec("socket=/tmp/a.sock,size=1G,queues=2,mem-limit=256M,algo=zstd:3,serial=abc,readonly=true")
+            .unwrap();
+        assert_eq!(d.socket, Some(PathBuf::from("/tmp/a.sock")));
+        assert_eq!(d.size, Some(1 << 30));
+        assert_eq!(d.queues, Some(2));
+        assert_eq!(d.mem_limit, Some(256 << 20));
+        assert_eq!(d.algo, Some(Codec::Zstd { level: 3 }));
+        assert_eq!(d.readonly, Some(true));
+        assert!(parse_device_spec("socket=/a,colour=red").is_err());
+        assert!(parse_device_spec("socket").is_err());
+        assert!(parse_device_spec("size=12Q").is_err());
+        assert!(parse_device_spec("algo=gzip").is_err());
+    }
+
+    fn draft(sock: &str, size: u64) -> DeviceDraft {
+        DeviceDraft {
+            socket: Some(sock.into()),
+            size: Some(size),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn build_checks() {
+        let ok = DaemonConfig::build(None, None, None, vec![draft("/a", 1 << 20)]).unwrap();
+        assert_eq!(ok.devices[0].queues, DEFAULT_QUEUES);
+        assert_eq!(ok.devices[0].name, "vzram0");
+        assert_eq!(ok.devices[0].serial, "vzram0");
+        assert_eq!(ok.socket_mode, 0o600);
+        let bad =
+            |drafts: Vec<DeviceDraft>| DaemonConfig::build(None, None, None, drafts).unwrap_err();
+        bad(vec![]);
+        bad(vec![draft("/a", 0)]);
+        bad(vec![draft("/a", 5000)]);
+        bad(vec![draft("/a", 4096), draft("/a", 4096)]);
+        bad(vec![DeviceDraft {
+            queues: Some(0),
+            ..draft("/a", 4096)
+        }]);
+        bad(vec![DeviceDraft {
+            queues: Some(65),
+            ..draft("/a", 4096)
+        }]);
+        bad(vec![DeviceDraft {
+            serial: Some("x".repeat(21)),
+            ..draft("/a", 4096)
+        }]);
+        bad(vec![DeviceDraft {
+            size: None,
+            ..draft("/a", 4096)
+        }]);
+        bad(vec![
+            DeviceDraft {
+                name: Some("d".into()),
+                ..draft("/a", 4096)
+            },
+            DeviceDraft {
+                name: Some("d".into()),
+                ..draft("/b", 4096)
+            },
+        ]);
+        assert!(
+            DaemonConfig::build(None, Some("/a".into()), None, vec![draft("/a", 4096)]).is_err()
+        );
+    }
+
+    #[test]
+    fn toml_file() {
+        let f = parse_file(
+            r#"
+            host_mem_limit = "16G"
+            control = "/run/vzram/control.sock"
+            socket_mode = "0660"
+
+            [[device]]
+            socket = "/run/vzram/vm1.sock"
+            size = "8G"
+            queues = 2
+            algo = "zstd"
+            mem_limit = 1073741824
+            serial = "vm1-swap"
+
+            [[device]]
+            name = "scratch"
+            socket = "/run/vzram/vm2.sock"
+            size = 4194304
+            readonly = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(f.host_mem_limit, Some(16 << 30));
+        assert_eq!(f.socket_mode, Some(0o660));
+        assert_eq!(f.devices.len(), 2);
+        assert_eq!(f.devices[0].mem_limit, Some(1 << 30));
+        assert_eq!(f.devices[1].readonly, Some(true));
+        let e = parse_file("[[device]]\nsocket = \"/a\"\nsise = \"1G\"\n").unwrap_err();
+        assert!(e.0.contains("sise") && e.0.starts_with("line 3"), "{e}");
+        assert!(!e.0.contains('\n'));
+        assert!(parse_file("host_mem_limit = \"lots\"").is_err());
+        assert!(parse_file("[[device]]\nsize = \"8X\"").is_err());
+        assert_eq!(
+            parse_file("socket_mode = 600").unwrap().socket_mode,
+            Some(0o600)
+        );
+    }
+}

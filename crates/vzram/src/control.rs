@@ -1,0 +1,299 @@
+//! The control socket: newline-delimited JSON, one reply line per request.
+//!
+//! ```text
+//! {"cmd":"stat"}
+//! {"cmd":"set-limit","device":"vm1","bytes":1073741824}    device by name or index
+//! {"cmd":"set-limit","host":true,"bytes":0}                 0 = no limit
+//! {"cmd":"compact"}                                         or with "device"
+//! ```
+//! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use vzram_store::Pool;
+
+use crate::daemon::ServedDevice;
+
+/// Longest request line accepted; anything longer closes the connection.
+const MAX_LINE: u64 = 64 * 1024;
+
+/// A device named in a request: its name, or its index as a number or string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum DeviceRef {
+    Index(u64),
+    Name(String),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    Stat {},
+    SetLimit {
+        device: Option<DeviceRef>,
+        #[serde(default)]
+        host: bool,
+        bytes: u64,
+    },
+    Compact {
+        device: Option<DeviceRef>,
+    },
+}
+
+pub struct Control {
+    pool: Arc<Pool>,
+    devices: Vec<Arc<ServedDevice>>,
+}
+
+impl Control {
+    pub fn new(pool: Arc<Pool>, devices: Vec<Arc<ServedDevice>>) -> Control {
+        Control { pool, devices }
+    }
+
+    fn find(&self, r: &DeviceRef) -> Result<&ServedDevice, String> {
+        let by_index = |i: u64| usize::try_from(i).ok().and_then(|i| self.devices.get(i));
+        let found = match r {
+            DeviceRef::Index(i) => by_index(*i),
+            DeviceRef::Name(n) => self
+                .devices
+                .iter()
+                .find(|d| d.spec.name == *n)
+                .or_else(|| n.parse().ok().and_then(by_index)),
+        };
+        found
+            .map(|d| &**d)
+            .ok_or_else(|| format!("no device {r:?}"))
+    }
+
+    /// Answers one request line.
+    pub fn handle_line(&self, line: &str) -> Value {
+        let req: Request = match serde_json::from_str(line) {
+            Ok(r) => r,
+            Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+        };
+        match self.handle(req) {
+            Ok(mut v) => {
+                v["ok"] = json!(true);
+                v
+            }
+            Err(e) => json!({"ok": false, "error": e}),
+        }
+    }
+
+    fn handle(&self, req: Request) -> Result<Value, String> {
+        match req {
+            Request::Stat {} => Ok(self.stat()),
+            Request::SetLimit {
+                device: Some(_),
+                host: true,
+                ..
+            } => Err("give either \"device\" or \"host\":true, not both".into()),
+            Request::SetLimit {
+                device: Some(r),
+                bytes,
+                ..
+            } => {
+                let d = self.find(&r)?;
+                d.blk.store().set_mem_limit(bytes);
+                tracing::info!(device = %d.spec.name, bytes, "device memory limit set");
+                Ok(json!({"device": d.spec.name, "mem_limit": bytes}))
+            }
+            Request::SetLimit {
+                device: None,
+                host: true,
+                bytes,
+            } => {
+                self.pool.set_host_mem_limit(bytes);
+                tracing::info!(bytes, "host memory limit set");
+                Ok(json!({"host_mem_limit": bytes}))
+            }
+            Request::SetLimit {
+                device: None,
+                host: false,
+                ..
+            } => Err("set-limit needs \"device\" or \"host\":true".into()),
+            Request::Compact { device } => {
+                let pages = match device {
+                    Some(r) => self.find(&r)?.blk.store().compact(),
+                    None => self.pool.compact(),
+                };
+                tracing::info!(pages, "compacted");
+                Ok(json!({"pages_compacted": pages}))
+            }
+        }
+    }
+
+    fn stat(&self) -> Value {
+        let devices: Vec<Value> = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                json!({
+                    "index": i,
+                    "name": d.spec.name,
+                    "socket": d.spec.socket,
+                    "size_bytes": d.spec.size,
+                    "queues": d.spec.queues,
+                    "algo": d.spec.algo.to_string(),
+                    "readonly": d.spec.readonly,
+                    "serial": d.spec.serial,
+                    "connected": d.connected.load(Ordering::Relaxed),
+                    "connections": d.connections.load(Ordering::Relaxed),
+                    "stats": d.blk.store().stats(),
+                })
+            })
+            .collect();
+        json!({"pool": self.pool.stats(), "devices": devices})
+    }
+}
+
+/// Accepts control connections forever, one thread each (they are rare and
+/// short; a client that stalls must not block the others).
+pub fn serve(listener: UnixListener, ctl: Arc<Control>) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(stream) => {
+                let ctl = ctl.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = handle_conn(stream, &ctl) {
+                            tracing::debug!("control connection: {e}");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("cannot start a control thread: {e}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!("control socket accept: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn handle_conn(stream: UnixStream, ctl: &Control) -> io::Result<()> {
+    let mut out = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = (&mut reader).take(MAX_LINE).read_line(&mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if !line.ends_with('\n') && n as u64 == MAX_LINE {
+            writeln!(
+                out,
+                "{}",
+                json!({"ok": false, "error": "request line too long"})
+            )?;
+            return Ok(());
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let reply = ctl.handle_line(text);
+        writeln!(out, "{reply}")?;
+    }
+}
+
+/// Client side: sends one request and returns the parsed reply.
+pub fn request(path: &std::path::Path, req: &Value) -> io::Result<Value> {
+    let mut stream = UnixStream::connect(path)?;
+    writeln!(stream, "{req}")?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .take(16 << 20)
+        .read_line(&mut line)?;
+    serde_json::from_str(&line)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad reply: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use vzram_blk::BlkDevice;
+    use vzram_store::{Codec, DeviceConfig, PoolConfig};
+
+    fn control() -> Control {
+        let pool = Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 28,
+        })
+        .unwrap();
+        let devices = ["a", "b"]
+            .iter()
+            .map(|n| {
+                let store = pool
+                    .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
+                    .unwrap();
+                Arc::new(ServedDevice {
+                    spec: crate::config::DeviceSpec {
+                        name: n.to_string(),
+                        socket: format!("/tmp/{n}.sock").into(),
+                        size: 1 << 20,
+                        queues: 1,
+                        algo: Codec::Lz4,
+                        mem_limit: 0,
+                        serial: n.to_string(),
+                        readonly: false,
+                    },
+                    blk: Arc::new(BlkDevice::new(store, 1, false, n)),
+                    connected: AtomicBool::new(false),
+                    connections: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        Control::new(pool, devices)
+    }
+
+    #[test]
+    fn requests() {
+        let c = control();
+        let s = c.handle_line(r#"{"cmd":"stat"}"#);
+        assert_eq!(s["ok"], true);
+        assert_eq!(s["devices"].as_array().unwrap().len(), 2);
+        assert_eq!(s["devices"][1]["name"], "b");
+        assert_eq!(s["pool"]["devices"], 2);
+
+        let r = c.handle_line(r#"{"cmd":"set-limit","device":"b","bytes":65536}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(c.devices[1].blk.store().mem_limit(), 65536);
+        let r = c.handle_line(r#"{"cmd":"set-limit","device":0,"bytes":4096}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(c.devices[0].blk.store().mem_limit(), 4096);
+        let r = c.handle_line(r#"{"cmd":"set-limit","device":"1","bytes":8192}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(c.devices[1].blk.store().mem_limit(), 8192);
+        let r = c.handle_line(r#"{"cmd":"set-limit","host":true,"bytes":1048576}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(c.pool.host_mem_limit(), 1 << 20);
+        let r = c.handle_line(r#"{"cmd":"compact"}"#);
+        assert_eq!(r["ok"], true, "{r}");
+
+        for bad in [
+            "",
+            "nonsense",
+            r#"{"cmd":"reboot"}"#,
+            r#"{"cmd":"set-limit","bytes":1}"#,
+            r#"{"cmd":"set-limit","device":"zz","bytes":1}"#,
+            r#"{"cmd":"set-limit","device":5,"bytes":1}"#,
+            r#"{"cmd":"set-limit","device":"a","host":true,"bytes":1}"#,
+            r#"{"cmd":"stat","extra":1}"#,
+        ] {
+            let r = c.handle_line(bad);
+            assert_eq!(r["ok"], false, "{bad} → {r}");
+            assert!(r["error"].is_string());
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! `vzram`: compressed RAM block devices for VMs, over vhost-user-blk.
+
+mod cli;
+mod config;
+mod control;
+mod daemon;
+mod stat;
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+/// Exit code for bad input: flags, config files, requests the daemon refuses.
+const EXIT_USAGE: u8 = 2;
+/// Exit code for failures at run time (a socket that cannot be bound, a daemon not running).
+const EXIT_FAILURE: u8 = 1;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            e.exit()
+        }
+        Err(e) => {
+            // clap's message spans several paragraphs (what is wrong, usage,
+            // hints); the first one, on one line, says what is wrong.
+            let text = e.render().to_string();
+            let first = text.trim_start().split("\n\n").next().unwrap_or_default();
+            eprintln!("{}", one_line(first));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => {
+            let cfg = match args.resolve() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {}", one_line(&e.to_string()));
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            init_logging();
+            match daemon::run(cfg) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("error: {e}");
+                    ExitCode::from(EXIT_FAILURE)
+                }
+            }
+        }
+        Command::Stat(a) => client(stat::stat(&a)),
+        Command::SetLimit(a) => client(stat::set_limit(&a)),
+        Command::Compact(a) => client(stat::compact(&a)),
+    }
+}
+
+fn client(r: Result<String, stat::ClientError>) -> ExitCode {
+    match r {
+        Ok(out) => {
+            let mut stdout = std::io::stdout().lock();
+            // A closed pipe (`vzram stat | head`) is not worth a panic.
+            let _ = stdout
+                .write_all(out.as_bytes())
+                .and_then(|()| stdout.flush());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e.message));
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+/// Input errors are promised on one line; some libraries' messages span several.
+fn one_line(msg: &str) -> String {
+    let mut out = String::new();
+    for l in msg.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { "; " });
+        }
+        out.push_str(l);
+    }
+    out
+}
+
+/// Logs go to stderr; `RUST_LOG` filters them (default: info).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // No colour codes in log files and journald.
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}

@@ -1,0 +1,261 @@
+//! Client commands that talk to a running daemon over its control socket:
+//! `vzram stat`, `vzram set-limit` and `vzram compact`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use crate::cli::{CompactArgs, SetLimitArgs, StatArgs};
+use crate::control;
+
+/// An error for the user, and the exit code it deserves.
+pub struct ClientError {
+    pub message: String,
+    pub code: u8,
+}
+
+fn call(path: &Path, req: Value) -> Result<Value, ClientError> {
+    let reply = control::request(path, &req).map_err(|e| ClientError {
+        message: format!("cannot talk to the daemon at {}: {e}", path.display()),
+        code: 1,
+    })?;
+    if reply["ok"] == json!(true) {
+        Ok(reply)
+    } else {
+        let msg = reply["error"]
+            .as_str()
+            .unwrap_or("unknown error")
+            .to_string();
+        Err(ClientError {
+            message: format!("daemon refused: {msg}"),
+            code: 2,
+        })
+    }
+}
+
+pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
+    let reply = call(&args.control, json!({"cmd": "stat"}))?;
+    if args.json {
+        Ok(format!("{reply}\n"))
+    } else {
+        Ok(render(&reply))
+    }
+}
+
+pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
+    let req = match &args.device {
+        Some(d) => json!({"cmd": "set-limit", "device": d, "bytes": args.size}),
+        None => json!({"cmd": "set-limit", "host": true, "bytes": args.size}),
+    };
+    call(&args.control, req)?;
+    let what = args
+        .device
+        .as_ref()
+        .map_or("host".to_string(), |d| format!("device {d}"));
+    let limit = if args.size == 0 {
+        "none".to_string()
+    } else {
+        human(args.size)
+    };
+    Ok(format!("{what} memory limit: {limit}\n"))
+}
+
+pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
+    let req = match &args.device {
+        Some(d) => json!({"cmd": "compact", "device": d}),
+        None => json!({"cmd": "compact"}),
+    };
+    let reply = call(&args.control, req)?;
+    let pages = reply["pages_compacted"].as_u64().unwrap_or(0);
+    Ok(format!(
+        "compacted: {pages} pages ({}) given back\n",
+        human(pages * 4096)
+    ))
+}
+
+/// Bytes in binary units, one decimal: `512 B`, `1.5 KiB`, `8.0 GiB`.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+fn ratio(orig: u64, used: u64) -> String {
+    if used == 0 {
+        "-".into()
+    } else {
+        format!("{:.2}", orig as f64 / used as f64)
+    }
+}
+
+/// Formats rows into left-aligned first column and right-aligned numbers.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.zip(&widths).enumerate() {
+            if i == 0 {
+                let _ = write!(s, "{c:<w$}");
+            } else {
+                let _ = write!(s, "  {c:>w$}");
+            }
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
+    }
+    out
+}
+
+/// The human-readable form of a stat reply: zram's mm_stat and io_stat,
+/// one row per device and one for the whole pool.
+pub fn render(reply: &Value) -> String {
+    let u = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let empty = Vec::new();
+    let devices = reply["devices"].as_array().unwrap_or(&empty);
+    let pool = &reply["pool"];
+    let limit = |n: u64| if n == 0 { "-".to_string() } else { human(n) };
+
+    let mm_row = |name: String, s: &Value| {
+        vec![
+            name,
+            human(u(s, "orig_data_size")),
+            human(u(s, "compr_data_size")),
+            human(u(s, "mem_used_total")),
+            limit(u(s, "mem_limit")),
+            human(u(s, "mem_used_max")),
+            u(s, "same_pages").to_string(),
+            u(s, "huge_pages").to_string(),
+            u(s, "pages_compacted").to_string(),
+            ratio(u(s, "orig_data_size"), u(s, "mem_used_total")),
+        ]
+    };
+    let mut mm: Vec<Vec<String>> = devices
+        .iter()
+        .map(|d| mm_row(d["name"].as_str().unwrap_or("?").into(), &d["stats"]))
+        .collect();
+    mm.push(mm_row("(pool)".into(), pool));
+
+    let io: Vec<Vec<String>> = devices
+        .iter()
+        .map(|d| {
+            let s = &d["stats"];
+            vec![
+                d["name"].as_str().unwrap_or("?").to_string(),
+                human(u(d, "size_bytes")),
+                d["algo"].as_str().unwrap_or("?").to_string(),
+                u(d, "queues").to_string(),
+                if d["readonly"] == json!(true) {
+                    "ro"
+                } else {
+                    "rw"
+                }
+                .to_string(),
+                if d["connected"] == json!(true) {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_string(),
+                u(s, "reads").to_string(),
+                u(s, "writes").to_string(),
+                u(s, "discards").to_string(),
+                u(s, "failed_reads").to_string(),
+                u(s, "failed_writes").to_string(),
+            ]
+        })
+        .collect();
+
+    let mut out = String::from("mm_stat\n");
+    out += &table(
+        &[
+            "NAME",
+            "ORIG_DATA",
+            "COMPR_DATA",
+            "MEM_USED",
+            "MEM_LIMIT",
+            "MEM_USED_MAX",
+            "SAME_PAGES",
+            "HUGE_PAGES",
+            "COMPACTED",
+            "RATIO",
+        ],
+        &mm,
+    );
+    out += "\nio_stat\n";
+    out += &table(
+        &[
+            "NAME",
+            "SIZE",
+            "ALGO",
+            "QUEUES",
+            "MODE",
+            "CONNECTED",
+            "READS",
+            "WRITES",
+            "DISCARDS",
+            "FAILED_READS",
+            "FAILED_WRITES",
+        ],
+        &io,
+    );
+    for d in devices {
+        out += &format!(
+            "\n{}: {}",
+            d["name"].as_str().unwrap_or("?"),
+            d["socket"].as_str().unwrap_or("?")
+        );
+    }
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0 B");
+        assert_eq!(human(1023), "1023 B");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(8 << 30), "8.0 GiB");
+    }
+
+    #[test]
+    fn renders_a_table() {
+        let reply = json!({
+            "ok": true,
+            "pool": {"orig_data_size": 8192, "compr_data_size": 100, "mem_used_total": 4096, "mem_limit": 0},
+            "devices": [{"name": "vm1", "socket": "/tmp/vm1.sock", "size_bytes": 1u64 << 30, "algo": "lz4", "queues": 4,
+                         "readonly": false, "connected": true,
+                         "stats": {"orig_data_size": 8192, "compr_data_size": 100, "mem_used_total": 4096, "reads": 7, "writes": 2}}]
+        });
+        let t = render(&reply);
+        assert!(t.contains("mm_stat") && t.contains("io_stat"), "{t}");
+        let row = t.lines().find(|l| l.starts_with("vm1 ")).unwrap();
+        assert!(row.contains("8.0 KiB") && row.contains("2.00"), "{row}");
+        assert!(t.lines().any(|l| l.starts_with("(pool)")));
+        assert!(t
+            .lines()
+            .any(|l| l.starts_with("vm1") && l.contains("1.0 GiB") && l.contains("yes")));
+    }
+}

@@ -1,0 +1,414 @@
+//! The `vzram` command line: input errors, `vzram stat`/`set-limit`/`compact`,
+//! sockets and their modes, config files, and shutdown on signals.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use vzram_tests::*;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn vzram(args: &[&str]) -> Output {
+    let mut cmd = Command::new(vzram_bin());
+    cmd.args(args).stdin(Stdio::null());
+    // A daemon that wrongly starts must not hang the test.
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vzram");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vzram {args:?} still running after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn bad_input_exits_2_with_a_one_line_message() {
+    let dir = TempDir::new("badcli");
+    let sock = dir.join("x.sock");
+    let sock = s(&sock);
+    let bad_toml = dir.join("bad.toml");
+    std::fs::write(
+        &bad_toml,
+        "[[device]]\nsocket = \"/tmp/a.sock\"\nsize = \"1G\"\nqueus = 2\n",
+    )
+    .unwrap();
+    let broken_toml = dir.join("broken.toml");
+    std::fs::write(&broken_toml, "[[device]\nsocket = \n").unwrap();
+    let zero_toml = dir.join("zero.toml");
+    std::fs::write(
+        &zero_toml,
+        "[[device]]\nsocket = \"/tmp/z.sock\"\nsize = 0\n",
+    )
+    .unwrap();
+    let dup = format!("socket={sock},size=1M");
+
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["serve", "--socket", sock, "--size", "12Q"], "12Q"),
+        (
+            vec!["serve", "--socket", sock, "--size", "5000"],
+            "multiple of 4096",
+        ),
+        (vec!["serve", "--socket", sock, "--size", "0"], "size"),
+        (vec!["serve", "--size", "1G"], "--socket"),
+        (vec!["serve"], "no device"),
+        (
+            vec!["serve", "--socket", sock, "--size", "1G", "--queues", "0"],
+            "queues",
+        ),
+        (
+            vec!["serve", "--socket", sock, "--size", "1G", "--queues", "65"],
+            "queues",
+        ),
+        (
+            vec![
+                "serve", "--socket", sock, "--size", "1G", "--queues", "many",
+            ],
+            "many",
+        ),
+        (
+            vec!["serve", "--socket", sock, "--size", "1G", "--algo", "gzip"],
+            "gzip",
+        ),
+        (
+            vec![
+                "serve", "--socket", sock, "--size", "1G", "--algo", "zstd:99",
+            ],
+            "zstd",
+        ),
+        (
+            vec![
+                "serve",
+                "--socket",
+                sock,
+                "--size",
+                "1G",
+                "--mem-limit",
+                "lots",
+            ],
+            "lots",
+        ),
+        (
+            vec![
+                "serve",
+                "--socket",
+                sock,
+                "--size",
+                "1G",
+                "--socket-mode",
+                "999",
+            ],
+            "mode",
+        ),
+        (
+            vec![
+                "serve",
+                "--socket",
+                sock,
+                "--size",
+                "1G",
+                "--serial",
+                "a-serial-that-is-far-too-long",
+            ],
+            "serial",
+        ),
+        (
+            vec!["serve", "--socket", sock, "--size", "1G", "--bogus"],
+            "--bogus",
+        ),
+        (vec!["serve", "--device", "socket=/tmp/a.sock"], "size"),
+        (
+            vec!["serve", "--device", "socket=/tmp/a.sock,size=1G,colour=red"],
+            "colour",
+        ),
+        (
+            vec!["serve", "--device", &dup, "--device", &dup],
+            "two devices",
+        ),
+        (vec!["serve", "--config", s(&bad_toml)], "queus"),
+        (vec!["serve", "--config", s(&broken_toml)], "line"),
+        (vec!["serve", "--config", s(&zero_toml)], "size"),
+        (
+            vec!["serve", "--config", "/nonexistent/vzram.toml"],
+            "nonexistent",
+        ),
+        (vec!["frobnicate"], "frobnicate"),
+        (
+            vec!["set-limit", "--control", "/tmp/c.sock", "1G"],
+            "--device",
+        ),
+        (
+            vec!["set-limit", "--control", "/tmp/c.sock", "--host", "1Z"],
+            "1Z",
+        ),
+    ];
+    for (args, needle) in cases {
+        let o = vzram(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "vzram {args:?}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "vzram {args:?}: not one line: {err:?}"
+        );
+        assert!(
+            err.contains(needle),
+            "vzram {args:?}: {err:?} does not mention {needle:?}"
+        );
+        assert!(err.starts_with("error:"), "{err:?}");
+    }
+    // Nothing was left behind by the refused starts.
+    assert!(!Path::new(sock).exists());
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    let o = vzram(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("serve"));
+    let o = vzram(&["serve", "--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("--host-mem-limit"));
+    assert_eq!(vzram(&["--version"]).status.code(), Some(0));
+}
+
+#[test]
+fn stat_set_limit_and_compact_commands() {
+    let dir = TempDir::new("stat");
+    let sock = dir.join("vm1.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "64M",
+            "--name",
+            "vm1",
+            "--queues",
+            "2",
+        ],
+        &[&sock],
+    );
+    let mut c = Client::connect(&sock, 2).unwrap();
+    for p in 0..512u64 {
+        c.q(0).write(p * 4096, &pattern(p, p * 4096, 4096)).unwrap();
+    }
+    c.q(1).write(4 << 20, &[0u8; 65536]).unwrap();
+    let ctl = s(&d.control);
+
+    let o = vzram(&["stat", "--control", ctl]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    eprintln!("{table}");
+    for col in [
+        "ORIG_DATA",
+        "COMPR_DATA",
+        "MEM_USED",
+        "RATIO",
+        "SAME_PAGES",
+        "READS",
+        "WRITES",
+        "DISCARDS",
+    ] {
+        assert!(table.contains(col), "no {col} column:\n{table}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("vm1 "))
+        .unwrap_or_else(|| panic!("no vm1 row:\n{table}"));
+    // 512 pattern pages plus 16 zero pages.
+    assert!(row.contains("2.1 MiB"), "orig data size in {row:?}");
+    assert!(table.lines().any(|l| l.starts_with("(pool)")), "{table}");
+    let io = table
+        .lines()
+        .filter(|l| l.starts_with("vm1 "))
+        .nth(1)
+        .expect("io_stat row");
+    assert!(
+        io.contains("64.0 MiB") && io.contains("lz4") && io.contains("yes"),
+        "{io:?}"
+    );
+
+    let o = vzram(&["stat", "--json", "--control", ctl]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let dev = &v["devices"][0];
+    assert_eq!(dev["name"], "vm1");
+    assert_eq!(dev["socket"], s(&sock));
+    assert_eq!(dev["stats"]["orig_data_size"], 528 * 4096);
+    assert_eq!(dev["stats"]["same_pages"], 16);
+    assert!(dev["stats"]["compr_data_size"].as_u64().unwrap() < 512 * 4096);
+    assert_eq!(v["pool"]["devices"], 1);
+
+    let o = vzram(&["set-limit", "--control", ctl, "--device", "vm1", "512M"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(d.stat().dev("vm1", "mem_limit"), 512 << 20);
+    let o = vzram(&["set-limit", "--control", ctl, "--device", "0", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(d.stat().dev("vm1", "mem_limit"), 0);
+    let o = vzram(&["set-limit", "--control", ctl, "--host", "1G"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(d.stat().pool("mem_limit"), 1 << 30);
+    let o = vzram(&["set-limit", "--control", ctl, "--device", "nosuch", "1G"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nosuch"));
+
+    let o = vzram(&["compact", "--control", ctl]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("compacted"));
+
+    // No daemon on that socket: a runtime failure, exit 1.
+    let o = vzram(&["stat", "--control", s(&dir.join("nothing.sock"))]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cannot talk to the daemon"));
+}
+
+#[test]
+fn sigterm_and_sigint_exit_0_and_remove_the_sockets() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let dir = TempDir::new("sig");
+        let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+        let mut d = Daemon::start(
+            &dir,
+            &[
+                "--device",
+                &format!("socket={},size=8M", s(&a)),
+                "--device",
+                &format!("socket={},size=8M", s(&b)),
+            ],
+            &[&a, &b],
+        );
+        // A connected client must not keep the daemon from exiting.
+        let mut c = Client::connect(&a, 1).unwrap();
+        c.q(0).write(0, &[7; 4096]).unwrap();
+        let status = if sig == libc::SIGTERM {
+            d.terminate()
+        } else {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(d.pid() as libc::pid_t, sig) };
+            d.terminate()
+        };
+        assert_eq!(status.code(), Some(0), "signal {sig}: {}", d.log_text());
+        for p in [&a, &b, &d.control] {
+            assert!(!p.exists(), "signal {sig}: {} left behind", p.display());
+        }
+        assert!(d.log_text().contains("shutting down"));
+    }
+}
+
+#[test]
+fn sockets_get_the_requested_mode() {
+    let dir = TempDir::new("mode");
+    let a = dir.join("a.sock");
+    let d = Daemon::start(&dir, &["--socket", s(&a), "--size", "1M"], &[&a]);
+    let mode = |p: &PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&a), 0o600);
+    assert_eq!(mode(&d.control), 0o600);
+    drop(d);
+
+    let dir = TempDir::new("mode2");
+    let b = dir.join("b.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--socket", s(&b), "--size", "1M", "--socket-mode", "0660"],
+        &[&b],
+    );
+    assert_eq!(mode(&b), 0o660);
+    assert_eq!(mode(&d.control), 0o660);
+}
+
+#[test]
+fn config_file_with_two_devices() {
+    let dir = TempDir::new("toml");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let cfg = dir.join("vzram.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+host_mem_limit = "256M"
+socket_mode = "0640"
+
+[[device]]
+name = "swap1"
+socket = "{}"
+size = "64M"
+queues = 2
+algo = "zstd:3"
+mem_limit = "32M"
+serial = "swap-one"
+
+[[device]]
+name = "swap2"
+socket = "{}"
+size = 16777216
+readonly = true
+"#,
+            s(&a),
+            s(&b)
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
+    let st = d.stat();
+    let devs = st.0["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2);
+    assert_eq!(devs[0]["name"], "swap1");
+    assert_eq!(devs[0]["algo"], "zstd:3");
+    assert_eq!(devs[0]["queues"], 2);
+    assert_eq!(devs[0]["serial"], "swap-one");
+    assert_eq!(devs[0]["stats"]["mem_limit"], 32 << 20);
+    assert_eq!(devs[1]["size_bytes"], 16 << 20);
+    assert_eq!(devs[1]["readonly"], true);
+    assert_eq!(devs[1]["queues"], 4);
+    assert_eq!(st.pool("mem_limit"), 256 << 20);
+    assert_eq!(
+        std::fs::metadata(&a).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    let mut c = Client::connect(&a, 2).unwrap();
+    c.q(1).write(8192, &pattern(5, 8192, 8192)).unwrap();
+    assert_eq!(c.q(0).read(8192, 8192).unwrap(), pattern(5, 8192, 8192));
+}
+
+#[test]
+fn stale_socket_is_replaced_and_a_live_one_refused() {
+    let dir = TempDir::new("stale");
+    let sock = dir.join("d.sock");
+    // A socket file nobody listens on, as a killed daemon leaves behind.
+    drop(UnixListener::bind(&sock).unwrap());
+    assert!(std::fs::metadata(&sock).unwrap().file_type().is_socket());
+    let d = Daemon::start(&dir, &["--socket", s(&sock), "--size", "1M"], &[&sock]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.q(0).write(0, &[1; 4096]).unwrap();
+
+    // A second daemon on the same socket must not steal it.
+    let o = vzram(&["serve", "--socket", s(&sock), "--size", "1M"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("another process"), "{}", stderr(&o));
+    assert_eq!(c.q(0).read(0, 4096).unwrap(), vec![1; 4096]);
+
+    // A regular file in the way is not deleted.
+    let file = dir.join("file");
+    std::fs::write(&file, "keep me").unwrap();
+    let o = vzram(&["serve", "--socket", s(&file), "--size", "1M"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    drop(d);
+}

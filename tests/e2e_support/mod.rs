@@ -1,0 +1,868 @@
+//! Harness for the end-to-end tests in `tests/e2e.rs`: finds QEMU, the test
+//! guest (`contrib/guest/`) and the `vzram` binary, and wraps the daemon and
+//! each QEMU guest in guards that kill them and clean up on drop.
+//!
+//! Each test builds a [`Ctx`] first. It serialises the tests (every boot
+//! is a CPU-heavy TCG guest), owns the test's temporary directory, and, when
+//! the test panics, prints the tail of every guest and daemon log and keeps
+//! the directory for a post-mortem.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const MIB: u64 = 1 << 20;
+
+/// Fail the test with a message; [`Ctx`] then prints the logs.
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        let ok: bool = $cond;
+        if !ok {
+            panic!("{}: {}", stringify!($cond), format!($($fmt)+));
+        }
+    };
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn qemu_binary() -> String {
+    std::env::var("QEMU").unwrap_or_else(|_| "qemu-system-x86_64".to_string())
+}
+
+/// Whether `prog` names an executable file, directly or on `PATH`.
+fn on_path(prog: &str) -> bool {
+    let is_exe = |p: &Path| fs::metadata(p).map(|m| m.is_file()).unwrap_or(false);
+    if prog.contains('/') {
+        return is_exe(Path::new(prog));
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| is_exe(&d.join(prog))))
+        .unwrap_or(false)
+}
+
+/// The tests serialise on this: two TCG guests at once on a small CI
+/// machine make every timeout meaningless.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+static GUEST_BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+static VZRAM_BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// Builds (or confirms the cache of) the test guest, once per process.
+fn build_guest() -> Result<(), String> {
+    GUEST_BUILT
+        .get_or_init(|| {
+            let t = Instant::now();
+            let out = Command::new(root().join("contrib/guest/build.sh"))
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run contrib/guest/build.sh: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "contrib/guest/build.sh failed ({}):\n{}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            eprintln!("e2e: guest ready in {:.1}s", t.elapsed().as_secs_f64());
+            Ok(())
+        })
+        .clone()
+}
+
+/// The daemon binary: `$VZRAM_BIN`, else `vzram` in the target directory
+/// this test binary was built in, after a `cargo build -p vzram` (a no-op
+/// when it is fresh, and never a stale binary from before a daemon change).
+fn vzram_bin() -> Result<PathBuf, String> {
+    VZRAM_BIN
+        .get_or_init(|| {
+            if let Some(b) = std::env::var_os("VZRAM_BIN") {
+                let b = PathBuf::from(b);
+                return if b.is_file() {
+                    Ok(b)
+                } else {
+                    Err(format!("VZRAM_BIN={} does not exist", b.display()))
+                };
+            }
+            // <target>/<profile>/deps/e2e-<hash>
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let profile_dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .ok_or_else(|| format!("unexpected test binary path {}", exe.display()))?;
+            let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .or_else(|| profile_dir.parent().map(Path::to_path_buf))
+                .unwrap_or_else(|| root().join("target"));
+            let release = profile_dir.file_name().is_some_and(|n| n == "release");
+            let bin = target_dir
+                .join(if release { "release" } else { "debug" })
+                .join("vzram");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+            let mut cmd = Command::new(&cargo);
+            cmd.current_dir(root())
+                .args(["build", "-p", "vzram"])
+                .env("CARGO_TARGET_DIR", &target_dir);
+            if release {
+                cmd.arg("--release");
+            }
+            let t = Instant::now();
+            match cmd.stdin(Stdio::null()).output() {
+                Ok(o) if o.status.success() => {
+                    eprintln!(
+                        "e2e: cargo build -p vzram: {:.1}s",
+                        t.elapsed().as_secs_f64()
+                    )
+                }
+                Ok(o) => {
+                    return Err(format!(
+                        "cargo build -p vzram failed ({}):\n{}",
+                        o.status,
+                        String::from_utf8_lossy(&o.stderr)
+                    ))
+                }
+                // No cargo (test binary run by hand): use what is there.
+                Err(e) => eprintln!(
+                    "e2e: cannot run {cargo} ({e}); using {} as is",
+                    bin.display()
+                ),
+            }
+            if bin.is_file() {
+                Ok(bin)
+            } else {
+                Err(format!("no vzram binary at {}", bin.display()))
+            }
+        })
+        .clone()
+}
+
+/// Per-test context. Create it first in each test so that it drops last.
+pub struct Ctx {
+    pub name: &'static str,
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    started: Instant,
+    logs: Mutex<Vec<(String, PathBuf)>>,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Ctx {
+    /// `None` when the test should be skipped: QEMU is missing and
+    /// `VZRAM_E2E` is unset. With `VZRAM_E2E` set, a missing QEMU fails.
+    pub fn new(name: &'static str) -> Option<Ctx> {
+        let qemu = qemu_binary();
+        if !on_path(&qemu) {
+            if std::env::var_os("VZRAM_E2E").is_some() {
+                panic!("e2e {name}: VZRAM_E2E is set but {qemu} was not found");
+            }
+            eprintln!(
+                "e2e {name}: SKIPPED: {qemu} not found (set VZRAM_E2E=1 to make this a failure)"
+            );
+            return None;
+        }
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = build_guest() {
+            panic!("e2e {name}: {e}");
+        }
+        let bin = vzram_bin().unwrap_or_else(|e| panic!("e2e {name}: {e}"));
+        let mut base = std::env::temp_dir();
+        if base.as_os_str().len() > 40 {
+            // Unix socket paths are limited to 108 bytes.
+            base = PathBuf::from("/tmp");
+        }
+        let dir = base.join(format!("vzram-e2e-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("e2e {name}: mkdir {}: {e}", dir.display()));
+        eprintln!("e2e {name}: start (dir {})", dir.display());
+        Some(Ctx {
+            name,
+            dir,
+            bin,
+            started: Instant::now(),
+            logs: Mutex::new(Vec::new()),
+            _serial: serial,
+        })
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn add_log(&self, what: String, path: PathBuf) {
+        self.logs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((what, path));
+    }
+
+    pub fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Starts `vzram serve` with `args` (sockets and sizes; `--control` is
+    /// added) and waits for its sockets. `sockets` are the vhost-user
+    /// sockets it must create.
+    pub fn daemon(&self, args: &[String], sockets: &[&Path]) -> Daemon {
+        let control = self.path("vzram.ctl");
+        let log = self.path("vzram.log");
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("serve").args(args).arg("--control").arg(&control);
+        let cmdline = format!("{cmd:?}");
+        eprintln!("e2e {}: {cmdline}", self.name);
+        let logf = File::create(&log).expect("create daemon log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().expect("dup log"))
+            .stderr(logf)
+            .env("NO_COLOR", "1")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
+        self.add_log("daemon".into(), log);
+        let mut d = Daemon {
+            child,
+            bin: self.bin.clone(),
+            control,
+            sockets: sockets.iter().map(|s| s.to_path_buf()).collect(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = d.child.try_wait().expect("try_wait") {
+                panic!("daemon exited during startup ({st}): {cmdline}");
+            }
+            if d.sockets.iter().all(|s| s.exists()) && d.control.exists() {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "daemon sockets not there after 20s: {cmdline}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    /// Boots a guest; it runs in the background until [`Guest::wait`].
+    pub fn boot(&self, label: &str, opts: &GuestOpts) -> Guest {
+        let log = self.path(&format!("guest-{label}.log"));
+        let mut cmd = Command::new(root().join("contrib/guest/run.sh"));
+        cmd.arg("--socket").arg(&opts.socket).args([
+            "--mem",
+            &opts.mem,
+            "--queues",
+            &opts.queues.to_string(),
+            "--test",
+            &opts.tests,
+        ]);
+        if !opts.append.is_empty() {
+            cmd.args(["--append", &opts.append.join(" ")]);
+        }
+        eprintln!(
+            "e2e {}: boot {label}: --test {} --queues {} --mem {} {}",
+            self.name,
+            opts.tests,
+            opts.queues,
+            opts.mem,
+            opts.append.join(" ")
+        );
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn contrib/guest/run.sh");
+        self.add_log(format!("guest {label}"), log.clone());
+        let shared = Arc::new(Shared::default());
+        let logf = Arc::new(Mutex::new(File::create(&log).expect("create guest log")));
+        let readers = vec![
+            reader(
+                child.stdout.take().expect("stdout"),
+                "",
+                shared.clone(),
+                logf.clone(),
+            ),
+            reader(
+                child.stderr.take().expect("stderr"),
+                "qemu-stderr: ",
+                shared.clone(),
+                logf,
+            ),
+        ];
+        Guest {
+            label: label.to_string(),
+            child: Some(child),
+            shared,
+            readers,
+            started: Instant::now(),
+        }
+    }
+
+    /// Boots a guest and waits until it powers off.
+    pub fn run_guest(&self, label: &str, opts: &GuestOpts, timeout: Duration) -> GuestOutput {
+        self.boot(label, opts).wait(timeout)
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        let secs = self.elapsed();
+        if thread::panicking() {
+            let logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+            for (what, path) in logs.iter() {
+                eprintln!("----- {what}: last lines of {} -----", path.display());
+                eprintln!("{}", tail_of_file(path, 60));
+            }
+            eprintln!(
+                "e2e {}: FAILED after {secs:.1}s; kept {}",
+                self.name,
+                self.dir.display()
+            );
+        } else {
+            eprintln!("e2e {}: wall {secs:.1}s", self.name);
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn tail_of_file(path: &Path, n: usize) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let mut b = Vec::new();
+        let _ = f.read_to_end(&mut b);
+        s = String::from_utf8_lossy(&b).into_owned();
+    }
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| l.trim_end_matches('\r'))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A running `vzram serve`. Dropping it stops it (SIGTERM, then SIGKILL).
+pub struct Daemon {
+    child: Child,
+    bin: PathBuf,
+    pub control: PathBuf,
+    sockets: Vec<PathBuf>,
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Daemon {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Panics if the daemon has exited.
+    pub fn assert_alive(&mut self) {
+        if let Some(st) = self.child.try_wait().expect("try_wait") {
+            panic!("the daemon died ({st}); see its log");
+        }
+    }
+
+    /// `vzram stat --json`, parsed.
+    pub fn stat(&mut self) -> Stats {
+        self.assert_alive();
+        let out = Command::new(&self.bin)
+            .args(["stat", "--json", "--control"])
+            .arg(&self.control)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run vzram stat");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        ensure!(
+            out.status.success(),
+            "vzram stat --json failed ({}): {}{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("vzram stat --json: bad JSON ({e}): {text}"));
+        Stats { json }
+    }
+
+    /// `vzram compact`; returns its output line.
+    pub fn compact(&mut self) -> String {
+        self.assert_alive();
+        let out = Command::new(&self.bin)
+            .args(["compact", "--control"])
+            .arg(&self.control)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run vzram compact");
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        ensure!(
+            out.status.success(),
+            "vzram compact failed ({}): {text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+
+    /// SIGTERM; the daemon must exit 0 within 10 s and remove its sockets.
+    pub fn shutdown(mut self) {
+        signal(self.child.id(), "-TERM");
+        let st = wait_timeout(&mut self.child, Duration::from_secs(10));
+        ensure!(st.is_some(), "daemon still running 10s after SIGTERM");
+        let st = st.unwrap_or_else(|| unreachable!());
+        ensure!(st.success(), "daemon exited with {st} after SIGTERM");
+        for s in self.sockets.iter().chain([&self.control]) {
+            ensure!(
+                !s.exists(),
+                "daemon left {} behind after SIGTERM",
+                s.display()
+            );
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.child.id(), "-TERM");
+            if wait_timeout(&mut self.child, Duration::from_secs(5)).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+    }
+}
+
+/// `vzram stat --json`. The accessors find a device by its socket path
+/// (or index) and the pool, and read one counter as `u64`.
+#[derive(Clone, Debug)]
+pub struct Stats {
+    pub json: Value,
+}
+
+impl Stats {
+    pub fn devices(&self) -> &[Value] {
+        self.json
+            .get("devices")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_else(|| panic!("no devices array in stat JSON: {}", self.json))
+    }
+
+    /// The device whose socket is `socket`.
+    pub fn device(&self, socket: &Path) -> Counters<'_> {
+        let want = socket.to_string_lossy();
+        let d = self
+            .devices()
+            .iter()
+            .find(|d| d.get("socket").and_then(Value::as_str) == Some(&want))
+            .unwrap_or_else(|| panic!("no device with socket {want} in stat JSON: {}", self.json));
+        Counters {
+            v: d,
+            what: "device",
+        }
+    }
+
+    pub fn pool(&self) -> Counters<'_> {
+        let p = self
+            .json
+            .get("pool")
+            .unwrap_or_else(|| panic!("no pool in stat JSON: {}", self.json));
+        Counters { v: p, what: "pool" }
+    }
+}
+
+/// One object of the stat JSON.
+#[derive(Clone, Copy, Debug)]
+pub struct Counters<'a> {
+    pub v: &'a Value,
+    what: &'static str,
+}
+
+impl Counters<'_> {
+    /// A counter: a member of the object itself (`size_bytes`, `queues`,
+    /// `connections`, pool counters) or of a device's `stats`.
+    pub fn get(&self, field: &str) -> u64 {
+        self.v
+            .get(field)
+            .or_else(|| self.v.get("stats").and_then(|s| s.get(field)))
+            .and_then(Value::as_u64)
+            .unwrap_or_else(|| panic!("no counter {field} in {} stats: {}", self.what, self.v))
+    }
+
+    /// A string member, such as a device's `algo`.
+    pub fn text(&self, field: &str) -> &str {
+        self.v
+            .get(field)
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("no string {field} in {} stats: {}", self.what, self.v))
+    }
+
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        for f in [
+            "orig_data_size",
+            "compr_data_size",
+            "mem_used_total",
+            "mem_used_max",
+            "mem_limit",
+            "same_pages",
+            "huge_pages",
+            "reads",
+            "writes",
+            "discards",
+            "failed_writes",
+        ] {
+            let v = self.get(f);
+            if f.ends_with("_size") || f.starts_with("mem_") {
+                let _ = write!(s, "{f}={:.1}MiB ", v as f64 / MIB as f64);
+            } else {
+                let _ = write!(s, "{f}={v} ");
+            }
+        }
+        s.trim_end().to_string()
+    }
+}
+
+/// How to boot a guest.
+#[derive(Clone, Debug)]
+pub struct GuestOpts {
+    pub socket: PathBuf,
+    pub mem: String,
+    pub queues: u32,
+    pub tests: String,
+    pub append: Vec<String>,
+}
+
+impl GuestOpts {
+    pub fn new(socket: &Path, tests: &str) -> GuestOpts {
+        GuestOpts {
+            socket: socket.to_path_buf(),
+            mem: "256M".into(),
+            queues: 1,
+            tests: tests.into(),
+            append: Vec::new(),
+        }
+    }
+
+    pub fn queues(mut self, n: u32) -> Self {
+        self.queues = n;
+        self
+    }
+
+    pub fn mem(mut self, m: &str) -> Self {
+        self.mem = m.into();
+        self
+    }
+
+    /// A kernel argument such as `vzram.seed=3`.
+    pub fn arg(mut self, a: impl Into<String>) -> Self {
+        self.append.push(a.into());
+        self
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<Lines>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct Lines {
+    lines: Vec<String>,
+    eof: u32,
+}
+
+fn reader<R: Read + Send + 'static>(
+    r: R,
+    prefix: &'static str,
+    shared: Arc<Shared>,
+    log: Arc<Mutex<File>>,
+) -> JoinHandle<()> {
+    thread::spawn(move || {
+        let mut r = BufReader::new(r);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match r.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let line = format!("{prefix}{}", line.trim_end_matches(['\n', '\r']));
+            if let Ok(mut f) = log.lock() {
+                let _ = writeln!(f, "{line}");
+            }
+            let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.lines.push(line);
+            shared.cv.notify_all();
+        }
+        let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.eof += 1;
+        shared.cv.notify_all();
+    })
+}
+
+/// A QEMU running the test guest. Dropping it kills QEMU.
+pub struct Guest {
+    pub label: String,
+    child: Option<Child>,
+    shared: Arc<Shared>,
+    readers: Vec<JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Guest {
+    /// Waits for a console line containing `needle` and returns it.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(l) = st.lines.iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            ensure!(
+                !left.is_zero() && st.eof < 2,
+                "guest {}: no line with {needle:?} after {:.0}s ({})",
+                self.label,
+                self.started.elapsed().as_secs_f64(),
+                if st.eof >= 2 {
+                    "QEMU exited"
+                } else {
+                    "timeout"
+                }
+            );
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits for QEMU to exit, killing it after `timeout` (a failure).
+    pub fn wait(self, timeout: Duration) -> GuestOutput {
+        self.wait_polling(timeout, Duration::from_secs(3600), || {})
+    }
+
+    /// Like [`Self::wait`], calling `poll` every `every` while QEMU runs,
+    /// e.g. to sample the daemon's stats.
+    pub fn wait_polling(
+        mut self,
+        timeout: Duration,
+        every: Duration,
+        mut poll: impl FnMut(),
+    ) -> GuestOutput {
+        let deadline = Instant::now() + timeout;
+        let mut next = Instant::now() + every;
+        // The child stays in `self` while `poll` runs, so a panic there
+        // still kills QEMU (Drop).
+        let status = loop {
+            let child = self.child.as_mut().expect("guest already reaped");
+            if let Ok(Some(st)) = child.try_wait() {
+                break Some(st);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            if now >= next {
+                poll();
+                next = Instant::now() + every;
+            }
+            thread::sleep(Duration::from_millis(50));
+        };
+        self.child = None;
+        let out = self.collect(status);
+        ensure!(
+            out.status.is_some(),
+            "guest {}: still running after {}s, killed",
+            out.label,
+            timeout.as_secs()
+        );
+        out
+    }
+
+    /// SIGKILLs QEMU, as if it crashed.
+    pub fn kill(mut self) -> GuestOutput {
+        let mut child = self.child.take().expect("guest already reaped");
+        let _ = child.kill();
+        let st = child.wait().ok();
+        self.collect(st)
+    }
+
+    fn collect(&mut self, status: Option<ExitStatus>) -> GuestOutput {
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        let lines = std::mem::take(
+            &mut self
+                .shared
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .lines,
+        );
+        let out = GuestOutput {
+            label: self.label.clone(),
+            lines,
+            status,
+            secs: self.started.elapsed().as_secs_f64(),
+        };
+        out.print_summary();
+        out
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What a guest printed. Fields of a result line are parsed by [`Self::fields`].
+#[derive(Clone, Debug)]
+pub struct GuestOutput {
+    pub label: String,
+    pub lines: Vec<String>,
+    pub status: Option<ExitStatus>,
+    pub secs: f64,
+}
+
+/// Prefixes of the guest's own result lines.
+const RESULT_PREFIXES: &[&str] = &[
+    "GUEST ", "DISK ", "PRESSURE", "SWAP", "FS ", "TRIM ", "RAW ", "DISCARD ", "HOLD ", "VZRAM-",
+];
+
+impl GuestOutput {
+    fn print_summary(&self) {
+        eprintln!(
+            "  guest {} ran {:.1}s, qemu {:?}",
+            self.label, self.secs, self.status
+        );
+        for l in &self.lines {
+            if RESULT_PREFIXES.iter().any(|p| l.starts_with(p)) || l.starts_with("qemu-stderr") {
+                let l: String = l.chars().take(200).collect();
+                eprintln!("  | {l}");
+            }
+        }
+    }
+
+    /// The first line that starts with `prefix` (our lines always start a
+    /// line; kernel lines never look like them).
+    pub fn line(&self, prefix: &str) -> Option<&str> {
+        self.lines
+            .iter()
+            .map(String::as_str)
+            .find(|l| l.starts_with(prefix))
+    }
+
+    /// The `k=v` fields of the first line starting with `prefix`; panics
+    /// when there is none.
+    pub fn fields(&self, prefix: &str) -> Fields {
+        let l = self
+            .line(prefix)
+            .unwrap_or_else(|| panic!("guest {}: no line starting with {prefix:?}", self.label));
+        let map = l
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Fields {
+            line: l.to_string(),
+            map,
+        }
+    }
+
+    /// The rc of `VZRAM-GUEST-DONE rc=N`, if the guest got that far.
+    pub fn done_rc(&self) -> Option<i64> {
+        self.line("VZRAM-GUEST-DONE ")
+            .map(|_| self.fields("VZRAM-GUEST-DONE ").num("rc"))
+    }
+
+    /// The guest finished every scenario successfully and QEMU exited 0.
+    pub fn expect_ok(&self) -> &Self {
+        ensure!(
+            self.done_rc() == Some(0),
+            "guest {}: wanted VZRAM-GUEST-DONE rc=0, got {:?}; failures: {:?}",
+            self.label,
+            self.line("VZRAM-GUEST-DONE"),
+            self.lines
+                .iter()
+                .filter(|l| l.starts_with("VZRAM-GUEST-FAIL"))
+                .collect::<Vec<_>>()
+        );
+        ensure!(
+            self.status.is_some_and(|s| s.success()),
+            "guest {}: QEMU exited with {:?}",
+            self.label,
+            self.status
+        );
+        self
+    }
+}
+
+/// The `k=v` fields of one guest line.
+#[derive(Clone, Debug)]
+pub struct Fields {
+    pub line: String,
+    pub map: BTreeMap<String, String>,
+}
+
+impl Fields {
+    pub fn str(&self, k: &str) -> &str {
+        self.map
+            .get(k)
+            .unwrap_or_else(|| panic!("no {k}= in guest line {:?}", self.line))
+    }
+
+    pub fn num(&self, k: &str) -> i64 {
+        let v = self.str(k);
+        v.parse()
+            .unwrap_or_else(|_| panic!("{k}={v} is not an integer in guest line {:?}", self.line))
+    }
+
+    pub fn float(&self, k: &str) -> f64 {
+        let v = self.str(k);
+        v.parse()
+            .unwrap_or_else(|_| panic!("{k}={v} is not a number in guest line {:?}", self.line))
+    }
+}

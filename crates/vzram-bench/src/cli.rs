@@ -1,0 +1,273 @@
+//! Command line (clap derive) and its value parsers.
+
+use crate::job::JobKind;
+use crate::targets::Algo;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vzram-bench",
+    version,
+    about = "Benchmark vzram against qemu-storage-daemon and the raw codec: same client \
+             (libblkio virtio-blk-vhost-user), same data, same machine, same run."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run one fio-like job against one or more targets.
+    Run(RunArgs),
+    /// The standard comparison: 4K randread/randwrite QD32 on 1 and 2 queues, QD1
+    /// randread, memory per GiB stored, for qsd, vzram and the codec ceiling.
+    Compare(CompareArgs),
+    /// vzram (and qsd for contrast) at 1, 2, 4... queues, up to the core count.
+    Scaling(ScalingArgs),
+    /// One vzram daemon with many idle devices: RSS per device, threads, fds, start-up.
+    Density(DensityArgs),
+    /// Print the table (and draw the plot) again from a --json results file.
+    Report(ReportArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Page corpus: a flat file of 4 KiB pages [default: ../shared/data/anon-pages.bin
+    /// when present, else the synthetic mix]
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
+    pub data: Option<PathBuf>,
+    /// Use the built-in synthetic page mix (deterministic, lz4 ratio ~2.5-3).
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Disk size per run (K, M, G suffixes, powers of two).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub size: u64,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 10.0)]
+    pub runtime: f64,
+    /// Seconds run before measuring starts.
+    #[arg(long, default_value_t = 1.0)]
+    pub ramp: f64,
+    /// Runs per configuration, targets interleaved (A B A B...); medians are reported.
+    #[arg(long)]
+    pub repeat: Option<u32>,
+    /// Compression algorithm for vzram and codec targets: lz4, zstd, zstd:LEVEL.
+    #[arg(long, default_value = "lz4")]
+    pub algo: Algo,
+    /// Append results as JSON lines to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Draw a PNG: IOPS by queue count, memory per GiB stored.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// The vzram daemon [default: next to this binary, else target/release/vzram]
+    #[arg(long, value_name = "PATH")]
+    pub vzram_bin: Option<PathBuf>,
+    #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
+    pub qsd_bin: PathBuf,
+    /// Sockets and daemon logs [default: /tmp/vzram-bench-PID]
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// tmpfs directory for qsd's disk image.
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+    pub shm_dir: PathBuf,
+    /// Check every read against the corpus (costs client CPU).
+    #[arg(long)]
+    pub verify: bool,
+    /// Use libblkio poll queues (busy-polling client) instead of completion eventfds.
+    #[arg(long)]
+    pub poll: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[arg(value_enum)]
+    pub job: JobKind,
+    /// Block size: 4K or a multiple of it.
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub bs: u64,
+    /// Requests in flight per queue.
+    #[arg(long, default_value_t = 32)]
+    pub iodepth: u32,
+    /// Queues, one client thread each.
+    #[arg(long, default_value_t = 1)]
+    pub queues: u32,
+    /// Write the whole region with corpus content before measuring [default: on for
+    /// jobs that read, so reads do not hit never-written (zero) blocks].
+    #[arg(long, overrides_with = "no_prefill")]
+    pub prefill: bool,
+    #[arg(long)]
+    pub no_prefill: bool,
+    /// Comma-separated: qsd, vzram, codec; an algorithm may follow '@' (vzram@zstd:3).
+    #[arg(long, default_value = "qsd,vzram,codec")]
+    pub targets: String,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    #[arg(long, default_value = "qsd,vzram,codec")]
+    pub targets: String,
+    /// Algorithms whose memory per GiB stored is measured (fill runs).
+    #[arg(long, default_value = "lz4,zstd:1")]
+    pub mem_algos: String,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct ScalingArgs {
+    /// Highest queue count [default: number of CPUs]
+    #[arg(long)]
+    pub max_queues: Option<u32>,
+    #[arg(long, default_value = "randread,randwrite")]
+    pub jobs: String,
+    #[arg(long, default_value_t = 32)]
+    pub iodepth: u32,
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    pub bs: u64,
+    #[arg(long, default_value = "vzram,qsd")]
+    pub targets: String,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Debug)]
+pub struct DensityArgs {
+    /// Device counts to try, one daemon each.
+    #[arg(long, default_value = "100,500,1000", value_delimiter = ',')]
+    pub devices: Vec<usize>,
+    /// Size of each (idle) device.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub dev_size: u64,
+    #[arg(long, default_value_t = 1)]
+    pub queues: u32,
+    /// Pass the devices as a TOML [[device]] file (--config) instead of --device flags.
+    #[arg(long)]
+    pub config: bool,
+    /// Seconds to wait for all sockets.
+    #[arg(long, default_value_t = 120.0)]
+    pub timeout: f64,
+    #[arg(long, value_name = "PATH")]
+    pub vzram_bin: Option<PathBuf>,
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A file written with --json.
+    pub input: PathBuf,
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+}
+
+/// "4K", "4k", "1G", "512MiB", "4096" -> bytes (binary multiples).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (num, shift) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 10),
+        Some('m') => (&body[..body.len() - 1], 20),
+        Some('g') => (&body[..body.len() - 1], 30),
+        Some('t') => (&body[..body.len() - 1], 40),
+        _ => (body, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad size {s:?} (examples: 4K, 512M, 1G)"))?;
+    n.checked_mul(1 << shift)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("size {s:?} out of range"))
+}
+
+/// Shortest exact form: 4096 -> "4K", 1 GiB -> "1G", 1000 -> "1000".
+pub fn format_size(n: u64) -> String {
+    for (shift, suffix) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("8192").unwrap(), 8192);
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("0").is_err());
+        assert_eq!(format_size(4096), "4K");
+        assert_eq!(format_size(3 << 30), "3G");
+        assert_eq!(format_size(1536 << 10), "1536K");
+        assert_eq!(format_size(1000), "1000");
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_args() {
+        let cli = Cli::try_parse_from([
+            "vzram-bench",
+            "run",
+            "randread",
+            "--bs",
+            "8k",
+            "--iodepth",
+            "32",
+            "--queues",
+            "2",
+            "--runtime",
+            "5",
+            "--targets",
+            "qsd,codec",
+            "--synthetic",
+            "--algo",
+            "zstd:3",
+        ])
+        .unwrap();
+        let Cmd::Run(r) = cli.cmd else { panic!() };
+        assert_eq!(r.job, JobKind::Randread);
+        assert_eq!((r.bs, r.iodepth, r.queues), (8192, 32, 2));
+        assert_eq!(r.common.runtime, 5.0);
+        assert_eq!(r.common.algo, Algo::Zstd(3));
+        assert!(r.common.synthetic);
+        assert!(!r.prefill);
+    }
+
+    #[test]
+    fn bad_args_are_rejected() {
+        for args in [
+            &["vzram-bench", "run", "randfoo"][..],
+            &["vzram-bench", "run", "read", "--bs", "4X"],
+            &["vzram-bench", "run", "read", "--algo", "gzip"],
+            &["vzram-bench", "run", "read", "--data", "x", "--synthetic"],
+        ] {
+            assert!(Cli::try_parse_from(args).is_err(), "{args:?}");
+        }
+        let d = Cli::try_parse_from(["vzram-bench", "density", "--devices", "1,5"]).unwrap();
+        let Cmd::Density(d) = d.cmd else { panic!() };
+        assert_eq!(d.devices, vec![1, 5]);
+    }
+}

@@ -1,0 +1,278 @@
+//! vzram-bench: vzram vs qemu-storage-daemon vs the raw codec, side by side, one run.
+//!
+//! See `vzram-bench --help`. Results go to stdout as markdown, to `--json` as JSON
+//! lines, to `--plot` as a PNG; progress goes to stderr. Errors exit 2.
+
+mod bench;
+mod cli;
+mod client;
+mod data;
+mod density;
+mod error;
+mod hist;
+mod job;
+mod measure;
+mod plot;
+mod report;
+mod rng;
+mod sys;
+mod targets;
+
+use bench::{Ctx, Plan};
+use clap::Parser;
+use cli::{Cli, Cmd, Common};
+use data::Corpus;
+use error::Result;
+use job::{JobKind, JobSpec};
+use report::JsonOut;
+use std::path::{Path, PathBuf};
+use targets::{Algo, Env, Kind, TargetSpec};
+
+fn main() {
+    let cli = Cli::parse();
+    sys::install_signal_handlers();
+    match real_main(cli) {
+        Ok(()) => {}
+        Err(e) => {
+            let msg = e.0.replace('\n', " ");
+            eprintln!("vzram-bench: error: {msg}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Run(a) => {
+            let targets = parse_targets(&a.targets, a.common.algo)?;
+            let prefill = a.prefill || (!a.no_prefill && a.job.reads());
+            let job = job_spec(&a.common, a.job, a.bs, a.iodepth, a.queues, prefill);
+            job.validate()?;
+            run_plan(&a.common, vec![(job, targets)], 1)
+        }
+        Cmd::Compare(a) => {
+            let c = &a.common;
+            let targets = parse_targets(&a.targets, c.algo)?;
+            let mut plan: Plan = Vec::new();
+            for (kind, qd, queues) in [
+                (JobKind::Randread, 32, 1),
+                (JobKind::Randwrite, 32, 1),
+                (JobKind::Randread, 1, 1),
+                (JobKind::Randread, 32, 2),
+                (JobKind::Randwrite, 32, 2),
+            ] {
+                // The codec has no queue depth: its QD1 run would repeat the QD32 one.
+                let t: Vec<TargetSpec> = targets
+                    .iter()
+                    .filter(|t| qd > 1 || t.kind != Kind::Codec)
+                    .copied()
+                    .collect();
+                plan.push((job_spec(c, kind, 4096, qd, queues, true), t));
+            }
+            // Memory per GiB stored, per algorithm: one sequential fill each.
+            let mut fill_targets: Vec<TargetSpec> = Vec::new();
+            if targets.iter().any(|t| t.kind == Kind::Qsd) {
+                fill_targets.push(TargetSpec::parse("qsd", c.algo)?);
+            }
+            for algo in a.mem_algos.split(',').filter(|s| !s.is_empty()) {
+                let algo: Algo = algo.trim().parse()?;
+                for kind in [Kind::Vzram, Kind::Codec] {
+                    if targets.iter().any(|t| t.kind == kind) {
+                        fill_targets.push(TargetSpec { kind, algo });
+                    }
+                }
+            }
+            if !fill_targets.is_empty() {
+                plan.push((job_spec(c, JobKind::Fill, 65536, 8, 1, false), fill_targets));
+            }
+            run_plan(c, plan, 3)
+        }
+        Cmd::Scaling(a) => {
+            let c = &a.common;
+            let targets = parse_targets(&a.targets, c.algo)?;
+            let max = a.max_queues.unwrap_or(sys::nproc() as u32).max(1);
+            let mut counts: Vec<u32> = std::iter::successors(Some(1u32), |q| Some(q * 2))
+                .take_while(|&q| q <= max)
+                .collect();
+            if counts.last() != Some(&max) {
+                counts.push(max);
+            }
+            let mut plan: Plan = Vec::new();
+            for j in a.jobs.split(',').filter(|s| !s.is_empty()) {
+                let kind = <JobKind as clap::ValueEnum>::from_str(j.trim(), true)
+                    .map_err(|e| format!("--jobs: {e}"))?;
+                for &q in &counts {
+                    plan.push((job_spec(c, kind, a.bs, a.iodepth, q, true), targets.clone()));
+                }
+            }
+            run_plan(c, plan, 1)
+        }
+        Cmd::Density(a) => {
+            let work = WorkDir::new(a.work_dir.clone())?;
+            let env = Env {
+                work_dir: work.path.clone(),
+                shm_dir: "/dev/shm".into(),
+                vzram_bin: vzram_bin(a.vzram_bin.clone()),
+                qsd_bin: "qemu-storage-daemon".into(),
+                corpus: Corpus::synthetic(1, 0),
+            };
+            env.check(&[TargetSpec::parse("vzram", Algo::Lz4)?])?;
+            let json = a.json.as_deref().map(JsonOut::open).transpose()?;
+            let rs = density::run(&env, &a, json);
+            let rs = work.finish(rs)?;
+            density::print_table(&rs);
+            if !density::all_ok(&rs) {
+                crate::bail!(
+                    "density: some devices did not answer or the daemon logged errors (see the table)"
+                );
+            }
+            Ok(())
+        }
+        Cmd::Report(a) => {
+            let rs = report::load(&a.input)?;
+            report::print_table(&rs);
+            if let Some(p) = &a.plot {
+                plot::draw(&rs, p)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn parse_targets(s: &str, algo: Algo) -> Result<Vec<TargetSpec>> {
+    let v: Vec<TargetSpec> = s
+        .split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| TargetSpec::parse(t.trim(), algo))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| format!("--targets: {e}"))?;
+    if v.is_empty() {
+        crate::bail!("--targets: empty");
+    }
+    Ok(v)
+}
+
+fn job_spec(
+    c: &Common,
+    kind: JobKind,
+    bs: u64,
+    iodepth: u32,
+    queues: u32,
+    prefill: bool,
+) -> JobSpec {
+    JobSpec {
+        kind,
+        bs,
+        iodepth,
+        queues,
+        size: c.size,
+        runtime_s: c.runtime,
+        ramp_s: c.ramp,
+        prefill,
+        verify: c.verify,
+        poll: c.poll,
+    }
+}
+
+/// Next to this binary (target/release/), else target/release/vzram from the cwd.
+fn vzram_bin(arg: Option<PathBuf>) -> PathBuf {
+    if let Some(p) = arg {
+        return p;
+    }
+    if let Some(p) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("vzram")))
+        .filter(|p| p.is_file())
+    {
+        return p;
+    }
+    PathBuf::from("target/release/vzram")
+}
+
+/// Sockets and logs; removed on success, kept (and named) when something failed.
+struct WorkDir {
+    path: PathBuf,
+    remove: bool,
+}
+
+impl WorkDir {
+    fn new(arg: Option<PathBuf>) -> Result<WorkDir> {
+        let (path, remove) = match arg {
+            Some(p) => (p, false),
+            None => (
+                std::env::temp_dir().join(format!("vzram-bench-{}", std::process::id())),
+                true,
+            ),
+        };
+        std::fs::create_dir_all(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+        Ok(WorkDir { path, remove })
+    }
+
+    fn finish<T>(self, r: Result<T>) -> Result<T> {
+        match r {
+            Ok(v) => {
+                if self.remove {
+                    let _ = std::fs::remove_dir_all(&self.path);
+                }
+                Ok(v)
+            }
+            Err(e) if self.path.read_dir().is_ok_and(|mut d| d.next().is_some()) => Err(
+                error::Error(format!("{} (logs in {})", e.0, self.path.display())),
+            ),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        // Only succeeds when empty: a failure with logs keeps them.
+        if self.remove {
+            let _ = std::fs::remove_dir(&self.path);
+        }
+    }
+}
+
+fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
+    let all: Vec<TargetSpec> = plan.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+    let work = WorkDir::new(c.work_dir.clone())?;
+    let env = Env {
+        work_dir: work.path.clone(),
+        shm_dir: c.shm_dir.clone(),
+        vzram_bin: vzram_bin(c.vzram_bin.clone()),
+        qsd_bin: c.qsd_bin.clone(),
+        corpus: Corpus::resolve(c.data.as_deref(), c.synthetic)?,
+    };
+    env.check(&all)?;
+    let repeat = c.repeat.unwrap_or(default_repeat).max(1);
+    eprintln!(
+        "corpus {} ({} pages), {} runs, work dir {}",
+        env.corpus.name,
+        env.corpus.len(),
+        plan.iter().map(|(_, t)| t.len()).sum::<usize>() * repeat as usize,
+        env.work_dir.display()
+    );
+    let json = c.json.as_deref().map(JsonOut::open).transpose()?;
+    let mut ctx = Ctx::new(&env, json);
+    let results = work.finish(bench::run_plan(&mut ctx, &plan, repeat))?;
+    println!(
+        "Data: {} ({} pages); {} per run, {} s measured after {} s ramp, {} repeat(s), {} CPUs.\n",
+        env.corpus.name,
+        env.corpus.len(),
+        cli::format_size(c.size),
+        c.runtime,
+        c.ramp,
+        repeat,
+        sys::nproc()
+    );
+    report::print_table(&results);
+    if let Some(p) = &c.plot {
+        plot::draw(&results, p)?;
+        eprintln!("plot written to {}", display(p));
+    }
+    Ok(())
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}

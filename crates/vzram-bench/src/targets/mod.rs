@@ -1,0 +1,172 @@
+//! What is measured: the two daemons (started and stopped here) and the raw codec.
+
+pub mod codec;
+pub mod qsd;
+pub mod vzram;
+
+use crate::bail;
+use crate::data::Corpus;
+use crate::error::Result;
+use crate::sys::{Daemon, ProcMem};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    Lz4,
+    Zstd(i32),
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algo::Lz4 => f.write_str("lz4"),
+            Algo::Zstd(l) => write!(f, "zstd:{l}"),
+        }
+    }
+}
+
+impl FromStr for Algo {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.split_once(':') {
+            None if s == "lz4" => Ok(Algo::Lz4),
+            // zstd level 1: the level used for the codec anchors in the issue.
+            None if s == "zstd" => Ok(Algo::Zstd(1)),
+            Some(("zstd", l)) => l
+                .parse::<i32>()
+                .ok()
+                .filter(|l| (-7..=22).contains(l))
+                .map(Algo::Zstd)
+                .ok_or_else(|| format!("bad zstd level {l:?} (want -7..=22)")),
+            _ => Err(format!(
+                "unknown algorithm {s:?} (want lz4, zstd or zstd:LEVEL)"
+            )),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Qsd,
+    Vzram,
+    Codec,
+}
+
+/// A target as named on the command line: `qsd`, `vzram`, `codec`, optionally with
+/// its own algorithm: `vzram@zstd:3`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TargetSpec {
+    pub kind: Kind,
+    pub algo: Algo,
+}
+
+impl TargetSpec {
+    pub fn parse(s: &str, default_algo: Algo) -> std::result::Result<Self, String> {
+        let (name, algo) = match s.split_once('@') {
+            Some((n, a)) => (n, a.parse()?),
+            None => (s, default_algo),
+        };
+        let kind = match name {
+            "qsd" => Kind::Qsd,
+            "vzram" => Kind::Vzram,
+            "codec" => Kind::Codec,
+            _ => {
+                return Err(format!(
+                    "unknown target {name:?} (want qsd, vzram or codec)"
+                ))
+            }
+        };
+        Ok(TargetSpec { kind, algo })
+    }
+
+    pub fn label(&self) -> String {
+        match self.kind {
+            Kind::Qsd => "qsd".into(),
+            Kind::Vzram => format!("vzram/{}", self.algo),
+            Kind::Codec => format!("codec/{}", self.algo),
+        }
+    }
+}
+
+/// Where things are and what to run; shared by every run of an invocation.
+pub struct Env {
+    pub work_dir: PathBuf,
+    pub shm_dir: PathBuf,
+    pub vzram_bin: PathBuf,
+    pub qsd_bin: PathBuf,
+    pub corpus: Corpus,
+}
+
+impl Env {
+    /// Fail early, with the fix in the message, if a target's program is missing.
+    pub fn check(&self, targets: &[TargetSpec]) -> Result<()> {
+        for t in targets {
+            match t.kind {
+                Kind::Qsd if crate::sys::find_program(&self.qsd_bin).is_none() => bail!(
+                    "{} not found (pass --qsd-bin, or leave qsd out of --targets)",
+                    self.qsd_bin.display()
+                ),
+                Kind::Vzram if !self.vzram_bin.is_file() => bail!(
+                    "vzram binary {} not found (build it with `cargo build --release -p vzram`, \
+                     pass --vzram-bin, or leave vzram out of --targets)",
+                    self.vzram_bin.display()
+                ),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Host memory attributed to a target.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Memory {
+    /// What the host pays: RSS, plus the tmpfs file for qsd.
+    pub host_bytes: u64,
+    pub proc: ProcMem,
+    /// Memory outside the process (the tmpfs image for qsd).
+    pub extra_bytes: u64,
+    /// Target-specific numbers (vzram's own stats).
+    pub details: serde_json::Value,
+}
+
+/// A running vhost-user-blk daemon.
+pub trait BlockTarget {
+    fn socket(&self) -> &Path;
+    fn daemon(&mut self) -> &mut Daemon;
+    fn memory(&mut self) -> Result<Memory>;
+}
+
+/// Start a block target with `queues` queues and a `size`-byte disk. `seq` keeps file
+/// names unique within the invocation.
+pub fn start_block(
+    env: &Env,
+    spec: &TargetSpec,
+    queues: u32,
+    size: u64,
+    seq: usize,
+) -> Result<Box<dyn BlockTarget>> {
+    Ok(match spec.kind {
+        Kind::Qsd => Box::new(qsd::Qsd::start(env, queues, size, seq)?),
+        Kind::Vzram => Box::new(vzram::Vzram::start(env, spec.algo, queues, size, seq)?),
+        Kind::Codec => bail!("codec is not a block target"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_and_algo_parsing() {
+        let t = TargetSpec::parse("vzram@zstd:3", Algo::Lz4).unwrap();
+        assert_eq!((t.kind, t.algo), (Kind::Vzram, Algo::Zstd(3)));
+        assert_eq!(t.label(), "vzram/zstd:3");
+        assert_eq!(TargetSpec::parse("qsd", Algo::Lz4).unwrap().label(), "qsd");
+        assert_eq!("zstd".parse::<Algo>().unwrap(), Algo::Zstd(1));
+        assert!("zstd:99".parse::<Algo>().is_err());
+        assert!(TargetSpec::parse("nbd", Algo::Lz4).is_err());
+    }
+}

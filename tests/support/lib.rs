@@ -450,3 +450,68 @@ pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// A field of `/proc/PID/status` as written there, without the key: `"2"`
+/// for `Seccomp`, `"1234 kB"` for `VmRSS`. None when the process or the
+/// field is missing.
+pub fn proc_status_field(pid: u32, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}
+
+/// A memory field of `/proc/PID/status` (`VmRSS`, `RssAnon`, `RssShmem`...)
+/// in bytes.
+pub fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
+    let v = proc_status_field(pid, key)?;
+    let kib: u64 = v.strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl Daemon {
+    /// Runs `cmd`, a `vzram serve ...` command line that names its control
+    /// socket `control` (possibly behind a wrapper that execs the daemon in
+    /// place, such as `setpriv --reuid=...`, so that [`Daemon::pid`] stays
+    /// the daemon's), with its output in `log`; waits until `control` and
+    /// every socket in `sockets` exist.
+    pub fn start_command(
+        mut cmd: Command,
+        control: &Path,
+        log: &Path,
+        sockets: &[&Path],
+    ) -> Daemon {
+        let log_file = std::fs::File::create(log).expect("create daemon log");
+        let child = cmd
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("dup log"))
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let mut d = Daemon {
+            child: Some(child),
+            control: control.to_path_buf(),
+            sockets: sockets.iter().map(|p| p.to_path_buf()).collect(),
+            log: log.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if d.sockets.iter().all(|s| s.exists()) && d.control.exists() {
+                return d;
+            }
+            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("vzram exited early ({st}):\n{}", d.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "vzram sockets not there after 20 s:\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

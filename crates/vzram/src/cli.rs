@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use vzram_store::Codec;
 
-use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft};
+use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft, SeccompMode};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -59,7 +59,7 @@ pub struct ServeArgs {
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
-    /// TOML file with host_mem_limit, control, socket_mode and [[device]] tables.
+    /// TOML file with host_mem_limit, control, socket_mode, seccomp and [[device]] tables.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// Permissions of the sockets, in octal [default: 0600].
     #[arg(long, value_parser = config::parse_mode)]
     pub socket_mode: Option<u32>,
+    /// System call filter once set-up is done: on, off (for debugging) or
+    /// log (allow all, the kernel logs what would be refused) [default: on].
+    #[arg(long, value_name = "MODE")]
+    pub seccomp: Option<SeccompMode>,
 }
 
 impl ServeArgs {
@@ -100,12 +104,14 @@ impl ServeArgs {
                 "--size, --queues, --algo, --mem-limit, --serial, --readonly and --name need --socket".into(),
             ));
         }
-        DaemonConfig::build(
+        let mut cfg = DaemonConfig::build(
             self.host_mem_limit.or(file.host_mem_limit),
             self.control.or(file.control),
             self.socket_mode.or(file.socket_mode),
             drafts,
-        )
+        )?;
+        cfg.seccomp = self.seccomp.or(file.seccomp).unwrap_or_default();
+        Ok(cfg)
     }
 }
 
@@ -201,6 +207,21 @@ mod tests {
         assert_eq!(c.devices[1].name, "b");
         assert_eq!(c.host_mem_limit, 1 << 30);
         assert_eq!(c.socket_mode, 0o660);
+        assert_eq!(c.seccomp, SeccompMode::On);
+    }
+
+    #[test]
+    fn seccomp_flag() {
+        let base = ["--socket", "/tmp/x", "--size", "1G"];
+        let with = |m: &str| {
+            let mut a = base.to_vec();
+            a.extend(["--seccomp", m]);
+            serve(&a)
+        };
+        assert_eq!(with("off").unwrap().seccomp, SeccompMode::Off);
+        assert_eq!(with("on").unwrap().seccomp, SeccompMode::On);
+        assert_eq!(with("log").unwrap().seccomp, SeccompMode::Log);
+        assert!(with("sometimes").is_err());
     }
 
     #[test]

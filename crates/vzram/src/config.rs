@@ -10,6 +10,8 @@ use thiserror::Error;
 use vzram_blk::config::{MAX_QUEUES, SERIAL_LEN};
 use vzram_store::{Codec, PAGE_SIZE};
 
+pub use crate::seccomp::Mode as SeccompMode;
+
 pub const DEFAULT_QUEUES: u16 = 4;
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 
@@ -154,8 +156,17 @@ struct FileConfig {
     control: Option<PathBuf>,
     #[serde(alias = "socket-mode")]
     socket_mode: Option<ModeValue>,
+    /// `true`/`false`, or "on", "off", "log".
+    seccomp: Option<SeccompValue>,
     #[serde(default)]
     device: Vec<FileDevice>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SeccompValue {
+    Bool(bool),
+    Text(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +189,7 @@ pub struct FileDrafts {
     pub host_mem_limit: Option<u64>,
     pub control: Option<PathBuf>,
     pub socket_mode: Option<u32>,
+    pub seccomp: Option<SeccompMode>,
     pub devices: Vec<DeviceDraft>,
 }
 
@@ -212,6 +224,12 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         Some(ModeValue::Number(n)) => Some(parse_mode(&n.to_string()).map_err(ConfigError)?),
         Some(ModeValue::Text(s)) => Some(parse_mode(&s).map_err(ConfigError)?),
     };
+    let seccomp = match f.seccomp {
+        None => None,
+        Some(SeccompValue::Bool(true)) => Some(SeccompMode::On),
+        Some(SeccompValue::Bool(false)) => Some(SeccompMode::Off),
+        Some(SeccompValue::Text(s)) => Some(s.parse().map_err(ConfigError)?),
+    };
     let mut devices = Vec::new();
     for (i, d) in f.device.into_iter().enumerate() {
         let what = |field: &str| format!("device {i} {field}");
@@ -239,6 +257,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             .transpose()?,
         control: f.control,
         socket_mode,
+        seccomp,
         devices,
     })
 }
@@ -262,6 +281,8 @@ pub struct DaemonConfig {
     pub host_mem_limit: u64,
     pub control: Option<PathBuf>,
     pub socket_mode: u32,
+    /// The sandbox; [`DaemonConfig::build`] leaves it on.
+    pub seccomp: SeccompMode,
     pub devices: Vec<DeviceSpec>,
 }
 
@@ -343,6 +364,7 @@ impl DaemonConfig {
             host_mem_limit: host_mem_limit.unwrap_or(0),
             control,
             socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
+            seccomp: SeccompMode::default(),
             devices,
         })
     }
@@ -481,5 +503,15 @@ mod tests {
             parse_file("socket_mode = 600").unwrap().socket_mode,
             Some(0o600)
         );
+        assert_eq!(
+            parse_file("seccomp = false").unwrap().seccomp,
+            Some(SeccompMode::Off)
+        );
+        assert_eq!(
+            parse_file("seccomp = \"log\"").unwrap().seccomp,
+            Some(SeccompMode::Log)
+        );
+        assert_eq!(parse_file("").unwrap().seccomp, None);
+        assert!(parse_file("seccomp = \"sometimes\"").is_err());
     }
 }

@@ -5,8 +5,11 @@
 //! frontend goes away (QEMU quits or crashes) its queue threads end, and the
 //! next connection on the same socket serves the same data.
 
+use std::ffi::CString;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,8 +23,9 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vzram_blk::{BlkBackend, BlkDevice};
 use vzram_store::{DeviceConfig, Pool, PoolConfig, StoreError};
 
-use crate::config::{DaemonConfig, DeviceSpec};
+use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::control::{self, Control};
+use crate::seccomp;
 
 /// How often the pool looks for fragmented devices to compact, and when it acts.
 const COMPACT_INTERVAL: Duration = Duration::from_secs(10);
@@ -38,6 +42,8 @@ pub enum Error {
     Thread(io::Error),
     #[error("cannot wait for signals: {0}")]
     Signal(io::Error),
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::Error),
 }
 
 /// A configured disk: its store device, served on one socket.
@@ -51,14 +57,67 @@ pub struct ServedDevice {
 
 /// Removes the socket files we created when dropped, so every way out of
 /// [`run`] (signal or error) leaves no stale sockets behind.
-struct SocketFiles(Vec<PathBuf>);
+///
+/// Each file is removed with `unlinkat` relative to its directory, opened
+/// (`O_PATH`) at bind time: under the seccomp filter that is the only
+/// unlink allowed, so a compromised daemon cannot delete files elsewhere.
+#[derive(Default)]
+struct SocketFiles {
+    dirs: Vec<(PathBuf, OwnedFd)>,
+    files: Vec<(PathBuf, usize, CString)>,
+}
+
+impl SocketFiles {
+    /// Binds `path` (see [`bind_socket`]) and remembers it for removal.
+    /// Its directory is opened first, so a file we bound is always one we
+    /// can remove, and a path we failed to bind is never removed.
+    fn bind(&mut self, path: &Path, mode: u32) -> Result<UnixListener, Error> {
+        let fail = |source: io::Error| Error::Socket {
+            path: path.to_path_buf(),
+            source,
+        };
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = path
+            .file_name()
+            .ok_or_else(|| fail(io::Error::new(io::ErrorKind::InvalidInput, "no file name")))?;
+        let name = CString::new(name.as_bytes())
+            .map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+        let idx = match self.dirs.iter().position(|(d, _)| *d == dir) {
+            Some(i) => i,
+            None => {
+                let fd = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                    .open(&dir)
+                    .map_err(fail)?;
+                self.dirs.push((dir, fd.into()));
+                self.dirs.len() - 1
+            }
+        };
+        let listener = bind_socket(path, mode)?;
+        self.files.push((path.to_path_buf(), idx, name));
+        Ok(listener)
+    }
+
+    /// The directory descriptors, for the seccomp filter.
+    fn dir_fds(&self) -> Vec<RawFd> {
+        self.dirs.iter().map(|(_, fd)| fd.as_raw_fd()).collect()
+    }
+}
 
 impl Drop for SocketFiles {
     fn drop(&mut self) {
-        for p in &self.0 {
-            if let Err(e) = std::fs::remove_file(p) {
+        for (path, dir, name) in &self.files {
+            // SAFETY: the descriptor is an open directory we own and `name`
+            // a NUL-terminated file name in it.
+            let rc = unsafe { libc::unlinkat(self.dirs[*dir].1.as_raw_fd(), name.as_ptr(), 0) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!("cannot remove {}: {e}", p.display());
+                    tracing::warn!("cannot remove {}: {e}", path.display());
                 }
             }
         }
@@ -99,20 +158,29 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     }
 
     // Bind everything before serving anything: a bad path fails the start.
-    let mut files = SocketFiles(Vec::new());
+    let mut files = SocketFiles::default();
     let mut listeners = Vec::with_capacity(devices.len());
     for d in &devices {
-        listeners.push(bind_socket(&d.spec.socket, cfg.socket_mode)?);
-        files.0.push(d.spec.socket.clone());
+        listeners.push(files.bind(&d.spec.socket, cfg.socket_mode)?);
     }
     let control_listener = match &cfg.control {
-        Some(path) => {
-            let l = bind_socket(path, cfg.socket_mode)?;
-            files.0.push(path.clone());
-            Some(l)
-        }
+        Some(path) => Some(files.bind(path, cfg.socket_mode)?),
         None => None,
     };
+
+    // Set-up is done: from here on only the calls serving needs, on every
+    // thread (auto-compaction already runs; the rest inherit the filter).
+    // Nothing a frontend sends is read before this point.
+    seccomp::install(cfg.seccomp, &files.dir_fds())?;
+    match cfg.seccomp {
+        SeccompMode::On => tracing::info!("seccomp filter active"),
+        SeccompMode::Log => {
+            tracing::warn!(
+                "seccomp filter in log mode: nothing is refused, the kernel logs what would be"
+            )
+        }
+        SeccompMode::Off => tracing::warn!("seccomp filter off"),
+    }
 
     for (d, l) in devices.iter().zip(listeners) {
         let d = d.clone();

@@ -4,6 +4,7 @@ mod cli;
 mod config;
 mod control;
 mod daemon;
+mod seccomp;
 mod stat;
 
 use std::io::{IsTerminal, Write};

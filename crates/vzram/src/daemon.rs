@@ -129,6 +129,7 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     // Block the shutdown signals before any thread starts, so every thread
     // inherits the mask and only `sigwait` below ever sees them.
     let signals = ShutdownSignals::block()?;
+    raise_fd_limit(&cfg.devices);
 
     let pool = Pool::new(PoolConfig {
         host_mem_limit: cfg.host_mem_limit,
@@ -258,11 +259,76 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, Error> {
     Ok(listener)
 }
 
+/// Lifts the soft open-file limit to the hard one. Each device holds a
+/// listening socket and, while connected, a connection, guest memory files
+/// and three eventfds plus an epoll per queue; the usual soft limit of 1024
+/// runs out near 170 connected devices.
+fn raise_fd_limit(devices: &[DeviceSpec]) {
+    let need: u64 = 64
+        + devices
+            .iter()
+            .map(|d| 2 + 8 + 5 * u64::from(d.queues))
+            .sum::<u64>();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads one valid rlimit; raising soft to hard needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    if lim.rlim_cur < need {
+        tracing::warn!(
+            limit = lim.rlim_cur,
+            need,
+            "open-file limit is too low for every device to be connected at once; raise it (LimitNOFILE=, ulimit -Hn)"
+        );
+    }
+}
+
+/// Blocks until `fd` is readable (a listener: a connection is pending).
+fn wait_readable(fd: RawFd) -> io::Result<()> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, owned by this frame, for the whole call.
+        let rc = unsafe { libc::poll(&mut p, 1, -1) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Accepts frontends on one socket, one at a time, forever.
 fn serve_device(dev: Arc<ServedDevice>, listener: UnixListener) {
+    let fd = listener.as_raw_fd();
     let mut listener = Listener::from(listener);
     let name = dev.spec.name.clone();
     loop {
+        // An idle device keeps only this thread: the connection's handler
+        // and queue threads are made once a frontend is knocking.
+        if let Err(e) = wait_readable(fd) {
+            tracing::error!(device = %name, "cannot wait for a frontend: {e}");
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let backend = Arc::new(BlkBackend::new(dev.blk.clone(), mem.clone()));
         let mut daemon = match VhostUserDaemon::new(format!("vhost-{name}"), backend, mem) {

@@ -176,9 +176,12 @@ fn rules(socket_dirs: &[RawFd]) -> Result<Rules, Error> {
         SYS_epoll_create1,
         SYS_epoll_ctl,
         SYS_epoll_pwait,
+        SYS_ppoll,
     ]);
+    // epoll_wait in the queue threads; poll while a listener waits for a
+    // frontend.
     #[cfg(target_arch = "x86_64")]
-    r.allow(&[SYS_epoll_wait]);
+    r.allow(&[SYS_epoll_wait, SYS_poll]);
     // The size and type of a descriptor the frontend sent (a guest memory
     // file): metadata only, never contents. Rust's File::metadata is statx
     // with AT_EMPTY_PATH, then fstat(at).

@@ -19,7 +19,10 @@ use std::sync::{Arc, Mutex};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{
+    Address, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+    GuestMemoryRegion,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -47,6 +50,9 @@ thread_local! {
 /// vhost-user-blk backend for one connection.
 pub struct BlkBackend {
     dev: Arc<BlkDevice>,
+    /// The guest memory the queue threads use. The framework maps a new
+    /// table in its own `GuestMemoryAtomic` before telling us; we publish it
+    /// here only after checking it (see [`check_memory`]).
     mem: GuestMem,
     event_idx: AtomicBool,
     acked_features: AtomicU64,
@@ -57,13 +63,10 @@ pub struct BlkBackend {
 }
 
 impl BlkBackend {
-    /// `mem` must be the same `GuestMemoryAtomic` given to `VhostUserDaemon::new`:
-    /// the framework swaps the mapping inside it when the frontend changes
-    /// the memory table, and we read through it without a lock.
-    pub fn new(dev: Arc<BlkDevice>, mem: GuestMem) -> BlkBackend {
+    pub fn new(dev: Arc<BlkDevice>) -> BlkBackend {
         BlkBackend {
             dev,
-            mem,
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             event_idx: AtomicBool::new(false),
             acked_features: AtomicU64::new(0),
             exit_consumers: Mutex::new(Vec::new()),
@@ -84,28 +87,43 @@ impl BlkBackend {
     /// then we look once more, since the guest may have added a request
     /// just before we re-enabled them.
     fn process_queue(&self, vring: &Vring) -> Result<(), virtio_queue::Error> {
-        let mem = self.mem.memory();
-        let mem: &GuestMemoryMmap = &mem;
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let mut state = vring.get_mut();
         loop {
             if event_idx {
-                state.get_queue_mut().disable_notification(mem)?;
+                state
+                    .get_queue_mut()
+                    .disable_notification(&*self.mem.memory())?;
             }
             let mut pending = 0u32;
-            while let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) {
+            loop {
+                // A fresh snapshot per request: one published after a memory
+                // table change must be served with the new table.
+                let mem = self.mem.memory();
+                let mem: &GuestMemoryMmap = &mem;
+                let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else {
+                    break;
+                };
                 let head = chain.head_index();
                 let used = SCRATCH.with(|s| {
                     let (req, bounce) = &mut *s.borrow_mut();
                     self.handle_chain(mem, chain, req, bounce)
                 });
-                state.get_queue_mut().add_used(mem, head, used)?;
+                if let Err(e) = state.get_queue_mut().add_used(mem, head, used) {
+                    // Still tell the guest about what did complete.
+                    if pending > 0 {
+                        self.signal(&mut state, mem)?;
+                    }
+                    return Err(e);
+                }
                 pending += 1;
                 if pending == SIGNAL_EVERY {
                     self.signal(&mut state, mem)?;
                     pending = 0;
                 }
             }
+            let mem = self.mem.memory();
+            let mem: &GuestMemoryMmap = &mem;
             if pending > 0 {
                 self.signal(&mut state, mem)?;
             }
@@ -155,6 +173,48 @@ impl BlkBackend {
             _ => 0,
         }
     }
+}
+
+/// Regions one frontend may map: QEMU's CONFIGURE_MEM_SLOTS maximum.
+pub const MAX_MEM_REGIONS: usize = 509;
+/// Bytes one frontend may map; far above any VM's RAM, far below the
+/// address space the other devices of this process need.
+pub const MAX_MAPPED_BYTES: u64 = 16 << 40;
+
+/// Refuses a memory table the queue threads must not touch: a region that
+/// runs past the end of its file (the first access would be SIGBUS, killing
+/// every VM on this daemon), or more regions or bytes than any VM needs.
+pub fn check_memory(mem: &GuestMemoryMmap) -> io::Result<()> {
+    let bad = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+    let mut total = 0u64;
+    for (n, r) in mem.iter().enumerate() {
+        if n >= MAX_MEM_REGIONS {
+            return Err(bad(format!("more than {MAX_MEM_REGIONS} regions")));
+        }
+        total = total.saturating_add(r.len());
+        if total > MAX_MAPPED_BYTES {
+            return Err(bad(format!(
+                "more than {MAX_MAPPED_BYTES} bytes of regions"
+            )));
+        }
+        let Some(fo) = r.file_offset() else {
+            return Err(bad(format!(
+                "region at {:#x} has no file",
+                r.start_addr().raw_value()
+            )));
+        };
+        let size = fo.file().metadata()?.len();
+        let end = fo.start().checked_add(r.len());
+        if end.is_none_or(|e| e > size) {
+            return Err(bad(format!(
+                "region at {:#x} maps {} bytes at file offset {} but the file has {size}",
+                r.start_addr().raw_value(),
+                r.len(),
+                fo.start()
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl Drop for BlkBackend {
@@ -212,8 +272,16 @@ impl VhostUserBackend for BlkBackend {
         Err(io::Error::from_raw_os_error(libc::EPERM))
     }
 
-    fn update_memory(&self, _mem: GuestMem) -> io::Result<()> {
-        // Same GuestMemoryAtomic as ours; the new map is already visible.
+    fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        let map = mem.memory();
+        check_memory(&map).map_err(|e| {
+            tracing::warn!("refusing a guest memory table: {e}");
+            e
+        })?;
+        self.mem
+            .lock()
+            .map_err(|_| io::Error::other("guest memory lock poisoned"))?
+            .replace((*map).clone());
         Ok(())
     }
 
@@ -278,7 +346,7 @@ mod tests {
             .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
             .unwrap();
         let dev = Arc::new(BlkDevice::new(store, queues, readonly, "x"));
-        BlkBackend::new(dev, GuestMemoryAtomic::new(GuestMemoryMmap::new()))
+        BlkBackend::new(dev)
     }
 
     #[test]

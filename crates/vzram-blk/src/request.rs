@@ -68,6 +68,12 @@ pub enum RequestError {
     /// segments. IOERR.
     #[error("discard/write-zeroes payload of {0} bytes is not whole segments")]
     BadSegmentList(u64),
+    /// The chain ended on a descriptor that still says NEXT: it looped,
+    /// pointed past the table or nested indirect tables, and virtio-queue
+    /// stopped walking it. We cannot know where the status byte is, so
+    /// nothing is written; used length 0.
+    #[error("descriptor chain is cut short (loop or bad next index)")]
+    TruncatedChain,
     /// DISCARD or WRITE_ZEROES with more than `max_discard_seg` segments. IOERR.
     #[error("{0} discard/write-zeroes segments, limit is {MAX_DISCARD_SEG}")]
     Oversized(u64),
@@ -166,8 +172,10 @@ impl Request {
         let mut seen_writable = false;
         let mut first_err: Option<RequestError> = None;
         let mut last: Option<(GuestAddress, u32, bool)> = None;
+        let mut last_has_next = false;
 
         while let Some(desc) = chain.next() {
+            last_has_next = desc.has_next();
             let mem = chain.memory();
             count += 1;
             if count > MAX_DESCRIPTORS {
@@ -224,6 +232,9 @@ impl Request {
         }
 
         let mem = chain.memory();
+        if last_has_next {
+            return Err(RequestError::TruncatedChain);
+        }
         // The status byte.
         match last {
             None => return Err(RequestError::EmptyChain),

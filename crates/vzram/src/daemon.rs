@@ -330,7 +330,7 @@ fn serve_device(dev: Arc<ServedDevice>, listener: UnixListener) {
             continue;
         }
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let backend = Arc::new(BlkBackend::new(dev.blk.clone(), mem.clone()));
+        let backend = Arc::new(BlkBackend::new(dev.blk.clone()));
         let mut daemon = match VhostUserDaemon::new(format!("vhost-{name}"), backend, mem) {
             Ok(d) => d,
             Err(e) => {

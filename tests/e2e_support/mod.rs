@@ -18,6 +18,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vzram_tests::root;
 
 pub const MIB: u64 = 1 << 20;
 
@@ -29,10 +30,6 @@ macro_rules! ensure {
             panic!("{}: {}", stringify!($cond), format!($($fmt)+));
         }
     };
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn qemu_binary() -> String {
@@ -55,7 +52,6 @@ fn on_path(prog: &str) -> bool {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 static GUEST_BUILT: OnceLock<Result<(), String>> = OnceLock::new();
-static VZRAM_BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
 /// Builds (or confirms the cache of) the test guest, once per process.
 fn build_guest() -> Result<(), String> {
@@ -76,72 +72,6 @@ fn build_guest() -> Result<(), String> {
             }
             eprintln!("e2e: guest ready in {:.1}s", t.elapsed().as_secs_f64());
             Ok(())
-        })
-        .clone()
-}
-
-/// The daemon binary: `$VZRAM_BIN`, else `vzram` in the target directory
-/// this test binary was built in, after a `cargo build -p vzram` (a no-op
-/// when it is fresh, and never a stale binary from before a daemon change).
-fn vzram_bin() -> Result<PathBuf, String> {
-    VZRAM_BIN
-        .get_or_init(|| {
-            if let Some(b) = std::env::var_os("VZRAM_BIN") {
-                let b = PathBuf::from(b);
-                return if b.is_file() {
-                    Ok(b)
-                } else {
-                    Err(format!("VZRAM_BIN={} does not exist", b.display()))
-                };
-            }
-            // <target>/<profile>/deps/e2e-<hash>
-            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-            let profile_dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .ok_or_else(|| format!("unexpected test binary path {}", exe.display()))?;
-            let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .or_else(|| profile_dir.parent().map(Path::to_path_buf))
-                .unwrap_or_else(|| root().join("target"));
-            let release = profile_dir.file_name().is_some_and(|n| n == "release");
-            let bin = target_dir
-                .join(if release { "release" } else { "debug" })
-                .join("vzram");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-            let mut cmd = Command::new(&cargo);
-            cmd.current_dir(root())
-                .args(["build", "-p", "vzram"])
-                .env("CARGO_TARGET_DIR", &target_dir);
-            if release {
-                cmd.arg("--release");
-            }
-            let t = Instant::now();
-            match cmd.stdin(Stdio::null()).output() {
-                Ok(o) if o.status.success() => {
-                    eprintln!(
-                        "e2e: cargo build -p vzram: {:.1}s",
-                        t.elapsed().as_secs_f64()
-                    )
-                }
-                Ok(o) => {
-                    return Err(format!(
-                        "cargo build -p vzram failed ({}):\n{}",
-                        o.status,
-                        String::from_utf8_lossy(&o.stderr)
-                    ))
-                }
-                // No cargo (test binary run by hand): use what is there.
-                Err(e) => eprintln!(
-                    "e2e: cannot run {cargo} ({e}); using {} as is",
-                    bin.display()
-                ),
-            }
-            if bin.is_file() {
-                Ok(bin)
-            } else {
-                Err(format!("no vzram binary at {}", bin.display()))
-            }
         })
         .clone()
 }
@@ -174,7 +104,7 @@ impl Ctx {
         if let Err(e) = build_guest() {
             panic!("e2e {name}: {e}");
         }
-        let bin = vzram_bin().unwrap_or_else(|e| panic!("e2e {name}: {e}"));
+        let bin = vzram_tests::vzram_bin();
         let mut base = std::env::temp_dir();
         if base.as_os_str().len() > 40 {
             // Unix socket paths are limited to 108 bytes.

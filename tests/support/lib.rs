@@ -135,42 +135,9 @@ impl Daemon {
         let control = dir.join("control.sock");
         static N: AtomicU64 = AtomicU64::new(0);
         let log = dir.join(&format!("daemon-{}.log", N.fetch_add(1, Ordering::Relaxed)));
-        let log_file = std::fs::File::create(&log).expect("create daemon log");
-        let child = Command::new(vzram_bin())
-            .arg("serve")
-            .args(args)
-            .arg("--control")
-            .arg(&control)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("dup log"))
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn vzram");
-        let mut d = Daemon {
-            child: Some(child),
-            control,
-            sockets: sockets.iter().map(|p| p.to_path_buf()).collect(),
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if d.sockets.iter().all(|s| s.exists()) && d.control.exists() {
-                return d;
-            }
-            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("vzram exited early ({st}):\n{}", d.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "vzram sockets not there after 20 s:\n{}",
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut cmd = Command::new(vzram_bin());
+        cmd.arg("serve").args(args).arg("--control").arg(&control);
+        Daemon::start_command(cmd, &control, &log, sockets)
     }
 
     pub fn pid(&self) -> u32 {

@@ -1,0 +1,368 @@
+//! Replays the checked-in fuzz corpus (`fuzz/corpus/blk_request/`) and the
+//! built-in seeds through the fuzz harness, with all of its invariant
+//! checks, on every `cargo test`. See `fuzz/README.md`.
+//!
+//! `VZRAM_WRITE_SEEDS=DIR cargo test -p vzram-blk --test fuzz_corpus` writes
+//! the built-in seeds to DIR (how the corpus was started).
+
+#[path = "fuzz_harness/mod.rs"]
+mod fuzz_harness;
+
+use std::path::{Path, PathBuf};
+
+use fuzz_harness::seed::{Seed, ADJACENT, GAP, ONE_REGION, TOP};
+use fuzz_harness::{run, run_with, Summary, DEV_SECTORS};
+
+fn corpus_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/blk_request")
+}
+
+fn corpus_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
+        .expect("fuzz/corpus/blk_request is checked in")
+        .map(|e| e.expect("corpus entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+/// Replays one input; names the file if a check fails.
+fn replay(name: &str, data: &[u8]) -> Summary {
+    match std::panic::catch_unwind(|| run(data)) {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!("fuzz input {name} failed: {msg}");
+        }
+    }
+}
+
+#[test]
+fn replay_checked_in_corpus() {
+    let files = corpus_files();
+    assert!(files.len() >= 20, "corpus has only {} files", files.len());
+    let mut total = Summary::default();
+    for f in &files {
+        let data = std::fs::read(f).expect("read corpus file");
+        total.add(&replay(&f.display().to_string(), &data));
+    }
+    // The corpus must keep reaching every kind of outcome, or it has rotted.
+    let t = total;
+    for (what, n) in [
+        ("chains", t.chains),
+        ("chains without a status byte", t.no_status),
+        ("malformed chains", t.malformed),
+        ("UNSUPP answers", t.unsupp),
+        ("IOERR from the device", t.exec_ioerr),
+        ("writes failed on a memory limit", t.limit_failures),
+        ("successful reads", t.ok_reads),
+        ("successful writes", t.ok_writes),
+        ("successful discards/write-zeroes", t.ok_zero),
+        ("successful flush/get-id", t.ok_other),
+        ("indirect chains", t.indirect),
+        ("chains on the read-only view", t.readonly_chains),
+    ] {
+        assert!(n > 0, "the corpus reaches no {what}: {t:?}");
+    }
+}
+
+#[test]
+fn builtin_seeds_pass() {
+    for (name, data) in seeds() {
+        replay(name, &data);
+    }
+}
+
+/// The checks can fail: a shadow copy corrupted after the first write is
+/// caught on the next comparison.
+#[test]
+fn harness_detects_a_wrong_disk() {
+    let (_, data) = seeds()
+        .into_iter()
+        .find(|(n, _)| *n == "write-read")
+        .expect("seed");
+    run_with(&data, false);
+    let r = std::panic::catch_unwind(|| run_with(&data, true));
+    assert!(r.is_err(), "a corrupted shadow went unnoticed");
+}
+
+#[test]
+fn write_seeds_if_asked() {
+    let Some(dir) = std::env::var_os("VZRAM_WRITE_SEEDS") else {
+        return;
+    };
+    std::fs::create_dir_all(&dir).expect("seed dir");
+    for (name, data) in seeds() {
+        std::fs::write(Path::new(&dir).join(format!("seed-{name}")), data).expect("write seed");
+    }
+}
+
+type D = (Vec<u8>, Vec<u8>, bool, bool);
+
+fn d(addr: Vec<u8>, len: u32, write: bool) -> D {
+    (addr, Seed::l_raw(len), write, false)
+}
+
+/// Hand-written starting points: one per interesting shape.
+fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let a = Seed::a_first;
+    let mut out = Vec::new();
+    let mut add = |name: &'static str, s: &mut Seed| out.push((name, std::mem::take(&mut s.0)));
+
+    // Write 8 sectors at 3, read them back, read an unwritten page, flush, get-id.
+    add(
+        "write-read",
+        Seed::new(ONE_REGION, 4, false, false)
+            .request(1, 3, 0, 2, false, 7, 9)
+            .request(0, 3, 4, 3, false, 7, 0)
+            .request(0, 64, 0, 1, false, 7, 0)
+            .request(2, 0, 1, 1, false, 0, 0)
+            .request(3, 0, 2, 1, false, 32, 0),
+    );
+    // Same through indirect tables, on the gap layout.
+    add(
+        "indirect-write-read",
+        Seed::new(GAP, 3, false, false)
+            .request(1, 8, 1, 4, true, 31, 3)
+            .request(0, 7, 2, 2, true, 31, 0),
+    );
+    // Discard and write-zeroes over written data, partial pages included.
+    add(
+        "discard",
+        Seed::new(ONE_REGION, 4, false, false)
+            .request(1, 0, 0, 1, false, 31, 5)
+            .dwz(4, 2, false, &[(1, 8, 0), (16, 4, 0)])
+            .dwz(5, 3, true, &[(9, 3, 1)])
+            .request(0, 0, 4, 1, false, 31, 0),
+    );
+    // Discard segments that are bad: flags, length, range, overflow.
+    add(
+        "discard-bad",
+        Seed::new(GAP, 4, false, false)
+            .request(1, 0, 0, 1, false, 15, 5)
+            .dwz(4, 1, false, &[(0, 8, 1)])
+            .dwz(5, 2, false, &[(0, 8, 2)])
+            .dwz(4, 3, false, &[(0, 8, 0), (DEV_SECTORS, 8, 0)])
+            .dwz(4, 4, false, &[(u64::MAX / 512, 8, 0)])
+            .dwz(5, 5, false, &[(0, (1 << 21) + 1, 0)])
+            .request(0, 0, 6, 1, false, 15, 0),
+    );
+    // Read-only view: writes and discards fail, reads and flush work.
+    add(
+        "readonly",
+        Seed::new(ADJACENT, 4, false, false)
+            .request(1, 0, 0, 1, false, 7, 1)
+            .readonly()
+            .request(1, 0, 1, 1, false, 7, 2)
+            .dwz(4, 2, false, &[(0, 8, 0)])
+            .request(0, 0, 3, 1, false, 7, 0)
+            .request(2, 0, 4, 1, false, 0, 0),
+    );
+    // Sector overflow and out of range for IN and OUT.
+    add(
+        "sector-overflow",
+        Seed::new(ONE_REGION, 3, false, false)
+            .request(0, u64::MAX / 256, 0, 1, false, 0, 0)
+            .request(1, u64::MAX / 512, 1, 1, false, 1, 0)
+            .request(1, DEV_SECTORS - 1, 2, 1, false, 1, 0)
+            .request(0, DEV_SECTORS, 3, 1, false, 0, 0),
+    );
+    // Descriptors outside memory, in the gap, straddling, wrapping.
+    add(
+        "outside-memory",
+        Seed::new(GAP, 4, false, false)
+            .header(&a(0x2000), 0, 0)
+            .chain(
+                0,
+                &[
+                    d(a(0x2000), 16, false),
+                    d(Seed::a_raw(0x1_8000), 512, true),
+                    d(a(0x2010), 1, true),
+                ],
+            )
+            .chain(
+                3,
+                &[
+                    d(a(0x2000), 16, false),
+                    d(Seed::a_raw(0xff00), 512, true),
+                    d(a(0x2010), 1, true),
+                ],
+            )
+            .chain(
+                6,
+                &[
+                    d(a(0x2000), 16, false),
+                    d(Seed::a_raw(u64::MAX - 10), 512, true),
+                    d(a(0x2010), 1, true),
+                ],
+            )
+            .chain(
+                9,
+                &[d(a(0x2000), 16, false), d(Seed::a_raw(0x3_0000), 1, true)],
+            )
+            .chain(
+                11,
+                &[d(a(0x2000), 16, false), d(Seed::a_end_minus(0), 1, true)],
+            ),
+    );
+    // Status byte missing, read-only, zero-length; empty and short headers.
+    add(
+        "status",
+        Seed::new(ONE_REGION, 4, false, false)
+            .header(&a(0x2000), 1, 0)
+            .chain(
+                0,
+                &[
+                    d(a(0x2000), 16, false),
+                    d(a(0x4000), 512, false),
+                    d(a(0x2010), 1, false),
+                ],
+            )
+            .chain(3, &[d(a(0x2000), 16, false)])
+            .chain(4, &[d(a(0x2000), 16, false), d(a(0x2010), 0, true)])
+            .chain(6, &[d(a(0x2000), 8, false), d(a(0x2010), 1, true)])
+            .chain(8, &[d(a(0x2010), 1, true)]),
+    );
+    // Header split over descriptors, status inside the data descriptor.
+    add(
+        "header-split",
+        Seed::new(ADJACENT, 4, false, false)
+            .header(&a(0xfff8), 0, 2)
+            .chain(
+                0,
+                &[
+                    d(a(0xfff8), 5, false),
+                    d(a(0xfffd), 11, false),
+                    d(a(0x4000), 513, true),
+                ],
+            ),
+    );
+    // Readable after writable, wrong directions, odd lengths, unknown types.
+    add(
+        "directions",
+        Seed::new(ONE_REGION, 4, false, false)
+            .header(&a(0x2000), 1, 0)
+            .chain(
+                0,
+                &[
+                    d(a(0x2000), 16, false),
+                    d(a(0x4000), 512, true),
+                    d(a(0x5000), 512, false),
+                    d(a(0x2010), 1, true),
+                ],
+            )
+            .chain(
+                4,
+                &[
+                    d(a(0x2000), 16, false),
+                    d(a(0x4000), 100, false),
+                    d(a(0x2010), 1, true),
+                ],
+            )
+            .header(&a(0x2100), 0xdead, 0)
+            .chain(
+                7,
+                &[
+                    d(a(0x2100), 16, false),
+                    d(a(0x4000), 512, false),
+                    d(a(0x2010), 1, true),
+                ],
+            )
+            .header(&a(0x2200), 8, 0)
+            .chain(
+                10,
+                &[
+                    d(a(0x2200), 16, false),
+                    d(a(0x4000), 20, false),
+                    d(a(0x2010), 1, true),
+                ],
+            ),
+    );
+    // Too many descriptors through a long indirect table, and the limit exactly.
+    add(
+        "long-chain",
+        Seed::new(ONE_REGION, 4, false, false)
+            .header(&a(0x2000), 1, 0)
+            .long_chain(
+                258,
+                &a(0x8000),
+                0,
+                &a(0x2000),
+                (a(0x4000), Seed::l_raw(512), false),
+                &a(0x2010),
+            )
+            .long_chain(
+                256,
+                &a(0x8000),
+                1,
+                &a(0x2000),
+                (a(0x4000), Seed::l_raw(512), false),
+                &a(0x2010),
+            ),
+    );
+    // Bad indirect tables: zero length, not a multiple of 16, nested.
+    add(
+        "indirect-bad",
+        Seed::new(GAP, 4, false, false)
+            .header(&a(0x2000), 0, 0)
+            .indirect(
+                &a(0x8000),
+                0,
+                &[d(a(0x2000), 16, false), d(a(0x2010), 1, true)],
+                0,
+            )
+            .indirect(
+                &a(0x8000),
+                1,
+                &[d(a(0x2000), 16, false), d(a(0x2010), 1, true)],
+                1,
+            )
+            .indirect(
+                &a(0x8000),
+                2,
+                &[
+                    d(a(0x2000), 16, false),
+                    (a(0x8000), Seed::l_raw(32), false, true),
+                ],
+                3,
+            ),
+    );
+    // Loops and bad heads in the main table.
+    add(
+        "loops",
+        Seed::new(ONE_REGION, 3, false, false)
+            .desc(0, &a(0x2000), &Seed::l_raw(16), 1, 1)
+            .desc(1, &a(0x4000), &Seed::l_raw(512), 3, 0)
+            .kick(&[0, 0x8000 | 200, 1]),
+    );
+    // A memory limit: incompressible writes until it fails, then discards.
+    let mut lim = Seed::new(ONE_REGION, 4, false, true);
+    for i in 0..8u64 {
+        lim.request(1, i * 32, (i % 16) as u8, 1, false, 31, 0x80 | i as u8);
+    }
+    lim.dwz(4, 3, false, &[(0, 64, 0)])
+        .compact()
+        .limit(1)
+        .request(1, 200, 5, 1, false, 31, 3);
+    add("limit", &mut lim);
+    // The top-of-address-space layout, status at the very last byte.
+    add(
+        "top",
+        Seed::new(TOP, 2, false, false)
+            .header(&Seed::a_last(0), 0, 0)
+            .chain(
+                0,
+                &[
+                    d(Seed::a_last(0), 16, false),
+                    d(Seed::a_last(0x1000), 512, true),
+                    d(Seed::a_end_minus(1), 1, true),
+                ],
+            ),
+    );
+    out
+}

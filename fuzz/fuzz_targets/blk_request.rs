@@ -1,0 +1,14 @@
+//! Descriptor chains over fake guest memory through parsing, execution and
+//! the page store. The harness and its checks live in
+//! `crates/vzram-blk/tests/fuzz_harness/mod.rs`, shared with the corpus
+//! replay test that runs on every `cargo test`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+#[path = "../../crates/vzram-blk/tests/fuzz_harness/mod.rs"]
+mod harness;
+
+fuzz_target!(|data: &[u8]| {
+    harness::run(data);
+});

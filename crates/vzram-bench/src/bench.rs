@@ -275,11 +275,7 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
             mem_after_prefill = target.memory().ok().map(|m| m.host_bytes);
         }
         let start = Instant::now();
-        let w = if job.kind == JobKind::Fill {
-            Window::exhaust(start)
-        } else {
-            Window::timed(start, job.ramp(), job.runtime())
-        };
+        let w = Window::for_job(job, start);
         window.set(w).unwrap();
         go.wait();
         // Sample the daemon's CPU over the same window the workers measure.

@@ -26,6 +26,16 @@ impl Window {
             end: None,
         }
     }
+
+    /// The window a job measures in: a fill runs until its region is
+    /// written, every other job for its ramp plus runtime.
+    pub fn for_job(job: &crate::job::JobSpec, start: Instant) -> Self {
+        if job.kind == crate::job::JobKind::Fill {
+            Window::exhaust(start)
+        } else {
+            Window::timed(start, job.ramp(), job.runtime())
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]

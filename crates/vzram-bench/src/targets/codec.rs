@@ -5,7 +5,7 @@
 use super::Algo;
 use crate::data::{Corpus, PAGE};
 use crate::error::{Context, Result};
-use crate::job::{Dir, JobKind, JobSpec, OpGen};
+use crate::job::{Dir, JobSpec, OpGen};
 use crate::measure::{Phase, Totals, Window, WorkerStats};
 use std::sync::Barrier;
 use std::time::Instant;
@@ -157,11 +157,7 @@ pub fn run(corpus: &Corpus, comp: &Compressed, algo: Algo, job: &JobSpec) -> Res
             })
             .collect();
         let start = Instant::now();
-        let w = if job.kind == JobKind::Fill {
-            Window::exhaust(start)
-        } else {
-            Window::timed(start, job.ramp(), job.runtime())
-        };
+        let w = Window::for_job(job, start);
         window.set(w).unwrap();
         barrier.wait();
         for h in handles {

@@ -1,0 +1,78 @@
+//! Density: an idle device costs one listener thread and one descriptor, and
+//! the daemon lifts its open-file limit so many devices fit.
+
+use vzram_tests::*;
+
+fn threads_and_fds(pid: u32) -> (usize, usize) {
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    (threads, fds)
+}
+
+#[test]
+fn idle_devices_hold_one_thread_and_fd_each() {
+    let dir = TempDir::new("density");
+    let socks: Vec<_> = (0..20).map(|i| dir.join(&format!("d{i}.sock"))).collect();
+    let specs: Vec<String> = socks
+        .iter()
+        .map(|s| format!("socket={},size=64M,queues=4", s.display()))
+        .collect();
+    let mut args = Vec::new();
+    for spec in &specs {
+        args.push("--device");
+        args.push(spec.as_str());
+    }
+    let refs: Vec<&std::path::Path> = socks.iter().map(|p| p.as_path()).collect();
+    let d = Daemon::start(&dir, &args, &refs);
+    // Sockets are bound before the listener threads start: wait for them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while threads_and_fds(d.pid()).0 < 20 + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listeners never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let (threads, fds) = threads_and_fds(d.pid());
+    // 20 listeners plus a few daemon-wide threads (main, compaction,
+    // control); 4 queue threads per device would be 100 more.
+    assert!(threads <= 20 + 4, "{threads} threads for 20 idle devices");
+    assert!(fds <= 20 + 12, "{fds} fds for 20 idle devices");
+
+    // A connected frontend gets its handler and queue threads...
+    let c = Client::connect(&socks[0], 4).expect("connect");
+    let (busy, _) = threads_and_fds(d.pid());
+    assert!(
+        busy >= threads + 4,
+        "{busy} threads with 4 queues connected, {threads} idle"
+    );
+    // ...and they go away with it.
+    drop(c);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while threads_and_fds(d.pid()).0 > threads {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queue threads outlived the connection: {} now, {threads} idle; {:?}",
+            threads_and_fds(d.pid()).0,
+            std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+                .unwrap()
+                .map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap_or_default())
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // The soft open-file limit was raised to the hard one.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.pid())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let v: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(v[3], v[4], "soft and hard open-file limits differ: {line}");
+}

@@ -15,6 +15,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -32,6 +33,15 @@ use vzram_store::{Page, PAGE_SIZE};
 use crate::config::{self, MAX_QUEUE_SIZE};
 use crate::device::{BlkDevice, STATUS_IOERR, STATUS_OK};
 use crate::request::Request;
+
+/// Why a queue stopped draining; the guest's doing, logged and survived.
+#[derive(Debug, thiserror::Error)]
+enum QueueError {
+    #[error(transparent)]
+    Ring(#[from] virtio_queue::Error),
+    #[error("the ring says requests are waiting but none can be read (avail ring outside guest memory?)")]
+    Unreadable,
+}
 
 /// Guest memory as the framework hands it to us.
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -60,6 +70,45 @@ pub struct BlkBackend {
     /// `into_raw_fd` and never closes them; we close them once every worker
     /// and its epoll are gone, i.e. when the last reference to us drops.
     exit_consumers: Mutex<Vec<RawFd>>,
+    queue_errors: RateLimit,
+}
+
+/// Lets one event through per interval and counts the rest.
+struct RateLimit {
+    start: Instant,
+    interval: Duration,
+    /// Nanoseconds since `start` before which events are only counted.
+    next: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl RateLimit {
+    fn new(interval: Duration) -> RateLimit {
+        RateLimit {
+            start: Instant::now(),
+            interval,
+            next: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// Some(events suppressed since the last one let through), or None.
+    fn allow(&self) -> Option<u64> {
+        let now = self.start.elapsed().as_nanos() as u64;
+        let next = self.next.load(Ordering::Relaxed);
+        let later = now + self.interval.as_nanos() as u64;
+        if now >= next
+            && self
+                .next
+                .compare_exchange(next, later, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
 }
 
 impl BlkBackend {
@@ -70,6 +119,7 @@ impl BlkBackend {
             event_idx: AtomicBool::new(false),
             acked_features: AtomicU64::new(0),
             exit_consumers: Mutex::new(Vec::new()),
+            queue_errors: RateLimit::new(Duration::from_secs(1)),
         }
     }
 
@@ -86,9 +136,22 @@ impl BlkBackend {
     /// while we work and are turned back on only when the ring is empty;
     /// then we look once more, since the guest may have added a request
     /// just before we re-enabled them.
-    fn process_queue(&self, vring: &Vring) -> Result<(), virtio_queue::Error> {
+    ///
+    /// Requests complete in the order they were taken from the ring: after
+    /// a backend restart QEMU rewinds the avail index to the used index and
+    /// submits again from there, which is exact only in that order.
+    ///
+    /// A ring that claims requests we cannot take (avail ring or entry in
+    /// no guest memory, a queue not ready) would otherwise keep us looping
+    /// with the vring lock held: a pass that takes nothing ends the drain,
+    /// and the next kick tries again.
+    fn process_queue(&self, vring: &Vring) -> Result<(), QueueError> {
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let mut state = vring.get_mut();
+        if !state.get_queue().ready() {
+            // Nothing to do until the frontend sets the ring up; not worth a log line.
+            return Ok(());
+        }
         loop {
             if event_idx {
                 state
@@ -96,6 +159,7 @@ impl BlkBackend {
                     .disable_notification(&*self.mem.memory())?;
             }
             let mut pending = 0u32;
+            let mut taken = 0u64;
             loop {
                 // A fresh snapshot per request: one published after a memory
                 // table change must be served with the new table.
@@ -104,6 +168,7 @@ impl BlkBackend {
                 let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else {
                     break;
                 };
+                taken += 1;
                 let head = chain.head_index();
                 let used = SCRATCH.with(|s| {
                     let (req, bounce) = &mut *s.borrow_mut();
@@ -114,7 +179,7 @@ impl BlkBackend {
                     if pending > 0 {
                         self.signal(&mut state, mem)?;
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
                 pending += 1;
                 if pending == SIGNAL_EVERY {
@@ -130,6 +195,9 @@ impl BlkBackend {
             if !event_idx || !state.get_queue_mut().enable_notification(mem)? {
                 return Ok(());
             }
+            if taken == 0 {
+                return Err(QueueError::Unreadable);
+            }
         }
     }
 
@@ -137,7 +205,7 @@ impl BlkBackend {
         &self,
         state: &mut vhost_user_backend::VringState<GuestMem>,
         mem: &GuestMemoryMmap,
-    ) -> Result<(), virtio_queue::Error> {
+    ) -> Result<(), QueueError> {
         if state.get_queue_mut().needs_notification(mem)? {
             if let Err(e) = state.signal_used_queue() {
                 tracing::warn!("cannot signal the guest: {e}");
@@ -325,7 +393,10 @@ impl VhostUserBackend for BlkBackend {
         // An error here would end the worker thread for good; a broken ring
         // is the guest's problem, so log it and keep serving.
         if let Err(e) = self.process_queue(vring) {
-            tracing::warn!(queue = thread_id, "virtqueue error: {e}");
+            // A guest can fail every kick: one line a second, not one a kick.
+            if let Some(suppressed) = self.queue_errors.allow() {
+                tracing::warn!(queue = thread_id, suppressed, "virtqueue error: {e}");
+            }
         }
         Ok(())
     }
@@ -347,6 +418,18 @@ mod tests {
             .unwrap();
         let dev = Arc::new(BlkDevice::new(store, queues, readonly, "x"));
         BlkBackend::new(dev)
+    }
+
+    #[test]
+    fn rate_limit_lets_one_through_per_interval() {
+        let r = RateLimit::new(Duration::from_secs(3600));
+        assert_eq!(r.allow(), Some(0));
+        for _ in 0..1000 {
+            assert_eq!(r.allow(), None);
+        }
+        let r = RateLimit::new(Duration::ZERO);
+        assert_eq!(r.allow(), Some(0));
+        assert_eq!(r.allow(), Some(0));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod config;
 pub mod device;
+pub mod guard;
 pub mod request;
 
 pub use backend::{BlkBackend, GuestMem};

@@ -206,16 +206,33 @@ fn handle_conn(stream: UnixStream, ctl: &Control) -> io::Result<()> {
     }
 }
 
+/// How long `vzram stat` and friends wait for the daemon.
+pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Client side: sends one request and returns the parsed reply.
+/// Gives up after [`CLIENT_TIMEOUT`] without a reply: a socket that is not
+/// a control socket (a device's, say) must not hang the command.
 pub fn request(path: &std::path::Path, req: &Value) -> io::Result<Value> {
     let mut stream = UnixStream::connect(path)?;
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     writeln!(stream, "{req}")?;
     let mut line = String::new();
     BufReader::new(&stream)
         .take(16 << 20)
         .read_line(&mut line)?;
-    serde_json::from_str(&line)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad reply: {e}")))
+    if line.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "closed without a reply: is this a vzram control socket?",
+        ));
+    }
+    serde_json::from_str(&line).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad reply ({e}): is this a vzram control socket?"),
+        )
+    })
 }
 
 #[cfg(test)]

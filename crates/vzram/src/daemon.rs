@@ -6,8 +6,9 @@
 //! next connection on the same socket serves the same data.
 
 use std::ffi::CString;
-use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::io::{self, Read};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -20,6 +21,7 @@ use thiserror::Error;
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vzram_blk::guard::{self, Guard, Message, Received};
 use vzram_blk::{BlkBackend, BlkDevice};
 use vzram_store::{DeviceConfig, Pool, PoolConfig, StoreError};
 
@@ -129,6 +131,7 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     // Block the shutdown signals before any thread starts, so every thread
     // inherits the mask and only `sigwait` below ever sees them.
     let signals = ShutdownSignals::block()?;
+    seccomp::report_sigbus()?;
     raise_fd_limit(&cfg.devices);
 
     let pool = Pool::new(PoolConfig {
@@ -161,8 +164,13 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     // Bind everything before serving anything: a bad path fails the start.
     let mut files = SocketFiles::default();
     let mut listeners = Vec::with_capacity(devices.len());
-    for d in &devices {
-        listeners.push(files.bind(&d.spec.socket, cfg.socket_mode)?);
+    for (i, d) in devices.iter().enumerate() {
+        let outer = files.bind(&d.spec.socket, cfg.socket_mode)?;
+        let inner = InnerSocket::new(&i.to_string()).map_err(|source| Error::Socket {
+            path: d.spec.socket.clone(),
+            source,
+        })?;
+        listeners.push((outer, inner));
     }
     let control_listener = match &cfg.control {
         Some(path) => Some(files.bind(path, cfg.socket_mode)?),
@@ -183,11 +191,11 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
         SeccompMode::Off => tracing::warn!("seccomp filter off"),
     }
 
-    for (d, l) in devices.iter().zip(listeners) {
+    for (d, (outer, inner)) in devices.iter().zip(listeners) {
         let d = d.clone();
         std::thread::Builder::new()
             .name(format!("listen-{}", d.spec.name))
-            .spawn(move || serve_device(d, l))
+            .spawn(move || serve_device(d, outer, inner))
             .map_err(Error::Thread)?;
     }
     if let Some(l) = control_listener {
@@ -296,18 +304,325 @@ fn raise_fd_limit(devices: &[DeviceSpec]) {
     }
 }
 
-/// Blocks until `fd` is readable (a listener: a connection is pending).
-fn wait_readable(fd: RawFd) -> io::Result<()> {
-    let mut p = libc::pollfd {
+/// How long a frontend may take to send its first message, and to finish
+/// any message it has started: a client that connects and says nothing must
+/// not keep the device from the next frontend for long.
+const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(10);
+const MESSAGE_WAIT: Duration = Duration::from_secs(5);
+
+/// The socket the `vhost` crate accepts from. Only the guard (see
+/// [`vzram_blk::guard`]) connects to it, through `/proc/self/fd`: its file
+/// is unlinked before it starts listening, so no other process can reach it.
+pub struct InnerSocket {
+    listener: Listener,
+    path: PathBuf,
+    _file: OwnedFd,
+}
+
+impl InnerSocket {
+    /// Made before the seccomp filter is installed (it binds and opens).
+    fn new(tag: &str) -> io::Result<InnerSocket> {
+        let mut dir = std::env::temp_dir();
+        let name = format!(".vzram-{}-{tag}-{:x}", std::process::id(), nanos());
+        if dir.join(&name).as_os_str().len() > 100 {
+            dir = PathBuf::from("/tmp");
+        }
+        let path = dir.join(name);
+        // SAFETY: a new socket; its result is checked.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: we own the descriptor just created.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let addr = sockaddr_un(&path)?;
+        // SAFETY: addr is a valid sockaddr_un of the given length.
+        let rc = unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(&path);
+        let _ = std::fs::remove_file(&path);
+        let file: OwnedFd = file?.into();
+        // Listening starts only now that the name is gone.
+        // SAFETY: a bound socket we own.
+        if unsafe { libc::listen(sock.as_raw_fd(), 4) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(InnerSocket {
+            listener: Listener::from(UnixListener::from(sock)),
+            path: PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            _file: file,
+        })
+    }
+
+    fn connect(&self) -> io::Result<UnixStream> {
+        UnixStream::connect(&self.path)
+    }
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+fn sockaddr_un(path: &Path) -> io::Result<libc::sockaddr_un> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long",
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    Ok(addr)
+}
+
+/// Accepts frontends on one socket, one at a time, forever.
+fn serve_device(dev: Arc<ServedDevice>, listener: UnixListener, mut inner: InnerSocket) {
+    let name = dev.spec.name.clone();
+    loop {
+        // An idle device keeps only this thread: the connection's handler
+        // and queue threads are made once a frontend has said something.
+        match listener.accept() {
+            Ok((stream, _)) => serve_frontend(&dev, &listener, &mut inner, stream),
+            Err(e) => {
+                tracing::error!(device = %name, "cannot accept a frontend: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Serves one frontend connection: its messages go through the guard to
+/// the `vhost` crate, the crate's replies come back, and anyone else who
+/// connects meanwhile is turned away at once.
+fn serve_frontend(
+    dev: &ServedDevice,
+    listener: &UnixListener,
+    inner: &mut InnerSocket,
+    frontend: UnixStream,
+) {
+    let name = &dev.spec.name;
+    let mut guard = Guard::new(
+        vzram_blk::config::virtio_features(dev.spec.readonly),
+        vzram_blk::config::protocol_features(),
+    );
+    // The first message decides whether this is a frontend at all: a probe
+    // (a second `vzram serve` checking the socket) connects and leaves.
+    let first = loop {
+        match wait_two(
+            frontend.as_raw_fd(),
+            listener.as_raw_fd(),
+            FIRST_MESSAGE_WAIT,
+        ) {
+            Ok(Ready::First) => break guarded_recv(name, &frontend, &mut guard),
+            Ok(Ready::Second) => turn_away(name, listener),
+            Ok(Ready::Neither) => {
+                tracing::info!(device = %name, "a client connected and sent nothing for {FIRST_MESSAGE_WAIT:?}; closed");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(device = %name, "waiting for a frontend's first message: {e}");
+                return;
+            }
+        }
+    };
+    let Some(first) = first else {
+        tracing::debug!(device = %name, "a client connected and left without a request");
+        return;
+    };
+
+    let backend = Arc::new(BlkBackend::new(dev.blk.clone()));
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let mut daemon = match VhostUserDaemon::new(format!("vhost-{name}"), backend, mem) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(device = %name, "cannot set up the vhost-user daemon: {e}");
+            return;
+        }
+    };
+    // Connect first: the crate's accept then finds the connection waiting.
+    let to_crate = match inner.connect() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(device = %name, "cannot reach the vhost-user handler: {e}");
+            return;
+        }
+    };
+    if let Err(e) = daemon.start(&mut inner.listener) {
+        tracing::error!(device = %name, "cannot start the vhost-user handler: {e}");
+        return;
+    }
+    let n = dev.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    dev.connected.store(true, Ordering::Relaxed);
+    tracing::info!(device = %name, connection = n, "frontend connected");
+
+    let end = relay(name, &frontend, &to_crate, listener, &mut guard, first);
+    tracing::info!(device = %name, "frontend disconnected ({end}); data kept for the next one");
+    // The crate's thread ends once its socket closes.
+    let _ = to_crate.shutdown(Shutdown::Both);
+    let _ = frontend.shutdown(Shutdown::Both);
+    match daemon.wait() {
+        Ok(())
+        | Err(DaemonError::HandleRequest(
+            VhostUserError::Disconnected | VhostUserError::PartialMessage,
+        )) => {}
+        Err(e) => tracing::debug!(device = %name, "vhost-user handler ended: {e}"),
+    }
+    // Dropping the daemon stops and joins this connection's queue threads.
+    drop(daemon);
+    dev.connected.store(false, Ordering::Relaxed);
+}
+
+/// Reads one frontend message through the guard; None when the frontend
+/// is gone or was refused (logged here).
+fn guarded_recv(name: &str, frontend: &UnixStream, guard: &mut Guard) -> Option<Message> {
+    match guard::recv_message(frontend, guard, MESSAGE_WAIT) {
+        Ok(Received::Message(m)) => Some(m),
+        Ok(Received::Closed) => None,
+        Ok(Received::Refused(r)) => {
+            tracing::warn!(device = %name, "refused a frontend message and closed the connection: {r}");
+            None
+        }
+        Err(e) => {
+            tracing::info!(device = %name, "frontend connection: {e}");
+            None
+        }
+    }
+}
+
+/// Moves messages both ways until either side closes; returns why it ended.
+fn relay(
+    name: &str,
+    frontend: &UnixStream,
+    to_crate: &UnixStream,
+    listener: &UnixListener,
+    guard: &mut Guard,
+    first: Message,
+) -> &'static str {
+    if guard::send_message(to_crate, &first).is_err() {
+        return "handler gone";
+    }
+    drop(first);
+    let mut buf = [0u8; guard::MAX_PAYLOAD + guard::HEADER_LEN];
+    let fds = [
+        frontend.as_raw_fd(),
+        to_crate.as_raw_fd(),
+        listener.as_raw_fd(),
+    ];
+    loop {
+        let ready = match poll_many(&fds) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(device = %name, "poll: {e}");
+                return "poll failed";
+            }
+        };
+        if ready[1] {
+            // Replies carry no descriptors for the features we offer.
+            match (&*to_crate).read(&mut buf) {
+                Ok(0) | Err(_) => return "handler closed the connection",
+                Ok(n) => {
+                    if guard::send_all(frontend.as_raw_fd(), &buf[..n], &[], Some(MESSAGE_WAIT))
+                        .is_err()
+                    {
+                        return "frontend stopped reading";
+                    }
+                }
+            }
+        }
+        if ready[0] {
+            match guarded_recv(name, frontend, guard) {
+                Some(m) => {
+                    if guard::send_message(to_crate, &m).is_err() {
+                        return "handler closed the connection";
+                    }
+                }
+                None => return "frontend closed or refused",
+            }
+        }
+        // Someone else knocking. If our frontend has just hung up, let the
+        // newcomer wait for the teardown instead (a VMM reconnecting).
+        if ready[2] && !hung_up(frontend.as_raw_fd()) {
+            turn_away(name, listener);
+        }
+    }
+}
+
+/// Whether the peer of a stream socket has closed its end.
+fn hung_up(fd: RawFd) -> bool {
+    let mut p = [libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    }];
+    poll_fds(&mut p, 0).is_ok_and(|n| n > 0)
+}
+
+/// Accepts and closes a connection on a device that already has a
+/// frontend: it learns at once instead of hanging.
+fn turn_away(name: &str, listener: &UnixListener) {
+    if let Ok((s, _)) = listener.accept() {
+        tracing::warn!(device = %name, "refused a second frontend: the device already has one");
+        drop(s);
+    }
+}
+
+enum Ready {
+    First,
+    Second,
+    Neither,
+}
+
+fn wait_two(a: RawFd, b: RawFd, timeout: Duration) -> io::Result<Ready> {
+    let mut p = [a, b].map(|fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
-    };
+    });
+    let rc = poll_fds(&mut p, timeout.as_millis() as i32)?;
+    Ok(if rc == 0 {
+        Ready::Neither
+    } else if p[0].revents != 0 {
+        Ready::First
+    } else {
+        Ready::Second
+    })
+}
+
+/// Which of `fds` are readable (or hung up), waiting as long as it takes.
+fn poll_many(fds: &[RawFd; 3]) -> io::Result<[bool; 3]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    poll_fds(&mut p, -1)?;
+    Ok(p.map(|p| p.revents != 0))
+}
+
+fn poll_fds(p: &mut [libc::pollfd], ms: i32) -> io::Result<i32> {
     loop {
-        // SAFETY: one valid pollfd, owned by this frame, for the whole call.
-        let rc = unsafe { libc::poll(&mut p, 1, -1) };
+        // SAFETY: valid pollfds owned by the caller for the whole call.
+        let rc = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
         if rc >= 0 {
-            return Ok(());
+            return Ok(rc);
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -316,56 +631,9 @@ fn wait_readable(fd: RawFd) -> io::Result<()> {
     }
 }
 
-/// Accepts frontends on one socket, one at a time, forever.
-fn serve_device(dev: Arc<ServedDevice>, listener: UnixListener) {
-    let fd = listener.as_raw_fd();
-    let mut listener = Listener::from(listener);
-    let name = dev.spec.name.clone();
-    loop {
-        // An idle device keeps only this thread: the connection's handler
-        // and queue threads are made once a frontend is knocking.
-        if let Err(e) = wait_readable(fd) {
-            tracing::error!(device = %name, "cannot wait for a frontend: {e}");
-            std::thread::sleep(Duration::from_secs(1));
-            continue;
-        }
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-        let backend = Arc::new(BlkBackend::new(dev.blk.clone()));
-        let mut daemon = match VhostUserDaemon::new(format!("vhost-{name}"), backend, mem) {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::error!(device = %name, "cannot set up the vhost-user daemon: {e}");
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            }
-        };
-        // Blocks until a frontend connects.
-        if let Err(e) = daemon.start(&mut listener) {
-            tracing::error!(device = %name, "cannot accept a frontend: {e}");
-            std::thread::sleep(Duration::from_millis(100));
-            continue;
-        }
-        let n = dev.connections.fetch_add(1, Ordering::Relaxed) + 1;
-        dev.connected.store(true, Ordering::Relaxed);
-        tracing::info!(device = %name, connection = n, "frontend connected");
-        match daemon.wait() {
-            Ok(())
-            | Err(DaemonError::HandleRequest(
-                VhostUserError::Disconnected | VhostUserError::PartialMessage,
-            )) => {
-                tracing::info!(device = %name, "frontend disconnected; data kept for the next one");
-            }
-            Err(e) => {
-                tracing::warn!(device = %name, "frontend connection ended: {e}; data kept for the next one")
-            }
-        }
-        // Dropping the daemon stops and joins this connection's queue threads.
-        drop(daemon);
-        dev.connected.store(false, Ordering::Relaxed);
-    }
-}
-
-/// SIGTERM and SIGINT, blocked in every thread and taken with `sigwait`.
+/// SIGTERM, SIGINT and SIGHUP, blocked in every thread and taken with
+/// `sigwait`. SIGHUP's default action would kill the daemon and every
+/// device's data with it (a closed terminal, a reload by habit).
 struct ShutdownSignals {
     set: libc::sigset_t,
 }
@@ -379,6 +647,7 @@ impl ShutdownSignals {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGTERM);
             libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGHUP);
             let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             if rc != 0 {
                 return Err(Error::Signal(io::Error::from_raw_os_error(rc)));
@@ -387,12 +656,17 @@ impl ShutdownSignals {
         }
     }
 
+    /// Waits for a shutdown signal; SIGHUP is logged and ignored (there is
+    /// nothing to reload).
     fn wait(&self) -> Result<i32, Error> {
         loop {
             let mut sig = 0;
             // SAFETY: `set` is a valid signal set and `sig` a valid out pointer.
             let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
             match rc {
+                0 if sig == libc::SIGHUP => {
+                    tracing::info!("SIGHUP ignored: vzram has no configuration to reload; devices keep serving")
+                }
                 0 => return Ok(sig),
                 libc::EINTR => continue,
                 e => return Err(Error::Signal(io::Error::from_raw_os_error(e))),

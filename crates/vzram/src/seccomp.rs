@@ -57,7 +57,7 @@ pub enum Error {
     Build(#[from] seccompiler::BackendError),
     #[error("cannot install the seccomp filter ({0}); --seccomp off runs without it")]
     Install(#[from] seccompiler::Error),
-    #[error("cannot install the SIGSYS handler: {0}")]
+    #[error("cannot install a signal handler: {0}")]
     Handler(std::io::Error),
 }
 
@@ -87,6 +87,15 @@ fn eq(arg: u8, v: u64) -> Result<SeccompRule, Error> {
         SeccompCmpOp::Eq,
         v,
     )?])?)
+}
+
+/// Each argument `arg` (a 32-bit int) equals its `v`.
+fn all_eq(conds: &[(u8, u64)]) -> Result<SeccompRule, Error> {
+    let conds = conds
+        .iter()
+        .map(|&(arg, v)| SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(SeccompRule::new(conds)?)
 }
 
 /// The bits `mask` of argument `arg` (a 32-bit int) equal `v`.
@@ -147,14 +156,47 @@ fn rules(socket_dirs: &[RawFd]) -> Result<Rules, Error> {
         SYS_rt_sigtimedwait,
         SYS_sigaltstack,
     ]);
+    // A fault that is not a stack overflow makes Rust's SIGSEGV handler
+    // restore the default action and return, so the fault kills us with its
+    // real signal. Refused, that showed up as SIGSYS and hid the cause.
+    r.allow_if(
+        SYS_rt_sigaction,
+        [SIGSEGV, SIGBUS]
+            .iter()
+            .map(|&sig| eq(0, sig as u64))
+            .collect::<Result<_, _>>()?,
+    );
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { getpid() } as u64;
     r.allow_if(SYS_tgkill, vec![eq(0, pid)?]);
 
     // Sockets that are already bound: accept frontends and control clients,
     // vhost-user messages with SCM_RIGHTS (guest memory, eventfds), control
-    // requests and replies, closing a frontend's connection. No socket(),
-    // bind(), connect(): nothing new reaches the network or the file system.
+    // requests and replies, closing a frontend's connection. No bind() or
+    // listen(): nothing new is offered to the network or the file system.
+    // One new socket per frontend connection: the message guard's link to
+    // the vhost crate (a unix stream to a listener whose file is already
+    // unlinked; see `daemon::InnerSocket`). connect()'s address is in memory
+    // the filter cannot read, hence SECURITY.md's note on it.
+    r.allow_if(
+        SYS_socket,
+        vec![all_eq(&[
+            (0, AF_UNIX as u64),
+            (1, (SOCK_STREAM | SOCK_CLOEXEC) as u64),
+            (2, 0),
+        ])?],
+    );
+    r.allow(&[SYS_connect]);
+    // What kind of socket a passed descriptor is: the vhost crate asks
+    // before it looks at a socket a frontend sent (the guard refuses those
+    // messages first; this keeps the filter and the crate in agreement).
+    r.allow_if(
+        SYS_getsockopt,
+        [SO_DOMAIN, SO_TYPE]
+            .iter()
+            .map(|&o| all_eq(&[(1, SOL_SOCKET as u64), (2, o as u64)]))
+            .collect::<Result<_, _>>()?,
+    );
     r.allow(&[
         SYS_accept4,
         SYS_recvmsg,
@@ -337,38 +379,62 @@ struct SigsysInfo {
     arch: libc::c_uint,
 }
 
+/// A line built on the stack and written with write(2): all a signal
+/// handler may do.
+struct Line {
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl Line {
+    fn new() -> Line {
+        Line {
+            buf: [0; 256],
+            len: 0,
+        }
+    }
+
+    fn put(&mut self, b: &[u8]) -> &mut Line {
+        let n = b.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&b[..n]);
+        self.len += n;
+        self
+    }
+
+    fn num(&mut self, mut v: u64, radix: u64) -> &mut Line {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b"0123456789abcdef"[(v % radix) as usize];
+            v /= radix;
+            if v == 0 {
+                break;
+            }
+        }
+        self.put(&digits[i..])
+    }
+
+    fn write(&self) {
+        // SAFETY: write(2) on stderr from a buffer we own.
+        unsafe { libc::write(2, self.buf.as_ptr().cast(), self.len) };
+    }
+}
+
 /// Writes which call was refused, then dies of SIGSYS. Only
 /// async-signal-safe work here: formatting on the stack and write(2).
 extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo_t, and for SIGSYS with
     // SYS_SECCOMP its union holds the `_sigsys` fields laid out as above.
     let nr = unsafe { (*(info as *const SigsysInfo)).syscall };
-    let mut buf = [0u8; 160];
-    let mut len = 0;
-    let mut put = |b: &[u8]| {
-        let n = b.len().min(buf.len() - len);
-        buf[len..len + n].copy_from_slice(&b[..n]);
-        len += n;
-    };
-    put(b"vzram: seccomp: system call ");
-    let mut digits = [0u8; 12];
-    let mut i = digits.len();
-    let mut v = nr.unsigned_abs();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
+    let mut line = Line::new();
+    line.put(b"vzram: seccomp: system call ");
     if nr < 0 {
-        put(b"-");
+        line.put(b"-");
     }
-    put(&digits[i..]);
-    put(b" is not allowed; exiting (--seccomp off or log to debug)\n");
-    // SAFETY: write(2) on stderr from a buffer we own.
-    unsafe { libc::write(2, buf.as_ptr().cast(), len) };
+    line.num(u64::from(nr.unsigned_abs()), 10)
+        .put(b" is not allowed; exiting (--seccomp off or log to debug)\n")
+        .write();
     // SA_RESETHAND made SIGSYS fatal again and SA_NODEFER left it unblocked:
     // a second refused call (kexec_load is never on the list) kills us with
     // SIGSYS and a core dump, without running anything.
@@ -379,19 +445,43 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     unsafe { libc::_exit(128 + libc::SIGSYS) };
 }
 
-fn install_sigsys_handler() -> Result<(), Error> {
+/// Names the cause of a SIGBUS, then lets it kill us: returning re-runs
+/// the faulting access with the default action back in place
+/// (SA_RESETHAND). The daemon's own memory is anonymous, so a SIGBUS is a
+/// file mapping whose pages are gone: a frontend's guest memory file.
+extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t; si_addr is set for SIGBUS.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    Line::new()
+        .put(b"vzram: SIGBUS at 0x")
+        .num(addr, 16)
+        .put(b": a mapped file has no page there (a frontend's guest memory file was truncated, or its huge pages ran out); exiting\n")
+        .write();
+}
+
+/// Reports a SIGBUS's cause before it kills the daemon (see [`on_sigbus`]).
+/// Installed whatever the seccomp mode: the cause matters either way.
+pub fn report_sigbus() -> Result<(), Error> {
+    set_handler(libc::SIGBUS, on_sigbus as *const () as usize)
+}
+
+fn set_handler(sig: libc::c_int, handler: usize) -> Result<(), Error> {
     // SAFETY: a zeroed sigaction is valid; we fill in a handler with the
-    // SA_SIGINFO signature and install it for SIGSYS only.
+    // SA_SIGINFO signature and install it for `sig` only.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigsys as *const () as usize;
+        sa.sa_sigaction = handler;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_NODEFER;
         libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) != 0 {
+        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
             return Err(Error::Handler(std::io::Error::last_os_error()));
         }
     }
     Ok(())
+}
+
+fn install_sigsys_handler() -> Result<(), Error> {
+    set_handler(libc::SIGSYS, on_sigsys as *const () as usize)
 }
 
 #[cfg(test)]

@@ -1,0 +1,682 @@
+//! The vhost-user message guard: every message a frontend sends is read and
+//! checked here before the `vhost` crate sees it.
+//!
+//! The crate trusts negotiation too much: it stores whatever protocol
+//! features a frontend acks, offered or not, and acts on messages such as
+//! `SET_BACKEND_REQ_FD` or `GPU_SET_SOCKET` (probing the passed fd with
+//! system calls the daemon's seccomp filter forbids). One such message used
+//! to kill the whole daemon. The guard sits between the frontend's socket
+//! and the crate's, forwards well-formed messages that only use what was
+//! negotiated, and refuses anything else by ending the connection (which is
+//! also what the crate does with a message it rejects).
+//!
+//! [`Guard::check_header`] and [`Guard::check_message`] are pure and hold
+//! the rules; [`recv_message`] and [`send_message`] move one message and its
+//! file descriptors.
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use thiserror::Error;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+
+/// vhost-user header: request code, flags, payload size (all u32, LE).
+pub const HEADER_LEN: usize = 12;
+/// Longest payload any message we accept carries (the crate's limit too).
+pub const MAX_PAYLOAD: usize = 0x1000;
+/// Most descriptors one message may carry: SET_MEM_TABLE's regions, as
+/// many as the `vhost` crate accepts (QEMU sends at most 8).
+pub const MAX_FDS: usize = 32;
+/// Control buffer for MAX_FDS descriptors, in u64s so it is aligned for
+/// cmsghdr: a 16-byte header and 4 bytes per descriptor, with room to spare.
+const CONTROL_WORDS: usize = 2 + MAX_FDS / 2 + 2;
+
+const VERSION_MASK: u32 = 0x3;
+const VERSION_1: u32 = 0x1;
+const REPLY_FLAG: u32 = 0x4;
+const NEED_REPLY_FLAG: u32 = 0x8;
+
+/// Frontend request codes (vhost-user spec numbering).
+pub mod code {
+    pub const GET_FEATURES: u32 = 1;
+    pub const SET_FEATURES: u32 = 2;
+    pub const SET_OWNER: u32 = 3;
+    pub const RESET_OWNER: u32 = 4;
+    pub const SET_MEM_TABLE: u32 = 5;
+    pub const SET_VRING_NUM: u32 = 8;
+    pub const SET_VRING_ADDR: u32 = 9;
+    pub const SET_VRING_BASE: u32 = 10;
+    pub const GET_VRING_BASE: u32 = 11;
+    pub const SET_VRING_KICK: u32 = 12;
+    pub const SET_VRING_CALL: u32 = 13;
+    pub const SET_VRING_ERR: u32 = 14;
+    pub const GET_PROTOCOL_FEATURES: u32 = 15;
+    pub const SET_PROTOCOL_FEATURES: u32 = 16;
+    pub const GET_QUEUE_NUM: u32 = 17;
+    pub const SET_VRING_ENABLE: u32 = 18;
+    pub const SET_BACKEND_REQ_FD: u32 = 21;
+    pub const GET_CONFIG: u32 = 24;
+    pub const SET_CONFIG: u32 = 25;
+    pub const GET_INFLIGHT_FD: u32 = 31;
+    pub const SET_INFLIGHT_FD: u32 = 32;
+    pub const GPU_SET_SOCKET: u32 = 33;
+    pub const RESET_DEVICE: u32 = 34;
+    pub const GET_MAX_MEM_SLOTS: u32 = 36;
+    pub const ADD_MEM_REG: u32 = 37;
+    pub const REM_MEM_REG: u32 = 38;
+}
+
+/// Why a message was refused. The connection ends; the device and its
+/// data are untouched.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum Refusal {
+    #[error("header flags {0:#x}: not a version-1 request")]
+    BadFlags(u32),
+    #[error("request {code} carries {size} bytes, more than {MAX_PAYLOAD}")]
+    TooLong { code: u32, size: u32 },
+    #[error("request {0} is not one this device serves")]
+    Unsupported(u32),
+    #[error("request {code} needs protocol feature {feature:?}, which was not negotiated")]
+    NotNegotiated {
+        code: u32,
+        feature: VhostUserProtocolFeatures,
+    },
+    #[error("request {code} needs {want} bytes of payload, got {got}")]
+    BadSize { code: u32, want: usize, got: usize },
+    #[error("request {code} carries {fds} file descriptors, allowed {min}..={max}")]
+    Fds {
+        code: u32,
+        fds: usize,
+        min: usize,
+        max: usize,
+    },
+    #[error("more than {MAX_FDS} file descriptors in one message")]
+    TooManyFds,
+    #[error("virtio features {0:#x} acked but never offered")]
+    VirtioNotOffered(u64),
+    #[error("protocol features {0:#x} acked but never offered")]
+    ProtocolNotOffered(u64),
+}
+
+/// A message header as received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub code: u32,
+    pub flags: u32,
+    pub size: u32,
+}
+
+impl Header {
+    pub fn parse(b: &[u8; HEADER_LEN]) -> Header {
+        let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        Header {
+            code: word(0),
+            flags: word(4),
+            size: word(8),
+        }
+    }
+}
+
+/// What each request needs: a payload size (None: checked by the crate,
+/// variable), the protocol feature that must be negotiated, and how many
+/// descriptors it may carry.
+struct Rule {
+    size: Option<usize>,
+    feature: Option<VhostUserProtocolFeatures>,
+    fds: (usize, usize),
+}
+
+const fn rule(
+    size: Option<usize>,
+    feature: Option<VhostUserProtocolFeatures>,
+    fds: (usize, usize),
+) -> Rule {
+    Rule { size, feature, fds }
+}
+
+/// The requests a vhost-user-blk device serves. Everything else (logging,
+/// net, crypto, postcopy, inflight, GPU, status, shared objects, device
+/// state) belongs to features we never offer, and is refused.
+fn rule_for(c: u32) -> Option<Rule> {
+    use code::*;
+    use VhostUserProtocolFeatures as P;
+    const U64: Option<usize> = Some(8);
+    const STATE: Option<usize> = Some(8); // vring index + value
+    const NONE: Option<P> = None;
+    Some(match c {
+        GET_FEATURES | SET_OWNER | RESET_OWNER | GET_PROTOCOL_FEATURES => {
+            rule(Some(0), NONE, (0, 0))
+        }
+        SET_FEATURES | SET_PROTOCOL_FEATURES => rule(U64, NONE, (0, 0)),
+        SET_MEM_TABLE => rule(None, NONE, (1, MAX_FDS)),
+        SET_VRING_NUM | SET_VRING_BASE | GET_VRING_BASE | SET_VRING_ENABLE => {
+            rule(STATE, NONE, (0, 0))
+        }
+        SET_VRING_ADDR => rule(Some(40), NONE, (0, 0)),
+        // The fd is optional: bit 8 of the payload says "none, poll".
+        SET_VRING_KICK | SET_VRING_CALL | SET_VRING_ERR => rule(U64, NONE, (0, 1)),
+        GET_QUEUE_NUM => rule(Some(0), Some(P::MQ), (0, 0)),
+        GET_CONFIG | SET_CONFIG => rule(None, Some(P::CONFIG), (0, 0)),
+        GET_MAX_MEM_SLOTS => rule(Some(0), Some(P::CONFIGURE_MEM_SLOTS), (0, 0)),
+        ADD_MEM_REG => rule(Some(40), Some(P::CONFIGURE_MEM_SLOTS), (1, 1)),
+        // The spec lets old frontends attach an fd, which we close unused.
+        REM_MEM_REG => rule(Some(40), Some(P::CONFIGURE_MEM_SLOTS), (0, 1)),
+        // Needs a feature we never offer, so it can never be negotiated:
+        // listed so the refusal names the feature.
+        SET_BACKEND_REQ_FD => rule(Some(0), Some(P::BACKEND_REQ), (1, 1)),
+        GET_INFLIGHT_FD | SET_INFLIGHT_FD => rule(None, Some(P::INFLIGHT_SHMFD), (0, 1)),
+        RESET_DEVICE => rule(Some(0), Some(P::RESET_DEVICE), (0, 0)),
+        _ => return None,
+    })
+}
+
+/// Per-connection negotiation state.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    offered_virtio: u64,
+    offered_protocol: u64,
+    acked_protocol: u64,
+}
+
+impl Guard {
+    /// A guard for a device that offers these features.
+    pub fn new(offered_virtio: u64, offered_protocol: VhostUserProtocolFeatures) -> Guard {
+        Guard {
+            offered_virtio,
+            offered_protocol: offered_protocol.bits(),
+            acked_protocol: 0,
+        }
+    }
+
+    /// Checks a header before its payload is read: a refused header's
+    /// payload is never read, so a huge size costs nothing.
+    pub fn check_header(&self, h: &Header) -> Result<(), Refusal> {
+        if h.flags & VERSION_MASK != VERSION_1
+            || h.flags & REPLY_FLAG != 0
+            || h.flags & !(VERSION_MASK | NEED_REPLY_FLAG) != 0
+        {
+            return Err(Refusal::BadFlags(h.flags));
+        }
+        if h.size as usize > MAX_PAYLOAD {
+            return Err(Refusal::TooLong {
+                code: h.code,
+                size: h.size,
+            });
+        }
+        let rule = rule_for(h.code).ok_or(Refusal::Unsupported(h.code))?;
+        // GET/SET_PROTOCOL_FEATURES exist only if the device offers them.
+        let protocol = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if matches!(
+            h.code,
+            code::GET_PROTOCOL_FEATURES | code::SET_PROTOCOL_FEATURES
+        ) && self.offered_virtio & protocol == 0
+        {
+            return Err(Refusal::Unsupported(h.code));
+        }
+        if let Some(f) = rule.feature {
+            if self.acked_protocol & f.bits() == 0 {
+                return Err(Refusal::NotNegotiated {
+                    code: h.code,
+                    feature: f,
+                });
+            }
+        }
+        if let Some(want) = rule.size {
+            if h.size as usize != want {
+                return Err(Refusal::BadSize {
+                    code: h.code,
+                    want,
+                    got: h.size as usize,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a whole message (header already passed [`Self::check_header`])
+    /// and records what it negotiates.
+    pub fn check_message(&mut self, h: &Header, payload: &[u8], fds: usize) -> Result<(), Refusal> {
+        self.check_header(h)?;
+        let rule = rule_for(h.code).ok_or(Refusal::Unsupported(h.code))?;
+        if payload.len() != h.size as usize {
+            return Err(Refusal::BadSize {
+                code: h.code,
+                want: h.size as usize,
+                got: payload.len(),
+            });
+        }
+        if fds < rule.fds.0 || fds > rule.fds.1 {
+            return Err(Refusal::Fds {
+                code: h.code,
+                fds,
+                min: rule.fds.0,
+                max: rule.fds.1,
+            });
+        }
+        let value = || u64::from_le_bytes(payload[..8].try_into().unwrap());
+        match h.code {
+            code::SET_FEATURES => {
+                let extra = value() & !self.offered_virtio;
+                if extra != 0 {
+                    return Err(Refusal::VirtioNotOffered(extra));
+                }
+            }
+            code::SET_PROTOCOL_FEATURES => {
+                let extra = value() & !self.offered_protocol;
+                if extra != 0 {
+                    return Err(Refusal::ProtocolNotOffered(extra));
+                }
+                self.acked_protocol = value();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// One message with its descriptors.
+pub struct Message {
+    pub header: Header,
+    raw_header: [u8; HEADER_LEN],
+    pub payload: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+}
+
+/// What reading a message produced.
+pub enum Received {
+    Message(Message),
+    /// The peer closed the connection between messages.
+    Closed,
+    Refused(Refusal),
+}
+
+/// Reads up to `buf.len()` bytes, appending any descriptors that came with
+/// them to `fds`. Returns 0 at end of stream.
+fn recv_some(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<(usize, bool)> {
+    let mut control = [0u64; CONTROL_WORDS];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; the fields we need are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE((MAX_FDS * size_of::<RawFd>()) as u32) } as _;
+    debug_assert!(msg.msg_controllen <= std::mem::size_of_val(&control));
+    let n = loop {
+        // SAFETY: msg points at a live iovec over `buf` and a control buffer
+        // of msg_controllen bytes, both owned by this frame.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    // Take ownership of every descriptor received first, so that none leaks
+    // whatever happens next.
+    // SAFETY: msg was filled in by recvmsg; CMSG_FIRSTHDR/NXTHDR walk the
+    // control buffer it describes.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: cmsg points at a header inside `control`.
+        let c = unsafe { &*cmsg };
+        if c.cmsg_level == libc::SOL_SOCKET && c.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: the data of an SCM_RIGHTS message is an array of ints
+            // filling cmsg_len minus the header.
+            let (data, len) = unsafe { (libc::CMSG_DATA(cmsg), libc::CMSG_LEN(0) as usize) };
+            let count = (c.cmsg_len as usize - len) / size_of::<RawFd>();
+            for i in 0..count {
+                // SAFETY: within the array above; unaligned read is fine.
+                let fd = unsafe { (data as *const RawFd).add(i).read_unaligned() };
+                // SAFETY: the kernel just installed this descriptor for us.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+        // SAFETY: as above.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    Ok((n, msg.msg_flags & libc::MSG_CTRUNC != 0))
+}
+
+/// Waits until `fd` is ready for `events` (POLLIN, POLLOUT); false on
+/// timeout. Hang-ups and errors count as ready: the next call reports them.
+pub fn wait_fd(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result<bool> {
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd owned by this frame.
+        let rc = unsafe { libc::poll(&mut p, 1, ms) };
+        if rc >= 0 {
+            return Ok(rc > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+fn timed_out(what: &str, t: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("{what} not done within {t:?}"),
+    )
+}
+
+/// Fills `buf`, each read waiting at most `timeout`; returns fewer bytes
+/// only if the stream ended.
+fn recv_exact(
+    sock: RawFd,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+    truncated: &mut bool,
+    timeout: Duration,
+) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        if !wait_fd(sock, libc::POLLIN, Some(timeout))? {
+            return Err(timed_out("reading a message", timeout));
+        }
+        let (n, t) = recv_some(sock, &mut buf[got..], fds)?;
+        *truncated |= t;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    Ok(got)
+}
+
+/// Reads one message from a frontend and checks it. A refused message is
+/// not read further: the caller ends the connection. A frontend that stops
+/// in the middle of a message for `timeout` is an error: it must not hold
+/// the device.
+pub fn recv_message(
+    sock: &impl AsRawFd,
+    guard: &mut Guard,
+    timeout: Duration,
+) -> io::Result<Received> {
+    let fd = sock.as_raw_fd();
+    let mut raw = [0u8; HEADER_LEN];
+    let mut fds = Vec::new();
+    let mut truncated = false;
+    let got = recv_exact(fd, &mut raw, &mut fds, &mut truncated, timeout)?;
+    if got == 0 && fds.is_empty() {
+        return Ok(Received::Closed);
+    }
+    if got < HEADER_LEN {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("connection closed after {got} bytes of a header"),
+        ));
+    }
+    let header = Header::parse(&raw);
+    if let Err(r) = guard.check_header(&header) {
+        return Ok(Received::Refused(r));
+    }
+    let mut payload = vec![0u8; header.size as usize];
+    let got = recv_exact(fd, &mut payload, &mut fds, &mut truncated, timeout)?;
+    if got < payload.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "connection closed after {got} of {} payload bytes",
+                payload.len()
+            ),
+        ));
+    }
+    if truncated || fds.len() > MAX_FDS {
+        return Ok(Received::Refused(Refusal::TooManyFds));
+    }
+    if let Err(r) = guard.check_message(&header, &payload, fds.len()) {
+        return Ok(Received::Refused(r));
+    }
+    Ok(Received::Message(Message {
+        header,
+        raw_header: raw,
+        payload,
+        fds,
+    }))
+}
+
+/// Sends a message, header and payload in one go with its descriptors
+/// attached to the first byte, as a frontend does.
+pub fn send_message(sock: &impl AsRawFd, m: &Message) -> io::Result<()> {
+    let raw: Vec<RawFd> = m.fds.iter().map(|f| f.as_raw_fd()).collect();
+    let bytes: Vec<u8> = m.raw_header.iter().chain(&m.payload).copied().collect();
+    send_all(sock.as_raw_fd(), &bytes, &raw, None)
+}
+
+/// Writes all of `bytes` (descriptors on the first byte), each write
+/// waiting at most `timeout` for room: a peer that stops reading must not
+/// block us for ever.
+pub fn send_all(
+    sock: RawFd,
+    bytes: &[u8],
+    raw: &[RawFd],
+    timeout: Option<Duration>,
+) -> io::Result<()> {
+    assert!(raw.len() <= MAX_FDS);
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let mut control = [0u64; CONTROL_WORDS];
+        let mut iov = libc::iovec {
+            iov_base: bytes[sent..].as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len() - sent,
+        };
+        // SAFETY: msghdr is plain data; the fields we need are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if sent == 0 && !raw.is_empty() {
+            let data_len = std::mem::size_of_val(raw);
+            msg.msg_control = control.as_mut_ptr().cast();
+            // SAFETY: pure size computation; raw.len() <= MAX_FDS fits `control`.
+            msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
+            // SAFETY: msg_control points at `control`, which has room for one
+            // header and MAX_FDS descriptors.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+                std::ptr::copy_nonoverlapping(
+                    raw.as_ptr().cast::<u8>(),
+                    libc::CMSG_DATA(c),
+                    data_len,
+                );
+            }
+        }
+        if let Some(t) = timeout {
+            if !wait_fd(sock, libc::POLLOUT, Some(t))? {
+                return Err(timed_out("writing a reply", t));
+            }
+        }
+        let flags = libc::MSG_NOSIGNAL
+            | if timeout.is_some() {
+                libc::MSG_DONTWAIT
+            } else {
+                0
+            };
+        // SAFETY: msg describes buffers owned by this frame; MSG_NOSIGNAL
+        // turns a closed peer into EPIPE instead of a signal.
+        let n = unsafe { libc::sendmsg(sock, &msg, flags) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(
+                e.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ) {
+                continue;
+            }
+            return Err(e);
+        }
+        sent += n as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn guard() -> Guard {
+        Guard::new(
+            crate::config::virtio_features(false),
+            crate::config::protocol_features(),
+        )
+    }
+
+    fn hdr(code: u32, size: u32) -> Header {
+        Header {
+            code,
+            flags: VERSION_1,
+            size,
+        }
+    }
+
+    #[test]
+    fn unnegotiated_and_unknown_requests_are_refused() {
+        let mut g = guard();
+        // Before SET_PROTOCOL_FEATURES nothing that needs one passes.
+        assert!(matches!(
+            g.check_header(&hdr(code::GET_CONFIG, 12)),
+            Err(Refusal::NotNegotiated { .. })
+        ));
+        for c in [
+            0,
+            6,
+            7,
+            19,
+            20,
+            22,
+            23,
+            26,
+            33,
+            35,
+            39,
+            40,
+            41,
+            44,
+            60,
+            u32::MAX,
+        ] {
+            assert_eq!(g.check_header(&hdr(c, 0)), Err(Refusal::Unsupported(c)));
+        }
+        // Acking a feature we never offered is refused and changes nothing.
+        let backend_req = VhostUserProtocolFeatures::BACKEND_REQ.bits();
+        assert_eq!(
+            g.check_message(
+                &hdr(code::SET_PROTOCOL_FEATURES, 8),
+                &backend_req.to_le_bytes(),
+                0
+            ),
+            Err(Refusal::ProtocolNotOffered(backend_req))
+        );
+        assert!(matches!(
+            g.check_header(&hdr(code::SET_BACKEND_REQ_FD, 0)),
+            Err(Refusal::NotNegotiated { .. })
+        ));
+        let all = crate::config::protocol_features().bits();
+        g.check_message(&hdr(code::SET_PROTOCOL_FEATURES, 8), &all.to_le_bytes(), 0)
+            .unwrap();
+        g.check_header(&hdr(code::GET_CONFIG, 12)).unwrap();
+        // Still never offered, so still refused.
+        assert!(g.check_header(&hdr(code::SET_BACKEND_REQ_FD, 0)).is_err());
+        assert!(g.check_header(&hdr(code::GET_INFLIGHT_FD, 0)).is_err());
+        let bad_virtio = 1u64 << 63;
+        assert_eq!(
+            g.check_message(&hdr(code::SET_FEATURES, 8), &bad_virtio.to_le_bytes(), 0),
+            Err(Refusal::VirtioNotOffered(bad_virtio))
+        );
+    }
+
+    #[test]
+    fn flags_sizes_and_descriptors() {
+        let g = guard();
+        for flags in [0, 2, 3, VERSION_1 | REPLY_FLAG, VERSION_1 | 0x100] {
+            let h = Header {
+                code: code::GET_FEATURES,
+                flags,
+                size: 0,
+            };
+            assert_eq!(g.check_header(&h), Err(Refusal::BadFlags(flags)));
+        }
+        let need_reply = Header {
+            flags: VERSION_1 | NEED_REPLY_FLAG,
+            ..hdr(code::GET_FEATURES, 0)
+        };
+        g.check_header(&need_reply).unwrap();
+        assert!(matches!(
+            g.check_header(&hdr(code::SET_FEATURES, u32::MAX)),
+            Err(Refusal::TooLong { .. })
+        ));
+        assert!(matches!(
+            g.check_header(&hdr(code::SET_FEATURES, 4)),
+            Err(Refusal::BadSize { .. })
+        ));
+        let mut g = guard();
+        assert!(matches!(
+            g.check_message(&hdr(code::GET_FEATURES, 0), &[], 1),
+            Err(Refusal::Fds { .. })
+        ));
+        assert!(matches!(
+            g.check_message(&hdr(code::SET_MEM_TABLE, 8), &[0; 8], 0),
+            Err(Refusal::Fds { .. })
+        ));
+        g.check_message(&hdr(code::SET_VRING_CALL, 8), &[0; 8], 1)
+            .unwrap();
+        let no_protocol = Guard::new(0, crate::config::protocol_features());
+        assert_eq!(
+            no_protocol.check_header(&hdr(code::GET_PROTOCOL_FEATURES, 0)),
+            Err(Refusal::Unsupported(code::GET_PROTOCOL_FEATURES))
+        );
+    }
+
+    #[test]
+    fn messages_and_descriptors_cross_a_socket() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (keep, _other) = UnixStream::pair().unwrap();
+        let fd: OwnedFd = keep.into();
+        let mut payload = 1u64.to_le_bytes().to_vec();
+        payload.truncate(8);
+        let mut raw_header = [0u8; HEADER_LEN];
+        raw_header[0..4].copy_from_slice(&code::SET_VRING_CALL.to_le_bytes());
+        raw_header[4..8].copy_from_slice(&VERSION_1.to_le_bytes());
+        raw_header[8..12].copy_from_slice(&8u32.to_le_bytes());
+        let m = Message {
+            header: Header::parse(&raw_header),
+            raw_header,
+            payload,
+            fds: vec![fd],
+        };
+        send_message(&a, &m).unwrap();
+        let mut g = guard();
+        match recv_message(&b, &mut g, Duration::from_secs(5)).unwrap() {
+            Received::Message(got) => {
+                assert_eq!(got.header, m.header);
+                assert_eq!(got.payload, m.payload);
+                assert_eq!(got.fds.len(), 1);
+            }
+            _ => panic!("message not received"),
+        }
+        drop(a);
+        assert!(matches!(
+            recv_message(&b, &mut g, Duration::from_secs(5)).unwrap(),
+            Received::Closed
+        ));
+    }
+}

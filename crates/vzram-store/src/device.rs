@@ -415,7 +415,7 @@ impl Device {
             return 0;
         }
         let sh = self.shard();
-        self.for_each_object(|s, w| self.relocate(s, w, &blocks, sh));
+        self.for_each_object(|s, w| self.relocate(s, w, &blocks));
         let pages = self
             .heap
             .finish_compaction(&self.pool, &self.budget, &blocks);
@@ -423,7 +423,7 @@ impl Device {
         pages
     }
 
-    fn relocate(&self, slot: u64, w: &AtomicU64, blocks: &HashSet<u32>, shard: usize) {
+    fn relocate(&self, slot: u64, w: &AtomicU64, blocks: &HashSet<u32>) {
         let in_set = |word: u64| match Slot::decode(word) {
             Slot::Object { offset, len, .. } => blocks
                 .contains(&((offset / BLOCK_BYTES as u64) as u32))
@@ -439,6 +439,11 @@ impl Device {
             return;
         };
         let len = len as usize;
+        // The plan left room for this object in its own span's shard, and
+        // only there: another shard may have none and need a new span. The
+        // slot lock keeps the object live, so its span's shard cannot change.
+        let block = (offset / BLOCK_BYTES as u64) as u32;
+        let shard = usize::from(self.pool.arena.header(block).shard.load(Relaxed));
         let Ok(new_off) = self
             .heap
             .alloc(&self.pool, &self.budget, class_of(len), shard)

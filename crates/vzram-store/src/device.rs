@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use crate::codec::{Codec, MAX_COMPRESSED};
 use crate::error::{Result, StoreError};
 use crate::limits::Budget;
-use crate::mmap::OS_PAGE;
 use crate::pool::class::{class_of, BLOCK_BYTES};
 use crate::pool::heap::Heap;
 use crate::pool::Pool;
@@ -263,6 +262,8 @@ impl Device {
             .and_then(|()| self.encode(data, sh))
             .map(|new| {
                 let w = self.table.word(slot);
+                // `new` is never 0 (encode makes a same-filled or object word).
+                self.table.mark(slot);
                 let old = slot::lock(w);
                 slot::unlock(w, new);
                 self.retire(old, new, sh);
@@ -297,6 +298,9 @@ impl Device {
                 };
                 match encoded {
                     Ok(new) => {
+                        if new != 0 {
+                            self.table.mark(slot);
+                        }
                         slot::unlock(w, new);
                         self.retire(old, new, sh);
                         Ok(())
@@ -415,7 +419,7 @@ impl Device {
             return 0;
         }
         let sh = self.shard();
-        self.for_each_object(|s, w| self.relocate(s, w, &blocks, sh));
+        self.for_each_object(|s, w| self.relocate(s, w, &blocks));
         let pages = self
             .heap
             .finish_compaction(&self.pool, &self.budget, &blocks);
@@ -423,7 +427,7 @@ impl Device {
         pages
     }
 
-    fn relocate(&self, slot: u64, w: &AtomicU64, blocks: &HashSet<u32>, shard: usize) {
+    fn relocate(&self, slot: u64, w: &AtomicU64, blocks: &HashSet<u32>) {
         let in_set = |word: u64| match Slot::decode(word) {
             Slot::Object { offset, len, .. } => blocks
                 .contains(&((offset / BLOCK_BYTES as u64) as u32))
@@ -439,6 +443,11 @@ impl Device {
             return;
         };
         let len = len as usize;
+        // The plan left room for this object in its own span's shard, and
+        // only there: another shard may have none and need a new span. The
+        // slot lock keeps the object live, so its span's shard cannot change.
+        let block = (offset / BLOCK_BYTES as u64) as u32;
+        let shard = usize::from(self.pool.arena.header(block).shard.load(Relaxed));
         let Ok(new_off) = self
             .heap
             .alloc(&self.pool, &self.budget, class_of(len), shard)
@@ -467,22 +476,18 @@ impl Device {
         }
         .encode()
         .expect("objects encode");
+        // No mark needed: for_each_object found this slot on a marked page.
         slot::unlock(w, new);
         self.heap.free(&self.pool, &self.budget, offset);
         tracing::trace!(slot, "moved during compaction");
     }
 
-    /// Calls `f` for every slot whose table page is resident; slots on pages
-    /// never touched are empty and skipped without faulting them in.
+    /// Calls `f` for every slot with a non-zero word. Only table pages that
+    /// were ever written are read, and whether they are resident does not
+    /// matter: a page the host swapped out still holds its slots.
     fn for_each_object(&self, mut f: impl FnMut(u64, &AtomicU64)) {
-        let per_page = (OS_PAGE / 8) as u64;
-        let resident = self.table.resident_pages();
-        for (page, &res) in resident.iter().enumerate() {
-            if !res {
-                continue;
-            }
-            let start = page as u64 * per_page;
-            for s in start..(start + per_page).min(self.table.len()) {
+        for slots in self.table.touched() {
+            for s in slots {
                 let w = self.table.word(s);
                 if w.load(Relaxed) != 0 {
                     f(s, w);
@@ -513,5 +518,117 @@ impl Drop for Device {
             let old = w.swap(0, Relaxed);
             self.retire(old, 0, sh);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolConfig;
+
+    const PER_PAGE: u64 = crate::table::SLOTS_PER_PAGE;
+
+    /// Makes mincore report table page `page` of `dev` as not resident while
+    /// its slots stay intact, as after the host swapped it out.
+    fn page_out(dev: &Device, page: u64) {
+        dev.table.page_out(page as usize);
+    }
+
+    fn pool() -> Arc<Pool> {
+        Pool::new(PoolConfig {
+            arena_bytes: 1 << 30,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    /// A compressible page that differs per `i`.
+    fn page(i: u64) -> Page {
+        let mut p = [0u8; PAGE_SIZE];
+        for (j, c) in p.chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(&(i * 1000 + j as u64 % 7).to_le_bytes());
+        }
+        p
+    }
+
+    /// Slots on 64 table pages, written three ways; returns them in order.
+    fn write_spread(dev: &Device) -> Vec<u64> {
+        let mut written = Vec::new();
+        for tp in 0..64 {
+            let s = tp * PER_PAGE + (tp * 37) % PER_PAGE;
+            match tp % 3 {
+                0 => dev.write_page(s, &page(s)).unwrap(),
+                1 => dev.write_page(s, &[0x5a; PAGE_SIZE]).unwrap(),
+                _ => dev.write_partial(s, 100, &[1, 2, 3]).unwrap(),
+            }
+            written.push(s);
+        }
+        written
+    }
+
+    fn device(pool: &Arc<Pool>, slots: u64) -> Arc<Device> {
+        let mut cfg = DeviceConfig::new(slots * PAGE_SIZE as u64, Codec::Lz4);
+        cfg.shards = 1;
+        pool.create_device(cfg).unwrap()
+    }
+
+    #[test]
+    fn objects_on_paged_out_table_pages_are_still_found() {
+        let pool = pool();
+        let dev = device(&pool, 64 * PER_PAGE);
+        let written = write_spread(&dev);
+        // Written, then discarded: its page is marked but it is empty.
+        dev.write_page(3, &page(3)).unwrap();
+        dev.discard(3..4).unwrap();
+        for tp in (0..64).step_by(2) {
+            page_out(&dev, tp);
+        }
+        let mut seen = Vec::new();
+        dev.for_each_object(|s, _| seen.push(s));
+        assert_eq!(seen, written);
+    }
+
+    #[test]
+    fn drop_frees_objects_on_paged_out_table_pages() {
+        let pool = pool();
+        let dev = device(&pool, 64 * PER_PAGE);
+        write_spread(&dev);
+        for tp in 0..64 {
+            page_out(&dev, tp);
+        }
+        let held = pool.host.used();
+        assert!(held > 0);
+        drop(dev);
+        assert_eq!(
+            pool.host.used(),
+            0,
+            "dropping the device leaked spans ({held} bytes were held)"
+        );
+    }
+
+    #[test]
+    fn compaction_moves_objects_on_paged_out_table_pages() {
+        const N: u64 = 4 * PER_PAGE;
+        let pool = pool();
+        let dev = device(&pool, N);
+        for s in 0..N {
+            dev.write_page(s, &page(s)).unwrap();
+        }
+        for s in (0..N).step_by(2) {
+            dev.discard(s..s + 1).unwrap();
+        }
+        for tp in 0..N / PER_PAGE {
+            page_out(&dev, tp);
+        }
+        let before = dev.stats().mem_used_total;
+        let pages = dev.compact();
+        let after = dev.stats();
+        assert!(pages > 0, "compaction moved nothing");
+        assert_eq!(before - after.mem_used_total, pages * PAGE_SIZE as u64);
+        let mut buf = [0u8; PAGE_SIZE];
+        for s in (1..N).step_by(2) {
+            dev.read_page(s, &mut buf).unwrap();
+            assert!(buf == page(s), "slot {s} changed");
+        }
     }
 }

@@ -20,15 +20,24 @@ impl Budget {
     }
 
     /// Charges `bytes`, or refuses (charging nothing) if that would pass the limit.
+    /// A compare-and-swap loop, not add-then-undo: a refused charge never
+    /// shows in `used`, so it cannot make a concurrent charge that fits fail,
+    /// and `max` only ever sees values `used` really held.
     pub fn try_charge(&self, bytes: u64) -> bool {
-        let now = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
         let limit = self.limit.load(Ordering::Relaxed);
-        if limit != 0 && now > limit {
-            self.used.fetch_sub(bytes, Ordering::Relaxed);
-            return false;
+        let charged = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes)
+                    .filter(|&now| limit == 0 || now <= limit)
+            });
+        match charged {
+            Ok(prev) => {
+                self.max.fetch_max(prev + bytes, Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
         }
-        self.max.fetch_max(now, Ordering::Relaxed);
-        true
     }
 
     pub fn uncharge(&self, bytes: u64) {

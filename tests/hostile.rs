@@ -2024,3 +2024,207 @@ fn devices_never_see_each_others_data() {
     );
     assert!(st.dev("b", "orig_data_size") > 0);
 }
+
+// ---------------------------------------------------------------------------
+// Part 7: inputs that used to kill or wedge the whole daemon
+// ---------------------------------------------------------------------------
+
+/// Sends `bytes` with `fd` attached (if any) and waits briefly for the
+/// daemon to act on it: the connection dropped, or nothing more to read.
+fn send_and_settle(s: &mut UnixStream, bytes: &[u8], fd: Option<&UnixStream>) {
+    use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+    let sent = match fd {
+        Some(f) => s.send_with_fd(bytes, f.as_raw_fd()).map(|_| ()),
+        None => s.write_all(bytes).map_err(Into::into),
+    };
+    if sent.is_err() {
+        return; // already dropped
+    }
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut buf = [0u8; 512];
+    while let Ok(n) = std::io::Read::read(s, &mut buf) {
+        if n == 0 {
+            break;
+        }
+    }
+}
+
+/// Every request code 1..=60, with payloads of 0, 8, 12, 40 and 256 bytes,
+/// with and without a descriptor (a unix socket: what GPU_SET_SOCKET and
+/// SET_BACKEND_REQ_FD expect), on a fresh connection and after the
+/// handshake, under the seccomp filter. Codes whose feature was never
+/// offered used to make the vhost crate call getsockopt, which the filter
+/// forbids: one message killed every device.
+#[test]
+fn every_request_code_with_odd_payloads_and_descriptors() {
+    let mut fx = fixture("scan", "");
+    let (sock_fd, _peer) = UnixStream::pair().unwrap();
+    for c in 1..=60u32 {
+        for len in [0usize, 8, 12, 40, 256] {
+            for with_fd in [false, true] {
+                for handshake in [false, true] {
+                    let (mut s, _keep) = fresh(&fx, handshake);
+                    let msg = raw_msg(c, 1, len as u32, &vec![0; len]);
+                    send_and_settle(&mut s, &msg, with_fd.then_some(&sock_fd));
+                }
+            }
+        }
+        fx.alive();
+    }
+    fx.check_victim();
+}
+
+/// Acking a protocol feature the daemon never offered (BACKEND_REQ), then
+/// using it (SET_BACKEND_REQ_FD with a socket): refused at the ack, and
+/// the daemon stays.
+#[test]
+fn unoffered_protocol_features_are_refused() {
+    let mut fx = fixture("proto2", "");
+    let backend_req = 1u64 << 5;
+    let hello = |s: &mut UnixStream| {
+        s.write_all(&raw_msg(code::SET_OWNER, 1, 0, &[])).unwrap();
+        s.write_all(&raw_msg(code::GET_FEATURES, 1, 0, &[]))
+            .unwrap();
+        read_reply(s, 20).expect("GET_FEATURES reply");
+    };
+    let mut s = connect_stream(&fx.victim);
+    hello(&mut s);
+    let ack = raw_msg(
+        code::SET_PROTOCOL_FEATURES,
+        1,
+        8,
+        &(backend_req | 1 << 9).to_le_bytes(),
+    );
+    s.write_all(&ack).unwrap();
+    assert!(
+        matches!(fate(&mut s, Duration::from_secs(3)), Fate::Dropped(_)),
+        "an ack of a feature never offered was accepted"
+    );
+    fx.alive();
+    // The rest of the sequence, on a connection where the ack was refused
+    // and on one that never acked anything.
+    for ack_first in [true, false] {
+        let mut s = connect_stream(&fx.victim);
+        hello(&mut s);
+        if ack_first {
+            send_and_settle(&mut s, &ack, None);
+        }
+        let (a, _b) = UnixStream::pair().unwrap();
+        send_and_settle(
+            &mut s,
+            &raw_msg(code::SET_BACKEND_REQ_FD, 1, 0, &[]),
+            Some(&a),
+        );
+        send_and_settle(&mut s, &raw_msg(code::GPU_SET_SOCKET, 1, 0, &[]), Some(&a));
+        fx.alive();
+    }
+    assert!(
+        fx.d.log_text().contains("never offered"),
+        "the refusal is not logged:\n{}",
+        fx.d.log_text()
+    );
+    fx.check_victim();
+}
+
+/// The daemon's user + system CPU time in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat; `rest` starts at field 3.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// With EVENT_IDX, an avail index far ahead of what the ring can hold made
+/// the queue thread spin: the ring "has work" but no request can be taken.
+/// It held the vring lock at 100% CPU, logged a line per turn, and
+/// GET_VRING_BASE (what a frontend sends to stop a ring) hung.
+#[test]
+fn event_idx_with_an_unreadable_ring_does_not_spin() {
+    let mut fx = fixture("spin", "");
+    let mut v = RawDev::handshake_with(&fx.victim, Ram::standard(), true);
+    v.fe.set_mem_table(&v.ram.table()).unwrap();
+    v.setup_vring(Setup::default());
+    // The ring works with EVENT_IDX first.
+    assert_eq!(v.write(0, &noise(5, PAGE)), S_OK);
+    assert_eq!(v.read(0, PAGE), (S_OK, noise(5, PAGE)));
+    let log_before = fx.d.log_text().len();
+    let ticks_before = cpu_ticks(fx.d.pid());
+    let t0 = Instant::now();
+    // 0x8000 requests "waiting" on a 256-entry ring.
+    v.set_avail_idx(v.avail_idx().wrapping_add(0x8000));
+    for _ in 0..20 {
+        v.kick();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let busy = (cpu_ticks(fx.d.pid()) - ticks_before) as f64 / hz / secs;
+    assert!(
+        busy < 0.5,
+        "the daemon used {:.0}% of a CPU after the bad kick",
+        busy * 100.0
+    );
+    let logged = fx.d.log_text().len() - log_before;
+    assert!(logged < 4096, "{logged} bytes of log for 20 bad kicks");
+    // Stopping the ring is answered, not blocked behind a spinning thread.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        sc.spawn(|| tx.send(v.fe.get_vring_base(0).is_ok()).unwrap());
+        assert!(
+            rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "GET_VRING_BASE got no answer"
+        );
+    });
+    drop(v);
+    // A queue that is not ready, with EVENT_IDX: kicks are ignored.
+    let mut v = RawDev::handshake_with(&fx.victim, Ram::standard(), true);
+    v.fe.set_mem_table(&v.ram.table()).unwrap();
+    v.setup_vring(Setup {
+        set_addr: false,
+        ..Setup::default()
+    });
+    v.set_avail_idx(7);
+    v.kick();
+    assert!(v.quiet_for(QUIET));
+    drop(v);
+    fx.check_victim();
+}
+
+/// A frontend's memory file truncated under the daemon still kills it (a
+/// worker per frontend will contain that), but the daemon now dies of the
+/// SIGBUS and says so: under the seccomp filter it used to die of SIGSYS
+/// on rt_sigaction, which hid the cause.
+#[test]
+fn a_sigbus_from_guest_memory_is_named() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = TempDir::new("bus");
+    let sock = dir.join("v.sock");
+    let spec = format!("socket={},size={DEV_SIZE}", s(&sock));
+    let mut daemon = Daemon::start(&dir, &["--device", &spec], &[&sock]);
+    let mut v = RawDev::connect(&sock);
+    assert_eq!(v.write(0, &noise(1, PAGE)), S_OK);
+    v.ram.regions[1].file.set_len(0).unwrap();
+    v.header(HDR, T_OUT, 0);
+    v.ram.write(STATUS, &[UNTOUCHED]);
+    let head = v.chain(0, &[d(HDR, 16, 0), d(DATA, 4096, 0), d(STATUS, 1, F_WRITE)]);
+    v.publish(head);
+    v.kick();
+    let st = daemon
+        .wait_exit(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("the daemon survived?\n{}", daemon.log_text()));
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGBUS),
+        "{st:?}\n{}",
+        daemon.log_text()
+    );
+    assert!(
+        daemon.log_text().contains("SIGBUS"),
+        "{}",
+        daemon.log_text()
+    );
+}

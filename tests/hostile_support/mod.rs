@@ -43,8 +43,8 @@ pub const F_NEXT: u16 = 1;
 pub const F_WRITE: u16 = 2;
 pub const F_INDIRECT: u16 = 4;
 
-/// Virtio feature bits we never ack: EVENT_IDX would make completions
-/// depend on notification suppression, which is not what is tested here.
+/// Acked only by tests that ask for it: EVENT_IDX makes completions
+/// depend on notification suppression.
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
 
 pub const MIB: u64 = 1 << 20;
@@ -244,6 +244,11 @@ impl RawDev {
     /// Owner, features, protocol features (CONFIG, MQ, REPLY_ACK with every
     /// message asking for an ack) and nothing more.
     pub fn handshake(socket: &Path, ram: Ram) -> RawDev {
+        RawDev::handshake_with(socket, ram, false)
+    }
+
+    /// [`RawDev::handshake`], acking EVENT_IDX too if `event_idx`.
+    pub fn handshake_with(socket: &Path, ram: Ram, event_idx: bool) -> RawDev {
         let stream = connect_stream(socket);
         let raw = stream.try_clone().expect("dup socket");
         let mut fe = Frontend::from_stream(stream, 1);
@@ -254,7 +259,12 @@ impl RawDev {
             0,
             "the daemon offers PROTOCOL_FEATURES"
         );
-        let features = offered & !VIRTIO_RING_F_EVENT_IDX;
+        let features = if event_idx {
+            assert_ne!(offered & VIRTIO_RING_F_EVENT_IDX, 0, "EVENT_IDX offered");
+            offered
+        } else {
+            offered & !VIRTIO_RING_F_EVENT_IDX
+        };
         fe.set_features(features).expect("SET_FEATURES");
         let proto = fe.get_protocol_features().expect("GET_PROTOCOL_FEATURES");
         let want = VhostUserProtocolFeatures::CONFIG
@@ -603,5 +613,8 @@ pub mod code {
     pub const SET_OWNER: u32 = 3;
     pub const SET_MEM_TABLE: u32 = 5;
     pub const SET_VRING_NUM: u32 = 8;
+    pub const SET_PROTOCOL_FEATURES: u32 = 16;
+    pub const SET_BACKEND_REQ_FD: u32 = 21;
     pub const GET_CONFIG: u32 = 24;
+    pub const GPU_SET_SOCKET: u32 = 33;
 }

@@ -160,6 +160,22 @@ impl Daemon {
         Stats(v)
     }
 
+    /// Waits up to `timeout` for the daemon to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Some(st) = child.try_wait().expect("wait for vzram") {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, then waits (10 s at most) for the exit status.
     pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("daemon already stopped");

@@ -412,3 +412,182 @@ fn stale_socket_is_replaced_and_a_live_one_refused() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
     drop(d);
 }
+
+/// Connects to the unix socket `path` from a forked child running as
+/// `uid`/`gid` with no supplementary groups. Ok, or the errno of connect.
+fn connect_as(uid: u32, gid: u32, path: &Path) -> Result<(), i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    assert!(bytes.len() < addr.sun_path.len(), "socket path too long");
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, &b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: the child runs only raw system calls and _exit, which are
+    // async-signal-safe, so forking this multi-threaded test process is
+    // sound; everything it needs (addr) was prepared before the fork. The
+    // raw setgroups/setgid/setuid change the credentials of the calling
+    // thread only, which in the child is the only thread.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: see above; addr lives on this (copied) stack.
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0 {
+                libc::_exit(101);
+            }
+            if libc::syscall(libc::SYS_setgid, gid) != 0 {
+                libc::_exit(102);
+            }
+            if libc::syscall(libc::SYS_setuid, uid) != 0 {
+                libc::_exit(103);
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            if fd < 0 {
+                libc::_exit(104);
+            }
+            let rc = libc::connect(
+                fd,
+                (&addr as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            );
+            if rc == 0 {
+                libc::_exit(0);
+            }
+            let e = *libc::__errno_location();
+            libc::_exit(if (1..100).contains(&e) { e } else { 100 });
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child; status is a valid out pointer.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(rc >= 0, "waitpid: {}", std::io::Error::last_os_error());
+        if rc == pid {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("connect as uid {uid} to {} hung", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(libc::WIFEXITED(status), "connect child died: {status:#x}");
+    match libc::WEXITSTATUS(status) {
+        0 => Ok(()),
+        e @ 1..=99 => Err(e),
+        step => panic!("connect child could not drop privileges or make a socket (exit {step})"),
+    }
+}
+
+/// `socket_mode` in the config file is the mode the sockets get, and that
+/// mode is what keeps other users out: an unprivileged user connects only
+/// when the mode lets others write. (A TOML integer used to be re-read as
+/// octal text, so `socket_mode = 0o660` made the sockets 0432, which lets
+/// anyone connect, and `socket_mode = 0o600` was refused.)
+#[test]
+fn config_socket_mode_is_the_socket_mode_and_keeps_others_out() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: connecting as another user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    for (written, want, nobody_may_connect) in [
+        ("0o600", 0o600, false),
+        ("0o660", 0o660, false),
+        ("0o666", 0o666, true),
+        ("\"0660\"", 0o660, false),
+        ("\"660\"", 0o660, false),
+        ("\"0o666\"", 0o666, true),
+    ] {
+        let dir = TempDir::new("cmode");
+        // Others may search the directory, so the socket's own mode decides.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let sock = dir.join("a.sock");
+        let cfg = dir.join("vzram.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "socket_mode = {written}\n[[device]]\nsocket = \"{}\"\nsize = \"1M\"\n",
+                s(&sock)
+            ),
+        )
+        .unwrap();
+        let d = Daemon::start(&dir, &["--config", s(&cfg)], &[&sock]);
+        for p in [&sock, &d.control] {
+            let m = std::fs::metadata(p).unwrap();
+            assert_eq!(
+                m.permissions().mode() & 0o7777,
+                want,
+                "socket_mode = {written}: {} has mode {:o}",
+                p.display(),
+                m.permissions().mode() & 0o7777
+            );
+            // The group is root's, so 0o660 gives nobody nothing.
+            assert_eq!(std::os::unix::fs::MetadataExt::gid(&m), 0);
+            let got = connect_as(NOBODY, NOBODY, p);
+            if nobody_may_connect {
+                assert_eq!(
+                    got,
+                    Ok(()),
+                    "socket_mode = {written}: uid {NOBODY} cannot connect to {}",
+                    p.display()
+                );
+            } else {
+                assert_eq!(
+                    got,
+                    Err(libc::EACCES),
+                    "socket_mode = {written}: uid {NOBODY} and {}",
+                    p.display()
+                );
+            }
+        }
+        // Root still gets in, and the daemon still serves.
+        let mut c = Client::connect(&sock, 1).unwrap();
+        c.q(0).write(0, &[9; 4096]).unwrap();
+        assert_eq!(c.q(0).read(0, 4096).unwrap(), vec![9; 4096]);
+    }
+}
+
+/// A decimal `socket_mode` is refused with a hint, not read as octal or
+/// as a mode nobody meant.
+#[test]
+fn config_socket_mode_in_decimal_is_refused() {
+    let dir = TempDir::new("cmodedec");
+    let sock = dir.join("a.sock");
+    for (written, hint) in [
+        ("600", "0o600"),
+        ("660", "0o660"),
+        ("384", "0o600"),
+        ("0o1777", "0o600"),
+        ("-1", "0o600"),
+        ("\"999\"", "0600"),
+    ] {
+        let cfg = dir.join("vzram.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "socket_mode = {written}\n[[device]]\nsocket = \"{}\"\nsize = \"1M\"\n",
+                s(&sock)
+            ),
+        )
+        .unwrap();
+        let o = vzram(&["serve", "--config", s(&cfg)]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "socket_mode = {written}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+        assert!(
+            err.contains("socket_mode") && err.contains(hint),
+            "socket_mode = {written}: {err:?} does not suggest {hint}"
+        );
+        assert!(!sock.exists());
+    }
+}

@@ -141,11 +141,55 @@ impl SizeValue {
     }
 }
 
+/// `socket_mode` in the config file: an integer written in octal
+/// (`0o600`), or octal text (`"0600"`, `"600"`, `"0o600"`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum ModeValue {
-    Number(u32),
+    Number(i64),
     Text(String),
+    /// Anything else (a boolean, a float, a table), refused in [`ModeValue::mode`].
+    Other(serde::de::IgnoredAny),
+}
+
+impl ModeValue {
+    /// The mode; `raw` is the value as written in the file.
+    fn mode(&self, raw: &str) -> Result<u32, String> {
+        const EXAMPLE: &str = "socket_mode = 0o600 or socket_mode = \"0600\"";
+        let n = match self {
+            ModeValue::Text(s) => return parse_mode(s).map_err(|e| format!("socket_mode: {e}")),
+            ModeValue::Number(n) => *n,
+            ModeValue::Other(_) => {
+                return Err(format!(
+                    "socket_mode = {raw} is not a mode; write it in octal: {EXAMPLE}"
+                ))
+            }
+        };
+        // TOML reads `600` as six hundred, which as a mode is 0o1130, and
+        // `400` as 0o620, which lets the group connect: a mode written in
+        // decimal is never what was meant, so only octal (or hex, binary)
+        // integers are taken, as the value they are.
+        let decimal = !["0o", "0x", "0b"].iter().any(|p| raw.starts_with(p));
+        if decimal {
+            let hint = if (1..=4).contains(&raw.len())
+                && raw.bytes().all(|b| (b'0'..=b'7').contains(&b))
+                && u32::from_str_radix(raw, 8).is_ok_and(|m| m <= 0o777)
+            {
+                format!("socket_mode = 0o{raw} or socket_mode = \"{raw:0>4}\"")
+            } else {
+                EXAMPLE.to_string()
+            };
+            return Err(format!(
+                "socket_mode = {raw} is a decimal number; write the mode in octal: {hint}"
+            ));
+        }
+        match u32::try_from(n) {
+            Ok(m) if m <= 0o777 => Ok(m),
+            _ => Err(format!(
+                "socket_mode = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {EXAMPLE}"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -155,7 +199,7 @@ struct FileConfig {
     host_mem_limit: Option<SizeValue>,
     control: Option<PathBuf>,
     #[serde(alias = "socket-mode")]
-    socket_mode: Option<ModeValue>,
+    socket_mode: Option<toml::Spanned<ModeValue>>,
     /// `true`/`false`, or "on", "off", "log".
     seccomp: Option<SeccompValue>,
     #[serde(default)]
@@ -220,9 +264,16 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
     })?;
     let socket_mode = match f.socket_mode {
         None => None,
-        // A TOML integer is read as the octal it looks like: 600 means 0o600.
-        Some(ModeValue::Number(n)) => Some(parse_mode(&n.to_string()).map_err(ConfigError)?),
-        Some(ModeValue::Text(s)) => Some(parse_mode(&s).map_err(ConfigError)?),
+        Some(m) => {
+            let span = m.span();
+            let raw = text.get(span.clone()).unwrap_or_default().trim();
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            Some(
+                m.get_ref()
+                    .mode(raw)
+                    .map_err(|e| ConfigError(format!("line {line}: {e}")))?,
+            )
+        }
     };
     let seccomp = match f.seccomp {
         None => None,
@@ -499,10 +550,45 @@ mod tests {
         assert!(!e.0.contains('\n'));
         assert!(parse_file("host_mem_limit = \"lots\"").is_err());
         assert!(parse_file("[[device]]\nsize = \"8X\"").is_err());
-        assert_eq!(
-            parse_file("socket_mode = 600").unwrap().socket_mode,
-            Some(0o600)
-        );
+        let mode = |text: &str| parse_file(text).map(|f| f.socket_mode.unwrap());
+        // A TOML integer is the mode as written, in octal; a string is
+        // octal text.
+        assert_eq!(mode("socket_mode = 0o600"), Ok(0o600));
+        assert_eq!(mode("socket_mode = 0o660"), Ok(0o660));
+        assert_eq!(mode("socket_mode = 0o0"), Ok(0));
+        assert_eq!(mode("socket_mode = 0x1b0"), Ok(0o660));
+        assert_eq!(mode("socket_mode = \"0660\""), Ok(0o660));
+        assert_eq!(mode("socket_mode = \"660\""), Ok(0o660));
+        assert_eq!(mode("socket_mode = \"0o660\""), Ok(0o660));
+        assert_eq!(mode("socket-mode = '0640'"), Ok(0o640));
+        // Neither 0o1130 nor a guess at 0o600: refused, with a hint.
+        let e = mode("\n\nsocket_mode = 600").unwrap_err().0;
+        assert!(e.starts_with("line 3: socket_mode = 600 "), "{e}");
+        assert!(e.contains("0o600") && e.contains("\"0600\""), "{e}");
+        // 400 would be 0o620 (the group may connect): refused too.
+        let e = mode("socket_mode = 400").unwrap_err().0;
+        assert!(e.contains("0o400") && e.contains("\"0400\""), "{e}");
+        let e = mode("socket_mode = 384").unwrap_err().0;
+        assert!(e.contains("decimal") && e.contains("0o600"), "{e}");
+        for bad in [
+            "socket_mode = 0",
+            "socket_mode = -1",
+            "socket_mode = 0o1777",
+            "socket_mode = 0o4600",
+            "socket_mode = 0x10000",
+            "socket_mode = 99999999999",
+            "socket_mode = \"999\"",
+            "socket_mode = \"0o1777\"",
+            "socket_mode = \"\"",
+            "socket_mode = true",
+        ] {
+            let e = mode(bad).unwrap_err().0;
+            assert!(
+                e.contains("socket_mode") || e.contains("socket mode"),
+                "{bad}: {e}"
+            );
+            assert!(!e.contains('\n'), "{bad}: {e}");
+        }
         assert_eq!(
             parse_file("seccomp = false").unwrap().seccomp,
             Some(SeccompMode::Off)

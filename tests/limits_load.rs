@@ -49,12 +49,19 @@ struct Mem {
     shmem: u64,
 }
 
+/// The memory of the daemon and every process it started, added up.
 fn mem_of(pid: u32) -> Option<Mem> {
-    Some(Mem {
+    let mut m = Mem {
         rss: proc_status_bytes(pid, "VmRSS")?,
         anon: proc_status_bytes(pid, "RssAnon")?,
         shmem: proc_status_bytes(pid, "RssShmem")?,
-    })
+    };
+    for p in process_tree(pid).into_iter().skip(1) {
+        m.rss += proc_status_bytes(p, "VmRSS").unwrap_or(0);
+        m.anon += proc_status_bytes(p, "RssAnon").unwrap_or(0);
+        m.shmem += proc_status_bytes(p, "RssShmem").unwrap_or(0);
+    }
+    Some(m)
 }
 
 fn mib(b: u64) -> f64 {

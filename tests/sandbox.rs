@@ -24,10 +24,14 @@ fn seccomp_of(pid: u32) -> (String, String) {
     )
 }
 
-/// Every thread of `pid` with its Seccomp mode.
+/// Every thread of `pid` and of every process it started, with its Seccomp mode.
 fn thread_modes(pid: u32) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+    let tasks = process_tree(pid)
+        .into_iter()
+        .filter_map(|p| std::fs::read_dir(format!("/proc/{p}/task")).ok())
+        .flatten();
+    for t in tasks {
         let t = t.unwrap().path();
         // A thread may end between the listing and the read: skip it.
         let Ok(status) = std::fs::read_to_string(t.join("status")) else {

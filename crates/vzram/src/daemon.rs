@@ -268,14 +268,15 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, Error> {
 }
 
 /// Lifts the soft open-file limit to the hard one. Each device holds a
-/// listening socket and, while connected, a connection, guest memory files
-/// and three eventfds plus an epoll per queue; the usual soft limit of 1024
-/// runs out near 170 connected devices.
+/// listening socket, the guard's private listener and its handle, and,
+/// while connected, two connections, guest memory files and three eventfds
+/// plus an epoll per queue; the usual soft limit of 1024 runs out near 170
+/// connected devices.
 fn raise_fd_limit(devices: &[DeviceSpec]) {
     let need: u64 = 64
         + devices
             .iter()
-            .map(|d| 2 + 8 + 5 * u64::from(d.queues))
+            .map(|d| 4 + 8 + 5 * u64::from(d.queues))
             .sum::<u64>();
     let mut lim = libc::rlimit {
         rlim_cur: 0,

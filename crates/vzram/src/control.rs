@@ -213,6 +213,19 @@ pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1
 /// Gives up after [`CLIENT_TIMEOUT`] without a reply: a socket that is not
 /// a control socket (a device's, say) must not hang the command.
 pub fn request(path: &std::path::Path, req: &Value) -> io::Result<Value> {
+    let hint = |e: io::Error| match e.kind() {
+        io::ErrorKind::BrokenPipe
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::WouldBlock
+        | io::ErrorKind::TimedOut => {
+            io::Error::new(e.kind(), format!("{e}: is this a vzram control socket?"))
+        }
+        _ => e,
+    };
+    exchange(path, req).map_err(hint)
+}
+
+fn exchange(path: &std::path::Path, req: &Value) -> io::Result<Value> {
     let mut stream = UnixStream::connect(path)?;
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;

@@ -425,7 +425,10 @@ fn serve_frontend(
         vzram_blk::config::protocol_features(),
     );
     // The first message decides whether this is a frontend at all: a probe
-    // (a second `vzram serve` checking the socket) connects and leaves.
+    // (a second `vzram serve` checking the socket) connects and leaves. A
+    // client that has said nothing yet gives way to the next one, so a
+    // silent connection cannot keep the VM off its disk.
+    let mut frontend = frontend;
     let first = loop {
         match wait_two(
             frontend.as_raw_fd(),
@@ -433,7 +436,12 @@ fn serve_frontend(
             FIRST_MESSAGE_WAIT,
         ) {
             Ok(Ready::First) => break guarded_recv(name, &frontend, &mut guard),
-            Ok(Ready::Second) => turn_away(name, listener),
+            Ok(Ready::Second) => {
+                if let Ok((next, _)) = listener.accept() {
+                    tracing::info!(device = %name, "a client that sent nothing gave way to the next one");
+                    frontend = next;
+                }
+            }
             Ok(Ready::Neither) => {
                 tracing::info!(device = %name, "a client connected and sent nothing for {FIRST_MESSAGE_WAIT:?}; closed");
                 return;
@@ -577,7 +585,8 @@ fn hung_up(fd: RawFd) -> bool {
 }
 
 /// Accepts and closes a connection on a device that already has a
-/// frontend: it learns at once instead of hanging.
+/// frontend (one that has sent a message): it learns at once instead of
+/// hanging.
 fn turn_away(name: &str, listener: &UnixListener) {
     if let Ok((s, _)) = listener.accept() {
         tracing::warn!(device = %name, "refused a second frontend: the device already has one");

@@ -1,0 +1,399 @@
+//! Who may talk on a device socket, and what the daemon does about the rest:
+//! SIGHUP does not kill it, a second frontend on a busy socket is turned away
+//! at once (instead of hanging, then getting the first VM's disk), `vzram
+//! stat` pointed at a device socket fails quickly, and probes (a second
+//! `vzram serve`, a bare connect) are not counted as connections.
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vzram_tests::*;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Runs `vzram ARGS`; kills it and fails the test if it is still running
+/// after `limit`. Returns its output and how long it took.
+fn vzram(args: &[&str], limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut child = Command::new(vzram_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vzram");
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "vzram {args:?} still running after {limit:?} (killed); stderr: {:?}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = start.elapsed();
+    (child.wait_with_output().unwrap(), took)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `vzram stat --json` on the daemon's control socket: the device entry
+/// named `name` (with `connected`, `connections` and `stats`).
+fn stat_device(d: &Daemon, name: &str) -> Value {
+    let (o, _) = vzram(
+        &["stat", "--json", "--control", s(&d.control)],
+        Duration::from_secs(20),
+    );
+    assert!(o.status.success(), "vzram stat --json: {}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("stat JSON");
+    v["devices"]
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no device {name} in {v}"))
+}
+
+fn connections(d: &Daemon, name: &str) -> u64 {
+    let dev = stat_device(d, name);
+    dev["connections"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no connections in {dev}"))
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    proc_status_field(pid, "State").is_some_and(|st| !st.starts_with('Z'))
+}
+
+/// Waits (at most `limit`) until the daemon's log contains `needle`.
+fn wait_for_log(d: &Daemon, needle: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if d.log_text().contains(needle) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const PAGES: u64 = 64;
+
+fn write_pages(c: &mut Client, seed: u64) {
+    for p in 0..PAGES {
+        c.q(0)
+            .write(p * 4096, &pattern(seed, p * 4096, 4096))
+            .unwrap();
+    }
+}
+
+fn check_pages(c: &mut Client, seed: u64, what: &str) {
+    for p in 0..PAGES {
+        let got = c.q(0).read(p * 4096, 4096).unwrap();
+        assert!(
+            got == pattern(seed, p * 4096, 4096),
+            "{what}: page {p} does not read back"
+        );
+    }
+}
+
+/// Connects a new blkio client on another thread and checks that it sees
+/// pages written with `seed`; fails instead of hanging when the daemon does
+/// not serve it within 30 s.
+fn new_client_sees(sock: &Path, seed: u64, what: &str) {
+    let (tx, rx) = mpsc::channel();
+    let sock = sock.to_path_buf();
+    let what2 = what.to_string();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(move || {
+            let mut c = Client::connect(&sock, 1).expect("blkio connect");
+            check_pages(&mut c, seed, &what2);
+        });
+        let _ = tx.send(r.is_ok());
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(true) => {}
+        Ok(false) => panic!("{what}: the new client failed (see its panic above)"),
+        Err(_) => panic!("{what}: a new client was not served within 30 s"),
+    }
+}
+
+#[test]
+fn sighup_is_ignored_and_the_data_kept() {
+    let dir = TempDir::new("hup");
+    let sock = dir.join("d.sock");
+    let mut d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "16M",
+            "--name",
+            "vm1",
+            "--queues",
+            "1",
+        ],
+        &[&sock],
+    );
+    let mut a = Client::connect(&sock, 1).unwrap();
+    write_pages(&mut a, 1);
+
+    let pid = d.pid();
+    // SAFETY: kill only sends a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGHUP) }, 0);
+    let sent = Instant::now();
+    // No sign of death for a second, and the log says it was ignored.
+    loop {
+        if !alive(pid) {
+            let status = d.terminate();
+            panic!(
+                "the daemon died of SIGHUP ({status}) within {:?}; sockets left: {}\n{}",
+                sent.elapsed(),
+                sock.exists(),
+                d.log_text()
+            );
+        }
+        if sent.elapsed() >= Duration::from_secs(1) && d.log_text().contains("SIGHUP") {
+            break;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "no log line about SIGHUP within 10 s:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // The connected frontend is still served, and a new one sees the data.
+    check_pages(&mut a, 1, "same connection after SIGHUP");
+    drop(a);
+    new_client_sees(&sock, 1, "new connection after SIGHUP");
+    assert_eq!(connections(&d, "vm1"), 2);
+
+    let status = d.terminate();
+    assert_eq!(status.code(), Some(0), "{status}:\n{}", d.log_text());
+    for p in [&sock, &d.control] {
+        assert!(!p.exists(), "{} left behind", p.display());
+    }
+}
+
+/// A vhost-user GET_FEATURES request: code 1, flags 1 (version 1), size 0.
+fn get_features() -> [u8; 12] {
+    let mut m = [0u8; 12];
+    m[0..4].copy_from_slice(&1u32.to_le_bytes());
+    m[4..8].copy_from_slice(&1u32.to_le_bytes());
+    m
+}
+
+#[test]
+fn a_second_frontend_is_turned_away_at_once() {
+    let dir = TempDir::new("second");
+    let sock = dir.join("d.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "16M",
+            "--name",
+            "vm1",
+            "--queues",
+            "1",
+        ],
+        &[&sock],
+    );
+    let mut a = Client::connect(&sock, 1).unwrap();
+    write_pages(&mut a, 2);
+
+    // B: a raw frontend on the same socket asks for the features.
+    let start = Instant::now();
+    let mut b = UnixStream::connect(&sock).expect("connect B");
+    b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    b.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The daemon may close B before the request is even written (EPIPE):
+    // that is as good as closing it after.
+    let wrote = b.write_all(&get_features());
+    let mut buf = [0u8; 64];
+    match b.read(&mut buf) {
+        Ok(0) => {}
+        Ok(n) => panic!(
+            "the second frontend was answered ({n} bytes: {:?}) while the first is connected",
+            &buf[..n]
+        ),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => panic!(
+            "the second frontend got neither a reply nor a close within 5 s \
+             (write: {wrote:?}); log:\n{}",
+            d.log_text()
+        ),
+        // ECONNRESET: closed with our request unread.
+        Err(_) => {}
+    }
+    let took = start.elapsed();
+    drop(b);
+    assert!(took < Duration::from_secs(5), "closed only after {took:?}");
+    assert!(
+        wait_for_log(&d, "refused a second frontend", Duration::from_secs(10)),
+        "no log line about the refused frontend:\n{}",
+        d.log_text()
+    );
+
+    // A is still served, reads and writes.
+    a.q(0).write(PAGES * 4096, &[0x5a; 4096]).unwrap();
+    check_pages(&mut a, 2, "first frontend after the second was refused");
+    assert_eq!(a.q(0).read(PAGES * 4096, 4096).unwrap(), vec![0x5a; 4096]);
+    let dev = stat_device(&d, "vm1");
+    assert_eq!(dev["connections"], 1, "{dev}");
+    assert_eq!(dev["connected"], true, "{dev}");
+
+    // Once A has gone, C is served and sees A's data.
+    drop(a);
+    new_client_sees(&sock, 2, "client after the first left");
+    assert_eq!(connections(&d, "vm1"), 2);
+}
+
+/// `vzram stat --control <device socket>` must fail with a one-line error,
+/// exit 1, well within 12 s (the client gives up after 10 s at most).
+/// Returns the error line.
+fn stat_on_device_socket(sock: &Path, what: &str) -> String {
+    let (o, took) = vzram(&["stat", "--control", s(sock)], Duration::from_secs(20));
+    let err = stderr(&o);
+    eprintln!("{what}: vzram stat took {took:?}: {err:?}");
+    assert_eq!(o.status.code(), Some(1), "{what}: {err:?}");
+    assert!(took < Duration::from_secs(12), "{what}: took {took:?}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{what}: {err:?}");
+    assert!(err.starts_with("error:"), "{what}: {err:?}");
+    assert!(o.stdout.is_empty(), "{what}: stdout {:?}", o.stdout);
+    err
+}
+
+#[test]
+fn stat_on_an_idle_device_socket_fails_quickly() {
+    let dir = TempDir::new("statidle");
+    let sock = dir.join("d.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "16M",
+            "--name",
+            "vm1",
+            "--queues",
+            "1",
+        ],
+        &[&sock],
+    );
+    // Which error it names depends on when the daemon hangs up on the
+    // request line (a reset, a broken pipe, no reply): only its shape and
+    // speed are checked.
+    let err = stat_on_device_socket(&sock, "idle");
+    assert!(err.contains(s(&sock)), "{err:?}");
+    // The control client's line is no frontend: not counted, and the device
+    // serves the next real one.
+    assert_eq!(
+        connections(&d, "vm1"),
+        0,
+        "the stat request was counted as a frontend connection:\n{}",
+        d.log_text()
+    );
+    let mut c = Client::connect(&sock, 1).unwrap();
+    write_pages(&mut c, 3);
+    check_pages(&mut c, 3, "frontend after the stat");
+    assert_eq!(connections(&d, "vm1"), 1, "{}", d.log_text());
+}
+
+#[test]
+fn stat_on_a_busy_device_socket_fails_quickly() {
+    let dir = TempDir::new("statbusy");
+    let sock = dir.join("d.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "16M",
+            "--name",
+            "vm1",
+            "--queues",
+            "1",
+        ],
+        &[&sock],
+    );
+    let mut c = Client::connect(&sock, 1).unwrap();
+    write_pages(&mut c, 4);
+    let err = stat_on_device_socket(&sock, "busy");
+    assert!(err.contains(s(&sock)), "{err:?}");
+    // The connected frontend did not notice.
+    check_pages(&mut c, 4, "frontend after the stat");
+    let dev = stat_device(&d, "vm1");
+    assert_eq!(dev["connections"], 1, "{dev}");
+    assert_eq!(dev["connected"], true, "{dev}");
+}
+
+#[test]
+fn probes_of_a_served_socket_are_not_connections() {
+    let dir = TempDir::new("probe");
+    let sock = dir.join("d.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "16M",
+            "--name",
+            "vm1",
+            "--queues",
+            "1",
+        ],
+        &[&sock],
+    );
+
+    // A second daemon on the same socket checks it, finds it live, gives up.
+    let (o, took) = vzram(
+        &["serve", "--socket", s(&sock), "--size", "1M"],
+        Duration::from_secs(20),
+    );
+    let err = stderr(&o);
+    eprintln!("second serve: {:?} after {took:?}: {err:?}", o.status);
+    assert_eq!(o.status.code(), Some(1), "{err:?}");
+    assert!(err.contains("another process is serving it"), "{err:?}");
+    let dev = stat_device(&d, "vm1");
+    assert_eq!(dev["connections"], 0, "after the second serve: {dev}");
+    assert_eq!(dev["connected"], false, "after the second serve: {dev}");
+
+    // A bare connect and close.
+    drop(UnixStream::connect(&sock).unwrap());
+    let dev = stat_device(&d, "vm1");
+    assert_eq!(dev["connections"], 0, "after a bare connect: {dev}");
+
+    // A real frontend is counted, once: the daemon takes connections in
+    // order, so by now both probes have been dealt with.
+    let mut c = Client::connect(&sock, 1).unwrap();
+    write_pages(&mut c, 5);
+    let dev = stat_device(&d, "vm1");
+    assert_eq!(dev["connections"], 1, "with one real frontend: {dev}");
+    assert_eq!(dev["connected"], true, "{dev}");
+    assert!(
+        !d.log_text().contains("connection=2"),
+        "a probe was logged as a connection:\n{}",
+        d.log_text()
+    );
+}

@@ -13,7 +13,11 @@
 //! control socket), squeezes and lifts the device and host memory limits
 //! (`vzram set-limit` and the control socket) so that some writes fail, and
 //! every other round the frontend drops its connection with requests in
-//! flight and connects again. After every round each page is read back.
+//! flight and connects again. After every round, half the device is filled
+//! with pages of one size and three in four are discarded again, and a
+//! compaction runs with nothing else going on: it must give pages back,
+//! which it can only do by moving objects (under load, evacuated spans
+//! also empty by themselves). Then each page is read back.
 //!
 //! # What a read may return
 //!
@@ -65,8 +69,11 @@ const QD: usize = 8;
 const MIN_ROUNDS: usize = 4;
 /// Requests each queue completes per round, at least, however slow.
 const MIN_OPS: u64 = 1500;
-/// Seconds of load in all (`VZRAM_SOAK_SECS`).
+/// Seconds of load in all (`VZRAM_SOAK_SECS`), in rounds of [`ROUND`].
 const DEFAULT_SECS: u64 = 8;
+/// How long each round's load lasts (and then until every queue
+/// completed [`MIN_OPS`]).
+const ROUND: Duration = Duration::from_secs(2);
 /// Completed requests between two control actions.
 const CONTROL_STEP: u64 = 250;
 const DEV: &str = "soak";
@@ -108,6 +115,10 @@ const MAGIC: u32 = 0x4b41_4f53; // "SOAK"
 /// Same-filled pages: bit 54 set, then sector (16 bits), writer (7 bits)
 /// and version (31 bits). Fits the store's 56-bit fill encoding.
 const SAME_TAG: u64 = 1 << 54;
+/// Writers from this id on are the fragmenter's, whose pages all have one
+/// shape (so they share a size class or two): [`FRAG_RANDOM`] random chunks.
+const FRAG_WRITER: u64 = 64;
+const FRAG_RANDOM: u64 = 8;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Stamp {
@@ -123,6 +134,9 @@ enum Shape {
     /// Header, then 64-byte chunks of which `n` in 64 are random and the
     /// rest one repeated word: compresses to anything from tiny to huge.
     Mixed(u64),
+    /// Header, then exactly this many random 64-byte chunks and one word
+    /// repeated: compresses to nearly the same size every time.
+    Exact(u64),
     /// Header and noise: stored raw.
     Noise,
 }
@@ -133,6 +147,9 @@ impl Stamp {
     }
 
     fn shape(&self) -> Shape {
+        if self.writer >= FRAG_WRITER {
+            return Shape::Exact(FRAG_RANDOM);
+        }
         let h = self.hash();
         match h % 16 {
             0 => Shape::Same,
@@ -163,14 +180,15 @@ impl Stamp {
             out.chunks_exact_mut(8).for_each(|c| c.copy_from_slice(&v));
             return;
         }
-        let random = match shape {
-            Shape::Mixed(n) => n,
-            _ => 64,
-        };
         let mut rng = Rng::new(self.hash());
         let word = rng.next().to_le_bytes();
-        for chunk in out.chunks_exact_mut(64) {
-            if rng.below(64) < random {
+        for (i, chunk) in out.chunks_exact_mut(64).enumerate() {
+            let random = match shape {
+                Shape::Mixed(n) => rng.below(64) < n,
+                Shape::Exact(n) => (i as u64) < n,
+                _ => true,
+            };
+            if random {
                 chunk
                     .chunks_exact_mut(8)
                     .for_each(|c| c.copy_from_slice(&rng.next().to_le_bytes()));
@@ -406,6 +424,8 @@ struct Shared {
     failed: AtomicBool,
     /// Completed requests, to pace the control thread.
     progress: AtomicU64,
+    /// Held by the control thread while it acts; taken to hold it off.
+    gate: Mutex<()>,
     counts: Counts,
     seed: u64,
 }
@@ -445,8 +465,13 @@ enum Phase {
     Load,
     /// The same, but stop with requests in flight (the connection drops).
     LoadThenDrop,
-    /// Read back this queue's share of the pages, nothing else running.
+    /// Read back this queue's share of the pages, no other I/O running.
     Scan,
+    /// Fill this queue's share of the upper half of the device with pages
+    /// of one shape, no other I/O running...
+    Fill,
+    /// ...and discard three in four of them again: sparse spans.
+    Punch,
 }
 
 struct Worker<'a> {
@@ -482,10 +507,10 @@ impl Worker<'_> {
         self.inflight += 1;
     }
 
-    fn submit_write(&mut self, slot: usize, page: u64) {
+    fn submit_write(&mut self, slot: usize, page: u64, writer: u64) {
         let stamp = Stamp {
             sector: page,
-            writer: self.qi as u64,
+            writer,
             version: self.sh.version.fetch_add(1, SeqCst),
         };
         stamp.fill(self.slot_bytes(slot));
@@ -546,7 +571,7 @@ impl Worker<'_> {
             rng.below(PAGES)
         };
         match rng.below(20) {
-            0..=12 => self.submit_write(slot, page),
+            0..=12 => self.submit_write(slot, page, self.qi as u64),
             13..=17 => self.submit_read(slot, page),
             _ => {
                 let n = (1 + rng.below(4)).min(PAGES - page);
@@ -650,16 +675,26 @@ impl Worker<'_> {
 
     fn run(mut self, phase: Phase, rng: &mut Rng) -> Vec<Req> {
         let _flag = PanicFlag(&self.sh.failed);
-        if phase == Phase::Scan {
-            let mine: Vec<u64> = (0..PAGES)
-                .filter(|p| *p as usize % QUEUES == self.qi)
-                .collect();
-            let mut next = mine.into_iter();
+        if let Phase::Scan | Phase::Fill | Phase::Punch = phase {
+            let mine: Vec<u64> = match phase {
+                Phase::Fill => (PAGES / 2..PAGES).collect(),
+                Phase::Punch => (PAGES / 2..PAGES).filter(|p| p % 16 >= 4).collect(),
+                _ => (0..PAGES).collect(),
+            };
+            let qi = self.qi;
+            let mut next = mine.into_iter().filter(|p| *p as usize % QUEUES == qi);
             loop {
                 while self.inflight < QD {
                     let Some(page) = next.next() else { break };
                     let slot = self.slots.iter().position(|r| matches!(r, Req::Free));
-                    self.submit_read(slot.unwrap(), page);
+                    match phase {
+                        Phase::Fill => {
+                            let writer = FRAG_WRITER + self.qi as u64;
+                            self.submit_write(slot.unwrap(), page, writer)
+                        }
+                        Phase::Punch => self.submit_discard(slot.unwrap(), page, 1),
+                        _ => self.submit_read(slot.unwrap(), page),
+                    }
                 }
                 if self.inflight == 0 {
                     return Vec::new();
@@ -736,7 +771,7 @@ fn phase(
                 s.spawn(move || w.run(phase, rng))
             })
             .collect();
-        if phase != Phase::Scan {
+        if let Phase::Load | Phase::LoadThenDrop = phase {
             // Until every queue did its share and the time is up (or a
             // queue failed): polls, since it is a condition on the others.
             while !sh.failed.load(SeqCst)
@@ -847,6 +882,7 @@ fn control_thread(ctl: &Path, sh: &Shared) -> Control {
             continue;
         }
         last = now;
+        let _acting = sh.gate.lock().unwrap_or_else(|e| e.into_inner());
         let used = |v: &serde_json::Value| v["mem_used_total"].as_u64().unwrap();
         match step % 7 {
             0 | 5 => {
@@ -887,6 +923,26 @@ fn control_thread(ctl: &Path, sh: &Shared) -> Control {
         step += 1;
     }
     r
+}
+
+/// With the control thread held off and the limits lifted, fills half the
+/// device with pages of one shape, discards three in four of them, and
+/// compacts while nothing else runs: no page is freed during the
+/// compaction, so whatever it gives back it gained by moving objects.
+fn quiet_compaction(c: &mut Client, ctl: &Path, sh: &Shared, rngs: &mut [Rng]) -> u64 {
+    let _quiet = sh.gate.lock().unwrap_or_else(|e| e.into_inner());
+    let ask = |req: serde_json::Value| {
+        let v = control_request(ctl, &req);
+        assert_eq!(v["ok"], true, "{req}: {v}");
+        v
+    };
+    ask(json!({"cmd": "set-limit", "device": DEV, "bytes": 0}));
+    ask(json!({"cmd": "set-limit", "host": true, "bytes": 0}));
+    phase(c, sh, rngs, Phase::Fill, Duration::ZERO);
+    phase(c, sh, rngs, Phase::Punch, Duration::ZERO);
+    ask(json!({"cmd": "compact", "device": DEV}))["pages_compacted"]
+        .as_u64()
+        .unwrap()
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -930,6 +986,7 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
         end: AtomicBool::new(false),
         failed: AtomicBool::new(false),
         progress: AtomicU64::new(0),
+        gate: Mutex::new(()),
         counts: Counts::default(),
         seed,
     };
@@ -937,10 +994,10 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
         .map(|i| Rng::new(seed ^ mix(i)))
         .collect();
     let mut client = Some(connect(&sock, &d));
-    let slice = Duration::from_secs(secs) / MIN_ROUNDS as u32;
     let start = Instant::now();
     let mut rounds = 0;
     let mut reconnects = 0;
+    let mut quiet = Vec::new();
     let ctl = std::thread::scope(|s| {
         let ctl = s.spawn(|| control_thread(&d.control, &sh));
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
@@ -951,7 +1008,7 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
             } else {
                 Phase::Load
             };
-            let left = phase(client.as_mut().unwrap(), &sh, &mut rngs, p, slice);
+            let left = phase(client.as_mut().unwrap(), &sh, &mut rngs, p, ROUND);
             if drop_it {
                 eprintln!(
                     "round {rounds}: reconnecting with {} requests in flight",
@@ -960,17 +1017,22 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
                 client = Some(reconnect(client.take().unwrap(), left, &sock, &d, &sh));
                 reconnects += 1;
             }
-            phase(client.as_mut().unwrap(), &sh, &mut rngs, Phase::Scan, slice);
+            let c = client.as_mut().unwrap();
+            quiet.push(quiet_compaction(c, &d.control, &sh, &mut rngs));
+            // The read-back sees what the compaction moved.
+            phase(c, &sh, &mut rngs, Phase::Scan, ROUND);
             sh.log().iter_mut().for_each(PageLog::prune);
             rounds += 1;
             eprintln!(
-                "round {rounds} checked at {:.1} s: {} writes ok, {} failed, {} unknown, {} reads, {} discards",
+                "round {rounds} checked at {:.1} s: {} writes ok, {} failed, {} unknown, {} reads, \
+                 {} discards; quiet compaction gave back {} pages",
                 start.elapsed().as_secs_f64(),
                 sh.counts.writes_ok.load(SeqCst),
                 sh.counts.writes_failed.load(SeqCst),
                 sh.counts.writes_unknown.load(SeqCst),
                 sh.counts.reads.load(SeqCst),
                 sh.counts.discards.load(SeqCst),
+                quiet.last().unwrap(),
             );
             if rounds >= MIN_ROUNDS && start.elapsed() >= Duration::from_secs(secs) {
                 break;
@@ -994,7 +1056,7 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
     vzram(&["set-limit", "--control", c, "--host", "0"]);
     let last = cli_compacted(&vzram(&["compact", "--control", c]));
     let mut client = reconnect(client.take().unwrap(), Vec::new(), &sock, &d, &sh);
-    phase(&mut client, &sh, &mut rngs, Phase::Scan, slice);
+    phase(&mut client, &sh, &mut rngs, Phase::Scan, ROUND);
     drop(client);
 
     let st: serde_json::Value =
@@ -1010,7 +1072,7 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
     eprintln!(
         "soak done in {:.1} s: {rounds} rounds, {reconnects} reconnects; writes {ok} ok, {failed} \
          IOERR, {unknown} page ops in flight at a disconnect; {} reads, {} discards; {ctl:?}, \
-         {last} pages in the last compaction; device: pages_compacted {}, failed_writes {}, \
+         quiet compactions {quiet:?}, {last} pages in the last one; device: pages_compacted {}, failed_writes {}, \
          same_pages {}, huge_pages {}, orig {} KiB, compr {} KiB",
         start.elapsed().as_secs_f64(),
         counts.reads.load(SeqCst),
@@ -1037,14 +1099,21 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
     );
     assert!(
         ctl.pages_compacted > 0,
-        "{} compactions under load moved nothing out of a fragmented heap",
+        "{} compactions under load gave nothing back from a fragmented heap",
         ctl.compactions
     );
+    // Under load, spans also empty by themselves while being evacuated;
+    // only the quiet compactions show that objects were moved.
     assert!(
-        n("pages_compacted") >= ctl.pages_compacted + last,
+        quiet.iter().all(|&n| n > 0),
+        "a compaction with nothing else running moved nothing out of freshly \
+         fragmented spans: {quiet:?} pages given back"
+    );
+    assert!(
+        n("pages_compacted") >= ctl.pages_compacted + last + quiet.iter().sum::<u64>(),
         "stat pages_compacted {} < {} reported by the compactions",
         n("pages_compacted"),
-        ctl.pages_compacted + last
+        ctl.pages_compacted + last + quiet.iter().sum::<u64>()
     );
     assert!(n("same_pages") > 0 && n("huge_pages") > 0, "{dev}");
 }

@@ -40,7 +40,7 @@ const QD: usize = 32;
 /// Rounds at least, and at least this many where the kill left both old
 /// and new pages behind.
 const MIN_ROUNDS: u64 = 5;
-const MIN_TORN_ROUNDS: u64 = 2;
+const MIN_MIXED_ROUNDS: u64 = 2;
 /// Rounds go on for this long (`VZRAM_KILL_SECS`), given the minimums.
 const DEFAULT_SECS: u64 = 5;
 /// Rounds at most, however the kills fall.
@@ -305,7 +305,7 @@ fn kill_during_io(victim: Victim) {
         &queues,
     ];
     let mut daemon = Some(Daemon::start(&dir, &args, &[&sock]));
-    let d = |daemon: &Option<Daemon>| -> String {
+    let log_of = |daemon: &Option<Daemon>| -> String {
         daemon.as_ref().map(Daemon::log_text).unwrap_or_default()
     };
 
@@ -325,13 +325,13 @@ fn kill_during_io(victim: Victim) {
 
     let secs = Duration::from_secs(env_u64("VZRAM_KILL_SECS").unwrap_or(DEFAULT_SECS));
     let start = Instant::now();
-    let mut torn_rounds = 0;
+    let mut mixed_rounds = 0;
     let mut version = 0;
-    while version < MIN_ROUNDS || torn_rounds < MIN_TORN_ROUNDS || start.elapsed() < secs {
+    while version < MIN_ROUNDS || mixed_rounds < MIN_MIXED_ROUNDS || start.elapsed() < secs {
         if version == MAX_ROUNDS {
             assert!(
-                torn_rounds >= MIN_TORN_ROUNDS,
-                "in {MAX_ROUNDS} rounds only {torn_rounds} kills left old and new pages behind"
+                mixed_rounds >= MIN_MIXED_ROUNDS,
+                "in {MAX_ROUNDS} rounds only {mixed_rounds} kills left old and new pages behind"
             );
             break;
         }
@@ -388,7 +388,7 @@ fn kill_during_io(victim: Victim) {
             killed,
             "the writer exited by itself ({status}) after {} acks\n{}",
             r.acked,
-            d(&daemon)
+            log_of(&daemon)
         );
         if victim == Victim::Daemon {
             daemon = Some(Daemon::start(&dir, &args, &[&sock]));
@@ -442,16 +442,25 @@ fn kill_during_io(victim: Victim) {
             r.acked,
             bad.len(),
             bad.iter().take(20).cloned().collect::<Vec<_>>().join("\n"),
-            d(&daemon)
+            log_of(&daemon)
         );
         if r.old > 0 && r.new > 0 {
-            torn_rounds += 1;
+            mixed_rounds += 1;
         }
     }
     eprintln!(
-        "{version} rounds in {:.1} s, {torn_rounds} of them killed with old and new pages left",
+        "{version} rounds in {:.1} s, {mixed_rounds} of them killed with old and new pages left",
         start.elapsed().as_secs_f64()
     );
+    // Every page is stored once, whatever died how often.
+    let st = daemon.as_ref().unwrap().stat();
+    assert_eq!(
+        st.dev("vzram0", "orig_data_size"),
+        PAGES * PAGE as u64,
+        "{}",
+        st.0
+    );
+    assert_eq!(st.dev("vzram0", "failed_writes"), 0, "{}", st.0);
 }
 
 #[test]

@@ -1,13 +1,14 @@
 //! A soak over the real socket with data that says where it came from.
 //!
-//! Four queues, each with [`QD`] requests in flight, write, read and discard
-//! single pages of one device, most of them in a small hot set that every
-//! queue hits at once, so the same page is often being written by several
-//! queues (and twice by one queue) at the same moment. Every page written
-//! carries its sector, its writer and a unique version, and a body derived
-//! from them in one of many shapes (same-filled, incompressible, and
-//! compressible to every degree in between, so most size classes are used):
-//! a page that is torn, misplaced, stale or never written is recognised.
+//! Four queues, each with [`QD`] requests in flight, write and read single
+//! pages of one device and discard runs of one to four, half of them in a
+//! small hot set that every queue hits at once, so the same page is often
+//! being written by several queues (and twice by one queue) at the same
+//! moment. Every page written carries its sector, its writer and a unique
+//! version, and a body derived from them in one of many shapes
+//! (same-filled, incompressible, and compressible to every degree in
+//! between, so most size classes are used): a page that is torn,
+//! misplaced, stale or never written is recognised.
 //!
 //! Meanwhile a control thread compacts the device (`vzram compact` and the
 //! control socket), squeezes and lifts the device and host memory limits

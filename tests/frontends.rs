@@ -278,6 +278,10 @@ fn stat_on_device_socket(sock: &Path, what: &str) -> String {
     assert_eq!(err.trim_end().lines().count(), 1, "{what}: {err:?}");
     assert!(err.starts_with("error:"), "{what}: {err:?}");
     assert!(o.stdout.is_empty(), "{what}: stdout {:?}", o.stdout);
+    assert!(
+        err.contains("control socket?"),
+        "{what}: no hint in {err:?}"
+    );
     err
 }
 
@@ -396,4 +400,35 @@ fn probes_of_a_served_socket_are_not_connections() {
         "a probe was logged as a connection:\n{}",
         d.log_text()
     );
+}
+
+/// A client that connects and says nothing must not keep the VM off its
+/// disk: it gives way to the next client, which is served at once and is
+/// not told the device is busy.
+#[test]
+fn a_silent_client_gives_way_to_the_vm() {
+    let dir = TempDir::new("silent");
+    let sock = dir.join("d.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--socket", s(&sock), "--size", "16M", "--name", "vm1"],
+        &[&sock],
+    );
+    let _silent = UnixStream::connect(&sock).expect("connect the silent client");
+    let start = Instant::now();
+    let mut c = Client::connect(&sock, 1)
+        .unwrap_or_else(|e| panic!("the VM was refused: {e}\n{}", d.log_text()));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "the VM waited {:?} behind a silent client",
+        start.elapsed()
+    );
+    write_pages(&mut c, 9);
+    check_pages(&mut c, 9, "behind a silent client");
+    assert!(
+        !d.log_text().contains("refused a second frontend"),
+        "the VM was told the device is busy:\n{}",
+        d.log_text()
+    );
+    assert_eq!(connections(&d, "vm1"), 1);
 }

@@ -323,18 +323,28 @@ fn read_only_device() {
         ],
         &[&sock],
     );
-    // The client sees VIRTIO_BLK_F_RO: a read-write start is refused.
-    assert!(Client::connect(&sock, 1).is_err());
+    // What the daemon advertises: blkio reads VIRTIO_BLK_F_RO from the
+    // features the daemon offers, refuses a read-write start and reports
+    // the device as read-only.
+    assert!(
+        Client::connect(&sock, 1).is_err(),
+        "a read-write start succeeded: VIRTIO_BLK_F_RO was not offered"
+    );
     let mut c = Client::connect_with(&sock, 1, true).unwrap();
     assert!(c.blkio.get_bool("read-only").unwrap());
+    // Writes are not tried here: blkio refuses them itself on a read-only
+    // device, so they would never reach the daemon. A write, discard and
+    // write-zeroes that do reach it are in tests/hostile.rs
+    // (`writes_to_a_read_only_device_fail`) and tests/config_behaviour.rs
+    // (`readonly_refuses_writes_that_reach_the_daemon`).
     let q = c.q(0);
     assert!(q.read(0, 8192).unwrap().iter().all(|&b| b == 0));
-    assert!(q.write(0, &[1; 4096]).is_err());
-    assert!(q.discard(0, 4096).is_err());
-    assert!(q.write_zeroes(0, 4096).is_err());
     q.flush().unwrap();
     let st = d.stat();
-    assert_eq!(st.dev("vzram0", "writes"), 0);
+    assert!(
+        st.dev("vzram0", "reads") >= 1,
+        "the read did not reach the daemon"
+    );
     assert_eq!(st.dev("vzram0", "orig_data_size"), 0);
     assert_eq!(st.0["devices"][0]["readonly"], true);
 }

@@ -9,22 +9,6 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 const EIO: i32 = -libc::EIO;
 
-/// A small deterministic RNG (xorshift64*), so failures reproduce.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -91,7 +75,7 @@ fn write_and_verify_across_all_queues_in_parallel() {
         for (qi, q) in c.queues.iter_mut().enumerate() {
             sc.spawn(move || {
                 let base = qi as u64 * region;
-                let mut rng = Rng(qi as u64 + 1);
+                let mut rng = Rng::new(qi as u64 + 1);
                 let mut off = 0;
                 // Requests of 4 KiB to 256 KiB until the region is full.
                 while off < region {
@@ -141,7 +125,7 @@ fn unaligned_and_sub_page_io_match_an_in_memory_model() {
     let (_dir, _d, mut c) = one_device("unal", "4M", 2, &[]);
     let span = 2 * MIB as usize;
     let mut model = vec![0u8; span];
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     for i in 0..400u64 {
         let sectors = rng.below(24) + 1;
         let sector = rng.below(span as u64 / 512 - sectors);

@@ -60,34 +60,6 @@ enum Victim {
     Daemon,
 }
 
-/// xorshift64*, so choices replay from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(mix(seed) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// splitmix64's finaliser.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 // ---------------------------------------------------------------------------
 // Pages that identify themselves: (sector, version) and a body derived
 // from them.
@@ -113,12 +85,12 @@ fn page(sector: u64, version: u64) -> Vec<u8> {
     // 0..=64 random chunks of 64: from a few dozen bytes compressed to raw.
     let random = if h % 8 == 1 { 64 } else { (h >> 8) % 64 };
     let mut rng = Rng::new(h);
-    let word = rng.next().to_le_bytes();
+    let word = rng.next_u64().to_le_bytes();
     for chunk in out.chunks_exact_mut(64) {
         if rng.below(64) < random {
             chunk
                 .chunks_exact_mut(8)
-                .for_each(|c| c.copy_from_slice(&rng.next().to_le_bytes()));
+                .for_each(|c| c.copy_from_slice(&rng.next_u64().to_le_bytes()));
         } else {
             chunk
                 .chunks_exact_mut(8)
@@ -339,7 +311,7 @@ fn kill_during_io(victim: Victim) {
         // Kill once this many writes were acknowledged (at least one, so
         // the writer got going; at most 90 %, so some are left to do).
         let kill_after = 1 + rng.below(PAGES * 9 / 10);
-        let order_seed = rng.next();
+        let order_seed = rng.next_u64();
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([WRITER_TEST, "--exact", "--nocapture", "--test-threads=1"])
             .env(WRITER_ENV, &sock)

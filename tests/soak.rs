@@ -81,34 +81,6 @@ const DEV: &str = "soak";
 const NEVER: u64 = u64::MAX;
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// xorshift64*, so choices replay from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(mix(seed) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// splitmix64's finaliser.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
 // ---------------------------------------------------------------------------
 // Pages that identify themselves.
 
@@ -182,7 +154,7 @@ impl Stamp {
             return;
         }
         let mut rng = Rng::new(self.hash());
-        let word = rng.next().to_le_bytes();
+        let word = rng.next_u64().to_le_bytes();
         for (i, chunk) in out.chunks_exact_mut(64).enumerate() {
             let random = match shape {
                 Shape::Mixed(n) => rng.below(64) < n,
@@ -192,7 +164,7 @@ impl Stamp {
             if random {
                 chunk
                     .chunks_exact_mut(8)
-                    .for_each(|c| c.copy_from_slice(&rng.next().to_le_bytes()));
+                    .for_each(|c| c.copy_from_slice(&rng.next_u64().to_le_bytes()));
             } else {
                 chunk
                     .chunks_exact_mut(8)

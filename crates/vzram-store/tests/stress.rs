@@ -1,8 +1,13 @@
 //! Many threads hammer overlapping slots with self-verifying pages while
 //! compaction runs beside them. Any torn, stale or lost page fails the test.
 //! `VZRAM_STRESS_SECS` makes it run longer by hand.
+//!
+//! The writers stop once they have run the minimum time, done the minimum
+//! number of operations and seen compaction give pages back, whichever
+//! comes last: a slow or loaded machine makes the test longer, not weaker.
+//! Only MAX_SECS, far beyond what any of these needs, ends it early.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,6 +16,8 @@ use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 const SLOTS: u64 = 512;
 const THREADS: u64 = 4;
 const SHARED: u64 = SLOTS / 2;
+const MIN_OPS_PER_THREAD: u64 = 2_500;
+const MAX_SECS: u64 = 60;
 
 /// A page that names its slot, writer and version, with a body derived from
 /// them, in one of a few shapes so objects land in many size classes.
@@ -71,22 +78,22 @@ fn hammer(codec: Codec) {
     cfg.shards = 2;
     let dev = pool.create_device(cfg).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let deadline = Instant::now() + Duration::from_secs(secs);
+    let compacted = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let (min_time, max_time) = (Duration::from_secs(secs), Duration::from_secs(MAX_SECS));
 
     let compactor = {
-        let (dev, stop) = (dev.clone(), stop.clone());
+        let (dev, stop, compacted) = (dev.clone(), stop.clone(), compacted.clone());
         std::thread::spawn(move || {
-            let mut pages = 0;
             while !stop.load(Ordering::Relaxed) {
-                pages += dev.compact();
-                std::thread::sleep(Duration::from_millis(1));
+                compacted.fetch_add(dev.compact(), Ordering::Relaxed);
+                std::thread::yield_now();
             }
-            pages
         })
     };
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
-            let dev = dev.clone();
+            let (dev, compacted) = (dev.clone(), compacted.clone());
             std::thread::spawn(move || {
                 // In the lower half, slots t, t+THREADS, ... are this thread's
                 // own: it alone writes them and knows their latest version. The
@@ -96,7 +103,14 @@ fn hammer(codec: Codec) {
                 let mut version = 0u64;
                 let mut buf = [0u8; PAGE_SIZE];
                 let mut ops = 0u64;
-                while Instant::now() < deadline {
+                let done = |ops| {
+                    let elapsed = start.elapsed();
+                    elapsed >= max_time
+                        || (elapsed >= min_time
+                            && ops >= MIN_OPS_PER_THREAD
+                            && compacted.load(Ordering::Relaxed) > 0)
+                };
+                while !done(ops) {
                     for _ in 0..256 {
                         x ^= x << 13;
                         x ^= x >> 7;
@@ -141,8 +155,10 @@ fn hammer(codec: Codec) {
         })
         .collect();
     let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let compacted_while_writing = compacted.load(Ordering::Relaxed);
+    let secs_run = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let compacted = compactor.join().unwrap();
+    compactor.join().unwrap();
 
     let mut buf = [0u8; PAGE_SIZE];
     for (t, (mine, _)) in results.iter().enumerate() {
@@ -155,9 +171,22 @@ fn hammer(codec: Codec) {
             );
         }
     }
-    let ops: u64 = results.iter().map(|r| r.1).sum();
-    eprintln!("{codec}: {ops} ops, {compacted} pages compacted");
-    assert!(ops > 10_000);
+    let ops: Vec<u64> = results.iter().map(|r| r.1).collect();
+    eprintln!(
+        "{codec}: {ops:?} ops in {secs_run:.1} s, {compacted_while_writing} pages compacted while writing"
+    );
+    assert!(
+        ops.iter().all(|&n| n >= MIN_OPS_PER_THREAD),
+        "writers did {ops:?} ops in {MAX_SECS} s"
+    );
+    assert!(
+        compacted_while_writing > 0,
+        "compaction gave nothing back in {MAX_SECS} s of writes"
+    );
+    assert_eq!(
+        dev.stats().pages_compacted,
+        compacted.load(Ordering::Relaxed)
+    );
     dev.discard(0..SLOTS).unwrap();
     assert_eq!(dev.stats().mem_used_total, 0);
 }

@@ -6,7 +6,7 @@
 //! compaction or a writer from freeing the object under them.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -14,10 +14,12 @@ use std::sync::{Arc, Mutex};
 use crate::codec::{Codec, MAX_COMPRESSED};
 use crate::error::{Result, StoreError};
 use crate::limits::Budget;
-use crate::pool::class::{class_of, BLOCK_BYTES};
+use crate::pool::arena::Arena;
+use crate::pool::class::{class_of, BLOCK_BYTES, NUM_CLASSES};
 use crate::pool::heap::Heap;
 use crate::pool::Pool;
 use crate::slot::{self, Slot};
+use crate::state::{self, StateFiles, StateSpec};
 use crate::stats::{self, Counters, DeviceStats, Footprint};
 use crate::table::SlotTable;
 use crate::{Page, PAGE_SIZE};
@@ -38,6 +40,9 @@ pub struct DeviceConfig {
     /// Allocator shards: about one per thread that writes to the device
     /// (its queue count). 0 picks the number of CPUs.
     pub shards: usize,
+    /// Keep the device's state in files there, so it outlives the process;
+    /// None keeps it in anonymous memory.
+    pub state: Option<StateSpec>,
 }
 
 impl DeviceConfig {
@@ -48,6 +53,7 @@ impl DeviceConfig {
             mem_limit: 0,
             huge_threshold: DEFAULT_HUGE_THRESHOLD,
             shards: 0,
+            state: None,
         }
     }
 }
@@ -62,6 +68,22 @@ pub struct Device {
     counters: Box<[Counters]>,
     compacting: Mutex<()>,
     size_bytes: u64,
+    /// The state files (held open and locked), when the device has them.
+    state: Option<StateFiles>,
+    recovery: Option<Recovery>,
+}
+
+/// What recovering a device from its state found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    /// Slots holding a page (objects and same-filled).
+    pub slots: u64,
+    /// Spans rebuilt from the objects the slots reference.
+    pub spans: u64,
+    /// Slot words found locked (a write or move cut short): unlocked, with
+    /// the content they had.
+    pub unlocked: u64,
+    pub micros: u64,
 }
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
@@ -129,9 +151,28 @@ impl Device {
             n => n,
         }
         .min(64);
-        Ok(Device {
-            table: SlotTable::new(cfg.size_bytes / PAGE_SIZE as u64)?,
-            heap: Heap::new(shards),
+        let slots = cfg.size_bytes / PAGE_SIZE as u64;
+        // Room for every slot to hold an object in a span of its own, plus
+        // one partly used span per class and shard: the arena never runs out
+        // before the memory limits do. Address space only.
+        let arena_bytes = (cfg.size_bytes * (BLOCK_BYTES / PAGE_SIZE) as u64
+            + (NUM_CLASSES * shards * BLOCK_BYTES) as u64)
+            .min(pool.arena_cap);
+        let (state, data) = match &cfg.state {
+            Some(spec) => {
+                let (st, data) = state::open(spec, cfg.size_bytes, arena_bytes, cfg.codec)?;
+                (Some(st), Some(data))
+            }
+            None => (None, None),
+        };
+        let arena_bytes = state.as_ref().map_or(arena_bytes, |s| s.header.arena_bytes);
+        let (table_file, arena_file) = match &data {
+            Some(d) => (Some(&d.table), Some(&d.arena)),
+            None => (None, None),
+        };
+        let mut dev = Device {
+            table: SlotTable::new(slots, table_file)?,
+            heap: Heap::new(shards, Arena::new(arena_bytes, arena_file)?),
             codec: cfg.codec,
             huge_threshold: cfg.huge_threshold,
             budget: Budget::new(cfg.mem_limit),
@@ -139,7 +180,111 @@ impl Device {
             compacting: Mutex::new(()),
             size_bytes: cfg.size_bytes,
             pool,
-        })
+            state: None,
+            recovery: None,
+        };
+        if let (Some(st), Some(data)) = (state, data) {
+            if st.existing {
+                dev.recovery = Some(dev.recover(&st, &data)?);
+            }
+            dev.state = Some(st);
+        }
+        Ok(dev)
+    }
+
+    /// Rebuilds everything but the slot table from the slot table: spans,
+    /// free lists, budgets and gauges. An object no slot references is free.
+    /// A locked word (a writer or a move cut short) keeps the content it
+    /// had: its new object, if any, was never published, so it is free.
+    fn recover(&self, st: &StateFiles, data: &state::DataFiles) -> Result<Recovery> {
+        let t0 = std::time::Instant::now();
+        let corrupt = |slot: u64, what: &str| {
+            StoreError::State(format!(
+                "{}: slot {slot} {what}; the state is damaged (start with --fresh to discard it)",
+                st.dir.join("table").display()
+            ))
+        };
+        // block -> (class, indices of live objects)
+        let mut spans: HashMap<u32, (usize, Vec<u16>)> = HashMap::new();
+        let mut rec = Recovery {
+            slots: 0,
+            spans: 0,
+            unlocked: 0,
+            micros: 0,
+        };
+        let ctr = &self.counters[0];
+        for range in state::data_ranges(&data.table) {
+            let first = range.start / 8;
+            let end = range.end.div_ceil(8).min(self.table.len());
+            for s in first..end {
+                let w = self.table.word(s);
+                let mut word = w.load(Relaxed);
+                if word & slot::LOCK != 0 {
+                    word &= !slot::LOCK;
+                    w.store(word, Relaxed);
+                    rec.unlocked += 1;
+                }
+                if word == 0 {
+                    continue;
+                }
+                self.table.mark(s);
+                rec.slots += 1;
+                ctr.apply(Footprint::default(), footprint(word));
+                let Slot::Object { offset, len, .. } = Slot::decode(word) else {
+                    continue;
+                };
+                if len == 0 || len as usize > PAGE_SIZE {
+                    return Err(corrupt(s, "has an object of impossible length"));
+                }
+                let class = class_of(len as usize);
+                let c = self.pool.classes[class];
+                let block = offset / BLOCK_BYTES as u64;
+                let rel = offset % BLOCK_BYTES as u64;
+                if offset + u64::from(len) > self.heap.arena().bytes()
+                    || !rel.is_multiple_of(u64::from(c.size))
+                    || rel / u64::from(c.size) >= u64::from(c.capacity)
+                {
+                    return Err(corrupt(s, "points outside any object"));
+                }
+                let e = spans.entry(block as u32).or_insert((class, Vec::new()));
+                if e.0 != class {
+                    return Err(corrupt(s, "shares a span with objects of another size"));
+                }
+                e.1.push((rel / u64::from(c.size)) as u16);
+            }
+        }
+        let mut next = 0;
+        for (&block, (class, live)) in spans.iter_mut() {
+            live.sort_unstable();
+            if live.windows(2).any(|w| w[0] == w[1]) {
+                return Err(corrupt(0, "shares its object with another slot"));
+            }
+            self.heap
+                .restore_span(&self.pool, &self.budget, block, *class, live);
+            next = next.max(block + 1);
+        }
+        self.heap.arena().restore(next, |b| spans.contains_key(&b));
+        rec.spans = spans.len() as u64;
+        rec.micros = t0.elapsed().as_micros() as u64;
+        Ok(rec)
+    }
+
+    /// Where the device keeps its state, if it keeps any.
+    pub fn state_dir(&self) -> Option<&std::path::Path> {
+        self.state.as_ref().map(|s| s.dir.as_path())
+    }
+
+    /// Memory the state files hold (their allocated blocks), if any.
+    pub fn state_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let dir = self.state_dir()?;
+        let blocks = |f: &str| std::fs::metadata(dir.join(f)).map_or(0, |m| m.blocks() * 512);
+        Some(blocks("table") + blocks("arena") + blocks("header"))
+    }
+
+    /// What recovery found, if the device was recovered from its state.
+    pub fn recovery(&self) -> Option<Recovery> {
+        self.recovery
     }
 
     pub fn num_slots(&self) -> u64 {
@@ -241,7 +386,7 @@ impl Device {
                 // SAFETY: the slot lock pins the object: nobody frees or moves
                 // it, and nobody writes its bytes, until we unlock.
                 let src =
-                    unsafe { std::slice::from_raw_parts(self.pool.arena.ptr(offset, len), len) };
+                    unsafe { std::slice::from_raw_parts(self.heap.arena().ptr(offset, len), len) };
                 if huge {
                     out.copy_from_slice(src);
                 } else {
@@ -387,7 +532,7 @@ impl Device {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     src.as_ptr(),
-                    self.pool.arena.ptr(offset, src.len()),
+                    self.heap.arena().ptr(offset, src.len()),
                     src.len(),
                 );
             }
@@ -447,7 +592,7 @@ impl Device {
         // only there: another shard may have none and need a new span. The
         // slot lock keeps the object live, so its span's shard cannot change.
         let block = (offset / BLOCK_BYTES as u64) as u32;
-        let shard = usize::from(self.pool.arena.header(block).shard.load(Relaxed));
+        let shard = usize::from(self.heap.arena().header(block).shard.load(Relaxed));
         let Ok(new_off) = self
             .heap
             .alloc(&self.pool, &self.budget, class_of(len), shard)
@@ -460,8 +605,8 @@ impl Device {
         // one is ours alone until the word is published; they never overlap.
         unsafe {
             std::ptr::copy_nonoverlapping(
-                self.pool.arena.ptr(offset, len),
-                self.pool.arena.ptr(new_off, len),
+                self.heap.arena().ptr(offset, len),
+                self.heap.arena().ptr(new_off, len),
                 len,
             );
         }
@@ -512,12 +657,10 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // Give every object back so the pool's budget and spans are whole again.
-        let sh = self.shard();
-        self.for_each_object(|_, w| {
-            let old = w.swap(0, Relaxed);
-            self.retire(old, 0, sh);
-        });
+        // The arena goes with the device (its memory, or its mapping of the
+        // state files, which keep the data); the host budget gets back what
+        // this device held, span for span as it was charged.
+        self.pool.host.uncharge(self.budget.used());
     }
 }
 

@@ -27,6 +27,10 @@ pub enum StoreError {
     /// Bad configuration handed to the store (size, codec level, ...).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// A device's state files are unusable or in use: the device must not
+    /// start (serving a blank disk in place of lost data would be worse).
+    #[error("device state {0}")]
+    State(String),
     /// mmap failed while reserving memory.
     #[error("cannot map memory: {0}")]
     Map(String),

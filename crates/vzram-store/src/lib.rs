@@ -10,13 +10,15 @@ pub mod limits;
 mod mmap;
 pub mod pool;
 pub mod slot;
+pub mod state;
 pub mod stats;
 pub mod table;
 
 pub use codec::Codec;
-pub use device::{Device, DeviceConfig};
+pub use device::{Device, DeviceConfig, Recovery};
 pub use error::{Result, StoreError};
 pub use pool::{Pool, PoolConfig};
+pub use state::StateSpec;
 pub use stats::{DeviceStats, PoolStats};
 
 /// Bytes per slot.

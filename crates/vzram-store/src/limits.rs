@@ -40,6 +40,13 @@ impl Budget {
         }
     }
 
+    /// Charges `bytes` whatever the limit: for memory already in use (a
+    /// device recovered after a restart).
+    pub fn force_charge(&self, bytes: u64) {
+        let now = self.used.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.max.fetch_max(now, Ordering::Relaxed);
+    }
+
     pub fn uncharge(&self, bytes: u64) {
         let prev = self.used.fetch_sub(bytes, Ordering::Relaxed);
         debug_assert!(prev >= bytes, "budget underflow");

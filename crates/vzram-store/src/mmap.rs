@@ -1,13 +1,16 @@
-//! Anonymous, lazily backed memory regions. The slot table, the span
-//! directory and the pool arena are all reserved up front with
-//! `MAP_NORESERVE`, so address space is cheap and RSS grows only with the
-//! pages actually touched.
+//! Lazily backed memory regions: anonymous ones (the span directory, and
+//! devices that keep no state) and shared mappings of a device's state files
+//! (its slot table and arena, which outlive the process). All are reserved
+//! up front with `MAP_NORESERVE`, so address space is cheap and memory grows
+//! only with the pages actually touched.
 
 use crate::error::{Result, StoreError};
 
 pub struct Region {
     ptr: *mut u8,
     len: usize,
+    /// A shared file mapping: freeing pages must free the file's pages too.
+    shared: bool,
 }
 
 // SAFETY: a Region is a plain memory mapping owned by this value; access to
@@ -48,6 +51,40 @@ impl Region {
         Ok(Region {
             ptr: ptr.cast(),
             len,
+            shared: false,
+        })
+    }
+
+    /// Maps `len` bytes of `file` (already that long) shared: stores land in
+    /// the file at once, so they survive the process. The file should live on
+    /// tmpfs, where its pages are memory.
+    pub fn map_file(file: &std::fs::File, len: usize) -> Result<Region> {
+        use std::os::fd::AsRawFd;
+        let len = len.max(1).div_ceil(OS_PAGE) * OS_PAGE;
+        // SAFETY: a shared mapping of a file we hold open, at no fixed
+        // address; the result is checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(StoreError::Map(format!(
+                "mmap of {len} bytes of a state file: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        // SAFETY: advising our own fresh mapping; failure only costs memory.
+        unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+        Ok(Region {
+            ptr: ptr.cast(),
+            len,
+            shared: true,
         })
     }
 
@@ -78,14 +115,20 @@ impl Region {
         if end <= start {
             return;
         }
+        // MADV_DONTNEED on a private anonymous mapping drops the pages and
+        // refills them with zeros; on a shared file mapping it would only
+        // unmap them, so there MADV_REMOVE punches them out of the file.
+        let advice = if self.shared {
+            libc::MADV_REMOVE
+        } else {
+            libc::MADV_DONTNEED
+        };
         // SAFETY: the range lies inside this mapping (clamped above) and the
-        // caller guarantees nothing live is stored there. MADV_DONTNEED on a
-        // private anonymous mapping drops the pages and refills them with zeros.
-        let rc =
-            unsafe { libc::madvise(self.ptr.add(start).cast(), end - start, libc::MADV_DONTNEED) };
+        // caller guarantees nothing live is stored there.
+        let rc = unsafe { libc::madvise(self.ptr.add(start).cast(), end - start, advice) };
         if rc != 0 {
             tracing::warn!(
-                "madvise(DONTNEED) failed: {}",
+                "madvise({advice}) failed: {}",
                 std::io::Error::last_os_error()
             );
         }

@@ -22,13 +22,17 @@ pub struct SlotTable {
 }
 
 impl SlotTable {
-    pub fn new(slots: u64) -> Result<SlotTable> {
+    /// A table in anonymous memory, or in `file` (shared, 8 bytes a slot).
+    pub fn new(slots: u64, file: Option<&std::fs::File>) -> Result<SlotTable> {
         let bytes = usize::try_from(slots.max(1) * 8).map_err(|_| {
             crate::StoreError::InvalidConfig(format!("{slots} slots do not fit in memory"))
         })?;
         let pages = bytes.div_ceil(OS_PAGE);
         Ok(SlotTable {
-            words: Region::reserve(bytes)?,
+            words: match file {
+                Some(f) => Region::map_file(f, bytes)?,
+                None => Region::reserve(bytes)?,
+            },
             slots,
             touched: (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
         })
@@ -196,7 +200,7 @@ mod tests {
     fn touched_is_exactly_the_marked_pages() {
         // 130.5 table pages: three bitmap words, a short last page.
         let slots = 130 * SLOTS_PER_PAGE + SLOTS_PER_PAGE / 2;
-        let t = SlotTable::new(slots).unwrap();
+        let t = SlotTable::new(slots, None).unwrap();
         assert_eq!(pages(&t), []);
         let p = |n: u64| n * SLOTS_PER_PAGE..(n + 1) * SLOTS_PER_PAGE;
         for s in [
@@ -225,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_one_slot_table_has_one_page() {
-        let t = SlotTable::new(1).unwrap();
+        let t = SlotTable::new(1, None).unwrap();
         t.mark(0);
         assert_eq!(pages(&t).as_slice(), &[Range { start: 0, end: 1 }]);
     }
@@ -233,7 +237,7 @@ mod tests {
     /// The test aid the device tests rely on does what it says.
     #[test]
     fn page_out_keeps_words_and_hides_the_page_from_mincore() {
-        let t = SlotTable::new(3 * SLOTS_PER_PAGE).unwrap();
+        let t = SlotTable::new(3 * SLOTS_PER_PAGE, None).unwrap();
         for s in [5, SLOTS_PER_PAGE + 6, 2 * SLOTS_PER_PAGE + 7] {
             t.word(s).store(s * 3, Relaxed);
         }

@@ -67,14 +67,18 @@ pub struct Arena {
 }
 
 impl Arena {
-    pub fn new(bytes: u64) -> Result<Arena> {
+    /// An arena in anonymous memory, or in `file` (shared, `bytes` long).
+    pub fn new(bytes: u64, file: Option<&std::fs::File>) -> Result<Arena> {
         let blocks = (bytes / BLOCK_BYTES as u64).min(u64::from(NONE - 1));
         if blocks == 0 {
             return Err(StoreError::InvalidConfig(format!(
                 "arena of {bytes} bytes is smaller than one {BLOCK_BYTES}-byte block"
             )));
         }
-        let mem = Region::reserve(blocks as usize * BLOCK_BYTES)?;
+        let mem = match file {
+            Some(f) => Region::map_file(f, blocks as usize * BLOCK_BYTES)?,
+            None => Region::reserve(blocks as usize * BLOCK_BYTES)?,
+        };
         let dir = Region::reserve(blocks as usize * std::mem::size_of::<SpanHeader>())?;
         Ok(Arena {
             mem,
@@ -105,6 +109,30 @@ impl Arena {
         assert!(offset as usize + len <= self.mem.len());
         // SAFETY: bounds checked just above.
         unsafe { self.mem.as_ptr().add(offset as usize) }
+    }
+
+    /// After recovery: blocks below `next` that are not in use are free.
+    /// Their pages are released here, in case a crash left bytes in them.
+    pub fn restore(&self, next: u32, in_use: impl Fn(u32) -> bool) {
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        f.next = next;
+        f.free = (0..next).rev().filter(|&b| !in_use(b)).collect();
+        // One call per run of free blocks: punching holes is cheap, calls are not.
+        let mut run: Option<(u32, u32)> = None;
+        for &b in f.free.iter().rev().chain(std::iter::once(&u32::MAX)) {
+            match run {
+                Some((start, end)) if b == end => run = Some((start, end + 1)),
+                _ => {
+                    if let Some((start, end)) = run {
+                        self.mem.release(
+                            start as usize * BLOCK_BYTES,
+                            (end - start) as usize * BLOCK_BYTES,
+                        );
+                    }
+                    run = (b != u32::MAX).then(|| (b, b + 1));
+                }
+            }
+        }
     }
 
     pub fn alloc_block(&self) -> Result<u32> {

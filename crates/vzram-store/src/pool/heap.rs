@@ -23,6 +23,9 @@ struct ShardState {
 }
 
 pub struct Heap {
+    /// This device's objects: its own arena, so that its state can live in
+    /// its own file and no other device's objects are within reach.
+    arena: Arena,
     // shards[shard][class]: one shard's classes sit together, so two threads
     // on two shards never write the same cache lines.
     shards: Box<[Box<[Mutex<ShardState>]>]>,
@@ -50,7 +53,7 @@ fn lock(m: &Mutex<ShardState>) -> MutexGuard<'_, ShardState> {
 }
 
 impl Heap {
-    pub fn new(shards: usize) -> Heap {
+    pub fn new(shards: usize, arena: Arena) -> Heap {
         let shards = (0..shards.max(1))
             .map(|_| {
                 (0..NUM_CLASSES)
@@ -65,7 +68,11 @@ impl Heap {
             })
             .collect::<Vec<_>>()
             .into_boxed_slice();
-        Heap { shards }
+        Heap { arena, shards }
+    }
+
+    pub fn arena(&self) -> &Arena {
+        &self.arena
     }
 
     pub fn num_shards(&self) -> usize {
@@ -83,12 +90,12 @@ impl Heap {
         shard: usize,
     ) -> std::result::Result<u64, AllocError> {
         let c = pool.classes[class];
-        let arena = &pool.arena;
+        let arena = &self.arena;
         let mut st = lock(&self.shards[shard][class]);
         let block = if st.avail != NONE {
             st.avail
         } else {
-            let block = new_span(pool, budget, c)?;
+            let block = new_span(arena, pool, budget, c)?;
             let h = arena.header(block);
             h.class.store(class as u16, Relaxed);
             h.shard.store(shard as u16, Relaxed);
@@ -124,7 +131,7 @@ impl Heap {
     /// Frees the object at `offset`. A span left empty goes back to the OS,
     /// unless compaction is emptying it (compaction frees it itself).
     pub fn free(&self, pool: &Pool, budget: &Budget, offset: u64) {
-        let arena = &pool.arena;
+        let arena = &self.arena;
         let block = (offset / BLOCK_BYTES as u64) as u32;
         let h = arena.header(block);
         let class = h.class.load(Relaxed) as usize;
@@ -145,17 +152,62 @@ impl Heap {
                 unlink(arena, &mut st, block);
             }
             st.spans -= 1;
-            drop_span(pool, budget, block, c);
+            drop_span(arena, pool, budget, block, c);
         } else if !h.flag(IN_AVAIL) {
             push(arena, &mut st, block);
         }
+    }
+
+    /// Rebuilds one span after a restart from the objects the slot table
+    /// references (`live`: their indices, ascending). Everything else in the
+    /// span is free; the free list is written into the free objects, as
+    /// `free` would. Charges both budgets whatever their limits: the memory
+    /// is already in use.
+    pub fn restore_span(
+        &self,
+        pool: &Pool,
+        budget: &Budget,
+        block: u32,
+        class: usize,
+        live: &[u16],
+    ) {
+        let arena = &self.arena;
+        let c = pool.classes[class];
+        let shard = block as usize % self.shards.len();
+        let mut st = lock(&self.shards[shard][class]);
+        let h = arena.header(block);
+        let bump = live.last().map_or(0, |&i| i + 1);
+        h.class.store(class as u16, Relaxed);
+        h.shard.store(shard as u16, Relaxed);
+        h.live.store(live.len() as u16, Relaxed);
+        h.bump.store(bump, Relaxed);
+        h.flags.store(0, Relaxed);
+        let base = u64::from(block) * BLOCK_BYTES as u64;
+        let mut head = NO_OBJ;
+        let mut next_live = live.iter().rev().peekable();
+        for i in (0..bump).rev() {
+            if next_live.peek() == Some(&&i) {
+                next_live.next();
+                continue;
+            }
+            write_link(arena, base + u64::from(i) * u64::from(c.size), head);
+            head = i;
+        }
+        h.free_head.store(head, Relaxed);
+        st.spans += 1;
+        if (live.len() as u32) < c.capacity {
+            push(arena, &mut st, block);
+        }
+        let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
+        budget.force_charge(bytes);
+        pool.host.force_charge(bytes);
     }
 
     /// Picks spans worth emptying: in each class shard, the sparsest spans
     /// beyond what the live objects need. They leave the allocation lists and
     /// are returned as a set of blocks.
     pub fn plan_compaction(&self, pool: &Pool) -> HashSet<u32> {
-        let arena = &pool.arena;
+        let arena = &self.arena;
         let mut out = HashSet::new();
         for shard in self.shards.iter() {
             for (class, m) in shard.iter().enumerate() {
@@ -187,7 +239,7 @@ impl Heap {
     /// Ends a compaction: spans it emptied go back to the OS, the rest
     /// (objects written while it ran) rejoin their lists. Returns pages freed.
     pub fn finish_compaction(&self, pool: &Pool, budget: &Budget, blocks: &HashSet<u32>) -> u64 {
-        let arena = &pool.arena;
+        let arena = &self.arena;
         let mut freed = 0;
         for &b in blocks {
             let h = arena.header(b);
@@ -197,7 +249,7 @@ impl Heap {
             h.set_flag(EVACUATING, false);
             if h.live.load(Relaxed) == 0 {
                 st.spans -= 1;
-                drop_span(pool, budget, b, c);
+                drop_span(arena, pool, budget, b, c);
                 freed += u64::from(c.pages);
             } else {
                 push(arena, &mut st, b);
@@ -216,7 +268,12 @@ impl Heap {
     }
 }
 
-fn new_span(pool: &Pool, budget: &Budget, c: Class) -> std::result::Result<u32, AllocError> {
+fn new_span(
+    arena: &Arena,
+    pool: &Pool,
+    budget: &Budget,
+    c: Class,
+) -> std::result::Result<u32, AllocError> {
     let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
     if !budget.try_charge(bytes) {
         return Err(AllocError::Device);
@@ -225,17 +282,17 @@ fn new_span(pool: &Pool, budget: &Budget, c: Class) -> std::result::Result<u32, 
         budget.uncharge(bytes);
         return Err(AllocError::Host);
     }
-    let block = pool.arena.alloc_block().map_err(|_| {
+    let block = arena.alloc_block().map_err(|_| {
         budget.uncharge(bytes);
         pool.host.uncharge(bytes);
         AllocError::Arena
     })?;
-    pool.arena.populate(block, c.pages as usize);
+    arena.populate(block, c.pages as usize);
     Ok(block)
 }
 
-fn drop_span(pool: &Pool, budget: &Budget, block: u32, c: Class) {
-    pool.arena.free_block(block, c.pages as usize);
+fn drop_span(arena: &Arena, pool: &Pool, budget: &Budget, block: u32, c: Class) {
+    arena.free_block(block, c.pages as usize);
     let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
     budget.uncharge(bytes);
     pool.host.uncharge(bytes);

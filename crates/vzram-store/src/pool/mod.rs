@@ -1,5 +1,6 @@
-//! The shared compressed pool: one arena and one host-wide budget for every
-//! device of the process.
+//! The shared compressed pool: the size classes and one host-wide budget
+//! for every device of the process. Each device's objects live in its own
+//! arena (see [`heap::Heap`]), so each device's state can be its own files.
 
 pub mod arena;
 pub mod class;
@@ -13,15 +14,16 @@ use crate::error::Result;
 use crate::limits::Budget;
 use crate::stats::PoolStats;
 
-/// Default address space reserved for the arena. It costs nothing until
-/// used; it only caps how much the pool can ever hold.
+/// Default cap on the address space one device's arena may reserve. It
+/// costs nothing until used.
 pub const DEFAULT_ARENA_BYTES: u64 = 1 << 40;
 
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     /// Host-wide cap on pool memory, in bytes; 0 = unlimited.
     pub host_mem_limit: u64,
-    /// Address space to reserve for objects.
+    /// Most address space one device's arena may reserve (each reserves
+    /// what its size can need, up to this).
     pub arena_bytes: u64,
 }
 
@@ -35,7 +37,7 @@ impl Default for PoolConfig {
 }
 
 pub struct Pool {
-    pub(crate) arena: arena::Arena,
+    pub(crate) arena_cap: u64,
     pub(crate) host: Budget,
     pub(crate) classes: [class::Class; class::NUM_CLASSES],
     // Only stats and compaction walk this list; the I/O path never does.
@@ -46,7 +48,7 @@ impl Pool {
     pub fn new(cfg: PoolConfig) -> Result<Arc<Pool>> {
         let bytes = cfg.arena_bytes.min(crate::slot::MAX_ARENA_BYTES);
         Ok(Arc::new(Pool {
-            arena: arena::Arena::new(bytes)?,
+            arena_cap: bytes,
             host: Budget::new(cfg.host_mem_limit),
             classes: class::classes(),
             devices: Mutex::new(Vec::new()),

@@ -1,0 +1,436 @@
+//! A device's state as files, so that it outlives the process: a header
+//! saying what the device is, the slot table and the arena. The table and
+//! the arena are mapped shared; every store the daemon makes is in the file
+//! at once, and after a crash the slot table alone says what is stored
+//! (see `Device::recover`).
+//!
+//! ```text
+//! <root>/<name>/header   magic, version, sizes, codec, name, creation id
+//! <root>/<name>/table    8 bytes per slot (sparse)
+//! <root>/<name>/arena    the device's objects (sparse)
+//! ```
+//!
+//! The files belong on tmpfs (`/dev/shm`, `$RUNTIME_DIRECTORY`): there their
+//! pages are the memory the pool uses, not a copy of it. A state is made in a
+//! hidden directory and renamed into place, so a crash never leaves a half
+//! made one under the device's name. The header is locked (`flock`) while a
+//! process serves the device.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Result, StoreError};
+use crate::Codec;
+
+const MAGIC: [u8; 8] = *b"VZRAMST\0";
+/// Bumped when the layout of the files changes incompatibly.
+pub const VERSION: u32 = 1;
+const HEADER_LEN: usize = 128;
+const NAME_LEN: usize = 64;
+const CODEC_LEN: usize = 16;
+
+/// Where a device keeps its state, and whether to start over.
+#[derive(Debug, Clone)]
+pub struct StateSpec {
+    /// Directory holding one subdirectory per device.
+    pub root: PathBuf,
+    /// The device's name: its subdirectory.
+    pub name: String,
+    /// Discard whatever state exists and start empty.
+    pub fresh: bool,
+}
+
+/// What the header records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub size_bytes: u64,
+    pub arena_bytes: u64,
+    pub codec: String,
+    pub name: String,
+    /// Random, fixed at creation: tells two states of one name apart.
+    pub creation_id: u64,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(crate::PAGE_SIZE as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.size_bytes.to_le_bytes());
+        b[24..32].copy_from_slice(&self.arena_bytes.to_le_bytes());
+        b[32..40].copy_from_slice(&self.creation_id.to_le_bytes());
+        put_str(&mut b[40..40 + CODEC_LEN], &self.codec);
+        put_str(&mut b[56..56 + NAME_LEN], &self.name);
+        b
+    }
+
+    fn decode(b: &[u8; HEADER_LEN]) -> std::result::Result<Header, String> {
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        if b[0..8] != MAGIC {
+            return Err("not a vzram device state (bad magic)".into());
+        }
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(format!(
+                "state format version {version}, this vzram reads version {VERSION}"
+            ));
+        }
+        if u32_at(12) as usize != crate::PAGE_SIZE {
+            return Err(format!(
+                "page size {}, expected {}",
+                u32_at(12),
+                crate::PAGE_SIZE
+            ));
+        }
+        Ok(Header {
+            size_bytes: u64_at(16),
+            arena_bytes: u64_at(24),
+            creation_id: u64_at(32),
+            codec: get_str(&b[40..40 + CODEC_LEN]),
+            name: get_str(&b[56..56 + NAME_LEN]),
+        })
+    }
+}
+
+fn put_str(dst: &mut [u8], s: &str) {
+    let n = s.len().min(dst.len());
+    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
+}
+
+fn get_str(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// One device's state; its header stays locked while this lives.
+pub struct StateFiles {
+    pub dir: PathBuf,
+    pub header: Header,
+    /// True when the state existed before: the device must be recovered
+    /// from its slot table.
+    pub existing: bool,
+    _lock: File,
+}
+
+/// The files to map. Once mapped they can be closed (the mappings keep
+/// them), so an idle device holds one descriptor for its state, not three.
+pub struct DataFiles {
+    pub table: File,
+    pub arena: File,
+}
+
+fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
+    StoreError::State(format!("{}: {msg}", path.display()))
+}
+
+/// Names that are a plain file name, so a device's state stays in its root.
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > NAME_LEN
+        || name.starts_with('.')
+        || name.contains('/')
+        || name.contains('\0')
+    {
+        return Err(StoreError::InvalidConfig(format!(
+            "device name {name:?} cannot name a state directory (1..={NAME_LEN} bytes, no '/', not starting with '.')"
+        )));
+    }
+    Ok(())
+}
+
+fn lock(file: &File, path: &Path) -> Result<()> {
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.kind() == std::io::ErrorKind::WouldBlock {
+            err(path, "in use by another vzram process")
+        } else {
+            err(path, format!("cannot lock: {e}"))
+        });
+    }
+    Ok(())
+}
+
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom fills the buffer we own; on failure the time is used.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 8 {
+        u64::from_ne_bytes(b)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    }
+}
+
+fn open_rw(path: &Path, create: bool) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(create)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| err(path, e))
+}
+
+/// Opens a device's state, making it if there is none (or if `fresh`).
+/// An existing state must describe the same device: a different size, a
+/// bad header or a newer format is an error naming the file, never a blank
+/// disk served in its place.
+pub fn open(
+    spec: &StateSpec,
+    size_bytes: u64,
+    arena_bytes: u64,
+    codec: Codec,
+) -> Result<(StateFiles, DataFiles)> {
+    check_name(&spec.name)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&spec.root)
+        .map_err(|e| err(&spec.root, e))?;
+    let dir = spec.root.join(&spec.name);
+    remove_unfinished(&spec.root, &spec.name);
+    if dir.exists() {
+        if spec.fresh {
+            discard(&dir)?;
+        } else {
+            return open_existing(dir, size_bytes);
+        }
+    }
+    create(spec, dir, size_bytes, arena_bytes, codec)
+}
+
+fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<(StateFiles, DataFiles)> {
+    let hpath = dir.join("header");
+    let mut hfile = open_rw(&hpath, false)?;
+    lock(&hfile, &dir)?;
+    let mut raw = [0u8; HEADER_LEN];
+    hfile
+        .read_exact(&mut raw)
+        .map_err(|e| err(&hpath, format!("cannot read the header: {e}")))?;
+    let header = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
+    if header.size_bytes != size_bytes {
+        return Err(err(
+            &hpath,
+            format!(
+                "holds a device of {} bytes, configured {size_bytes}; start with --fresh to discard it",
+                header.size_bytes
+            ),
+        ));
+    }
+    let table = open_rw(&dir.join("table"), false)?;
+    let arena = open_rw(&dir.join("arena"), false)?;
+    let want_table = (size_bytes / crate::PAGE_SIZE as u64) * 8;
+    for (f, name, want) in [
+        (&table, "table", want_table),
+        (&arena, "arena", header.arena_bytes),
+    ] {
+        let len = f.metadata().map_err(|e| err(&dir.join(name), e))?.len();
+        if len != want {
+            return Err(err(
+                &dir.join(name),
+                format!("is {len} bytes, the header says {want}"),
+            ));
+        }
+    }
+    Ok((
+        StateFiles {
+            dir,
+            header,
+            existing: true,
+            _lock: hfile,
+        },
+        DataFiles { table, arena },
+    ))
+}
+
+fn create(
+    spec: &StateSpec,
+    dir: PathBuf,
+    size_bytes: u64,
+    arena_bytes: u64,
+    codec: Codec,
+) -> Result<(StateFiles, DataFiles)> {
+    let tmp = spec
+        .root
+        .join(format!(".{}.new-{}", spec.name, std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .map_err(|e| err(&tmp, e))?;
+    let header = Header {
+        size_bytes,
+        arena_bytes,
+        codec: codec.to_string(),
+        name: spec.name.clone(),
+        creation_id: random_id(),
+    };
+    let mut h = open_rw(&tmp.join("header"), true)?;
+    h.write_all(&header.encode())
+        .map_err(|e| err(&tmp.join("header"), e))?;
+    let table = open_rw(&tmp.join("table"), true)?;
+    let arena = open_rw(&tmp.join("arena"), true)?;
+    table
+        .set_len((size_bytes / crate::PAGE_SIZE as u64) * 8)
+        .map_err(|e| err(&tmp.join("table"), e))?;
+    arena
+        .set_len(arena_bytes)
+        .map_err(|e| err(&tmp.join("arena"), e))?;
+    lock(&h, &tmp)?;
+    // Only a complete state ever carries the device's name.
+    std::fs::rename(&tmp, &dir).map_err(|e| err(&dir, e))?;
+    Ok((
+        StateFiles {
+            dir,
+            header,
+            existing: false,
+            _lock: h,
+        },
+        DataFiles { table, arena },
+    ))
+}
+
+/// Deletes a device's state on purpose; refused while a process serves it.
+pub fn discard(dir: &Path) -> Result<()> {
+    if let Ok(h) = open_rw(&dir.join("header"), false) {
+        lock(&h, dir)?;
+    }
+    std::fs::remove_dir_all(dir).map_err(|e| err(dir, e))
+}
+
+/// Half-made states of this name (a crash while creating one).
+fn remove_unfinished(root: &Path, name: &str) {
+    let prefix = format!(".{name}.new-");
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The byte ranges of `file` that hold data (SEEK_DATA/SEEK_HOLE), so a
+/// sparse file is walked without touching its holes.
+pub fn data_ranges(file: &File) -> Vec<std::ops::Range<u64>> {
+    let fd = file.as_raw_fd();
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut out = Vec::new();
+    let mut pos = 0i64;
+    while (pos as u64) < len {
+        // SAFETY: lseek on a descriptor we own.
+        let start = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if start < 0 {
+            // ENXIO: no data past pos. Anything else: assume all data.
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
+                out.push(pos as u64..len);
+            }
+            break;
+        }
+        // SAFETY: as above.
+        let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
+        let end = if end < 0 { len as i64 } else { end };
+        out.push(start as u64..end as u64);
+        pos = end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("vzram-state-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        p
+    }
+
+    #[test]
+    fn header_round_trips_and_refuses_what_it_is_not() {
+        let h = Header {
+            size_bytes: 1 << 30,
+            arena_bytes: 1 << 32,
+            codec: "zstd:3".into(),
+            name: "vm1".into(),
+            creation_id: 42,
+        };
+        let b = h.encode();
+        assert_eq!(Header::decode(&b).unwrap(), h);
+        let mut bad = b;
+        bad[0] = b'X';
+        assert!(Header::decode(&bad).unwrap_err().contains("magic"));
+        let mut newer = b;
+        newer[8] = 2;
+        assert!(Header::decode(&newer).unwrap_err().contains("version 2"));
+    }
+
+    #[test]
+    fn create_reopen_lock_and_size_mismatch() {
+        let r = root("open");
+        let spec = StateSpec {
+            root: r.clone(),
+            name: "d".into(),
+            fresh: false,
+        };
+        let (a, _) = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).unwrap();
+        assert!(!a.existing);
+        // A second opener while the first holds it.
+        let busy = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).err().unwrap();
+        assert!(busy.to_string().contains("in use"), "{busy}");
+        let id = a.header.creation_id;
+        drop(a);
+        let (b, _) = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).unwrap();
+        assert!(b.existing);
+        assert_eq!(b.header.creation_id, id);
+        drop(b);
+        let e = open(&spec, 2 << 20, 1 << 22, Codec::Lz4).err().unwrap();
+        assert!(e.to_string().contains("--fresh"), "{e}");
+        assert!(e.to_string().contains("header"), "{e}");
+        let fresh = StateSpec {
+            fresh: true,
+            ..spec.clone()
+        };
+        let (c, _) = open(&fresh, 2 << 20, 1 << 22, Codec::Lz4).unwrap();
+        assert!(!c.existing);
+        assert_ne!(c.header.creation_id, id);
+        drop(c);
+        assert!(open(
+            &StateSpec {
+                name: "../x".into(),
+                ..spec
+            },
+            1 << 20,
+            1 << 22,
+            Codec::Lz4
+        )
+        .is_err());
+        std::fs::remove_dir_all(&r).unwrap();
+    }
+
+    #[test]
+    fn data_ranges_skip_holes() {
+        let r = root("sparse");
+        std::fs::create_dir_all(&r).unwrap();
+        let p = r.join("f");
+        let f = open_rw(&p, true).unwrap();
+        f.set_len(1 << 20).unwrap();
+        assert!(data_ranges(&f).is_empty());
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[1; 4096], 64 << 10).unwrap();
+        let ranges = data_ranges(&f);
+        assert_eq!(ranges.len(), 1, "{ranges:?}");
+        assert!(ranges[0].contains(&(64 << 10)));
+        std::fs::remove_dir_all(&r).unwrap();
+    }
+}

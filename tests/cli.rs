@@ -14,8 +14,12 @@ fn s(p: &Path) -> &str {
 }
 
 fn vzram(args: &[&str]) -> Output {
+    // A daemon started here keeps its state in a directory of its own.
+    let state = TempDir::new("clistate");
     let mut cmd = Command::new(vzram_bin());
-    cmd.args(args).stdin(Stdio::null());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .env("VZRAM_STATE_DIR", state.path());
     // A daemon that wrongly starts must not hang the test.
     let mut child = cmd
         .stdout(Stdio::piped())

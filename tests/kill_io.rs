@@ -441,7 +441,6 @@ fn killing_the_client_mid_write_leaves_each_page_old_or_new() {
 }
 
 #[test]
-#[ignore = "needs durable state (issue: guest data survives a daemon crash)"]
 fn killing_the_daemon_mid_write_leaves_each_page_old_or_new() {
     kill_during_io(Victim::Daemon);
 }

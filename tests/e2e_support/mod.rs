@@ -112,6 +112,7 @@ impl Ctx {
         }
         let dir = base.join(format!("vzram-e2e-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
+        let _ = fs::remove_dir_all(vzram_tests::state_dir_for(&dir));
         fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("e2e {name}: mkdir {}: {e}", dir.display()));
         eprintln!("e2e {name}: start (dir {})", dir.display());
@@ -148,6 +149,9 @@ impl Ctx {
         let log = self.path("vzram.log");
         let mut cmd = Command::new(&self.bin);
         cmd.arg("serve").args(args).arg("--control").arg(&control);
+        if let Some(dir) = control.parent() {
+            cmd.env("VZRAM_STATE_DIR", vzram_tests::state_dir_for(dir));
+        }
         let cmdline = format!("{cmd:?}");
         eprintln!("e2e {}: {cmdline}", self.name);
         let logf = File::create(&log).expect("create daemon log");
@@ -264,6 +268,7 @@ impl Drop for Ctx {
         } else {
             eprintln!("e2e {}: wall {secs:.1}s", self.name);
             let _ = fs::remove_dir_all(&self.dir);
+            let _ = fs::remove_dir_all(vzram_tests::state_dir_for(&self.dir));
         }
     }
 }

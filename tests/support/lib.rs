@@ -117,7 +117,36 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+        // The state of daemons started for it or for a directory inside it.
+        let state = state_dir_for(&self.0);
+        let (Some(base), Some(prefix)) = (state.parent(), state.file_name()) else {
+            return;
+        };
+        let prefix = prefix.to_string_lossy();
+        let inside = format!("{prefix}_");
+        for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == prefix || name.starts_with(&inside) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
     }
+}
+
+/// Where daemons started for a test directory keep their device state: on
+/// tmpfs as in production, named after the directory's whole path, and
+/// removed with it (see [`TempDir`]'s drop). Daemons get it as
+/// `VZRAM_STATE_DIR`.
+pub fn state_dir_for(test_dir: &Path) -> PathBuf {
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    base.join(format!(
+        "vzstate{}",
+        test_dir.to_string_lossy().replace('/', "_")
+    ))
 }
 
 /// A running `vzram serve` with a control socket; killed on drop.
@@ -517,6 +546,9 @@ impl Daemon {
         sockets: &[&Path],
     ) -> Daemon {
         let log_file = std::fs::File::create(log).expect("create daemon log");
+        if let Some(dir) = control.parent() {
+            cmd.env("VZRAM_STATE_DIR", state_dir_for(dir));
+        }
         let child = cmd
             .env(
                 "RUST_LOG",

@@ -31,7 +31,24 @@ use targets::{Algo, Env, Kind, TargetSpec};
 fn main() {
     let cli = Cli::parse();
     sys::install_signal_handlers();
-    match real_main(cli) {
+    // The daemons this starts keep their state on tmpfs, as in production,
+    // in a directory of this run's (unless the caller chose one).
+    let state = std::env::var_os("VZRAM_STATE_DIR").is_none().then(|| {
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!("vzram-bench-state-{}", std::process::id()));
+        // Set before any thread or child starts.
+        std::env::set_var("VZRAM_STATE_DIR", &dir);
+        dir
+    });
+    let r = real_main(cli);
+    if let Some(dir) = state {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    match r {
         Ok(()) => {}
         Err(e) => {
             let msg = e.0.replace('\n', " ");

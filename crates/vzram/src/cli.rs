@@ -75,6 +75,13 @@ pub struct ServeArgs {
     /// log (allow all, the kernel logs what would be refused) [default: on].
     #[arg(long, value_name = "MODE")]
     pub seccomp: Option<SeccompMode>,
+    /// Where devices keep their state, so it outlives the daemon (a tmpfs
+    /// directory) [default: $RUNTIME_DIRECTORY/state, else /dev/shm/vzram].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Discard the devices' existing state and start them empty.
+    #[arg(long)]
+    pub fresh: bool,
 }
 
 impl ServeArgs {
@@ -96,6 +103,7 @@ impl ServeArgs {
             mem_limit: self.mem_limit,
             serial: self.serial,
             readonly: self.readonly.then_some(true),
+            state_dir: None,
         };
         if single.socket.is_some() {
             drafts.push(single);
@@ -111,6 +119,10 @@ impl ServeArgs {
             drafts,
         )?;
         cfg.seccomp = self.seccomp.or(file.seccomp).unwrap_or_default();
+        if let Some(d) = self.state_dir.or(file.state_dir) {
+            cfg.state_dir = d;
+        }
+        cfg.fresh = self.fresh;
         Ok(cfg)
     }
 }

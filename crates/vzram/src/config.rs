@@ -96,6 +96,7 @@ pub struct DeviceDraft {
     pub mem_limit: Option<u64>,
     pub serial: Option<String>,
     pub readonly: Option<bool>,
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`.
@@ -114,9 +115,10 @@ pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, String> {
             "serial" => d.serial = Some(v.to_string()),
             "readonly" | "read-only" | "ro" => d.readonly = Some(parse_bool(v)?),
             "name" => d.name = Some(v.to_string()),
+            "state-dir" | "state_dir" => d.state_dir = Some(PathBuf::from(v)),
             _ => {
                 return Err(format!(
-                    "unknown device option {k:?} (known: socket, size, queues, algo, mem-limit, serial, readonly, name)"
+                    "unknown device option {k:?} (known: socket, size, queues, algo, mem-limit, serial, readonly, name, state-dir)"
                 ))
             }
         }
@@ -198,6 +200,8 @@ struct FileConfig {
     #[serde(alias = "host-mem-limit")]
     host_mem_limit: Option<SizeValue>,
     control: Option<PathBuf>,
+    #[serde(alias = "state-dir")]
+    state_dir: Option<PathBuf>,
     #[serde(alias = "socket-mode")]
     socket_mode: Option<toml::Spanned<ModeValue>>,
     /// `true`/`false`, or "on", "off", "log".
@@ -225,6 +229,8 @@ struct FileDevice {
     mem_limit: Option<SizeValue>,
     serial: Option<String>,
     readonly: Option<bool>,
+    #[serde(alias = "state-dir")]
+    state_dir: Option<PathBuf>,
 }
 
 /// What the config file holds, as drafts for the command line to extend.
@@ -232,6 +238,7 @@ struct FileDevice {
 pub struct FileDrafts {
     pub host_mem_limit: Option<u64>,
     pub control: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
     pub socket_mode: Option<u32>,
     pub seccomp: Option<SeccompMode>,
     pub devices: Vec<DeviceDraft>,
@@ -299,6 +306,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
                 .transpose()?,
             serial: d.serial,
             readonly: d.readonly,
+            state_dir: d.state_dir,
         });
     }
     Ok(FileDrafts {
@@ -307,6 +315,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             .map(|s| s.bytes("host_mem_limit"))
             .transpose()?,
         control: f.control,
+        state_dir: f.state_dir,
         socket_mode,
         seccomp,
         devices,
@@ -324,6 +333,37 @@ pub struct DeviceSpec {
     pub mem_limit: u64,
     pub serial: String,
     pub readonly: bool,
+    /// Where this device keeps its state, if not in the daemon's directory.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl DeviceSpec {
+    /// The directory holding this device's state directory.
+    pub fn state_root<'a>(&'a self, daemon: &'a DaemonConfig) -> &'a std::path::Path {
+        self.state_dir.as_deref().unwrap_or(&daemon.state_dir)
+    }
+}
+
+/// Where state lives when no flag or file says: `$VZRAM_STATE_DIR`, else
+/// systemd's runtime directory (kept across restarts with
+/// `RuntimeDirectoryPreserve=yes`), else `/dev/shm/vzram`. The last two are
+/// tmpfs, where the state's pages are plain memory.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("VZRAM_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    match std::env::var_os("RUNTIME_DIRECTORY") {
+        Some(d) if !d.is_empty() => {
+            let first = d
+                .to_string_lossy()
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            PathBuf::from(first).join("state")
+        }
+        _ => PathBuf::from("/dev/shm/vzram"),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,6 +374,10 @@ pub struct DaemonConfig {
     pub socket_mode: u32,
     /// The sandbox; [`DaemonConfig::build`] leaves it on.
     pub seccomp: SeccompMode,
+    /// Directory of the devices' state ([`default_state_dir`] unless given).
+    pub state_dir: PathBuf,
+    /// Discard existing state and start every device empty.
+    pub fresh: bool,
     pub devices: Vec<DeviceSpec>,
 }
 
@@ -354,8 +398,16 @@ impl DaemonConfig {
         let mut names = HashSet::new();
         for (i, d) in drafts.into_iter().enumerate() {
             let name = d.name.unwrap_or_else(|| format!("vzram{i}"));
-            if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return err(format!("device {i}: bad name {name:?}"));
+            // The name is also the state directory's name.
+            if name.is_empty()
+                || name.len() > 64
+                || name.starts_with('.')
+                || name.contains('/')
+                || name.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return err(format!(
+                    "device {i}: bad name {name:?} (1 to 64 bytes, no spaces or '/', not starting with '.')"
+                ));
             }
             let Some(socket) = d.socket else {
                 return err(format!("device {name}: no socket path"));
@@ -401,6 +453,7 @@ impl DaemonConfig {
                 mem_limit: d.mem_limit.unwrap_or(0),
                 serial,
                 readonly: d.readonly.unwrap_or(false),
+                state_dir: d.state_dir,
             });
         }
         if let Some(c) = &control {
@@ -416,6 +469,8 @@ impl DaemonConfig {
             control,
             socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
             seccomp: SeccompMode::default(),
+            state_dir: default_state_dir(),
+            fresh: false,
             devices,
         })
     }

@@ -144,6 +144,8 @@ impl Control {
                     "readonly": d.spec.readonly,
                     "serial": d.spec.serial,
                     "connected": d.connected.load(Ordering::Relaxed),
+                    "state": d.blk.store().state_dir().map(|p| p.display().to_string()),
+                    "state_bytes": d.blk.store().state_bytes(),
                     "connections": d.connections.load(Ordering::Relaxed),
                     "stats": d.blk.store().stats(),
                 })
@@ -277,6 +279,7 @@ mod tests {
                         mem_limit: 0,
                         serial: n.to_string(),
                         readonly: false,
+                        state_dir: None,
                     },
                     blk: Arc::new(BlkDevice::new(store, 1, false, n)),
                     connected: AtomicBool::new(false),

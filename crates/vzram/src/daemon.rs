@@ -23,7 +23,7 @@ use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vzram_blk::guard::{self, Guard, Message, Received};
 use vzram_blk::{BlkBackend, BlkDevice};
-use vzram_store::{DeviceConfig, Pool, PoolConfig, StoreError};
+use vzram_store::{DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::control::{self, Control};
@@ -141,12 +141,45 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     pool.spawn_auto_compaction(COMPACT_INTERVAL, COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE)
         .map_err(Error::Thread)?;
 
+    // Bind everything before serving anything, and before touching any
+    // state: a bad path or a socket in use fails the start.
+    let mut files = SocketFiles::default();
+    let mut listeners = Vec::with_capacity(cfg.devices.len());
+    for (i, spec) in cfg.devices.iter().enumerate() {
+        let outer = files.bind(&spec.socket, cfg.socket_mode)?;
+        let inner = InnerSocket::new(&i.to_string()).map_err(|source| Error::Socket {
+            path: spec.socket.clone(),
+            source,
+        })?;
+        listeners.push((outer, inner));
+    }
+
     let mut devices = Vec::with_capacity(cfg.devices.len());
     for spec in &cfg.devices {
         let mut dc = DeviceConfig::new(spec.size, spec.algo);
         dc.mem_limit = spec.mem_limit;
         dc.shards = usize::from(spec.queues);
+        dc.state = Some(StateSpec {
+            root: spec.state_root(&cfg).to_path_buf(),
+            name: spec.name.clone(),
+            fresh: cfg.fresh,
+        });
         let store = pool.create_device(dc)?;
+        let state = store.state_dir().map(|p| p.display().to_string());
+        match store.recovery() {
+            Some(r) => tracing::info!(
+                device = %spec.name,
+                state = state.as_deref().unwrap_or("-"),
+                pages = r.slots,
+                spans = r.spans,
+                cut_short = r.unlocked,
+                ms = r.micros as f64 / 1000.0,
+                "recovered the device from its state"
+            ),
+            None => {
+                tracing::info!(device = %spec.name, state = state.as_deref().unwrap_or("-"), "new device state")
+            }
+        }
         let blk = Arc::new(BlkDevice::new(
             store,
             spec.queues,
@@ -161,17 +194,6 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
         }));
     }
 
-    // Bind everything before serving anything: a bad path fails the start.
-    let mut files = SocketFiles::default();
-    let mut listeners = Vec::with_capacity(devices.len());
-    for (i, d) in devices.iter().enumerate() {
-        let outer = files.bind(&d.spec.socket, cfg.socket_mode)?;
-        let inner = InnerSocket::new(&i.to_string()).map_err(|source| Error::Socket {
-            path: d.spec.socket.clone(),
-            source,
-        })?;
-        listeners.push((outer, inner));
-    }
     let control_listener = match &cfg.control {
         Some(path) => Some(files.bind(path, cfg.socket_mode)?),
         None => None,
@@ -268,7 +290,8 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, Error> {
 }
 
 /// Lifts the soft open-file limit to the hard one. Each device holds a
-/// listening socket, the guard's private listener and its handle, and,
+/// listening socket, the guard's private listener and its handle, its
+/// state's locked header, and,
 /// while connected, two connections, guest memory files and three eventfds
 /// plus an epoll per queue; the usual soft limit of 1024 runs out near 170
 /// connected devices.
@@ -276,7 +299,7 @@ fn raise_fd_limit(devices: &[DeviceSpec]) {
     let need: u64 = 64
         + devices
             .iter()
-            .map(|d| 4 + 8 + 5 * u64::from(d.queues))
+            .map(|d| 5 + 8 + 5 * u64::from(d.queues))
             .sum::<u64>();
     let mut lim = libc::rlimit {
         rlim_cur: 0,

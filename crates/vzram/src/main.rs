@@ -49,8 +49,15 @@ fn main() -> ExitCode {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");
-                    eprintln!("error: {e}");
-                    ExitCode::from(EXIT_FAILURE)
+                    eprintln!("error: {}", one_line(&e.to_string()));
+                    // State that does not match the configuration is a
+                    // configuration error: the fix is a flag (--fresh) or the
+                    // config, not a retry.
+                    if matches!(e, daemon::Error::Store(vzram_store::StoreError::State(_))) {
+                        ExitCode::from(EXIT_USAGE)
+                    } else {
+                        ExitCode::from(EXIT_FAILURE)
+                    }
                 }
             }
         }

@@ -223,6 +223,9 @@ pub fn render(reply: &Value) -> String {
             d["name"].as_str().unwrap_or("?"),
             d["socket"].as_str().unwrap_or("?")
         );
+        if let Some(state) = d["state"].as_str() {
+            out += &format!(", state {state} ({})", human(u(d, "state_bytes")));
+        }
     }
     out.push('\n');
     out

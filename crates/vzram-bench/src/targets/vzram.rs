@@ -30,7 +30,9 @@ fn serve_one(
         .args(["--queues", &queues.to_string()])
         .args(["--algo", &algo.to_string()])
         .arg("--control")
-        .arg(control);
+        .arg(control)
+        // Every run starts empty, as a guest's swap does at boot.
+        .arg("--fresh");
     c
 }
 
@@ -50,7 +52,7 @@ fn serve_many(
     config: Option<&Path>,
 ) -> Result<Command> {
     let mut c = Command::new(bin);
-    c.arg("serve");
+    c.arg("serve").arg("--fresh");
     match config {
         Some(path) => {
             let mut toml = String::new();
@@ -310,7 +312,8 @@ mod tests {
                 "--algo",
                 "zstd:1",
                 "--control",
-                "/c"
+                "/c",
+                "--fresh"
             ]
         );
     }

@@ -1,0 +1,213 @@
+//! Device state outlives the daemon: SIGKILL or SIGTERM, start again with
+//! the same command line, and every page reads back; state that does not
+//! match the configuration stops the start instead of serving a blank disk;
+//! `--fresh` discards on purpose; one daemon per state. (A SIGKILL in the
+//! middle of writes at QD32 is `tests/kill_io.rs`.)
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use vzram_tests::*;
+
+const PAGE: usize = 4096;
+const DEV: &str = "16M";
+const PAGES: u64 = 16 << 8; // 16 MiB
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Page `i` of version `v`: compressible, incompressible or same-filled by
+/// turns, stamped with its index and version.
+fn page(i: u64, v: u64) -> Vec<u8> {
+    let mut p = match (i + v) % 3 {
+        0 => pattern(i ^ v << 32, i * PAGE as u64, PAGE),
+        1 => noise(i ^ v << 32, PAGE),
+        _ => vec![(i as u8) ^ (v as u8); PAGE],
+    };
+    if (i + v) % 3 != 2 {
+        p[..8].copy_from_slice(&i.to_le_bytes());
+        p[8..16].copy_from_slice(&v.to_le_bytes());
+    }
+    p
+}
+
+/// Starts the daemon; a killed one's socket files are removed first, so
+/// that waiting for them waits for the new daemon.
+fn start(dir: &TempDir, sock: &Path, extra: &[&str]) -> Daemon {
+    let _ = std::fs::remove_file(sock);
+    let _ = std::fs::remove_file(dir.join("control.sock"));
+    let mut args = vec![
+        "--socket",
+        s(sock),
+        "--size",
+        DEV,
+        "--name",
+        "vm1",
+        "--queues",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(dir, &args, &[sock])
+}
+
+fn write_all(sock: &Path, v: u64, every: u64) {
+    let mut c = Client::connect(sock, 2).expect("connect");
+    for i in (0..PAGES).step_by(every as usize) {
+        c.q((i % 2) as usize)
+            .write(i * PAGE as u64, &page(i, v))
+            .unwrap_or_else(|e| panic!("write page {i}: {e}"));
+    }
+}
+
+fn check_all(sock: &Path, v: u64, every: u64, what: &str) {
+    let mut c = Client::connect(sock, 2).expect("connect");
+    for i in 0..PAGES {
+        let got = c.q(0).read(i * PAGE as u64, PAGE).unwrap();
+        let want = if every != 0 && i % every == 0 {
+            page(i, v)
+        } else {
+            vec![0; PAGE]
+        };
+        assert!(got == want, "{what}: page {i} differs");
+    }
+}
+
+/// Runs `vzram serve ARGS` that must refuse to start: its output, or a
+/// panic if it is still running after 10 s.
+fn refused(dir: &TempDir, args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(vzram_bin())
+        .arg("serve")
+        .args(args)
+        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vzram serve {args:?} started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn kill9(d: &mut Daemon) {
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(d.pid() as libc::pid_t, libc::SIGKILL) };
+    let st = d.wait_exit(Duration::from_secs(10)).expect("daemon gone");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL));
+}
+
+#[test]
+fn sigkill_then_the_same_command_line_serves_every_page() {
+    let dir = TempDir::new("dur9");
+    let sock = dir.join("v.sock");
+    let mut d = start(&dir, &sock, &[]);
+    write_all(&sock, 1, 3);
+    let before = d.stat();
+    let state = before.0["devices"][0]["state"]
+        .as_str()
+        .expect("stat shows the state")
+        .to_string();
+    assert!(before.0["devices"][0]["state_bytes"].as_u64().unwrap() > 0);
+    kill9(&mut d);
+    // The socket file of a killed daemon is left behind; the next start
+    // replaces it.
+    let d = start(&dir, &sock, &[]);
+    check_all(&sock, 1, 3, "after SIGKILL");
+    let after = d.stat();
+    for f in [
+        "orig_data_size",
+        "compr_data_size",
+        "same_pages",
+        "huge_pages",
+    ] {
+        assert_eq!(
+            after.dev("vm1", f),
+            before.dev("vm1", f),
+            "{f} rebuilt from the slots"
+        );
+    }
+    assert_eq!(after.0["devices"][0]["state"], state.as_str());
+    assert!(
+        d.log_text().contains("recovered the device from its state"),
+        "{}",
+        d.log_text()
+    );
+    // Directories 0700, files 0600.
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(Path::new(&state)), 0o700);
+    for f in ["header", "table", "arena"] {
+        assert_eq!(mode(&Path::new(&state).join(f)), 0o600, "{f}");
+    }
+    // And it goes on working: overwrite, read back.
+    write_all(&sock, 2, 5);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    assert_eq!(c.q(0).read(0, PAGE).unwrap(), page(0, 2));
+}
+
+#[test]
+fn sigterm_and_restart_is_an_upgrade() {
+    let dir = TempDir::new("durterm");
+    let sock = dir.join("v.sock");
+    let mut d = start(&dir, &sock, &[]);
+    write_all(&sock, 7, 2);
+    assert!(d.terminate().success());
+    assert!(!sock.exists(), "SIGTERM removes the socket");
+    let _d = start(&dir, &sock, &[]);
+    check_all(&sock, 7, 2, "after SIGTERM and restart");
+}
+
+#[test]
+fn state_that_does_not_match_stops_the_start_and_fresh_discards_it() {
+    let dir = TempDir::new("durmis");
+    let sock = dir.join("v.sock");
+    let mut d = start(&dir, &sock, &[]);
+    write_all(&sock, 3, 4);
+    assert!(d.terminate().success());
+
+    // Another size: refused, one line naming the file, exit 2, no socket.
+    let out = refused(
+        &dir,
+        &["--socket", s(&sock), "--size", "32M", "--name", "vm1"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        last.starts_with("error:") && last.contains("vm1/header") && last.contains("--fresh"),
+        "{err}"
+    );
+    assert!(!sock.exists());
+
+    // The old size still finds the data; a second daemon on the same state
+    // (another socket) is refused while it runs.
+    let _d = start(&dir, &sock, &[]);
+    check_all(&sock, 3, 4, "after the refused start");
+    let other = dir.join("w.sock");
+    let out = refused(
+        &dir,
+        &["--socket", s(&other), "--size", DEV, "--name", "vm1"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("in use by another vzram"), "{err}");
+    drop(_d);
+
+    // --fresh: empty, whatever was there.
+    let _d = start(&dir, &sock, &["--fresh"]);
+    check_all(&sock, 0, 0, "after --fresh");
+}

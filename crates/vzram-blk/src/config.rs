@@ -14,7 +14,7 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_MQ, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY,
     VIRTIO_BLK_F_WRITE_ZEROES, VIRTIO_BLK_ID_BYTES,
 };
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
 /// virtio-blk addresses the disk in 512-byte sectors, whatever the block size.
@@ -55,8 +55,16 @@ pub const SERIAL_LEN: usize = VIRTIO_BLK_ID_BYTES as usize;
 pub const CONFIG_SPACE_LEN: usize = size_of::<virtio_blk_config>();
 
 /// Virtio feature bits offered to the frontend.
+///
+/// IN_ORDER: each queue is drained by one thread that completes requests in
+/// the order it took them (see `backend.rs`). That is what makes a frontend's
+/// replay after a backend restart exact: QEMU rewinds the avail index to the
+/// used index and submits from there (it has no INFLIGHT_SHMFD from us), and
+/// cloud-hypervisor replays from the used index only when IN_ORDER was
+/// negotiated. Re-running a half-done block write is harmless.
 pub fn virtio_features(readonly: bool) -> u64 {
     let mut f = 1u64 << VIRTIO_F_VERSION_1
+        | 1 << VIRTIO_F_IN_ORDER
         | 1 << VIRTIO_RING_F_EVENT_IDX
         | 1 << VIRTIO_RING_F_INDIRECT_DESC
         | 1 << VIRTIO_BLK_F_SEG_MAX
@@ -211,7 +219,7 @@ mod tests {
         let rw = virtio_features(false);
         assert_eq!(rw & (1 << VIRTIO_BLK_F_RO), 0);
         assert_ne!(virtio_features(true) & (1 << VIRTIO_BLK_F_RO), 0);
-        for bit in [32, 29, 28, 2, 6, 10, 9, 12, 13, 14, 30] {
+        for bit in [32, 35, 29, 28, 2, 6, 10, 9, 12, 13, 14, 30] {
             assert_ne!(rw & (1 << bit), 0, "feature bit {bit} missing");
         }
     }

@@ -3,12 +3,15 @@
 //! overhead. Not a test: run by hand and copy the table into BENCHMARKS.md.
 //!
 //! cargo bench -p vzram-store --bench store -- [--data FILE | --synthetic] [--copies N] [--reps N]
+//!     [--state DIR]          devices keep their state in files under DIR (tmpfs)
+//!     [--recovery GIB:SIZE]  instead: store GIB GiB in a SIZE GiB device with
+//!                            state under --state DIR, then time its recovery
 
 use std::time::Instant;
 
 use vzram_store::codec::MAX_COMPRESSED;
 use vzram_store::device::same_filled;
-use vzram_store::{Codec, DeviceConfig, Page, Pool, PoolConfig, PAGE_SIZE};
+use vzram_store::{Codec, DeviceConfig, Page, Pool, PoolConfig, StateSpec, PAGE_SIZE};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -89,7 +92,14 @@ struct Row {
     huge: u64,
 }
 
-fn bench(codec: Codec, pages: &[Page], copies: usize, reps: usize, threshold: usize) -> Row {
+fn bench(
+    codec: Codec,
+    pages: &[Page],
+    copies: usize,
+    reps: usize,
+    threshold: usize,
+    state: Option<&std::path::Path>,
+) -> Row {
     let mib = |secs: f64, n: usize| (n * PAGE_SIZE) as f64 / secs / 1e6;
     let mut cbuf = Box::new([0u8; MAX_COMPRESSED]);
     let mut out = Box::new([0u8; PAGE_SIZE]);
@@ -126,6 +136,11 @@ fn bench(codec: Codec, pages: &[Page], copies: usize, reps: usize, threshold: us
         let mut cfg = DeviceConfig::new((n * PAGE_SIZE) as u64, codec);
         cfg.shards = 1;
         cfg.huge_threshold = threshold;
+        cfg.state = state.map(|root| StateSpec {
+            root: root.to_path_buf(),
+            name: "bench".into(),
+            fresh: true,
+        });
         let dev = pool.create_device(cfg).unwrap();
         let t = Instant::now();
         for (i, p) in pages.iter().cycle().take(n).enumerate() {
@@ -170,6 +185,58 @@ fn bench(codec: Codec, pages: &[Page], copies: usize, reps: usize, threshold: us
     }
 }
 
+/// Stores `gib` GiB of `pages` (cycled, each copy as written by a guest) in a
+/// `size_gib` GiB device with state under `root`, drops it as a crash would
+/// leave it (no cleanup runs for the files), and times opening it again.
+fn recovery(pages: &[Page], gib: u64, size_gib: u64, root: &std::path::Path, reps: usize) {
+    let n = (gib << 30) / PAGE_SIZE as u64;
+    let spec = |fresh| StateSpec {
+        root: root.to_path_buf(),
+        name: "recovery".into(),
+        fresh,
+    };
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let mut cfg = DeviceConfig::new(size_gib << 30, Codec::Lz4);
+    cfg.state = Some(spec(true));
+    let dev = pool.create_device(cfg.clone()).unwrap();
+    let t = Instant::now();
+    // Spread over the device as swap is: every fourth slot of a 16 GiB
+    // device for 4 GiB.
+    let stride = (size_gib / gib).max(1);
+    for (i, p) in pages.iter().cycle().take(n as usize).enumerate() {
+        dev.write_page(i as u64 * stride, p).unwrap();
+    }
+    let fill = t.elapsed().as_secs_f64();
+    let before = dev.stats();
+    drop(dev);
+    let mut times = Vec::new();
+    for _ in 0..reps {
+        cfg.state = Some(spec(false));
+        let t = Instant::now();
+        let dev = pool.create_device(cfg.clone()).unwrap();
+        times.push(t.elapsed().as_secs_f64());
+        let rec = dev.recovery().unwrap();
+        let after = dev.stats();
+        assert_eq!(after.orig_data_size, before.orig_data_size);
+        assert_eq!(after.compr_data_size, before.compr_data_size);
+        println!(
+            "recovered {} slots, {} spans, mem_used {:.0} MiB, in {:.3} s (recover() {:.3} s)",
+            rec.slots,
+            rec.spans,
+            after.mem_used_total as f64 / (1u64 << 20) as f64,
+            t.elapsed().as_secs_f64(),
+            rec.micros as f64 / 1e6
+        );
+    }
+    println!(
+        "| {size_gib} GiB device holding {gib} GiB ({} pages, compr {:.0} MiB) | fill {fill:.1} s | recovery median {:.3} s of {reps} |",
+        n,
+        before.compr_data_size as f64 / (1u64 << 20) as f64,
+        median(times)
+    );
+    let _ = std::fs::remove_dir_all(root.join("recovery"));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| {
@@ -199,11 +266,21 @@ fn main() {
         .map_or(vzram_store::device::DEFAULT_HUGE_THRESHOLD, |s| {
             s.parse().unwrap()
         });
+    let state = arg("--state").map(std::path::PathBuf::from);
+    if let Some(spec) = arg("--recovery") {
+        let (gib, size) = spec.split_once(':').expect("--recovery GIB:SIZE_GIB");
+        let root = state.expect("--recovery needs --state DIR");
+        recovery(&pages, gib.parse().unwrap(), size.parse().unwrap(), &root, reps);
+        return;
+    }
     let zero = pages.iter().filter(|p| same_filled(p).is_some()).count();
     println!(
-        "data: {source}: {} pages ({} same-filled); device = {copies} copies; median of {reps}; 1 thread",
+        "data: {source}: {} pages ({} same-filled); device = {copies} copies; median of {reps}; 1 thread; state {}",
         pages.len(),
-        zero
+        zero,
+        state
+            .as_ref()
+            .map_or("in anonymous memory".to_string(), |p| format!("in files under {}", p.display()))
     );
     println!();
     println!("| codec | raw compress MB/s | store write MB/s | write/raw | store overwrite MB/s | overwrite/raw | raw decompress MB/s | store read MB/s | read/raw | raw ratio | store ratio | mem_used/compr | meta B/slot | same | huge |");
@@ -213,7 +290,7 @@ fn main() {
         None => vec![Codec::Lz4, Codec::Zstd { level: 1 }],
     };
     for codec in codecs {
-        let r = bench(codec, &pages, copies, reps, threshold);
+        let r = bench(codec, &pages, copies, reps, threshold, state.as_deref());
         println!(
             "| {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} |",
             r.codec,
@@ -232,5 +309,8 @@ fn main() {
             r.same,
             r.huge
         );
+    }
+    if let Some(root) = &state {
+        let _ = std::fs::remove_dir_all(root.join("bench"));
     }
 }

@@ -270,7 +270,13 @@ fn main() {
     if let Some(spec) = arg("--recovery") {
         let (gib, size) = spec.split_once(':').expect("--recovery GIB:SIZE_GIB");
         let root = state.expect("--recovery needs --state DIR");
-        recovery(&pages, gib.parse().unwrap(), size.parse().unwrap(), &root, reps);
+        recovery(
+            &pages,
+            gib.parse().unwrap(),
+            size.parse().unwrap(),
+            &root,
+            reps,
+        );
         return;
     }
     let zero = pages.iter().filter(|p| same_filled(p).is_some()).count();

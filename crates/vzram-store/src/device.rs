@@ -18,7 +18,7 @@ use crate::pool::arena::Arena;
 use crate::pool::class::{class_of, BLOCK_BYTES, NUM_CLASSES};
 use crate::pool::heap::Heap;
 use crate::pool::Pool;
-use crate::slot::{self, Slot};
+use crate::slot::{self, Slot, SlotGuard};
 use crate::state::{self, StateFiles, StateSpec};
 use crate::stats::{self, Counters, DeviceStats, Footprint};
 use crate::table::SlotTable;
@@ -361,9 +361,9 @@ impl Device {
                 Slot::Object { .. } => {}
             }
         }
-        let cur = slot::lock(w);
-        let ok = self.load(cur, out);
-        slot::unlock(w, cur);
+        let g = SlotGuard::lock(w);
+        let ok = self.load(g.old(), out);
+        drop(g);
         if ok {
             Ok(())
         } else {
@@ -409,8 +409,9 @@ impl Device {
                 let w = self.table.word(slot);
                 // `new` is never 0 (encode makes a same-filled or object word).
                 self.table.mark(slot);
-                let old = slot::lock(w);
-                slot::unlock(w, new);
+                let g = SlotGuard::lock(w);
+                let old = g.old();
+                g.publish(new);
                 self.retire(old, new, sh);
             });
         if r.is_err() {
@@ -428,33 +429,25 @@ impl Device {
         let r = self.check(slot).and_then(|()| {
             PAGE_BUF.with(|buf| {
                 let page = &mut **buf.borrow_mut();
-                let w = self.table.word(slot);
-                let old = slot::lock(w);
+                let g = SlotGuard::lock(self.table.word(slot));
+                let old = g.old();
                 if !self.load(old, page) {
-                    slot::unlock(w, old);
                     return Err(StoreError::Corrupt { slot });
                 }
                 f(page);
                 // A partial write or zeroing that leaves nothing but zeros
-                // frees the slot, as a discard would.
-                let encoded = match same_filled(page) {
-                    Some(0) => Ok(0),
-                    _ => self.encode(page, sh),
+                // frees the slot, as a discard would. On an error the guard
+                // leaves the slot as it was.
+                let new = match same_filled(page) {
+                    Some(0) => 0,
+                    _ => self.encode(page, sh)?,
                 };
-                match encoded {
-                    Ok(new) => {
-                        if new != 0 {
-                            self.table.mark(slot);
-                        }
-                        slot::unlock(w, new);
-                        self.retire(old, new, sh);
-                        Ok(())
-                    }
-                    Err(e) => {
-                        slot::unlock(w, old);
-                        Err(e)
-                    }
+                if new != 0 {
+                    self.table.mark(slot);
                 }
+                g.publish(new);
+                self.retire(old, new, sh);
+                Ok(())
             })
         });
         if r.is_err() {
@@ -504,8 +497,9 @@ impl Device {
             if w.load(Relaxed) == 0 {
                 continue;
             }
-            let old = slot::lock(w);
-            slot::unlock(w, 0);
+            let g = SlotGuard::lock(w);
+            let old = g.old();
+            g.publish(0);
             self.retire(old, 0, sh);
         }
         Ok(())
@@ -582,9 +576,9 @@ impl Device {
         if in_set(w.load(Relaxed)).is_none() {
             return;
         }
-        let cur = slot::lock(w);
+        let g = SlotGuard::lock(w);
+        let cur = g.old();
         let Some((offset, len)) = in_set(cur) else {
-            slot::unlock(w, cur);
             return;
         };
         let len = len as usize;
@@ -598,7 +592,6 @@ impl Device {
             .alloc(&self.pool, &self.budget, class_of(len), shard)
         else {
             // Over a limit: leave this one where it is.
-            slot::unlock(w, cur);
             return;
         };
         // SAFETY: we hold the slot lock, so the old object is pinned; the new
@@ -622,7 +615,7 @@ impl Device {
         .encode()
         .expect("objects encode");
         // No mark needed: for_each_object found this slot on a marked page.
-        slot::unlock(w, new);
+        g.publish(new);
         self.heap.free(&self.pool, &self.budget, offset);
         tracing::trace!(slot, "moved during compaction");
     }

@@ -121,9 +121,49 @@ fn decode_fill(p: u64) -> u64 {
 const SPINS: u32 = 128;
 const YIELDS: u32 = 64;
 
+/// A locked slot. The only way to change a slot's word: [`SlotGuard::publish`]
+/// stores the new word and unlocks in one atomic store, and dropping the
+/// guard unlocks with the word as it was, so an early return, an error or a
+/// panic never leaves a slot locked or changed.
+pub struct SlotGuard<'a> {
+    word: &'a AtomicU64,
+    old: u64,
+}
+
+impl<'a> SlotGuard<'a> {
+    /// Waits for the slot's lock bit and takes it.
+    #[inline]
+    pub fn lock(word: &'a AtomicU64) -> SlotGuard<'a> {
+        SlotGuard {
+            word,
+            old: lock(word),
+        }
+    }
+
+    /// The word as it was when locked (without the lock bit).
+    #[inline]
+    pub fn old(&self) -> u64 {
+        self.old
+    }
+
+    /// Makes `new` the slot's word and unlocks.
+    #[inline]
+    pub fn publish(self, new: u64) {
+        unlock(self.word, new);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        unlock(self.word, self.old);
+    }
+}
+
 /// Takes the slot's lock bit and returns the word as it was (unlocked).
 #[inline]
-pub fn lock(word: &AtomicU64) -> u64 {
+fn lock(word: &AtomicU64) -> u64 {
     let mut tries = 0u32;
     loop {
         let cur = word.load(Ordering::Relaxed);
@@ -147,7 +187,7 @@ pub fn lock(word: &AtomicU64) -> u64 {
 
 /// Publishes `new` (which must not carry the lock bit) and releases the lock.
 #[inline]
-pub fn unlock(word: &AtomicU64, new: u64) {
+fn unlock(word: &AtomicU64, new: u64) {
     debug_assert!(new & LOCK == 0);
     debug_assert!(word.load(Ordering::Relaxed) & LOCK != 0);
     word.store(new, Ordering::Release);
@@ -205,12 +245,22 @@ mod tests {
     }
 
     #[test]
-    fn lock_excludes() {
+    fn guard_publishes_or_restores() {
         let w = AtomicU64::new(5);
-        assert_eq!(lock(&w), 5);
+        let g = SlotGuard::lock(&w);
+        assert_eq!(g.old(), 5);
         assert_ne!(w.load(Ordering::Relaxed) & LOCK, 0);
-        unlock(&w, 9);
-        assert_eq!(lock(&w), 9);
-        unlock(&w, 9);
+        g.publish(9);
+        assert_eq!(w.load(Ordering::Relaxed), 9);
+        // Dropped without publishing: back as it was, unlocked.
+        drop(SlotGuard::lock(&w));
+        assert_eq!(w.load(Ordering::Relaxed), 9);
+        // A panic while locked unlocks too.
+        let r = std::panic::catch_unwind(|| {
+            let _g = SlotGuard::lock(&w);
+            panic!("in the middle of a write");
+        });
+        assert!(r.is_err());
+        assert_eq!(w.load(Ordering::Relaxed), 9);
     }
 }

@@ -362,7 +362,7 @@ impl Device {
             }
         }
         let g = SlotGuard::lock(w);
-        let ok = self.load(g.old(), out);
+        let ok = self.load(&g, out);
         drop(g);
         if ok {
             Ok(())
@@ -372,21 +372,12 @@ impl Device {
     }
 
     /// Expands a slot word into a page; the caller holds the slot lock.
-    fn load(&self, word: u64, out: &mut Page) -> bool {
-        match Slot::decode(word) {
+    fn load(&self, g: &SlotGuard<'_>, out: &mut Page) -> bool {
+        match Slot::decode(g.old()) {
             Slot::Empty => out.fill(0),
             Slot::Same(v) => fill(out, v),
-            Slot::Object {
-                offset,
-                len,
-                huge,
-                codec,
-            } => {
-                let len = len as usize;
-                // SAFETY: the slot lock pins the object: nobody frees or moves
-                // it, and nobody writes its bytes, until we unlock.
-                let src =
-                    unsafe { std::slice::from_raw_parts(self.heap.arena().ptr(offset, len), len) };
+            Slot::Object { huge, codec, .. } => {
+                let src = self.heap.bytes(g);
                 if huge {
                     out.copy_from_slice(src);
                 } else {
@@ -431,7 +422,7 @@ impl Device {
                 let page = &mut **buf.borrow_mut();
                 let g = SlotGuard::lock(self.table.word(slot));
                 let old = g.old();
-                if !self.load(old, page) {
+                if !self.load(&g, page) {
                     return Err(StoreError::Corrupt { slot });
                 }
                 f(page);
@@ -518,20 +509,12 @@ impl Device {
                     Some(n) => (&cbuf[..n], false),
                     None => (&data[..], true),
                 };
-            let offset = self
+            let mut obj = self
                 .heap
-                .alloc(&self.pool, &self.budget, class_of(src.len()), shard)?;
-            // SAFETY: the object was just allocated to us and nobody else can
-            // reach it until its word is published; source and arena never overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    src.as_ptr(),
-                    self.heap.arena().ptr(offset, src.len()),
-                    src.len(),
-                );
-            }
+                .alloc(&self.pool, &self.budget, src.len(), shard)?;
+            self.heap.write(&mut obj, src);
             let word = Slot::Object {
-                offset,
+                offset: obj.offset(),
                 len: src.len() as u32,
                 huge,
                 codec: self.codec.id(),
@@ -587,27 +570,16 @@ impl Device {
         // slot lock keeps the object live, so its span's shard cannot change.
         let block = (offset / BLOCK_BYTES as u64) as u32;
         let shard = usize::from(self.heap.arena().header(block).shard.load(Relaxed));
-        let Ok(new_off) = self
-            .heap
-            .alloc(&self.pool, &self.budget, class_of(len), shard)
-        else {
+        let Ok(mut obj) = self.heap.alloc(&self.pool, &self.budget, len, shard) else {
             // Over a limit: leave this one where it is.
             return;
         };
-        // SAFETY: we hold the slot lock, so the old object is pinned; the new
-        // one is ours alone until the word is published; they never overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.heap.arena().ptr(offset, len),
-                self.heap.arena().ptr(new_off, len),
-                len,
-            );
-        }
+        self.heap.copy(&mut obj, &g);
         let Slot::Object { huge, codec, .. } = Slot::decode(cur) else {
             unreachable!()
         };
         let new = Slot::Object {
-            offset: new_off,
+            offset: obj.offset(),
             len: len as u32,
             huge,
             codec,

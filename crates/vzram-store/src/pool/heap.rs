@@ -8,10 +8,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard};
 
 use super::arena::{Arena, SpanHeader, EVACUATING, IN_AVAIL, NONE, NO_OBJ};
-use super::class::{Class, BLOCK_BYTES, NUM_CLASSES};
+use super::class::{class_of, Class, BLOCK_BYTES, NUM_CLASSES};
 use crate::error::StoreError;
 use crate::limits::Budget;
 use crate::pool::Pool;
+use crate::slot::{Slot, SlotGuard};
 use crate::PAGE_SIZE;
 
 #[derive(Default)]
@@ -29,6 +30,20 @@ pub struct Heap {
     // shards[shard][class]: one shard's classes sit together, so two threads
     // on two shards never write the same cache lines.
     shards: Box<[Box<[Mutex<ShardState>]>]>,
+}
+
+/// An object just allocated, not yet named by any slot word: only its owner
+/// can write it (hence no `Clone`).
+pub struct NewObject {
+    offset: u64,
+    len: usize,
+}
+
+impl NewObject {
+    /// Its place in the arena, for the slot word that will name it.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
 }
 
 /// Where an allocation went and which budget refused it.
@@ -75,20 +90,64 @@ impl Heap {
         &self.arena
     }
 
+    /// Fills a new object with `bytes` (exactly its length).
+    pub fn write(&self, obj: &mut NewObject, bytes: &[u8]) {
+        assert_eq!(bytes.len(), obj.len);
+        // SAFETY: `obj` is a live allocation of `len` bytes inside the arena
+        // (`ptr` checks the bounds), owned by the caller alone: nobody else
+        // can reach it until a slot word names it. `bytes` is not in the arena.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.arena.ptr(obj.offset, obj.len),
+                obj.len,
+            )
+        };
+    }
+
+    /// The bytes of the object the locked slot's word names.
+    pub fn bytes<'g>(&self, guard: &'g SlotGuard<'_>) -> &'g [u8] {
+        let Slot::Object { offset, len, .. } = Slot::decode(guard.old()) else {
+            panic!("slot word {:#x} names no object", guard.old());
+        };
+        let len = len as usize;
+        // SAFETY: a slot word names a live object of `len` bytes in this
+        // arena (the store's invariant; `ptr` checks the bounds), and while
+        // the guard holds the slot's lock nobody frees, moves or writes it.
+        // The borrow ends with the guard's.
+        unsafe { std::slice::from_raw_parts(self.arena.ptr(offset, len), len) }
+    }
+
+    /// Fills a new object with a copy of the locked slot's object (compaction).
+    pub fn copy(&self, obj: &mut NewObject, guard: &SlotGuard<'_>) {
+        let src = self.bytes(guard);
+        assert_eq!(src.len(), obj.len);
+        // SAFETY: as in `write`: `obj` is ours alone; `src` is pinned by the
+        // guard and is another object, so the two never overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.arena.ptr(obj.offset, obj.len),
+                obj.len,
+            )
+        };
+    }
+
     pub fn num_shards(&self) -> usize {
         self.shards.len()
     }
 
-    /// Allocates one object of class `class` and returns its arena offset.
-    /// A new span is charged to both budgets first; if either refuses,
-    /// nothing changes.
+    /// Allocates an object for `len` bytes (1..=4096). A new span is
+    /// charged to both budgets first; if either refuses, nothing changes.
+    /// The object is the caller's alone until its word is published.
     pub fn alloc(
         &self,
         pool: &Pool,
         budget: &Budget,
-        class: usize,
+        len: usize,
         shard: usize,
-    ) -> std::result::Result<u64, AllocError> {
+    ) -> std::result::Result<NewObject, AllocError> {
+        let class = class_of(len);
         let c = pool.classes[class];
         let arena = &self.arena;
         let mut st = lock(&self.shards[shard][class]);
@@ -125,7 +184,10 @@ impl Heap {
         if u32::from(live) == c.capacity {
             unlink(arena, &mut st, block);
         }
-        Ok(base + u64::from(idx) * u64::from(c.size))
+        Ok(NewObject {
+            offset: base + u64::from(idx) * u64::from(c.size),
+            len,
+        })
     }
 
     /// Frees the object at `offset`. A span left empty goes back to the OS,

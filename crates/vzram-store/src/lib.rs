@@ -9,15 +9,16 @@ pub mod error;
 pub mod limits;
 mod mmap;
 pub mod pool;
-pub mod slot;
+pub(crate) mod slot;
 pub mod state;
 pub mod stats;
-pub mod table;
+pub(crate) mod table;
 
 pub use codec::Codec;
 pub use device::{Device, DeviceConfig, Recovery};
 pub use error::{Result, StoreError};
 pub use pool::{Pool, PoolConfig};
+pub use slot::encode_fill;
 pub use state::StateSpec;
 pub use stats::{DeviceStats, PoolStats};
 

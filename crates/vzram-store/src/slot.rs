@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const LOCK: u64 = 1 << 63;
 pub const SAME: u64 = 1 << 62;
 pub const HUGE: u64 = 1 << 61;
-/// Reserved for idle tracking (zram's `ZRAM_IDLE`).
+/// Reserved for idle tracking (zram's `ZRAM_IDLE`), issue: tiering.
+#[allow(dead_code)]
 pub const IDLE: u64 = 1 << 60;
-/// Reserved for written-back pages.
+/// Reserved for written-back pages, issue: tiering.
+#[allow(dead_code)]
 pub const WRITTEN_BACK: u64 = 1 << 59;
 const CODEC_SHIFT: u32 = 57;
 

@@ -43,11 +43,6 @@ impl SlotTable {
         self.slots
     }
 
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.slots == 0
-    }
-
     /// The word of `slot`; the caller has checked `slot < len()`. Before
     /// storing a non-zero value there, call [`SlotTable::mark`].
     #[inline]

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use vzram_store::slot::encode_fill;
+use vzram_store::encode_fill;
 use vzram_store::{Codec, Device, DeviceConfig, Page, Pool, PoolConfig, StoreError, PAGE_SIZE};
 
 const P: u64 = PAGE_SIZE as u64;

@@ -2,9 +2,9 @@
 //! for every device of the process. Each device's objects live in its own
 //! arena (see [`heap::Heap`]), so each device's state can be its own files.
 
-pub mod arena;
+pub(crate) mod arena;
 pub mod class;
-pub mod heap;
+pub(crate) mod heap;
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;

@@ -17,7 +17,7 @@ use crate::limits::Budget;
 use crate::pool::arena::Arena;
 use crate::pool::class::{class_of, BLOCK_BYTES, NUM_CLASSES};
 use crate::pool::heap::Heap;
-use crate::pool::Pool;
+use crate::pool::Shared;
 use crate::slot::{self, Slot, SlotGuard};
 use crate::state::{self, StateFiles, StateSpec};
 use crate::stats::{self, Counters, DeviceStats, Footprint};
@@ -59,7 +59,7 @@ impl DeviceConfig {
 }
 
 pub struct Device {
-    pool: Arc<Pool>,
+    pool: Arc<Shared>,
     table: SlotTable,
     heap: Heap,
     codec: Codec,
@@ -133,7 +133,7 @@ fn footprint(word: u64) -> Footprint {
 }
 
 impl Device {
-    pub(crate) fn new(pool: Arc<Pool>, cfg: DeviceConfig) -> Result<Device> {
+    pub(crate) fn new(pool: Arc<Shared>, cfg: DeviceConfig) -> Result<Device> {
         if cfg.size_bytes == 0 || !cfg.size_bytes.is_multiple_of(PAGE_SIZE as u64) {
             return Err(StoreError::InvalidConfig(format!(
                 "device size {} is not a positive multiple of {PAGE_SIZE}",
@@ -297,10 +297,6 @@ impl Device {
 
     pub fn codec(&self) -> Codec {
         self.codec
-    }
-
-    pub fn pool(&self) -> &Arc<Pool> {
-        &self.pool
     }
 
     pub fn set_mem_limit(&self, bytes: u64) {
@@ -633,6 +629,7 @@ impl Drop for Device {
 mod tests {
     use super::*;
     use crate::pool::PoolConfig;
+    use crate::Pool;
 
     const PER_PAGE: u64 = crate::table::SLOTS_PER_PAGE;
 
@@ -704,11 +701,11 @@ mod tests {
         for tp in 0..64 {
             page_out(&dev, tp);
         }
-        let held = pool.host.used();
+        let held = pool.shared.host.used();
         assert!(held > 0);
         drop(dev);
         assert_eq!(
-            pool.host.used(),
+            pool.shared.host.used(),
             0,
             "dropping the device leaked spans ({held} bytes were held)"
         );

@@ -12,15 +12,17 @@ pub mod pool;
 pub(crate) mod slot;
 pub mod state;
 pub mod stats;
+mod store;
 pub(crate) mod table;
 
 pub use codec::Codec;
 pub use device::{Device, DeviceConfig, Recovery};
 pub use error::{Result, StoreError};
-pub use pool::{Pool, PoolConfig};
+pub use pool::PoolConfig;
 pub use slot::encode_fill;
 pub use state::StateSpec;
 pub use stats::{DeviceStats, PoolStats};
+pub use store::Pool;
 
 /// Bytes per slot.
 pub const PAGE_SIZE: usize = 4096;

@@ -11,7 +11,7 @@ use super::arena::{Arena, SpanHeader, EVACUATING, IN_AVAIL, NONE, NO_OBJ};
 use super::class::{class_of, Class, BLOCK_BYTES, NUM_CLASSES};
 use crate::error::StoreError;
 use crate::limits::Budget;
-use crate::pool::Pool;
+use crate::pool::Shared as Pool;
 use crate::slot::{Slot, SlotGuard};
 use crate::PAGE_SIZE;
 

@@ -1,18 +1,13 @@
-//! The shared compressed pool: the size classes and one host-wide budget
-//! for every device of the process. Each device's objects live in its own
-//! arena (see [`heap::Heap`]), so each device's state can be its own files.
+//! The pool's memory machinery: size classes, each device's arena and heap,
+//! and what all devices share ([`Shared`]: the classes and the host-wide
+//! budget). Each device's objects live in its own arena, so each device's
+//! state can be its own files. The registry of devices is [`crate::Pool`].
 
 pub(crate) mod arena;
 pub mod class;
 pub(crate) mod heap;
 
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
-
-use crate::device::{Device, DeviceConfig};
-use crate::error::Result;
 use crate::limits::Budget;
-use crate::stats::PoolStats;
 
 /// Default cap on the address space one device's arena may reserve. It
 /// costs nothing until used.
@@ -36,101 +31,19 @@ impl Default for PoolConfig {
     }
 }
 
-pub struct Pool {
+/// What every device of a pool shares: the size classes and the host budget.
+pub(crate) struct Shared {
     pub(crate) arena_cap: u64,
     pub(crate) host: Budget,
     pub(crate) classes: [class::Class; class::NUM_CLASSES],
-    // Only stats and compaction walk this list; the I/O path never does.
-    devices: Mutex<Vec<Weak<Device>>>,
 }
 
-impl Pool {
-    pub fn new(cfg: PoolConfig) -> Result<Arc<Pool>> {
-        let bytes = cfg.arena_bytes.min(crate::slot::MAX_ARENA_BYTES);
-        Ok(Arc::new(Pool {
-            arena_cap: bytes,
+impl Shared {
+    pub(crate) fn new(cfg: &PoolConfig) -> Shared {
+        Shared {
+            arena_cap: cfg.arena_bytes.min(crate::slot::MAX_ARENA_BYTES),
             host: Budget::new(cfg.host_mem_limit),
             classes: class::classes(),
-            devices: Mutex::new(Vec::new()),
-        }))
-    }
-
-    /// Creates a device that allocates from this pool.
-    pub fn create_device(self: &Arc<Self>, cfg: DeviceConfig) -> Result<Arc<Device>> {
-        let dev = Arc::new(Device::new(self.clone(), cfg)?);
-        let mut list = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|d| d.strong_count() > 0);
-        list.push(Arc::downgrade(&dev));
-        Ok(dev)
-    }
-
-    /// Live devices, in creation order.
-    pub fn devices(&self) -> Vec<Arc<Device>> {
-        let list = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        list.iter().filter_map(Weak::upgrade).collect()
-    }
-
-    pub fn set_host_mem_limit(&self, bytes: u64) {
-        self.host.set_limit(bytes);
-    }
-
-    pub fn host_mem_limit(&self) -> u64 {
-        self.host.limit()
-    }
-
-    pub fn reset_mem_used_max(&self) {
-        self.host.reset_max();
-    }
-
-    pub fn stats(&self) -> PoolStats {
-        let mut s = PoolStats::default();
-        for d in self.devices() {
-            s.add(&d.stats());
         }
-        s.mem_used_total = self.host.used();
-        s.mem_used_max = self.host.max();
-        s.mem_limit = self.host.limit();
-        s
-    }
-
-    /// Compacts every device; returns pages given back.
-    pub fn compact(&self) -> u64 {
-        self.devices().iter().map(|d| d.compact()).sum()
-    }
-
-    /// Compacts the devices whose pool memory exceeds their compressed data
-    /// by more than `ratio` (e.g. 0.10 = 10%) and by at least `min_bytes`.
-    pub fn compact_fragmented(&self, ratio: f64, min_bytes: u64) -> u64 {
-        let mut pages = 0;
-        for d in self.devices() {
-            let s = d.stats();
-            let waste = s.mem_used_total.saturating_sub(s.compr_data_size);
-            if waste >= min_bytes && waste as f64 > s.compr_data_size as f64 * ratio {
-                pages += d.compact();
-            }
-        }
-        pages
-    }
-
-    /// Starts a thread that runs [`Pool::compact_fragmented`] every
-    /// `interval`. It stops by itself once the pool is dropped.
-    pub fn spawn_auto_compaction(
-        self: &Arc<Self>,
-        interval: Duration,
-        ratio: f64,
-        min_bytes: u64,
-    ) -> std::io::Result<()> {
-        let weak = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("vzram-compact".into())
-            .spawn(move || loop {
-                std::thread::sleep(interval);
-                let Some(pool) = weak.upgrade() else { return };
-                let pages = pool.compact_fragmented(ratio, min_bytes);
-                if pages > 0 {
-                    tracing::debug!(pages, "auto-compaction gave pages back");
-                }
-            })?;
-        Ok(())
     }
 }

@@ -192,6 +192,24 @@ fn sighup_is_ignored_and_the_data_kept() {
 }
 
 /// A vhost-user GET_FEATURES request: code 1, flags 1 (version 1), size 0.
+/// A daemon serving one 16 MiB device `vm1` with one queue on `sock`.
+fn vm1(dir: &TempDir, sock: &Path) -> Daemon {
+    Daemon::start(
+        dir,
+        &[
+            "--socket",
+            s(sock),
+            "--size",
+            "16M",
+            "--name",
+            "vm1",
+            "--queues",
+            "1",
+        ],
+        &[sock],
+    )
+}
+
 fn get_features() -> [u8; 12] {
     let mut m = [0u8; 12];
     m[0..4].copy_from_slice(&1u32.to_le_bytes());
@@ -203,20 +221,7 @@ fn get_features() -> [u8; 12] {
 fn a_second_frontend_is_turned_away_at_once() {
     let dir = TempDir::new("second");
     let sock = dir.join("d.sock");
-    let d = Daemon::start(
-        &dir,
-        &[
-            "--socket",
-            s(&sock),
-            "--size",
-            "16M",
-            "--name",
-            "vm1",
-            "--queues",
-            "1",
-        ],
-        &[&sock],
-    );
+    let d = vm1(&dir, &sock);
     let mut a = Client::connect(&sock, 1).unwrap();
     write_pages(&mut a, 2);
 
@@ -289,20 +294,7 @@ fn stat_on_device_socket(sock: &Path, what: &str) -> String {
 fn stat_on_an_idle_device_socket_fails_quickly() {
     let dir = TempDir::new("statidle");
     let sock = dir.join("d.sock");
-    let d = Daemon::start(
-        &dir,
-        &[
-            "--socket",
-            s(&sock),
-            "--size",
-            "16M",
-            "--name",
-            "vm1",
-            "--queues",
-            "1",
-        ],
-        &[&sock],
-    );
+    let d = vm1(&dir, &sock);
     // Which error it names depends on when the daemon hangs up on the
     // request line (a reset, a broken pipe, no reply): only its shape and
     // speed are checked.
@@ -326,20 +318,7 @@ fn stat_on_an_idle_device_socket_fails_quickly() {
 fn stat_on_a_busy_device_socket_fails_quickly() {
     let dir = TempDir::new("statbusy");
     let sock = dir.join("d.sock");
-    let d = Daemon::start(
-        &dir,
-        &[
-            "--socket",
-            s(&sock),
-            "--size",
-            "16M",
-            "--name",
-            "vm1",
-            "--queues",
-            "1",
-        ],
-        &[&sock],
-    );
+    let d = vm1(&dir, &sock);
     let mut c = Client::connect(&sock, 1).unwrap();
     write_pages(&mut c, 4);
     let err = stat_on_device_socket(&sock, "busy");
@@ -355,20 +334,7 @@ fn stat_on_a_busy_device_socket_fails_quickly() {
 fn probes_of_a_served_socket_are_not_connections() {
     let dir = TempDir::new("probe");
     let sock = dir.join("d.sock");
-    let d = Daemon::start(
-        &dir,
-        &[
-            "--socket",
-            s(&sock),
-            "--size",
-            "16M",
-            "--name",
-            "vm1",
-            "--queues",
-            "1",
-        ],
-        &[&sock],
-    );
+    let d = vm1(&dir, &sock);
 
     // A second daemon on the same socket checks it, finds it live, gives up.
     let (o, took) = vzram(

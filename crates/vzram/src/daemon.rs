@@ -499,6 +499,16 @@ fn serve_frontend(
     };
     if let Err(e) = daemon.start(&mut inner.listener) {
         tracing::error!(device = %name, "cannot start the vhost-user handler: {e}");
+        // Our connection may still wait in the backlog: take it out, or the
+        // next frontend's handler would be paired with this dead one.
+        // (poll, not a non-blocking listener: that is an ioctl the filter refuses)
+        drop(to_crate);
+        let fd = inner.listener.as_raw_fd();
+        while wait_two(fd, fd, Duration::ZERO).is_ok_and(|r| !matches!(r, Ready::Neither)) {
+            if !matches!(inner.listener.accept(), Ok(Some(_))) {
+                break;
+            }
+        }
         return;
     }
     let n = dev.connections.fetch_add(1, Ordering::Relaxed) + 1;

@@ -736,4 +736,58 @@ mod tests {
             assert!(buf == page(s), "slot {s} changed");
         }
     }
+
+    fn state_cfg(root: &std::path::Path) -> DeviceConfig {
+        let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
+        cfg.state = Some(StateSpec {
+            root: root.to_path_buf(),
+            name: "d".into(),
+            fresh: false,
+        });
+        cfg
+    }
+
+    /// A slot word that points at no object (a damaged table) stops the
+    /// recovery with an error naming the file; the device is not served.
+    #[test]
+    fn a_damaged_slot_table_is_refused_not_served() {
+        use std::os::unix::fs::FileExt;
+        let root = std::env::temp_dir().join(format!("vzram-damaged-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let pool = pool();
+        let dev = pool.create_device(state_cfg(&root)).unwrap();
+        for s in 0..8 {
+            dev.write_page(s, &page(s)).unwrap();
+        }
+        drop(dev);
+        // Recovered intact first.
+        let dev = pool.create_device(state_cfg(&root)).unwrap();
+        assert_eq!(dev.recovery().unwrap().slots, 8);
+        let mut buf = [0u8; PAGE_SIZE];
+        dev.read_page(5, &mut buf).unwrap();
+        assert!(buf == page(5));
+        drop(dev);
+        // Slot 3 now names an object in the middle of another one.
+        let bad = Slot::Object {
+            offset: 16 * 3 + 1024,
+            len: 100,
+            huge: false,
+            codec: 0,
+        }
+        .encode()
+        .unwrap()
+            | 8; // not a multiple of any class size
+        let table = std::fs::OpenOptions::new()
+            .write(true)
+            .open(root.join("d/table"))
+            .unwrap();
+        table.write_all_at(&bad.to_ne_bytes(), 3 * 8).unwrap();
+        let e = pool.create_device(state_cfg(&root)).err().unwrap();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("slot 3") && msg.contains("d/table") && msg.contains("--fresh"),
+            "{msg}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

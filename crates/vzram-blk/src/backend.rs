@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_queue::QueueT;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringState, VringT};
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{
-    Address, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
-    GuestMemoryRegion,
+    Address, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -31,12 +31,12 @@ use vmm_sys_util::event::{
 use vzram_store::{Page, PAGE_SIZE};
 
 use crate::config::{self, MAX_QUEUE_SIZE};
-use crate::device::{BlkDevice, STATUS_IOERR, STATUS_OK};
-use crate::request::Request;
+use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
+use crate::request::{Request, RequestError};
 
 /// Why a queue stopped draining; the guest's doing, logged and survived.
 #[derive(Debug, thiserror::Error)]
-enum QueueError {
+pub enum QueueError {
     #[error(transparent)]
     Ring(#[from] virtio_queue::Error),
     #[error("the ring says requests are waiting but none can be read (avail ring outside guest memory?)")]
@@ -49,12 +49,11 @@ type Vring = VringRwLock<GuestMem>;
 
 /// After this many requests in one go, tell the guest about the ones done so
 /// far instead of holding them back until the ring is empty.
-const SIGNAL_EVERY: u32 = 64;
+pub const SIGNAL_EVERY: u32 = 64;
 
 thread_local! {
-    /// Per queue thread: the request being parsed and the bounce page.
-    /// Reused for every request, so the I/O path does not allocate.
-    static SCRATCH: RefCell<(Request, Box<Page>)> = RefCell::new((Request::default(), Box::new([0; PAGE_SIZE])));
+    /// Per queue thread, borrowed once per drain.
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// vhost-user-blk backend for one connection.
@@ -132,115 +131,214 @@ impl BlkBackend {
         self.acked_features.load(Ordering::Relaxed)
     }
 
-    /// Drains one virtqueue. With EVENT_IDX, guest notifications stay off
-    /// while we work and are turned back on only when the ring is empty;
-    /// then we look once more, since the guest may have added a request
-    /// just before we re-enabled them.
-    ///
-    /// Requests complete in the order they were taken from the ring: after
-    /// a backend restart QEMU rewinds the avail index to the used index and
-    /// submits again from there, which is exact only in that order.
-    ///
-    /// A ring that claims requests we cannot take (avail ring or entry in
-    /// no guest memory, a queue not ready) would otherwise keep us looping
-    /// with the vring lock held: a pass that takes nothing ends the drain,
-    /// and the next kick tries again.
+    /// Drains one virtqueue with [`drain_queue`], holding its vring lock.
     fn process_queue(&self, vring: &Vring) -> Result<(), QueueError> {
         let event_idx = self.event_idx.load(Ordering::Relaxed);
         let mut state = vring.get_mut();
-        if !state.get_queue().ready() {
-            // Nothing to do until the frontend sets the ring up; not worth a log line.
+        SCRATCH.with(|s| {
+            drain_queue(
+                &mut *state,
+                &self.mem,
+                &self.dev,
+                event_idx,
+                &mut s.borrow_mut(),
+                &mut (),
+            )
+        })
+    }
+}
+
+/// A virtqueue and the way to interrupt its guest: what [`drain_queue`]
+/// works on.
+pub trait QueueRing {
+    type Queue: QueueT;
+    fn queue(&mut self) -> &mut Self::Queue;
+    /// Sends the used-buffer notification; [`drain_queue`] has already asked
+    /// the queue whether the guest wants one.
+    fn notify(&mut self) -> io::Result<()>;
+}
+
+impl QueueRing for VringState<GuestMem> {
+    type Queue = Queue;
+    fn queue(&mut self) -> &mut Queue {
+        self.get_queue_mut()
+    }
+    fn notify(&mut self) -> io::Result<()> {
+        self.signal_used_queue()
+    }
+}
+
+/// A bare queue and a notify callback, for tests and the fuzz harness.
+impl<Q: QueueT, F: FnMut() -> io::Result<()>> QueueRing for (&mut Q, F) {
+    type Queue = Q;
+    fn queue(&mut self) -> &mut Q {
+        self.0
+    }
+    fn notify(&mut self) -> io::Result<()> {
+        (self.1)()
+    }
+}
+
+/// The per-thread scratch space of a queue thread: the request being parsed
+/// and the bounce page, reused for every request so the I/O path does not
+/// allocate.
+pub struct Scratch {
+    pub req: Request,
+    pub bounce: Box<Page>,
+}
+
+impl Default for Scratch {
+    fn default() -> Scratch {
+        Scratch {
+            req: Request::default(),
+            bounce: Box::new([0; PAGE_SIZE]),
+        }
+    }
+}
+
+/// Why a chain got an error status.
+#[derive(Debug)]
+pub enum ChainError {
+    /// Not a valid request (IOERR).
+    Malformed(RequestError),
+    /// Parsed, but the device refused or failed it (its status).
+    Exec(ExecError),
+}
+
+/// Watches the chains [`drain_queue`] runs, for the fuzz harness. The
+/// backend passes `()`, whose empty methods compile to nothing.
+pub trait ChainHook {
+    /// `chain` was taken from the ring; nothing of it has run yet.
+    fn popped<M: GuestMemory>(&mut self, _chain: &DescriptorChain<&M>) {}
+    /// The chain ran: `req` as parsed, `result` the payload bytes written or
+    /// why it failed, `used` the length about to go to `add_used` (0: no
+    /// status byte was written).
+    fn ran(&mut self, _head: u16, _req: &Request, _result: &Result<u32, ChainError>, _used: u32) {}
+}
+
+impl ChainHook for () {}
+
+/// Drains one virtqueue: pop a chain, parse it, execute it, write its status
+/// byte, add it to the used ring; tell the guest every [`SIGNAL_EVERY`]
+/// requests and when the ring is empty. A queue that is not ready is left
+/// alone. The queue threads and the fuzz harness both run this.
+///
+/// With EVENT_IDX, guest notifications stay off while we work and are turned
+/// back on only when the ring is empty; then we look once more, since the
+/// guest may have added a request just before we re-enabled them.
+///
+/// Requests run one at a time on this thread and complete in the order they
+/// were taken from the ring: after a backend restart QEMU rewinds the avail
+/// index to the used index and submits again from there, which is exact only
+/// in that order.
+///
+/// A ring that claims requests we cannot take (avail ring or entry in no
+/// guest memory, an avail index too far ahead) would otherwise keep us
+/// looping with the vring lock held: a pass that takes nothing ends the
+/// drain with [`QueueError::Unreadable`], and the next kick tries again.
+pub fn drain_queue<R, A, H>(
+    ring: &mut R,
+    mem: &A,
+    dev: &BlkDevice,
+    event_idx: bool,
+    scratch: &mut Scratch,
+    hook: &mut H,
+) -> Result<(), QueueError>
+where
+    R: QueueRing,
+    A: GuestAddressSpace,
+    H: ChainHook,
+{
+    if !ring.queue().ready() {
+        // Nothing to do until the frontend sets the ring up; not worth a log line.
+        return Ok(());
+    }
+    loop {
+        if event_idx {
+            ring.queue().disable_notification(&*mem.memory())?;
+        }
+        let mut pending = 0u32;
+        let mut taken = 0u64;
+        loop {
+            // A fresh snapshot per request: one published after a memory
+            // table change must be served with the new table.
+            let guard = mem.memory();
+            let m: &A::M = &guard;
+            let Some(chain) = ring.queue().pop_descriptor_chain(m) else {
+                break;
+            };
+            taken += 1;
+            let head = chain.head_index();
+            hook.popped(&chain);
+            let used = run_chain(m, dev, chain, scratch, head, hook);
+            if let Err(e) = ring.queue().add_used(m, head, used) {
+                // Still tell the guest about what did complete.
+                if pending > 0 {
+                    signal(ring, m)?;
+                }
+                return Err(e.into());
+            }
+            pending += 1;
+            if pending == SIGNAL_EVERY {
+                signal(ring, m)?;
+                pending = 0;
+            }
+        }
+        let guard = mem.memory();
+        let m: &A::M = &guard;
+        if pending > 0 {
+            signal(ring, m)?;
+        }
+        if !event_idx || !ring.queue().enable_notification(m)? {
             return Ok(());
         }
-        loop {
-            if event_idx {
-                state
-                    .get_queue_mut()
-                    .disable_notification(&*self.mem.memory())?;
-            }
-            let mut pending = 0u32;
-            let mut taken = 0u64;
-            loop {
-                // A fresh snapshot per request: one published after a memory
-                // table change must be served with the new table.
-                let mem = self.mem.memory();
-                let mem: &GuestMemoryMmap = &mem;
-                let Some(chain) = state.get_queue_mut().pop_descriptor_chain(mem) else {
-                    break;
-                };
-                taken += 1;
-                let head = chain.head_index();
-                let used = SCRATCH.with(|s| {
-                    let (req, bounce) = &mut *s.borrow_mut();
-                    self.handle_chain(mem, chain, req, bounce)
-                });
-                if let Err(e) = state.get_queue_mut().add_used(mem, head, used) {
-                    // Still tell the guest about what did complete.
-                    if pending > 0 {
-                        self.signal(&mut state, mem)?;
-                    }
-                    return Err(e.into());
-                }
-                pending += 1;
-                if pending == SIGNAL_EVERY {
-                    self.signal(&mut state, mem)?;
-                    pending = 0;
-                }
-            }
-            let mem = self.mem.memory();
-            let mem: &GuestMemoryMmap = &mem;
-            if pending > 0 {
-                self.signal(&mut state, mem)?;
-            }
-            if !event_idx || !state.get_queue_mut().enable_notification(mem)? {
-                return Ok(());
-            }
-            if taken == 0 {
-                return Err(QueueError::Unreadable);
-            }
+        if taken == 0 {
+            return Err(QueueError::Unreadable);
         }
     }
+}
 
-    fn signal(
-        &self,
-        state: &mut vhost_user_backend::VringState<GuestMem>,
-        mem: &GuestMemoryMmap,
-    ) -> Result<(), QueueError> {
-        if state.get_queue_mut().needs_notification(mem)? {
-            if let Err(e) = state.signal_used_queue() {
-                tracing::warn!("cannot signal the guest: {e}");
-            }
+fn signal<R: QueueRing, M: GuestMemory>(ring: &mut R, mem: &M) -> Result<(), QueueError> {
+    if ring.queue().needs_notification(mem)? {
+        if let Err(e) = ring.notify() {
+            tracing::warn!("cannot signal the guest: {e}");
         }
-        Ok(())
     }
+    Ok(())
+}
 
-    /// Parses and runs one chain; returns the used length (bytes written to
-    /// the guest, status included).
-    fn handle_chain(
-        &self,
-        mem: &GuestMemoryMmap,
-        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
-        req: &mut Request,
-        bounce: &mut Page,
-    ) -> u32 {
-        let (status, written) = match req.parse(chain) {
-            Ok(()) => match self.dev.execute(mem, req, bounce) {
-                Ok(n) => (STATUS_OK, n),
-                Err(e) => {
-                    tracing::debug!(kind = ?req.kind, sector = req.sector, "request failed: {e}");
-                    (e.status(), 0)
-                }
-            },
-            Err(e) => {
-                tracing::debug!("malformed request: {e}");
-                (STATUS_IOERR, 0)
-            }
-        };
-        match req.status {
-            Some(addr) if mem.write_obj(status, addr).is_ok() => written.saturating_add(1),
-            _ => 0,
+/// Parses and runs one chain and writes its status byte; returns the used
+/// length (bytes written to the guest, status included).
+fn run_chain<M: GuestMemory, H: ChainHook>(
+    mem: &M,
+    dev: &BlkDevice,
+    chain: DescriptorChain<&M>,
+    scratch: &mut Scratch,
+    head: u16,
+    hook: &mut H,
+) -> u32 {
+    let Scratch { req, bounce } = scratch;
+    let result = match req.parse(chain) {
+        Ok(()) => dev.execute(mem, req, bounce).map_err(ChainError::Exec),
+        Err(e) => Err(ChainError::Malformed(e)),
+    };
+    let (status, written) = match &result {
+        Ok(n) => (STATUS_OK, *n),
+        Err(ChainError::Exec(e)) => {
+            tracing::debug!(kind = ?req.kind, sector = req.sector, "request failed: {e}");
+            (e.status(), 0)
         }
-    }
+        Err(ChainError::Malformed(e)) => {
+            tracing::debug!("malformed request: {e}");
+            (STATUS_IOERR, 0)
+        }
+    };
+    let used = match req.status {
+        Some(addr) if mem.write_obj(status, addr).is_ok() => written.saturating_add(1),
+        _ => 0,
+    };
+    hook.ran(head, req, &result, used);
+    used
 }
 
 /// Regions one frontend may map: QEMU's CONFIGURE_MEM_SLOTS maximum.
@@ -418,6 +516,31 @@ mod tests {
             .unwrap();
         let dev = Arc::new(BlkDevice::new(store, queues, readonly, "x"));
         BlkBackend::new(dev)
+    }
+
+    /// A queue the frontend has not set up is left alone: nothing read,
+    /// written or signalled. (The fuzz harness covers every ready queue.)
+    #[test]
+    fn drain_leaves_a_queue_that_is_not_ready_alone() {
+        let b = backend(1, false);
+        let mem: GuestMemoryMmap =
+            GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 0x10000)]).unwrap();
+        let mut queue = Queue::new(16).unwrap();
+        let mut notified = false;
+        let r = drain_queue(
+            &mut (&mut queue, || {
+                notified = true;
+                Ok(())
+            }),
+            &&mem,
+            b.device(),
+            true,
+            &mut Scratch::default(),
+            &mut (),
+        );
+        assert!(r.is_ok());
+        assert!(!notified);
+        assert_eq!((queue.next_avail(), queue.next_used()), (0, 0));
     }
 
     #[test]

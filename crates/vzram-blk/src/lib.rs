@@ -10,6 +10,8 @@ pub mod device;
 pub mod guard;
 pub mod request;
 
-pub use backend::{BlkBackend, GuestMem};
+pub use backend::{
+    drain_queue, BlkBackend, ChainError, ChainHook, GuestMem, QueueError, QueueRing, Scratch,
+};
 pub use device::{BlkDevice, ExecError};
 pub use request::{Request, RequestError, RequestType};

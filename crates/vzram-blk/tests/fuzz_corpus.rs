@@ -10,8 +10,9 @@ mod fuzz_harness;
 
 use std::path::{Path, PathBuf};
 
+use fuzz_harness::mode::{BIG_DISK, EVENT_IDX, SECOND_QUEUE, ZSTD, ZSTD3};
 use fuzz_harness::seed::{Seed, ADJACENT, GAP, ONE_REGION, TOP};
-use fuzz_harness::{run, run_with, Summary, DEV_SECTORS};
+use fuzz_harness::{mode, run, run_with, Summary, BIG_DEV_SIZE, DEV_SECTORS};
 
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/blk_request")
@@ -66,15 +67,27 @@ fn replay_checked_in_corpus() {
         ("successful flush/get-id", t.ok_other),
         ("indirect chains", t.indirect),
         ("chains on the read-only view", t.readonly_chains),
+        ("chains on zstd", t.zstd),
+        ("chains on the big disk", t.big_disk),
+        ("chains with EVENT_IDX", t.event_idx),
+        ("requests on a second queue", t.second_queue),
+        ("notifications before the end of a drain", t.early_signals),
+        ("drains ended by an out-of-range head", t.bad_head_drains),
+        ("drains ended as unreadable", t.unreadable_drains),
     ] {
         assert!(n > 0, "the corpus reaches no {what}: {t:?}");
     }
 }
 
+/// Every seed in every mode (codec, disk size, EVENT_IDX, second queue).
 #[test]
 fn builtin_seeds_pass() {
-    for (name, data) in seeds() {
+    for (name, mut data) in seeds() {
         replay(name, &data);
+        for m in mode::ALL {
+            data[1] = m;
+            replay(&format!("{name} in mode {m:#x}"), &data);
+        }
     }
 }
 
@@ -350,6 +363,51 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         .limit(1)
         .request(1, 200, 5, 1, false, 31, 3);
     add("limit", &mut lim);
+    // More chains in one drain than SIGNAL_EVERY: the guest publishes 100
+    // entries (all head 0, a FLUSH) at once.
+    add(
+        "signal-every",
+        Seed::new(ONE_REGION, 8, false, false)
+            .request(2, 0, 0, 1, false, 0, 0)
+            .bytes(&a(0x1002), &[101, 0])
+            .process(),
+    );
+    // With EVENT_IDX, an avail index too far ahead: Unreadable.
+    add(
+        "unreadable",
+        Seed::new(ONE_REGION, 4, false, false)
+            .modes(EVENT_IDX)
+            .request(2, 0, 0, 1, false, 0, 0)
+            .bytes(&a(0x1002), &[0, 0x80])
+            .process(),
+    );
+    // The big disk on zstd: I/O at its end, past it, and in the middle.
+    let big = BIG_DEV_SIZE / 512;
+    add(
+        "big-disk",
+        Seed::new(ONE_REGION, 4, false, false)
+            .modes(BIG_DISK | ZSTD)
+            .request(1, big - 32, 0, 2, false, 31, 7)
+            .request(1, 5000, 2, 1, true, 15, 0x85)
+            .request(0, big - 40, 4, 3, false, 31, 0)
+            .dwz(4, 6, false, &[(big - 24, 8, 0), (5000, 8, 0)])
+            .request(0, big - 64, 8, 1, false, 31, 0)
+            .request(1, big - 1, 9, 1, false, 1, 0),
+    );
+    // A second queue reading while this one writes, overwrites, discards
+    // and compacts.
+    let mut sq = Seed::new(ONE_REGION, 4, false, false);
+    sq.modes(SECOND_QUEUE | BIG_DISK | ZSTD3);
+    for i in 0..12u64 {
+        sq.request(1, i * 680, (i % 16) as u8, 1, false, 31, i as u8 * 9);
+    }
+    sq.dwz(5, 3, false, &[(0, 64, 1), (680 * 3, 16, 0)])
+        .compact()
+        .request(0, 680, 4, 2, false, 31, 0);
+    for i in 0..6u64 {
+        sq.request(1, i * 680 + 3, (i % 16) as u8, 2, true, 15, 0x80 | i as u8);
+    }
+    add("second-queue", &mut sq);
     // The top-of-address-space layout, status at the very last byte.
     add(
         "top",

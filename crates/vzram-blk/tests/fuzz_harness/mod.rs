@@ -1,41 +1,56 @@
 //! Fuzz harness for the virtio-blk request path: descriptor chains over fake
-//! guest memory → `virtio_queue` → `Request::parse` → `BlkDevice::execute`
-//! → the page store.
+//! guest memory → `drain_queue` (the queue threads' own loop: pop, parse,
+//! execute, status byte, used ring, notifications) → the page store.
 //!
 //! Shared, through `#[path]`, by the cargo-fuzz target
 //! (`fuzz/fuzz_targets/blk_request.rs`) and the corpus replay test
 //! (`tests/fuzz_corpus.rs`), so a corpus file means the same thing to both.
 //! Only the public API of `vzram-blk` and `vzram-store` is used.
 //!
-//! An input is a small program: a configuration byte, then operations that
-//! play the guest (write descriptors, headers, discard segments and bytes
-//! anywhere in guest memory, build direct and indirect chains, publish heads
-//! in the avail ring) or the host (switch to the read-only view, change the
-//! memory limit, compact). Every chain the queue pops is run the way the
-//! queue thread runs it, and checked against an independent model written
-//! from the virtio spec and the limits vzram advertises:
+//! An input is a small program: two configuration bytes, then operations
+//! that play the guest (write descriptors, headers, discard segments and
+//! bytes anywhere in guest memory, build direct and indirect chains, publish
+//! heads in the avail ring) or the host (switch to the read-only view, change
+//! the memory limit, compact). The queue is drained by
+//! `vzram_blk::drain_queue`, the function `BlkBackend` runs; a `ChainHook`
+//! shows the harness each chain before and after it runs, and every one is
+//! checked against an independent model written from the virtio spec and the
+//! limits vzram advertises:
 //!
 //! * nothing panics;
 //! * a chain whose last descriptor has no writable, in-memory last byte gets
 //!   no status and a used length of 0; otherwise the status lands exactly on
-//!   that byte, and malformed chains get IOERR, unknown types and flags UNSUPP;
+//!   that byte (poisoned beforehand where the chain does not read it, so a
+//!   status that is never written shows), and malformed chains get IOERR,
+//!   unknown types and flags UNSUPP;
 //! * guest memory changes only where the request may write: the status byte,
 //!   and for IN and GET_ID the device-writable payload, with exactly the
-//!   expected bytes;
-//! * the used length is the payload written plus the status byte;
+//!   expected bytes; and the used ring, with exactly the expected element
+//!   (head, payload written + 1) and index;
+//! * a drain ends as the ring says: an out-of-range head ends it with an
+//!   error after that chain, a ring that claims work it cannot give (with
+//!   EVENT_IDX) with `Unreadable`, anything else with Ok; the guest is
+//!   notified exactly where the model says (every `SIGNAL_EVERY` completions
+//!   and at the end; with EVENT_IDX only where `used_event` asks);
 //! * a request that fails does not reach the store at all (its write and
 //!   discard counters do not move), except when a memory limit is hit in the
 //!   middle of a write: then a prefix of the request's page-sized pieces is
 //!   applied and nothing else changes;
 //! * the store always equals a shadow copy of the disk: unwritten space reads
 //!   as zeros, successful writes and discards read back, compaction moves
-//!   nothing visible.
+//!   nothing visible;
+//! * with a second queue: another thread drains a second queue of the same
+//!   device at the same time, with reads only (so the first queue's model
+//!   stays exact), and every page it read is a version that page had.
 //!
 //! Any violation panics with a message that says what differed.
 
 #![allow(dead_code)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::hash::{DefaultHasher, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use virtio_bindings::virtio_blk::{
@@ -45,7 +60,8 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
+use vzram_blk::backend::{drain_queue, ChainError, ChainHook, QueueError, Scratch, SIGNAL_EVERY};
 use vzram_blk::config::{MAX_DESCRIPTORS, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SERIAL_LEN};
 use vzram_blk::device::{BlkDevice, ExecError};
 use vzram_blk::request::{Request, RequestType};
@@ -53,6 +69,9 @@ use vzram_store::{Codec, Device, DeviceConfig, Page, Pool, PoolConfig, StoreErro
 
 /// Disk size: 64 slots, small enough to compare whole after every input.
 pub const DEV_SIZE: u64 = 256 << 10;
+/// The big disk (`mode::BIG_DISK`): 1024 slots, still cheap to compare whole
+/// (unwritten slots read as zeros without decompressing).
+pub const BIG_DEV_SIZE: u64 = 4 << 20;
 pub const SECTOR: u64 = 512;
 pub const DEV_SECTORS: u64 = DEV_SIZE / SECTOR;
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -62,6 +81,9 @@ pub const SERIAL: &str = "vzram-fuzz-serial-0123456789";
 /// Caps so one input stays fast.
 const MAX_OPS: usize = 64;
 const MAX_CHAINS: usize = 64;
+/// Chains one drain may take before the harness, as the guest, stops
+/// publishing (chains that rewrite the avail index could go on for long).
+const DRAIN_CAP: u32 = 512;
 
 /// Where the harness's own queue lives in guest memory (the guest may
 /// overwrite it like anything else).
@@ -82,6 +104,8 @@ const F_INDIRECT: u16 = 4;
 const ST_OK: u8 = VIRTIO_BLK_S_OK as u8;
 const ST_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
 const ST_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
+/// Written where a status byte is due, before the chain runs: no status is 0xee.
+const ST_POISON: u8 = 0xee;
 
 const K64: u64 = 0x1_0000;
 /// Guest memory layouts, chosen by the configuration byte: one region; two
@@ -93,6 +117,29 @@ const LAYOUTS: [&[(u64, u64)]; 4] = [
     &[(0, K64), (K64, K64)],
     &[(0, K64), (0xffff_ffff_fffe_0000, K64)],
 ];
+
+/// The second configuration byte. An input of one byte, or whose second
+/// byte is 0, runs as before these existed: lz4, small disk, no EVENT_IDX,
+/// one queue.
+pub mod mode {
+    /// Bits 0-1: the codec (3 is lz4 too).
+    pub const LZ4: u8 = 0;
+    pub const ZSTD: u8 = 1;
+    pub const ZSTD3: u8 = 2;
+    pub const BIG_DISK: u8 = 1 << 2;
+    pub const EVENT_IDX: u8 = 1 << 3;
+    pub const SECOND_QUEUE: u8 = 1 << 4;
+    /// Every combination, for running the built-in seeds in each.
+    pub const ALL: [u8; 24] = {
+        let mut all = [0u8; 24];
+        let mut i = 0;
+        while i < 24 {
+            all[i] = (i % 3) as u8 | ((i / 3) as u8) << 2;
+            i += 1;
+        }
+        all
+    };
+}
 
 /// Operation codes (the first byte of each operation, modulo `OP_COUNT`).
 pub mod op {
@@ -129,6 +176,17 @@ pub struct Summary {
     pub ok_other: u64,
     pub indirect: u64,
     pub readonly_chains: u64,
+    /// Chains on a zstd device, on the big disk, with EVENT_IDX.
+    pub zstd: u64,
+    pub big_disk: u64,
+    pub event_idx: u64,
+    /// Requests the second queue's thread completed.
+    pub second_queue: u64,
+    /// Notifications sent before the end of a drain (`SIGNAL_EVERY`).
+    pub early_signals: u64,
+    /// Drains that ended on an out-of-range head, and on `Unreadable`.
+    pub bad_head_drains: u64,
+    pub unreadable_drains: u64,
 }
 
 impl Summary {
@@ -145,6 +203,13 @@ impl Summary {
         self.ok_other += o.ok_other;
         self.indirect += o.indirect;
         self.readonly_chains += o.readonly_chains;
+        self.zstd += o.zstd;
+        self.big_disk += o.big_disk;
+        self.event_idx += o.event_idx;
+        self.second_queue += o.second_queue;
+        self.early_signals += o.early_signals;
+        self.bad_head_drains += o.bad_head_drains;
+        self.unreadable_drains += o.unreadable_drains;
     }
 }
 
@@ -157,6 +222,7 @@ pub fn run(data: &[u8]) -> Summary {
 /// that a test can show the checks fire.
 pub fn run_with(data: &[u8], sabotage: bool) -> Summary {
     let sel = usize::from(data.first().copied().unwrap_or(0) & 3);
+    let modes = data.get(1).copied().unwrap_or(0);
     // Guest memory and buffers are reused between inputs (fresh mappings
     // cost more in page faults than the rest of a run); guest memory is
     // zeroed first, so every input still starts from the same state. The
@@ -173,13 +239,14 @@ pub fn run_with(data: &[u8], sabotage: bool) -> Summary {
         GuestMemoryMmap::from_ranges(&ranges).expect("guest memory")
     });
     for &(start, len) in LAYOUTS[sel] {
-        for off in (0..len).step_by(ZEROS.len()) {
-            mem.write_slice(&ZEROS, GuestAddress(start + off))
-                .expect("zero guest memory");
-        }
+        zero(&mem, start, len);
     }
     let mut h = Harness::new(data, &mem, bufs, sabotage);
-    h.run();
+    if modes & mode::SECOND_QUEUE != 0 {
+        run_with_reader(&mut h, data);
+    } else {
+        h.run();
+    }
     let summary = h.summary;
     let bufs = h.into_bufs();
     CACHE.with(|c| {
@@ -188,6 +255,66 @@ pub fn run_with(data: &[u8], sabotage: bool) -> Summary {
         c.bufs = bufs;
     });
     summary
+}
+
+fn zero(mem: &GuestMemoryMmap, start: u64, len: u64) {
+    for off in (0..len).step_by(ZEROS.len()) {
+        mem.write_slice(&ZEROS, GuestAddress(start + off))
+            .expect("zero guest memory");
+    }
+}
+
+/// Runs the input while a second thread drains a second queue of the same
+/// device; then checks every page that thread read against the versions the
+/// shadow went through.
+fn run_with_reader(h: &mut Harness, data: &[u8]) {
+    let rmem = CACHE
+        .with(|c| c.borrow_mut().reader_mem.take())
+        .unwrap_or_else(|| {
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), R_MEM as usize)])
+                .expect("reader memory")
+        });
+    zero(&rmem, 0, R_MEM);
+    let dev = Arc::clone(&h.rw);
+    let pages = h.dev_size / PAGE;
+    let event_idx = h.event_idx;
+    let seed = {
+        let mut x = DefaultHasher::new();
+        x.write(data);
+        x.finish()
+    };
+    let stop = AtomicBool::new(false);
+    let (reads, done) = std::thread::scope(|s| {
+        let reader = s.spawn(|| reader(&dev, &rmem, pages, seed, event_idx, &stop));
+        {
+            // Set even when the run panics, or the scope would wait forever.
+            let _stop = StopOnDrop(&stop);
+            h.run();
+        }
+        reader
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    });
+    h.summary.second_queue += done;
+    let versions = h
+        .versions
+        .as_ref()
+        .expect("versions are kept with a reader");
+    for &(slot, hash) in &reads {
+        assert!(
+            versions.contains(&(slot, hash)),
+            "the second queue read a version of slot {slot} it never had"
+        );
+    }
+    CACHE.with(|c| c.borrow_mut().reader_mem = Some(rmem));
+}
+
+struct StopOnDrop<'s>(&'s AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 static ZEROS: [u8; 0x1_0000] = [0; 0x1_0000];
@@ -200,16 +327,192 @@ struct Bufs {
     cur: Vec<Vec<u8>>,
     /// Guest memory as it is after a request.
     next: Vec<Vec<u8>>,
+    scratch: Option<Scratch>,
 }
 
 #[derive(Default)]
 struct Cache {
     mems: [Option<GuestMemoryMmap>; 4],
+    reader_mem: Option<GuestMemoryMmap>,
     bufs: Bufs,
 }
 
 thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+}
+
+/// A page's content as a u64 for the version sets: FxHash over words, much
+/// cheaper than SipHash; nothing here is adversarial enough to need more.
+fn page_hash(page: &[u8]) -> u64 {
+    page.chunks_exact(8).fold(page.len() as u64, |h, w| {
+        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        (h.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
+    })
+}
+
+// ---- the second queue -------------------------------------------------------
+
+/// The reader's own guest memory (so the fuzzed chains cannot scribble on
+/// its ring) and its layout.
+const R_MEM: u64 = 0x40000;
+const R_QSIZE: u16 = 32;
+const R_BATCH: usize = 8;
+const R_AVAIL: u64 = 0x1000;
+const R_USED: u64 = 0x2000;
+const R_HDR: u64 = 0x3000;
+const R_STATUS: u64 = 0x3800;
+const R_DATA: u64 = 0x10000;
+/// Up to 4 pages per request.
+const R_DATA_STRIDE: u64 = 0x4000;
+/// Bounds: an input takes a few milliseconds, about as long as this many
+/// rounds; more would only take CPU from the main thread.
+const R_ROUNDS: usize = 64;
+const R_RECORDS: usize = 1 << 14;
+
+/// One request of the reader: type and, for IN, first slot and page count.
+#[derive(Clone, Copy, Default)]
+struct RReq {
+    t: u32,
+    slot: u64,
+    pages: u64,
+}
+
+impl RReq {
+    fn payload(&self) -> u32 {
+        match self.t {
+            VIRTIO_BLK_T_IN => (self.pages * PAGE) as u32,
+            VIRTIO_BLK_T_GET_ID => SERIAL_LEN as u32,
+            _ => 0,
+        }
+    }
+}
+
+/// Checks each chain of the reader's queue as it completes.
+struct ReaderHook {
+    batch: [RReq; R_BATCH],
+    n: usize,
+}
+
+impl ChainHook for ReaderHook {
+    fn ran(&mut self, head: u16, _req: &Request, result: &Result<u32, ChainError>, used: u32) {
+        let i = self.n;
+        self.n += 1;
+        assert_eq!(usize::from(head), 3 * i, "second queue: completion order");
+        let want = self.batch[i].payload();
+        match result {
+            Ok(n) if *n == want => {}
+            other => panic!("second queue: request {i} ended {other:?}, expected Ok({want})"),
+        }
+        assert_eq!(used, want + 1, "second queue: used length");
+    }
+}
+
+/// Drains a second queue of `dev` in rounds of `R_BATCH` requests (whole-page
+/// IN, FLUSH, GET_ID) until `stop`; returns (slot, hash) of every page read
+/// and the number of requests completed.
+fn reader(
+    dev: &BlkDevice,
+    mem: &GuestMemoryMmap,
+    pages: u64,
+    seed: u64,
+    event_idx: bool,
+    stop: &AtomicBool,
+) -> (Vec<(u64, u64)>, u64) {
+    let mut queue = Queue::new(R_QSIZE).expect("queue");
+    queue.set_desc_table_address(Some(0), Some(0));
+    queue.set_avail_ring_address(Some(R_AVAIL as u32), Some(0));
+    queue.set_used_ring_address(Some(R_USED as u32), Some(0));
+    queue.set_event_idx(event_idx);
+    queue.set_ready(true);
+    assert!(queue.is_valid(mem), "reader queue layout");
+    let mut scratch = Scratch::default();
+    let mut x = seed | 1;
+    let mut reads = Vec::new();
+    let mut done = 0u64;
+    let mut avail = 0u16;
+    let mut page = vec![0u8; PAGE_SIZE];
+    for round in 0..R_ROUNDS {
+        // At least one round, so every such input reaches the second queue.
+        if round > 0 && stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let mut hook = ReaderHook {
+            batch: [RReq::default(); R_BATCH],
+            n: 0,
+        };
+        for (i, r) in hook.batch.iter_mut().enumerate() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *r = match x % 8 {
+                6 => RReq {
+                    t: VIRTIO_BLK_T_FLUSH,
+                    ..RReq::default()
+                },
+                7 => RReq {
+                    t: VIRTIO_BLK_T_GET_ID,
+                    ..RReq::default()
+                },
+                _ => {
+                    let n = (x >> 8) % 4 + 1;
+                    RReq {
+                        t: VIRTIO_BLK_T_IN,
+                        slot: (x >> 16) % (pages - n + 1),
+                        pages: n,
+                    }
+                }
+            };
+            let (hdr, status) = (R_HDR + 16 * i as u64, R_STATUS + i as u64);
+            let h = Harness::header_bytes(r.t, 0, r.slot * (PAGE / SECTOR));
+            mem.write_slice(&h, GuestAddress(hdr)).expect("header");
+            mem.write_obj(ST_POISON, GuestAddress(status))
+                .expect("status");
+            let d = 3 * i as u16;
+            let mut descs = vec![Descriptor::new(hdr, 16, F_NEXT, d + 1)];
+            if r.payload() > 0 {
+                let data = R_DATA + R_DATA_STRIDE * i as u64;
+                descs.push(Descriptor::new(data, r.payload(), F_NEXT | F_WRITE, d + 2));
+            }
+            descs.push(Descriptor::new(status, 1, F_WRITE, 0));
+            for (k, desc) in descs.into_iter().enumerate() {
+                mem.write_obj(desc, GuestAddress(16 * u64::from(d + k as u16)))
+                    .expect("descriptor");
+            }
+            let slot = R_AVAIL + 4 + 2 * u64::from(avail % R_QSIZE);
+            mem.write_obj(d, GuestAddress(slot)).expect("avail ring");
+            avail = avail.wrapping_add(1);
+        }
+        mem.write_obj(avail, GuestAddress(R_AVAIL + 2))
+            .expect("avail index");
+        let r = drain_queue(
+            &mut (&mut queue, || Ok(())),
+            &mem,
+            dev,
+            event_idx,
+            &mut scratch,
+            &mut hook,
+        );
+        assert!(r.is_ok(), "second queue: drain failed: {r:?}");
+        assert_eq!(hook.n, R_BATCH, "second queue: chains taken");
+        done += R_BATCH as u64;
+        let used: u16 = mem.read_obj(GuestAddress(R_USED + 2)).expect("used index");
+        assert_eq!(used, avail, "second queue: used index");
+        for (i, r) in hook.batch.iter().enumerate() {
+            let st: u8 = mem
+                .read_obj(GuestAddress(R_STATUS + i as u64))
+                .expect("status");
+            assert_eq!(st, ST_OK, "second queue: status of request {i}");
+            for p in 0..r.pages {
+                if reads.len() == R_RECORDS {
+                    break;
+                }
+                let at = R_DATA + R_DATA_STRIDE * i as u64 + p * PAGE;
+                mem.read_slice(&mut page, GuestAddress(at)).expect("data");
+                reads.push((r.slot + p, page_hash(&page)));
+            }
+        }
+    }
+    (reads, done)
 }
 
 /// Reads the input as a stream; past its end every read yields zeros.
@@ -322,43 +625,89 @@ struct Harness<'a> {
     inp: Input<'a>,
     regions: Vec<Region>,
     mem: &'a GuestMemoryMmap,
-    queue: Queue,
+    /// Out while a drain runs.
+    queue: Option<Queue>,
+    scratch: Option<Scratch>,
     qsize: u16,
+    event_idx: bool,
+    dev_size: u64,
     store: Arc<Device>,
-    rw: BlkDevice,
-    ro: BlkDevice,
+    rw: Arc<BlkDevice>,
+    ro: Arc<BlkDevice>,
     readonly: bool,
     /// Some memory limit is set, so writes may fail half-way.
     host_limited: bool,
     shadow: Vec<u8>,
-    req: Request,
-    bounce: Box<Page>,
+    /// With a second queue: every (slot, page hash) the disk has held.
+    versions: Option<HashSet<(u64, u64)>>,
     sabotage: bool,
     summary: Summary,
     cur: Vec<Vec<u8>>,
     next: Vec<Vec<u8>>,
+    /// The ring indices as the model counts them.
+    next_avail: u16,
+    next_used: u16,
+    drain: DrainLog,
+    /// Between `popped` and `ran`: what the model expects of the chain.
+    chain: Option<ChainCtx>,
+}
+
+/// One drain as the harness saw it.
+#[derive(Default)]
+struct DrainLog {
+    chains: u32,
+    /// Per chain: does its `add_used` succeed, and `used_event` after it ran.
+    log: Vec<(bool, u16)>,
+    /// The used element the last chain should get (head, length).
+    pending: Option<(u16, u32)>,
+    /// The avail index at the start; chains that change it may make the
+    /// drain take several passes.
+    avail0: u16,
+    multi_pass: bool,
+}
+
+struct ChainCtx {
+    descs: Vec<Descriptor>,
+    expect: Expect,
+    stats0: Option<vzram_store::DeviceStats>,
 }
 
 impl<'a> Harness<'a> {
     fn new(data: &'a [u8], mem: &'a GuestMemoryMmap, bufs: Bufs, sabotage: bool) -> Harness<'a> {
         let mut inp = Input { data, pos: 0 };
         // Configuration byte: bits 0-1 layout, 2-5 queue size, 6 read-only,
-        // 7 limits (a device limit and a host limit).
+        // 7 limits (a device limit and a host limit). Then the `mode` byte.
         let cfg = inp.u8();
+        let modes = inp.u8();
         let layout = LAYOUTS[usize::from(cfg & 3)];
         let regions: Vec<Region> = layout
             .iter()
             .map(|&(start, len)| Region { start, len })
             .collect();
         let qsize = 1u16 << (((cfg >> 2) & 0xf) % 9); // 1..=256
+        let event_idx = modes & mode::EVENT_IDX != 0;
         let mut queue = Queue::new(256).expect("queue");
         queue.set_size(qsize);
         queue.set_desc_table_address(Some(DESC_TABLE as u32), Some(0));
         queue.set_avail_ring_address(Some(AVAIL_RING as u32), Some(0));
         queue.set_used_ring_address(Some(USED_RING as u32), Some(0));
+        queue.set_event_idx(event_idx);
         queue.set_ready(true);
         assert!(queue.is_valid(mem), "harness queue layout");
 
+        let codec = match modes & 3 {
+            mode::ZSTD => Codec::Zstd {
+                level: Codec::DEFAULT_ZSTD_LEVEL,
+            },
+            mode::ZSTD3 => Codec::Zstd { level: 3 },
+            _ => Codec::Lz4,
+        };
+        let dev_size = if modes & mode::BIG_DISK != 0 {
+            BIG_DEV_SIZE
+        } else {
+            DEV_SIZE
+        };
+        let second_queue = modes & mode::SECOND_QUEUE != 0;
         let limited = cfg & 0x80 != 0;
         let host_limit = if limited { 96 * 1024 } else { 0 };
         let pool = Pool::new(PoolConfig {
@@ -366,18 +715,26 @@ impl<'a> Harness<'a> {
             arena_bytes: 64 << 20,
         })
         .expect("pool");
-        let mut dcfg = DeviceConfig::new(DEV_SIZE, Codec::Lz4);
+        let mut dcfg = DeviceConfig::new(dev_size, codec);
         dcfg.shards = 1;
         dcfg.mem_limit = if limited { 48 * 1024 } else { 0 };
         let store = pool.create_device(dcfg).expect("store device");
-        let rw = BlkDevice::new(store.clone(), 1, false, SERIAL);
-        let ro = BlkDevice::new(store.clone(), 1, true, SERIAL);
+        let queues = if second_queue { 2 } else { 1 };
+        let rw = Arc::new(BlkDevice::new(store.clone(), queues, false, SERIAL));
+        let ro = Arc::new(BlkDevice::new(store.clone(), queues, true, SERIAL));
+        let versions = second_queue.then(|| {
+            let zero = page_hash(&[0; PAGE_SIZE]);
+            (0..dev_size / PAGE).map(|slot| (slot, zero)).collect()
+        });
         Harness {
             inp,
             regions,
             mem,
-            queue,
+            queue: Some(queue),
+            scratch: Some(bufs.scratch.unwrap_or_default()),
             qsize,
+            event_idx,
+            dev_size,
             store,
             rw,
             ro,
@@ -386,15 +743,18 @@ impl<'a> Harness<'a> {
             shadow: {
                 let mut v = bufs.shadow;
                 v.clear();
-                v.resize(DEV_SIZE as usize, 0);
+                v.resize(dev_size as usize, 0);
                 v
             },
+            versions,
             cur: bufs.cur,
             next: bufs.next,
-            req: Request::default(),
-            bounce: Box::new([0; PAGE_SIZE]),
             sabotage,
             summary: Summary::default(),
+            next_avail: 0,
+            next_used: 0,
+            drain: DrainLog::default(),
+            chain: None,
         }
     }
 
@@ -463,8 +823,8 @@ impl<'a> Harness<'a> {
         match self.inp.u8() % 9 {
             0 => u64::from(self.inp.u8()),
             1 => u64::from(self.inp.u16()),
-            2 => DEV_SECTORS.saturating_sub(u64::from(self.inp.u8())),
-            3 => DEV_SECTORS + u64::from(self.inp.u8()),
+            2 => (self.dev_size / SECTOR).saturating_sub(u64::from(self.inp.u8())),
+            3 => self.dev_size / SECTOR + u64::from(self.inp.u8()),
             4 => self.inp.u64(),
             5 => (u64::MAX / SECTOR + 1).wrapping_sub(u64::from(self.inp.u8() % 4)),
             6 => u64::MAX - u64::from(self.inp.u8()),
@@ -815,47 +1175,201 @@ impl<'a> Harness<'a> {
         self.process();
     }
 
-    // ---- device side: what the queue thread does, then the checks --------
+    // ---- device side: the queue thread's drain, watched ------------------
 
     fn into_bufs(self) -> Bufs {
         Bufs {
             shadow: self.shadow,
             cur: self.cur,
             next: self.next,
+            scratch: self.scratch,
         }
     }
 
+    fn used_event_at(&self) -> u64 {
+        AVAIL_RING + 4 + 2 * u64::from(self.qsize)
+    }
+
+    fn avail_event_at(&self) -> u64 {
+        USED_RING + 4 + 8 * u64::from(self.qsize)
+    }
+
+    /// A little-endian u16 from a snapshot (the rings are in the first region).
+    fn snap_u16(snap: &[Vec<u8>], at: u64) -> u16 {
+        let at = at as usize;
+        u16::from_le_bytes([snap[0][at], snap[0][at + 1]])
+    }
+
+    /// Drains the queue with the backend's own `drain_queue`; the checks run
+    /// in the hook (`popped`, `ran`) and in `end_drain`.
     fn process(&mut self) {
+        if self.summary.chains >= MAX_CHAINS as u64 {
+            return;
+        }
         // The harness itself wrote to guest memory since the last time.
         let mut cur = std::mem::take(&mut self.cur);
         self.snapshot_into(&mut cur);
         self.cur = cur;
-        while self.summary.chains < MAX_CHAINS as u64 {
-            let Some(chain) = self.queue.pop_descriptor_chain(self.mem) else {
-                break;
-            };
-            self.summary.chains += 1;
-            let head = chain.head_index();
-            let used = self.run_chain(chain);
-            // As the queue thread does: a ring it cannot complete ends this round.
-            let added = self.queue.add_used(self.mem, head, used);
-            // Keep the expected memory in step with the used ring.
-            let ring = USED_RING as usize..(USED_RING + 6 + 8 * u64::from(self.qsize)) as usize;
-            self.mem
-                .read_slice(
-                    &mut self.cur[0][ring.clone()],
-                    GuestAddress(ring.start as u64),
-                )
-                .expect("used ring");
-            if added.is_err() {
+        self.drain = DrainLog {
+            avail0: Self::snap_u16(&self.cur, AVAIL_RING + 2),
+            ..DrainLog::default()
+        };
+        let used0 = self.next_used;
+        let dev = Arc::clone(if self.readonly { &self.ro } else { &self.rw });
+        let mut queue = self.queue.take().expect("queue");
+        let mut scratch = self.scratch.take().expect("scratch");
+        let mem = self.mem;
+        let event_idx = self.event_idx;
+        // The used index at each notification, as the model counts it.
+        let used_idx = Cell::new(used0);
+        let mut notes: Vec<u16> = Vec::new();
+        let result = drain_queue(
+            &mut (&mut queue, || {
+                notes.push(used_idx.get());
+                Ok(())
+            }),
+            &mem,
+            &dev,
+            event_idx,
+            &mut scratch,
+            &mut Watch {
+                h: self,
+                used_idx: &used_idx,
+            },
+        );
+        self.end_drain(&queue, result, &notes, used0);
+        self.queue = Some(queue);
+        self.scratch = Some(scratch);
+    }
+
+    /// Everything the drain did after the last chain ran: its used element,
+    /// notifications, EVENT_IDX's avail_event, and how it ended.
+    fn end_drain(
+        &mut self,
+        queue: &Queue,
+        result: Result<(), QueueError>,
+        notes: &[u16],
+        used0: u16,
+    ) {
+        let bad_head = self.drain.log.last().is_some_and(|&(ok, _)| !ok);
+        self.apply_pending_used();
+        let mut after = std::mem::take(&mut self.next);
+        self.snapshot_into(&mut after);
+        let avail = Self::snap_u16(&after, AVAIL_RING + 2);
+        let mut want = std::mem::take(&mut self.cur);
+        if self.event_idx {
+            let at = self.avail_event_at();
+            if !bad_head {
+                // enable_notification, last thing before the drain ends.
+                self.write_want(&mut want, at, &self.next_avail.to_le_bytes());
+            } else if Self::snap_u16(&after, at) == self.next_avail {
+                // An earlier pass may have ended with it.
+                self.write_want(&mut want, at, &self.next_avail.to_le_bytes());
+            }
+        }
+        let ctx = || format!("end of a drain of {} chains", self.drain.chains);
+        self.assert_mem(&want, &after, &ctx);
+        self.cur = want;
+        self.next = after;
+
+        assert_eq!(queue.next_avail(), self.next_avail, "next_avail: {}", ctx());
+        assert_eq!(queue.next_used(), self.next_used, "next_used: {}", ctx());
+        if bad_head {
+            self.summary.bad_head_drains += 1;
+            assert!(
+                matches!(
+                    result,
+                    Err(QueueError::Ring(
+                        virtio_queue::Error::InvalidDescriptorIndex
+                    ))
+                ),
+                "drain after an out-of-range head ended {result:?}"
+            );
+        } else if self.event_idx && avail != self.next_avail {
+            self.summary.unreadable_drains += 1;
+            assert!(
+                matches!(result, Err(QueueError::Unreadable)),
+                "drain with EVENT_IDX left avail {avail} != next_avail {} and ended {result:?}",
+                self.next_avail
+            );
+        } else {
+            assert!(result.is_ok(), "drain ended {result:?}: {}", ctx());
+        }
+
+        // Notifications: a check after every SIGNAL_EVERY completions and at
+        // the end (also when an add_used fails); with EVENT_IDX a check
+        // notifies only when used_event lies in the stretch it covers (virtio
+        // 1.2, 2.7.7.2, the kernel's vring_need_event). Several passes (chains
+        // that moved the avail index) reset the count where we cannot see.
+        if self.drain.multi_pass {
+            return;
+        }
+        let mut want_notes = Vec::new();
+        let (mut used, mut old, mut pending) = (used0, used0, 0u32);
+        let mut check = |new: u16, used_event: u16, old: &mut u16| {
+            let notify = !self.event_idx
+                || new.wrapping_sub(used_event).wrapping_sub(1) < new.wrapping_sub(*old);
+            *old = new;
+            if notify {
+                want_notes.push(new);
+            }
+        };
+        for &(ok, used_event) in &self.drain.log {
+            if !ok {
                 break;
             }
+            used = used.wrapping_add(1);
+            pending += 1;
+            if pending == SIGNAL_EVERY {
+                check(used, used_event, &mut old);
+                pending = 0;
+            }
+        }
+        if pending > 0 {
+            let used_event = self.drain.log.last().expect("a chain").1;
+            check(used, used_event, &mut old);
+        }
+        assert_eq!(
+            notes,
+            &want_notes[..],
+            "notifications (used index at each): {}",
+            ctx()
+        );
+        self.summary.early_signals += notes.iter().filter(|&&n| n != used).count() as u64;
+    }
+
+    /// The used element `add_used` wrote for the chain that ran last.
+    fn apply_pending_used(&mut self) {
+        if let Some((head, len)) = self.drain.pending.take() {
+            let slot = USED_RING + 4 + 8 * u64::from(self.next_used.wrapping_sub(1) % self.qsize);
+            let mut elem = [0u8; 8];
+            elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+            elem[4..].copy_from_slice(&len.to_le_bytes());
+            let mut want = std::mem::take(&mut self.cur);
+            self.write_want(&mut want, slot, &elem);
+            self.write_want(&mut want, USED_RING + 2, &self.next_used.to_le_bytes());
+            self.cur = want;
         }
     }
 
-    /// Runs one chain exactly as `BlkBackend::handle_chain` does and checks
-    /// the result against the model. Returns the used length.
-    fn run_chain(&mut self, chain: DescriptorChain<&'a GuestMemoryMmap>) -> u32 {
+    /// A chain was popped: bring the expected memory up to date, run the
+    /// model, poison the status byte.
+    fn popped<M: GuestMemory>(&mut self, chain: &DescriptorChain<&M>) {
+        self.summary.chains += 1;
+        self.drain.chains += 1;
+        self.apply_pending_used();
+        if self.event_idx {
+            // A pass that ended before this pop re-enabled notifications.
+            let at = self.avail_event_at();
+            let got: u16 = self.mem.read_obj(GuestAddress(at)).unwrap_or(0);
+            if got == self.next_avail {
+                let mut want = std::mem::take(&mut self.cur);
+                self.write_want(&mut want, at, &got.to_le_bytes());
+                self.cur = want;
+            }
+        }
+        self.next_avail = self.next_avail.wrapping_add(1);
+
         let descs: Vec<Descriptor> = chain.clone().collect();
         let head_desc: Option<Descriptor> = self
             .mem
@@ -863,13 +1377,41 @@ impl<'a> Harness<'a> {
                 DESC_TABLE + 16 * u64::from(chain.head_index()),
             ))
             .ok();
-        if head_desc.is_some_and(|d| d.refers_to_indirect_table()) {
+        let table = head_desc
+            .filter(|d| d.refers_to_indirect_table() && chain.head_index() < self.qsize)
+            .map(|d| (d.addr().0, u64::from(d.len())));
+        if table.is_some() {
             self.summary.indirect += 1;
         }
         if self.readonly {
             self.summary.readonly_chains += 1;
         }
+        if self.event_idx {
+            self.summary.event_idx += 1;
+        }
+        if self.dev_size == BIG_DEV_SIZE {
+            self.summary.big_disk += 1;
+        }
+        if matches!(self.store.codec(), Codec::Zstd { .. }) {
+            self.summary.zstd += 1;
+        }
         let expect = self.model(&descs);
+        if let Expect::Status { at, .. } = expect {
+            if self.poison_ok(at, &descs, table) {
+                let old: u8 = self.mem.read_obj(GuestAddress(at)).expect("status byte");
+                let _ = self.mem.write_obj(ST_POISON, GuestAddress(at));
+                // The byte may be in a table the chain is read from (an
+                // indirect descriptor past the head): then leave it alone.
+                let key = |d: &Descriptor| (d.addr().0, d.len(), d.flags(), d.next());
+                if chain.clone().map(|d| key(&d)).eq(descs.iter().map(key)) {
+                    let mut want = std::mem::take(&mut self.cur);
+                    self.write_want(&mut want, at, &[ST_POISON]);
+                    self.cur = want;
+                } else {
+                    let _ = self.mem.write_obj(old, GuestAddress(at));
+                }
+            }
+        }
         // Counters only where the device runs and must not write: stats()
         // is too slow to take for every chain.
         let watch_store = matches!(
@@ -882,127 +1424,186 @@ impl<'a> Harness<'a> {
             }
         );
         let stats0 = watch_store.then(|| self.store.stats());
+        self.chain = Some(ChainCtx {
+            descs,
+            expect,
+            stats0,
+        });
+    }
 
-        // --- the queue thread's code path ---
-        let dev = if self.readonly { &self.ro } else { &self.rw };
-        let parsed = self.req.parse(chain);
-        let exec = match parsed {
-            Ok(()) => Some(dev.execute(self.mem, &self.req, &mut self.bounce)),
-            Err(_) => None,
-        };
-        let (status, written) = match &exec {
-            None => (ST_IOERR, 0),
-            Some(Ok(n)) => (ST_OK, *n),
-            Some(Err(e)) => (e.status(), 0),
-        };
-        let used = match self.req.status {
-            Some(addr) if self.mem.write_obj(status, addr).is_ok() => written.saturating_add(1),
-            _ => 0,
-        };
-        // --- checks ---
+    /// May the status byte at `at` be poisoned before the chain runs? Not
+    /// where the rings, the descriptor table, the head's indirect table or
+    /// the readable buffers are (`popped` also checks the chain still reads
+    /// the same after).
+    fn poison_ok(&self, at: u64, descs: &[Descriptor], table: Option<(u64, u64)>) -> bool {
+        let q = u64::from(self.qsize);
+        let mut read = vec![
+            (DESC_TABLE, 16 * q),
+            (AVAIL_RING, 6 + 2 * q),
+            (USED_RING, 6 + 8 * q),
+        ];
+        read.extend(table);
+        read.extend(
+            descs
+                .iter()
+                .filter(|d| !d.is_write_only())
+                .map(|d| (d.addr().0, u64::from(d.len()))),
+        );
+        !read.iter().any(|&(start, len)| {
+            u128::from(start) <= u128::from(at)
+                && u128::from(at) < u128::from(start) + u128::from(len)
+        })
+    }
+
+    /// The chain ran: check status, payload, used length and the store
+    /// against the model.
+    fn ran(&mut self, head: u16, req: &Request, result: &Result<u32, ChainError>, used: u32) {
+        let ChainCtx {
+            descs,
+            expect,
+            stats0,
+        } = self.chain.take().expect("ran without popped");
         let mut after = std::mem::take(&mut self.next);
         self.snapshot_into(&mut after);
         let store_touched = stats0.is_some_and(|s0| {
             let s1 = self.store.stats();
             s1.writes != s0.writes || s1.discards != s0.discards
         });
+        let malformed = matches!(result, Err(ChainError::Malformed(_)));
         let mut want = std::mem::take(&mut self.cur);
-        let ctx = || format!("chain {descs:x?}");
+        let ctx = || format!("chain {descs:x?} ended {result:?}");
 
-        let (at, parsed_want, outcome) = match expect {
+        let want_used = match expect {
             Expect::NoStatus => {
                 self.summary.no_status += 1;
-                assert!(
-                    parsed.is_err(),
-                    "chain without a status byte parsed: {}",
-                    ctx()
-                );
+                assert!(malformed, "chain without a status byte parsed: {}", ctx());
                 assert_eq!(
-                    self.req.status,
+                    req.status,
                     None,
                     "status set for a chain without one: {}",
                     ctx()
                 );
-                assert_eq!(used, 0, "used length for a chain without status: {}", ctx());
                 assert!(
                     !store_touched,
                     "chain without status reached the store: {}",
                     ctx()
                 );
-                self.assert_mem(&want, &after, &ctx);
-                self.cur = want;
-                self.next = after;
-                return used;
+                0
             }
             Expect::Status {
                 at,
                 parsed,
                 outcome,
-            } => (at, parsed, outcome),
-        };
-        assert_eq!(
-            self.req.status,
-            Some(GuestAddress(at)),
-            "status address: {}",
-            ctx()
-        );
-        match (&parsed_want, &parsed) {
-            (None, Err(_)) => {}
-            (Some(p), Ok(())) => {
-                let r = &self.req;
+            } => {
                 assert_eq!(
-                    (r.kind, r.sector, r.readable_len, r.writable_len),
+                    req.status,
+                    Some(GuestAddress(at)),
+                    "status address: {}",
+                    ctx()
+                );
+                self.check_parsed(req, parsed.as_ref(), malformed, &ctx);
+                let (status, want_used) =
+                    self.check_outcome(outcome, result, store_touched, &mut want, &ctx);
+                self.write_want(&mut want, at, &[status]);
+                want_used
+            }
+        };
+        assert_eq!(used, want_used, "used length: {}", ctx());
+        self.assert_mem(&want, &after, &ctx);
+
+        // add_used comes next; it fails for a head outside the queue.
+        let ok = head < self.qsize;
+        let used_event = Self::snap_u16(&after, self.used_event_at());
+        self.drain.log.push((ok, used_event));
+        if ok {
+            self.next_used = self.next_used.wrapping_add(1);
+            self.drain.pending = Some((head, want_used));
+        }
+        if Self::snap_u16(&after, AVAIL_RING + 2) != self.drain.avail0 {
+            self.drain.multi_pass = true;
+        }
+        if self.drain.chains >= DRAIN_CAP {
+            // As the guest, stop publishing: the next pop finds nothing.
+            let _ = self
+                .mem
+                .write_obj(self.next_avail, GuestAddress(AVAIL_RING + 2));
+            self.write_want(&mut want, AVAIL_RING + 2, &self.next_avail.to_le_bytes());
+            self.drain.avail0 = self.next_avail;
+        }
+        self.cur = want;
+        self.next = after;
+    }
+
+    fn check_parsed(
+        &self,
+        req: &Request,
+        want: Option<&Parsed>,
+        malformed: bool,
+        ctx: &dyn Fn() -> String,
+    ) {
+        match want {
+            None => assert!(malformed, "parsed, model expected malformed: {}", ctx()),
+            Some(p) => {
+                assert!(!malformed, "malformed, model expected {p:?}: {}", ctx());
+                assert_eq!(
+                    (req.kind, req.sector, req.readable_len, req.writable_len),
                     (p.kind, p.sector, p.readable_len, p.writable_len),
                     "parsed request: {}",
                     ctx()
                 );
                 assert_eq!(
-                    r.readable.iter().map(|s| u64::from(s.len)).sum::<u64>(),
-                    r.readable_len
+                    req.readable.iter().map(|s| u64::from(s.len)).sum::<u64>(),
+                    req.readable_len
                 );
                 assert_eq!(
-                    r.writable.iter().map(|s| u64::from(s.len)).sum::<u64>(),
-                    r.writable_len
+                    req.writable.iter().map(|s| u64::from(s.len)).sum::<u64>(),
+                    req.writable_len
                 );
             }
-            (want_p, got) => panic!("parse result {got:?}, model expected {want_p:?}: {}", ctx()),
         }
+    }
 
+    /// Checks a chain that has a status byte; applies its expected payload
+    /// to `want` and its effect to the shadow. Returns the expected status
+    /// and used length.
+    fn check_outcome(
+        &mut self,
+        outcome: Outcome,
+        result: &Result<u32, ChainError>,
+        store_touched: bool,
+        want: &mut [Vec<u8>],
+        ctx: &dyn Fn() -> String,
+    ) -> (u8, u32) {
         let limit_hit = matches!(
-            exec,
-            Some(Err(ExecError::Store(
+            result,
+            Err(ChainError::Exec(ExecError::Store(
                 StoreError::DeviceLimit | StoreError::HostLimit
             )))
         );
-        let want_status = match &outcome {
-            Outcome::Malformed => ST_IOERR,
-            Outcome::Unsupp => ST_UNSUPP,
-            Outcome::IoErr => ST_IOERR,
-            Outcome::Ok(_) => ST_OK,
-        };
-        let want_used;
         match outcome {
             Outcome::Ok(effect @ (Effect::Write { .. } | Effect::Zero(_))) if limit_hit => {
-                assert!(self.limited(), "limit error without a limit: {exec:?}");
+                assert!(self.limited(), "limit error without a limit: {}", ctx());
                 self.summary.limit_failures += 1;
-                assert_eq!(status, ST_IOERR);
-                want_used = 1;
-                self.check_partial(&effect, &ctx);
+                self.check_partial(&effect, ctx);
+                (ST_IOERR, 1)
             }
             Outcome::Ok(effect) => {
-                assert_eq!(status, ST_OK, "status (exec {exec:?}): {}", ctx());
-                match effect {
+                let written = match result {
+                    Ok(n) => *n,
+                    Err(_) => panic!("model expected success: {}", ctx()),
+                };
+                let want_used = match effect {
                     Effect::Nothing => {
                         self.summary.ok_other += 1;
-                        want_used = 1;
                         assert!(!store_touched, "FLUSH touched the store");
+                        1
                     }
                     Effect::Read { start, segs, len } => {
                         self.summary.ok_reads += 1;
                         let data = self.shadow[start as usize..(start + len) as usize].to_vec();
-                        self.write_stream(&mut want, &segs, &data);
-                        want_used = len as u32 + 1;
+                        self.write_stream(want, &segs, &data);
                         assert!(!store_touched, "IN touched the store");
+                        len as u32 + 1
                     }
                     Effect::GetId { segs, n } => {
                         self.summary.ok_other += 1;
@@ -1010,57 +1611,73 @@ impl<'a> Harness<'a> {
                         let s = SERIAL.as_bytes();
                         let k = s.len().min(SERIAL_LEN);
                         serial[..k].copy_from_slice(&s[..k]);
-                        self.write_stream(&mut want, &segs, &serial[..n]);
-                        want_used = n as u32 + 1;
+                        self.write_stream(want, &segs, &serial[..n]);
+                        n as u32 + 1
                     }
-                    Effect::Write { start, data } => {
+                    effect @ Effect::Write { .. } => {
                         self.summary.ok_writes += 1;
-                        want_used = 1;
-                        let s = start as usize;
-                        self.shadow[s..s + data.len()].copy_from_slice(&data);
-                        if self.sabotage && !data.is_empty() {
-                            self.shadow[s] ^= 0x5a;
+                        let Effect::Write { start, ref data } = effect else {
+                            unreachable!()
+                        };
+                        let (start, end) = (start, start + data.len() as u64);
+                        let pieces = Self::pieces(&effect);
+                        self.apply_pieces(&pieces);
+                        if self.sabotage && start < end {
+                            self.shadow[start as usize] ^= 0x5a;
                         }
-                        self.verify_range(start, start + data.len() as u64, "after write");
+                        self.verify_range(start, end, "after write");
+                        1
                     }
-                    Effect::Zero(ranges) => {
+                    effect @ Effect::Zero(_) => {
                         self.summary.ok_zero += 1;
-                        want_used = 1;
-                        for &(s, e) in &ranges {
-                            self.shadow[s as usize..e as usize].fill(0);
-                        }
-                        for &(s, e) in &ranges {
+                        let pieces = Self::pieces(&effect);
+                        self.apply_pieces(&pieces);
+                        let Effect::Zero(ranges) = &effect else {
+                            unreachable!()
+                        };
+                        for &(s, e) in ranges {
                             self.verify_range(s, e, "after discard/write-zeroes");
                         }
+                        1
                     }
-                }
+                };
+                assert_eq!(written + 1, want_used, "payload length: {}", ctx());
+                (ST_OK, want_used)
             }
             other => {
-                match other {
-                    Outcome::Malformed => self.summary.malformed += 1,
-                    Outcome::Unsupp => self.summary.unsupp += 1,
-                    _ => self.summary.exec_ioerr += 1,
-                }
+                let want_status = match other {
+                    Outcome::Malformed => {
+                        self.summary.malformed += 1;
+                        ST_IOERR
+                    }
+                    Outcome::Unsupp => {
+                        self.summary.unsupp += 1;
+                        ST_UNSUPP
+                    }
+                    _ => {
+                        self.summary.exec_ioerr += 1;
+                        ST_IOERR
+                    }
+                };
+                let got_status = match result {
+                    Ok(_) => ST_OK,
+                    Err(ChainError::Malformed(_)) => ST_IOERR,
+                    Err(ChainError::Exec(e)) => e.status(),
+                };
                 assert_eq!(
-                    status,
+                    got_status,
                     want_status,
-                    "status (exec {exec:?}, model {other:?}): {}",
+                    "status (model {other:?}): {}",
                     ctx()
                 );
-                want_used = 1;
                 assert!(
                     !store_touched,
                     "failed request reached the store ({other:?}): {}",
                     ctx()
                 );
+                (want_status, 1)
             }
         }
-        assert_eq!(used, want_used, "used length: {}", ctx());
-        self.write_want(&mut want, at, &[status]);
-        self.assert_mem(&want, &after, &ctx);
-        self.cur = want;
-        self.next = after;
-        used
     }
 
     // ---- the model ------------------------------------------------------------
@@ -1189,7 +1806,7 @@ impl<'a> Harness<'a> {
                 if other != 0 || data % SECTOR != 0 {
                     return done(None, Outcome::Malformed);
                 }
-                if (t == VIRTIO_BLK_T_OUT && self.readonly) || end > DEV_SIZE {
+                if (t == VIRTIO_BLK_T_OUT && self.readonly) || end > self.dev_size {
                     return done(parsed(), Outcome::IoErr);
                 }
                 let effect = if t == VIRTIO_BLK_T_IN {
@@ -1242,7 +1859,7 @@ impl<'a> Harness<'a> {
                     let start = sector.checked_mul(SECTOR);
                     let end = start.and_then(|s| s.checked_add(u64::from(num) * SECTOR));
                     match (start, end) {
-                        (Some(s), Some(e)) if e <= DEV_SIZE => ranges.push((s, e)),
+                        (Some(s), Some(e)) if e <= self.dev_size => ranges.push((s, e)),
                         _ => return done(parsed(), Outcome::IoErr),
                     }
                 }
@@ -1338,16 +1955,14 @@ impl<'a> Harness<'a> {
     }
 
     fn verify_all(&mut self, what: &str) {
-        self.verify_range(0, DEV_SIZE, what);
+        self.verify_range(0, self.dev_size, what);
     }
 
-    /// A write or discard failed on a memory limit half-way. The device
-    /// applies a request in page-sized pieces, in order, each atomically, and
-    /// stops at the first failure; so the disk must equal the shadow with some
-    /// prefix of those pieces applied, and that prefix must be a strict one.
-    fn check_partial(&mut self, effect: &Effect, ctx: &dyn Fn() -> String) {
-        // (start, end, data or None for zeros)
-        let mut pieces: Vec<(u64, u64, Option<&[u8]>)> = Vec::new();
+    /// How the device applies a write or discard: page-sized pieces, in
+    /// order, each atomic; (start, end, data or None for zeros). A run of
+    /// whole pages zeroed is one piece.
+    fn pieces(effect: &Effect) -> Vec<(u64, u64, Option<&[u8]>)> {
+        let mut pieces = Vec::new();
         match effect {
             Effect::Write { start, data } => {
                 let mut pos = *start;
@@ -1375,15 +1990,42 @@ impl<'a> Harness<'a> {
                     }
                 }
             }
-            _ => unreachable!("only writes hit limits"),
+            _ => unreachable!("only writes and discards have pieces"),
         }
-        let mut disk = vec![0u8; DEV_SIZE as usize];
-        for slot in 0..DEV_SIZE / PAGE {
+        pieces
+    }
+
+    /// Applies pieces to the shadow, in order; with a second queue reading,
+    /// records each version a page goes through.
+    fn apply_pieces(&mut self, pieces: &[(u64, u64, Option<&[u8]>)]) {
+        for &(s, e, d) in pieces {
+            match d {
+                Some(d) => self.shadow[s as usize..e as usize].copy_from_slice(d),
+                None => self.shadow[s as usize..e as usize].fill(0),
+            }
+            if let Some(v) = self.versions.as_mut() {
+                for slot in s / PAGE..e.div_ceil(PAGE) {
+                    let p = (slot * PAGE) as usize;
+                    v.insert((slot, page_hash(&self.shadow[p..p + PAGE_SIZE])));
+                }
+            }
+        }
+    }
+
+    /// A write or discard failed on a memory limit half-way. The device
+    /// applies a request in page-sized pieces, in order, each atomically, and
+    /// stops at the first failure; so the disk must equal the shadow with some
+    /// prefix of those pieces applied, and that prefix must be a strict one.
+    fn check_partial(&mut self, effect: &Effect, ctx: &dyn Fn() -> String) {
+        let pieces = Self::pieces(effect);
+        let size = self.dev_size as usize;
+        let mut disk = vec![0u8; size];
+        for slot in 0..self.dev_size / PAGE {
             let p = self.read_slot(slot);
             disk[(slot * PAGE) as usize..((slot + 1) * PAGE) as usize].copy_from_slice(&p);
         }
         // First piece covering each sector (every piece is whole sectors).
-        let mut first = vec![usize::MAX; DEV_SECTORS as usize];
+        let mut first = vec![usize::MAX; (self.dev_size / SECTOR) as usize];
         for (i, &(s, e, _)) in pieces.iter().enumerate() {
             for sec in s / SECTOR..e / SECTOR {
                 let f = &mut first[sec as usize];
@@ -1409,17 +2051,29 @@ impl<'a> Harness<'a> {
             pieces.len(),
             ctx()
         );
-        let mut expect = self.shadow.clone();
-        for &(s, e, d) in &pieces[..k] {
-            match d {
-                Some(d) => expect[s as usize..e as usize].copy_from_slice(d),
-                None => expect[s as usize..e as usize].fill(0),
-            }
-        }
-        if let Some(off) = first_diff(&expect, &disk) {
+        self.apply_pieces(&pieces[..k]);
+        if let Some(off) = first_diff(&self.shadow, &disk) {
             panic!("after a failed write, disk byte {off:#x} matches no prefix of the request's pieces: {}", ctx());
         }
-        self.shadow = disk;
+    }
+}
+
+/// The drain's view of the harness: `drain_queue` calls it around each chain.
+struct Watch<'h, 'a> {
+    h: &'h mut Harness<'a>,
+    /// The used index the model expects once the chain's `add_used` is done;
+    /// the notify callback reads it.
+    used_idx: &'h Cell<u16>,
+}
+
+impl ChainHook for Watch<'_, '_> {
+    fn popped<M: GuestMemory>(&mut self, chain: &DescriptorChain<&M>) {
+        self.h.popped(chain);
+    }
+
+    fn ran(&mut self, head: u16, req: &Request, result: &Result<u32, ChainError>, used: u32) {
+        self.h.ran(head, req, result, used);
+        self.used_idx.set(self.h.next_used);
     }
 }
 
@@ -1469,11 +2123,17 @@ pub mod seed {
     pub struct Seed(pub Vec<u8>);
 
     impl Seed {
-        /// `qlog`: queue size 2^qlog (0..=8).
+        /// `qlog`: queue size 2^qlog (0..=8); modes 0 (see `modes`).
         pub fn new(layout: u8, qlog: u8, readonly: bool, limited: bool) -> Seed {
             Seed(vec![
                 layout | qlog << 2 | u8::from(readonly) << 6 | u8::from(limited) << 7,
+                0,
             ])
+        }
+        /// Sets the second configuration byte (`super::mode`).
+        pub fn modes(&mut self, m: u8) -> &mut Seed {
+            self.0[1] = m;
+            self
         }
         fn push(&mut self, b: &[u8]) -> &mut Seed {
             self.0.extend_from_slice(b);

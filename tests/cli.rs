@@ -334,7 +334,19 @@ fn sockets_get_the_requested_mode() {
         &[&b],
     );
     assert_eq!(mode(&b), 0o660);
-    assert_eq!(mode(&d.control), 0o660);
+    // The control socket changes limits: --socket-mode does not open it.
+    assert_eq!(mode(&d.control), 0o600);
+    drop(d);
+
+    let dir = TempDir::new("mode3");
+    let c = dir.join("c.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--socket", s(&c), "--size", "1M", "--control-mode", "0640"],
+        &[&c],
+    );
+    assert_eq!(mode(&c), 0o600);
+    assert_eq!(mode(&d.control), 0o640);
 }
 
 #[test]
@@ -526,7 +538,11 @@ fn config_socket_mode_is_the_socket_mode_and_keeps_others_out() {
         )
         .unwrap();
         let d = Daemon::start(&dir, &["--config", s(&cfg)], &[&sock]);
-        for p in [&sock, &d.control] {
+        // The control socket keeps its own mode (--control-mode, 0600).
+        for (p, want, nobody_may_connect) in [
+            (&sock, want, nobody_may_connect),
+            (&d.control, 0o600, false),
+        ] {
             let m = std::fs::metadata(p).unwrap();
             assert_eq!(
                 m.permissions().mode() & 0o7777,

@@ -59,7 +59,7 @@ pub struct ServeArgs {
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
-    /// TOML file with host_mem_limit, control, socket_mode, seccomp and [[device]] tables.
+    /// TOML file with host_mem_limit, control, socket_mode, control_mode, seccomp and [[device]] tables.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
@@ -68,9 +68,13 @@ pub struct ServeArgs {
     /// Control socket for `vzram stat`, `set-limit` and `compact`.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
-    /// Permissions of the sockets, in octal [default: 0600].
+    /// Permissions of the device sockets, in octal [default: 0600].
     #[arg(long, value_parser = config::parse_mode)]
     pub socket_mode: Option<u32>,
+    /// Permissions of the control socket, in octal [default: 0600]; not
+    /// --socket-mode's: whoever can connect to it changes limits.
+    #[arg(long, value_parser = config::parse_mode)]
+    pub control_mode: Option<u32>,
     /// System call filter once set-up is done: on, off (for debugging) or
     /// log (allow all, the kernel logs what would be refused) [default: on].
     #[arg(long, value_name = "MODE")]
@@ -119,6 +123,9 @@ impl ServeArgs {
             drafts,
         )?;
         cfg.seccomp = self.seccomp.or(file.seccomp).unwrap_or_default();
+        if let Some(m) = self.control_mode.or(file.control_mode) {
+            cfg.control_mode = m;
+        }
         if let Some(d) = self.state_dir.or(file.state_dir) {
             cfg.state_dir = d;
         }
@@ -219,6 +226,10 @@ mod tests {
         assert_eq!(c.devices[1].name, "b");
         assert_eq!(c.host_mem_limit, 1 << 30);
         assert_eq!(c.socket_mode, 0o660);
+        assert_eq!(
+            c.control_mode, 0o600,
+            "--socket-mode is not the control socket's"
+        );
         assert_eq!(c.seccomp, SeccompMode::On);
     }
 

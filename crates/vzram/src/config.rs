@@ -143,7 +143,7 @@ impl SizeValue {
     }
 }
 
-/// `socket_mode` in the config file: an integer written in octal
+/// `socket_mode` or `control_mode` in the config file: an integer written in octal
 /// (`0o600`), or octal text (`"0600"`, `"600"`, `"0o600"`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -155,15 +155,15 @@ enum ModeValue {
 }
 
 impl ModeValue {
-    /// The mode; `raw` is the value as written in the file.
-    fn mode(&self, raw: &str) -> Result<u32, String> {
-        const EXAMPLE: &str = "socket_mode = 0o600 or socket_mode = \"0600\"";
+    /// The mode of setting `key`; `raw` is the value as written in the file.
+    fn mode(&self, key: &str, raw: &str) -> Result<u32, String> {
+        let example = format!("{key} = 0o600 or {key} = \"0600\"");
         let n = match self {
-            ModeValue::Text(s) => return parse_mode(s).map_err(|e| format!("socket_mode: {e}")),
+            ModeValue::Text(s) => return parse_mode(s).map_err(|e| format!("{key}: {e}")),
             ModeValue::Number(n) => *n,
             ModeValue::Other(_) => {
                 return Err(format!(
-                    "socket_mode = {raw} is not a mode; write it in octal: {EXAMPLE}"
+                    "{key} = {raw} is not a mode; write it in octal: {example}"
                 ))
             }
         };
@@ -177,18 +177,18 @@ impl ModeValue {
                 && raw.bytes().all(|b| (b'0'..=b'7').contains(&b))
                 && u32::from_str_radix(raw, 8).is_ok_and(|m| m <= 0o777)
             {
-                format!("socket_mode = 0o{raw} or socket_mode = \"{raw:0>4}\"")
+                format!("{key} = 0o{raw} or {key} = \"{raw:0>4}\"")
             } else {
-                EXAMPLE.to_string()
+                example
             };
             return Err(format!(
-                "socket_mode = {raw} is a decimal number; write the mode in octal: {hint}"
+                "{key} = {raw} is a decimal number; write the mode in octal: {hint}"
             ));
         }
         match u32::try_from(n) {
             Ok(m) if m <= 0o777 => Ok(m),
             _ => Err(format!(
-                "socket_mode = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {EXAMPLE}"
+                "{key} = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {example}"
             )),
         }
     }
@@ -204,6 +204,8 @@ struct FileConfig {
     state_dir: Option<PathBuf>,
     #[serde(alias = "socket-mode")]
     socket_mode: Option<toml::Spanned<ModeValue>>,
+    #[serde(alias = "control-mode")]
+    control_mode: Option<toml::Spanned<ModeValue>>,
     /// `true`/`false`, or "on", "off", "log".
     seccomp: Option<SeccompValue>,
     #[serde(default)]
@@ -240,6 +242,7 @@ pub struct FileDrafts {
     pub control: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
     pub socket_mode: Option<u32>,
+    pub control_mode: Option<u32>,
     pub seccomp: Option<SeccompMode>,
     pub devices: Vec<DeviceDraft>,
 }
@@ -269,19 +272,20 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             None => ConfigError(msg),
         }
     })?;
-    let socket_mode = match f.socket_mode {
-        None => None,
+    let mode = |key: &str, m: Option<toml::Spanned<ModeValue>>| match m {
+        None => Ok(None),
         Some(m) => {
             let span = m.span();
             let raw = text.get(span.clone()).unwrap_or_default().trim();
             let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            Some(
-                m.get_ref()
-                    .mode(raw)
-                    .map_err(|e| ConfigError(format!("line {line}: {e}")))?,
-            )
+            m.get_ref()
+                .mode(key, raw)
+                .map(Some)
+                .map_err(|e| ConfigError(format!("line {line}: {e}")))
         }
     };
+    let socket_mode = mode("socket_mode", f.socket_mode)?;
+    let control_mode = mode("control_mode", f.control_mode)?;
     let seccomp = match f.seccomp {
         None => None,
         Some(SeccompValue::Bool(true)) => Some(SeccompMode::On),
@@ -317,6 +321,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         control: f.control,
         state_dir: f.state_dir,
         socket_mode,
+        control_mode,
         seccomp,
         devices,
     })
@@ -372,6 +377,9 @@ pub struct DaemonConfig {
     pub host_mem_limit: u64,
     pub control: Option<PathBuf>,
     pub socket_mode: u32,
+    /// The control socket's own mode: it changes limits, so it stays the
+    /// admin's even when the VMM's group may reach the device sockets.
+    pub control_mode: u32,
     /// The sandbox; [`DaemonConfig::build`] leaves it on.
     pub seccomp: SeccompMode,
     /// Directory of the devices' state ([`default_state_dir`] unless given).
@@ -468,6 +476,7 @@ impl DaemonConfig {
             host_mem_limit: host_mem_limit.unwrap_or(0),
             control,
             socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
+            control_mode: DEFAULT_SOCKET_MODE,
             seccomp: SeccompMode::default(),
             state_dir: default_state_dir(),
             fresh: false,
@@ -654,5 +663,9 @@ mod tests {
         );
         assert_eq!(parse_file("").unwrap().seccomp, None);
         assert!(parse_file("seccomp = \"sometimes\"").is_err());
+        let f = parse_file("socket_mode = 0o660\ncontrol_mode = \"0640\"").unwrap();
+        assert_eq!((f.socket_mode, f.control_mode), (Some(0o660), Some(0o640)));
+        let e = parse_file("control_mode = 600").unwrap_err().0;
+        assert!(e.contains("control_mode = 0o600"), "{e}");
     }
 }

@@ -27,6 +27,7 @@ use vzram_store::{DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::control::{self, Control};
+use crate::notify::Notifier;
 use crate::seccomp;
 
 /// How often the pool looks for fragmented devices to compact, and when it acts.
@@ -133,6 +134,12 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     let signals = ShutdownSignals::block()?;
     seccomp::report_sigbus()?;
     raise_fd_limit(&cfg.devices);
+    // Connected now: the seccomp filter allows sending, not connecting.
+    // One nobody listens on (left over in a shell) is not worth failing for.
+    let notifier = Notifier::from_env().unwrap_or_else(|e| {
+        tracing::warn!("NOTIFY_SOCKET: {e}; the service manager will not hear from vzram");
+        None
+    });
 
     let pool = Pool::new(PoolConfig {
         host_mem_limit: cfg.host_mem_limit,
@@ -195,7 +202,7 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     }
 
     let control_listener = match &cfg.control {
-        Some(path) => Some(files.bind(path, cfg.socket_mode)?),
+        Some(path) => Some(files.bind(path, cfg.control_mode)?),
         None => None,
     };
 
@@ -243,10 +250,27 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
         tracing::info!(control = %c.display(), "control socket ready");
     }
 
+    // Every socket listens and every device's state is recovered.
+    notify(
+        &notifier,
+        &format!("READY=1\nSTATUS=serving {} devices", devices.len()),
+    );
+
     let sig = signals.wait()?;
     tracing::info!(signal = sig, "shutting down");
+    notify(&notifier, "STOPPING=1");
     drop(files);
     Ok(sig)
+}
+
+/// Tells the service manager, if there is one; a lost message is logged,
+/// not fatal (the devices serve either way).
+fn notify(notifier: &Option<Notifier>, msg: &str) {
+    if let Some(n) = notifier {
+        if let Err(e) = n.send(msg) {
+            tracing::warn!("cannot notify the service manager ({msg:?}): {e}");
+        }
+    }
 }
 
 /// Creates a listening socket with the given mode. A stale socket file from

@@ -18,6 +18,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per run: the size of the serve variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve devices on vhost-user-blk sockets; stays in the foreground.
@@ -59,7 +61,7 @@ pub struct ServeArgs {
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
-    /// TOML file with host_mem_limit, control, socket_mode, control_mode, seccomp and [[device]] tables.
+    /// TOML file with host_mem_limit, control, metrics, socket_mode, control_mode, seccomp and [[device]] tables.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
@@ -68,6 +70,10 @@ pub struct ServeArgs {
     /// Control socket for `vzram stat`, `set-limit` and `compact`.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any
+    /// free port, shown by `vzram stat`).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = config::parse_metrics_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Permissions of the device sockets, in octal [default: 0600].
     #[arg(long, value_parser = config::parse_mode)]
     pub socket_mode: Option<u32>,
@@ -123,6 +129,7 @@ impl ServeArgs {
             drafts,
         )?;
         cfg.seccomp = self.seccomp.or(file.seccomp).unwrap_or_default();
+        cfg.metrics = self.metrics.or(file.metrics);
         if let Some(m) = self.control_mode.or(file.control_mode) {
             cfg.control_mode = m;
         }

@@ -3,6 +3,7 @@
 //! the user's input, so the binary reports it in one line and exits 2.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -71,6 +72,13 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
             "bad socket mode {s:?}: expected octal permissions like 0600"
         )),
     }
+}
+
+/// Parses `--metrics`: an IP address and a port, `127.0.0.1:9100` or
+/// `[::1]:9100` (port 0: any free one, reported by `vzram stat`).
+pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("bad metrics address {s:?}: expected IP:PORT, such as 127.0.0.1:9100"))
 }
 
 pub fn parse_codec(s: &str) -> Result<Codec, String> {
@@ -200,6 +208,8 @@ struct FileConfig {
     #[serde(alias = "host-mem-limit")]
     host_mem_limit: Option<SizeValue>,
     control: Option<PathBuf>,
+    /// `"127.0.0.1:9100"`.
+    metrics: Option<String>,
     #[serde(alias = "state-dir")]
     state_dir: Option<PathBuf>,
     #[serde(alias = "socket-mode")]
@@ -240,6 +250,7 @@ struct FileDevice {
 pub struct FileDrafts {
     pub host_mem_limit: Option<u64>,
     pub control: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
     pub state_dir: Option<PathBuf>,
     pub socket_mode: Option<u32>,
     pub control_mode: Option<u32>,
@@ -319,6 +330,10 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             .map(|s| s.bytes("host_mem_limit"))
             .transpose()?,
         control: f.control,
+        metrics: f
+            .metrics
+            .map(|m| parse_metrics_addr(&m).map_err(|e| ConfigError(format!("metrics: {e}"))))
+            .transpose()?,
         state_dir: f.state_dir,
         socket_mode,
         control_mode,
@@ -380,6 +395,8 @@ pub struct DaemonConfig {
     /// The control socket's own mode: it changes limits, so it stays the
     /// admin's even when the VMM's group may reach the device sockets.
     pub control_mode: u32,
+    /// Where to serve `/metrics`, if anywhere.
+    pub metrics: Option<SocketAddr>,
     /// The sandbox; [`DaemonConfig::build`] leaves it on.
     pub seccomp: SeccompMode,
     /// Directory of the devices' state ([`default_state_dir`] unless given).
@@ -477,6 +494,7 @@ impl DaemonConfig {
             control,
             socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
             control_mode: DEFAULT_SOCKET_MODE,
+            metrics: None,
             seccomp: SeccompMode::default(),
             state_dir: default_state_dir(),
             fresh: false,
@@ -663,6 +681,14 @@ mod tests {
         );
         assert_eq!(parse_file("").unwrap().seccomp, None);
         assert!(parse_file("seccomp = \"sometimes\"").is_err());
+        assert_eq!(
+            parse_file("metrics = \"127.0.0.1:9100\"").unwrap().metrics,
+            Some("127.0.0.1:9100".parse().unwrap())
+        );
+        assert!(parse_file("metrics = \"localhost\"")
+            .unwrap_err()
+            .0
+            .contains("metrics"));
         let f = parse_file("socket_mode = 0o660\ncontrol_mode = \"0640\"").unwrap();
         assert_eq!((f.socket_mode, f.control_mode), (Some(0o660), Some(0o640)));
         let e = parse_file("control_mode = 600").unwrap_err().0;

@@ -9,6 +9,7 @@
 //! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use serde_json::{json, Value};
 use vzram_store::Pool;
 
 use crate::daemon::ServedDevice;
+use crate::metrics::{DeviceSample, Sample};
 
 /// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: u64 = 64 * 1024;
@@ -48,11 +50,38 @@ pub enum Request {
 pub struct Control {
     pool: Arc<Pool>,
     devices: Vec<Arc<ServedDevice>>,
+    /// Where `/metrics` is served, as bound (a port 0 resolved).
+    metrics: Option<SocketAddr>,
 }
 
 impl Control {
     pub fn new(pool: Arc<Pool>, devices: Vec<Arc<ServedDevice>>) -> Control {
-        Control { pool, devices }
+        Control {
+            pool,
+            devices,
+            metrics: None,
+        }
+    }
+
+    pub fn with_metrics(mut self, addr: Option<SocketAddr>) -> Control {
+        self.metrics = addr;
+        self
+    }
+
+    /// The numbers `stat` reports, for `/metrics`.
+    pub fn sample(&self) -> Sample {
+        Sample {
+            pool: self.pool.stats(),
+            devices: self
+                .devices
+                .iter()
+                .map(|d| DeviceSample {
+                    name: d.spec.name.clone(),
+                    connected: d.connected.load(Ordering::Relaxed),
+                    stats: d.blk.store().stats(),
+                })
+                .collect(),
+        }
     }
 
     fn find(&self, r: &DeviceRef) -> Result<&ServedDevice, String> {
@@ -151,7 +180,11 @@ impl Control {
                 })
             })
             .collect();
-        json!({"pool": self.pool.stats(), "devices": devices})
+        json!({
+            "pool": self.pool.stats(),
+            "devices": devices,
+            "metrics": self.metrics.map(|a| a.to_string()),
+        })
     }
 }
 

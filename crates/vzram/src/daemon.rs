@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::net::Shutdown;
+use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
@@ -27,6 +27,7 @@ use vzram_store::{DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::control::{self, Control};
+use crate::metrics;
 use crate::notify::Notifier;
 use crate::seccomp;
 
@@ -47,6 +48,8 @@ pub enum Error {
     Signal(io::Error),
     #[error(transparent)]
     Seccomp(#[from] seccomp::Error),
+    #[error("metrics address {addr}: {source}")]
+    Metrics { addr: SocketAddr, source: io::Error },
 }
 
 /// A configured disk: its store device, served on one socket.
@@ -205,6 +208,17 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
         Some(path) => Some(files.bind(path, cfg.control_mode)?),
         None => None,
     };
+    // Bound here: the filter allows no new socket, and no getsockname to
+    // learn the port of a `:0` afterwards.
+    let metrics_listener = match cfg.metrics {
+        Some(addr) => {
+            let fail = |source| Error::Metrics { addr, source };
+            let l = TcpListener::bind(addr).map_err(fail)?;
+            let bound = l.local_addr().map_err(fail)?;
+            Some((l, bound))
+        }
+        None => None,
+    };
 
     // Set-up is done: from here on only the calls serving needs, on every
     // thread (auto-compaction already runs; the rest inherit the filter).
@@ -227,12 +241,24 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
             .spawn(move || serve_device(d, outer, inner))
             .map_err(Error::Thread)?;
     }
+    let ctl = Arc::new(
+        Control::new(pool.clone(), devices.clone())
+            .with_metrics(metrics_listener.as_ref().map(|(_, a)| *a)),
+    );
     if let Some(l) = control_listener {
-        let ctl = Arc::new(Control::new(pool.clone(), devices.clone()));
+        let ctl = ctl.clone();
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || control::serve(l, ctl))
             .map_err(Error::Thread)?;
+    }
+    if let Some((l, addr)) = metrics_listener {
+        let ctl = ctl.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || metrics::serve(l, ctl))
+            .map_err(Error::Thread)?;
+        tracing::info!(metrics = %addr, "metrics endpoint ready: http://{addr}/metrics");
     }
 
     for d in &devices {

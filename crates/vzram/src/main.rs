@@ -4,6 +4,7 @@ mod cli;
 mod config;
 mod control;
 mod daemon;
+mod metrics;
 mod notify;
 mod seccomp;
 mod stat;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use vzram_store::Codec;
 
 use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft, SeccompMode};
@@ -55,7 +55,8 @@ pub struct ServeArgs {
     /// Offer the device read-only.
     #[arg(long)]
     pub readonly: bool,
-    /// Name of that device in stats and control requests [default: vzram0].
+    /// Name of that device in stats and control requests [default: vzramN,
+    /// N its place among all devices: vzram0 when it is the only one].
     #[arg(long)]
     pub name: Option<String>,
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
@@ -92,6 +93,42 @@ pub struct ServeArgs {
     /// Discard the devices' existing state and start them empty.
     #[arg(long)]
     pub fresh: bool,
+    /// Least severe log messages shown; RUST_LOG, when set, wins.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// `--control` when not given: systemd's runtime directory, else the
+/// path the unit in contrib/systemd uses.
+fn default_control() -> PathBuf {
+    match std::env::var_os("RUNTIME_DIRECTORY") {
+        Some(d) if !d.is_empty() => {
+            let d = d.to_string_lossy();
+            PathBuf::from(d.split(':').next().unwrap_or_default()).join("control.sock")
+        }
+        _ => PathBuf::from("/run/vzram/control.sock"),
+    }
 }
 
 impl ServeArgs {
@@ -143,8 +180,9 @@ impl ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct StatArgs {
-    /// The daemon's control socket.
-    #[arg(long, value_name = "PATH")]
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
@@ -152,12 +190,14 @@ pub struct StatArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["device", "host"])))]
 pub struct SetLimitArgs {
-    /// The daemon's control socket.
-    #[arg(long, value_name = "PATH")]
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Device name or index.
-    #[arg(long, conflicts_with = "host", required_unless_present = "host")]
+    #[arg(long)]
     pub device: Option<String>,
     /// Set the host-wide limit instead of a device's.
     #[arg(long)]
@@ -169,8 +209,9 @@ pub struct SetLimitArgs {
 
 #[derive(Debug, Args)]
 pub struct CompactArgs {
-    /// The daemon's control socket.
-    #[arg(long, value_name = "PATH")]
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Only this device (name or index).
     #[arg(long)]
@@ -255,6 +296,26 @@ mod tests {
     }
 
     #[test]
+    fn log_level_and_default_control() {
+        let parse = |a: &[&str]| {
+            let Command::Serve(s) = Cli::try_parse_from(a).unwrap().command else {
+                unreachable!()
+            };
+            s.log_level
+        };
+        assert_eq!(parse(&["vzram", "serve"]), LogLevel::Info);
+        assert_eq!(
+            parse(&["vzram", "serve", "--log-level", "debug"]),
+            LogLevel::Debug
+        );
+        assert!(Cli::try_parse_from(["vzram", "serve", "--log-level", "loud"]).is_err());
+        let Command::Stat(st) = Cli::try_parse_from(["vzram", "stat"]).unwrap().command else {
+            unreachable!()
+        };
+        assert!(st.control.ends_with("control.sock"), "{:?}", st.control);
+    }
+
+    #[test]
     fn bad_input() {
         assert!(serve(&["--socket", "/tmp/x", "--size", "12Q"]).is_err());
         assert!(serve(&["--size", "1G"])
@@ -268,7 +329,10 @@ mod tests {
 
     #[test]
     fn set_limit_needs_a_target() {
-        assert!(Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "1G"]).is_err());
+        let e = Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "1G"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--device") && e.contains("--host"), "{e}");
         assert!(
             Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "--host", "1G"]).is_ok()
         );

@@ -24,16 +24,18 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
-/// Parses `512M`, `8G`, `1T`, `64K` (binary units, optional `B`/`iB`) or
-/// plain bytes.
+/// Parses `512M`, `8G`, `8Gi`, `1.5G`, `1T`, `64K` (binary units, with an
+/// optional `i`, `B` or `iB`) or plain bytes. A fraction must come to a
+/// whole number of bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let t = t
         .strip_suffix("iB")
         .or_else(|| t.strip_suffix("ib"))
+        .or_else(|| t.strip_suffix(['B', 'b']))
+        .or_else(|| t.strip_suffix('i'))
         .unwrap_or(t);
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (digits, shift) = match t.char_indices().last() {
+    let (number, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let shift = match c.to_ascii_uppercase() {
                 'K' => 10,
@@ -51,16 +53,26 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         _ => (t, 0),
     };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(frac) || number.ends_with('.') {
         return Err(format!(
             "bad size {s:?}: expected a number with an optional K, M, G or T"
         ));
     }
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("bad size {s:?}: too large"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("bad size {s:?}: too large"))
+    let too_large = || format!("bad size {s:?}: too large");
+    // Exact: (whole.frac * 10^k) << shift, then / 10^k, all in integers.
+    let scale = 10u128
+        .checked_pow(frac.len() as u32)
+        .ok_or_else(too_large)?;
+    let n: u128 = format!("{whole}{frac}").parse().map_err(|_| too_large())?;
+    let bytes = n.checked_mul(1u128 << shift).ok_or_else(too_large)?;
+    if bytes % scale != 0 {
+        return Err(format!(
+            "bad size {s:?}: not a whole number of bytes (sizes are multiples of {PAGE_SIZE})"
+        ));
+    }
+    u64::try_from(bytes / scale).map_err(|_| too_large())
 }
 
 /// Parses an octal file mode such as `0600` or `660`.
@@ -445,7 +457,7 @@ impl DaemonConfig {
             };
             if size == 0 || size % PAGE_SIZE as u64 != 0 {
                 return err(format!(
-                    "device {name}: size {size} is not a positive multiple of {PAGE_SIZE}"
+                    "device {name}: size {size} bytes is not a positive multiple of {PAGE_SIZE} (sizes are whole pages)"
                 ));
             }
             let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
@@ -469,13 +481,20 @@ impl DaemonConfig {
             if !names.insert(name.clone()) {
                 return err(format!("device name {name:?} is used twice"));
             }
+            let mem_limit = d.mem_limit.unwrap_or(0);
+            let host = host_mem_limit.unwrap_or(0);
+            if mem_limit != 0 && host != 0 && mem_limit > host {
+                return err(format!(
+                    "device {name}: mem-limit {mem_limit} is above the host limit {host}"
+                ));
+            }
             devices.push(DeviceSpec {
                 name,
                 socket,
                 size,
                 queues,
                 algo: d.algo.unwrap_or(Codec::Lz4),
-                mem_limit: d.mem_limit.unwrap_or(0),
+                mem_limit,
                 serial,
                 readonly: d.readonly.unwrap_or(false),
                 state_dir: d.state_dir,
@@ -516,7 +535,28 @@ mod tests {
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("0"), Ok(0));
-        for bad in ["", "G", "12Q", "1.5G", "-1G", "8 G", "99999999999T"] {
+        assert_eq!(parse_size("8Gi"), Ok(8 << 30));
+        assert_eq!(parse_size("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("0.5M"), Ok(512 << 10));
+        assert_eq!(parse_size("1.25GiB"), Ok(5 << 28));
+        assert!(parse_size("1.3M")
+            .unwrap_err()
+            .contains("multiples of 4096"));
+        for bad in [
+            "",
+            "G",
+            "12Q",
+            "-1G",
+            "8 G",
+            "99999999999T",
+            "1.G",
+            ".5G",
+            "1..5G",
+            "1.5.G",
+            "8iG",
+            "1.0000000000000000000000000000000000000001G",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad:?} parsed");
         }
     }
@@ -596,6 +636,14 @@ mod tests {
         assert!(
             DaemonConfig::build(None, Some("/a".into()), None, vec![draft("/a", 4096)]).is_err()
         );
+        let limited = DeviceDraft {
+            mem_limit: Some(2 << 20),
+            ..draft("/a", 4096)
+        };
+        let e = DaemonConfig::build(Some(1 << 20), None, None, vec![limited.clone()]).unwrap_err();
+        assert!(e.0.contains("above the host limit"), "{e}");
+        assert!(DaemonConfig::build(Some(2 << 20), None, None, vec![limited.clone()]).is_ok());
+        assert!(DaemonConfig::build(Some(0), None, None, vec![limited]).is_ok());
     }
 
     #[test]

@@ -94,9 +94,18 @@ impl Control {
                 .find(|d| d.spec.name == *n)
                 .or_else(|| n.parse().ok().and_then(by_index)),
         };
-        found
-            .map(|d| &**d)
-            .ok_or_else(|| format!("no device {r:?}"))
+        found.map(|d| &**d).ok_or_else(|| {
+            let asked = match r {
+                DeviceRef::Index(i) => i.to_string(),
+                DeviceRef::Name(n) => format!("{n:?}"),
+            };
+            let names: Vec<&str> = self.devices.iter().map(|d| d.spec.name.as_str()).collect();
+            format!(
+                "no device {asked}; devices: {} (by name, or index 0 to {})",
+                names.join(", "),
+                names.len().saturating_sub(1)
+            )
+        })
     }
 
     /// Answers one request line.
@@ -361,5 +370,15 @@ mod tests {
             assert_eq!(r["ok"], false, "{bad} → {r}");
             assert!(r["error"].is_string());
         }
+        let r = c.handle_line(r#"{"cmd":"compact","device":"vm9"}"#);
+        assert_eq!(
+            r["error"],
+            "no device \"vm9\"; devices: a, b (by name, or index 0 to 1)"
+        );
+        let r = c.handle_line(r#"{"cmd":"compact","device":7}"#);
+        assert!(r["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("no device 7; devices: a, b"));
     }
 }

@@ -8,6 +8,7 @@
 # --backend qsd serves the disk from qemu-storage-daemon instead (a RAM file,
 # no compression), to check the guest side without vzram.
 # Env: VZRAM_BIN (daemon binary), VZRAM_GUEST_DIR (guest cache), QEMU.
+# Installs QEMU with apt (as root or via sudo) when it is missing.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,6 +42,25 @@ cleanup() {
     rm -f "$sock" "$ctl"
 }
 trap cleanup EXIT
+
+# A fresh machine has no QEMU: install it from Debian/Ubuntu as .ci/run does
+# (as root, or through sudo). $QEMU names a QEMU of your own instead.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"
+    elif command -v sudo >/dev/null; then sudo "$@"
+    else echo "qemu.sh: need root (or sudo) to install QEMU, or set QEMU=" >&2; exit 1; fi
+}
+need=()
+if [ -z "${QEMU:-}" ] && ! command -v qemu-system-x86_64 >/dev/null; then need+=(qemu-system-x86); fi
+# qemu-storage-daemon ships in qemu-system-common on Debian 12.
+if [ "$backend" = qsd ] && ! command -v qemu-storage-daemon >/dev/null; then need+=(qemu-system-common); fi
+if ((${#need[@]})); then
+    command -v apt-get >/dev/null || { echo "qemu.sh: ${need[*]} missing and no apt-get; install QEMU or set QEMU=" >&2; exit 1; }
+    echo "qemu.sh: installing ${need[*]}" >&2
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 \
+    || { as_root apt-get update -qq >&2 && as_root env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends "${need[@]}" >&2; }
+fi
 
 "$HERE/guest/build.sh" >/dev/null
 

@@ -61,6 +61,7 @@ fn bad_input_exits_2_with_a_one_line_message() {
     )
     .unwrap();
     let dup = format!("socket={sock},size=1M");
+    let limited = format!("socket={sock},size=4G,mem-limit=2G");
 
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["serve", "--socket", sock, "--size", "12Q"], "12Q"),
@@ -160,6 +161,24 @@ fn bad_input_exits_2_with_a_one_line_message() {
             vec!["set-limit", "--control", "/tmp/c.sock", "--host", "1Z"],
             "1Z",
         ),
+        // Without a target, both choices are named.
+        (
+            vec!["set-limit", "--control", "/tmp/c.sock", "1G"],
+            "--host",
+        ),
+        (
+            vec!["serve", "--socket", sock, "--size", "1.3M"],
+            "multiples of 4096",
+        ),
+        (
+            vec!["serve", "--socket", sock, "--size", "4097"],
+            "multiple of 4096",
+        ),
+        (
+            vec!["serve", "--device", &limited, "--host-mem-limit", "1G"],
+            "above the host limit",
+        ),
+        (vec!["serve", "--log-level", "loud"], "loud"),
     ];
     for (args, needle) in cases {
         let o = vzram(&args);
@@ -271,7 +290,11 @@ fn stat_set_limit_and_compact_commands() {
     assert_eq!(d.stat().pool("mem_limit"), 1 << 30);
     let o = vzram(&["set-limit", "--control", ctl, "--device", "nosuch", "1G"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("nosuch"));
+    // Readable, with the names that would have worked.
+    assert_eq!(
+        stderr(&o).trim_end(),
+        "error: daemon refused: no device \"nosuch\"; devices: vm1 (by name, or index 0 to 0)"
+    );
 
     let o = vzram(&["compact", "--control", ctl]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -334,7 +357,19 @@ fn sockets_get_the_requested_mode() {
         &[&b],
     );
     assert_eq!(mode(&b), 0o660);
-    assert_eq!(mode(&d.control), 0o660);
+    // The control socket changes limits: --socket-mode does not open it.
+    assert_eq!(mode(&d.control), 0o600);
+    drop(d);
+
+    let dir = TempDir::new("mode3");
+    let c = dir.join("c.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--socket", s(&c), "--size", "1M", "--control-mode", "0640"],
+        &[&c],
+    );
+    assert_eq!(mode(&c), 0o600);
+    assert_eq!(mode(&d.control), 0o640);
 }
 
 #[test]
@@ -526,7 +561,11 @@ fn config_socket_mode_is_the_socket_mode_and_keeps_others_out() {
         )
         .unwrap();
         let d = Daemon::start(&dir, &["--config", s(&cfg)], &[&sock]);
-        for p in [&sock, &d.control] {
+        // The control socket keeps its own mode (--control-mode, 0600).
+        for (p, want, nobody_may_connect) in [
+            (&sock, want, nobody_may_connect),
+            (&d.control, 0o600, false),
+        ] {
             let m = std::fs::metadata(p).unwrap();
             assert_eq!(
                 m.permissions().mode() & 0o7777,
@@ -593,5 +632,128 @@ fn config_socket_mode_in_decimal_is_refused() {
             "socket_mode = {written}: {err:?} does not suggest {hint}"
         );
         assert!(!sock.exists());
+    }
+}
+
+/// Errors at run time print once (not also as a log line), on one line.
+#[test]
+fn runtime_errors_print_once() {
+    let dir = TempDir::new("once");
+    let missing = dir.join("no/such/dir/a.sock");
+    let sock = dir.join("a.sock");
+    for (args, code) in [
+        (vec!["serve", "--socket", s(&missing), "--size", "1M"], 1),
+        // Too large for the state files: the store refuses it.
+        (vec!["serve", "--socket", s(&sock), "--size", "64P"], 2),
+    ] {
+        let o = vzram(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "vzram {args:?}: {err}");
+        let errors: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("ERROR") || l.starts_with("error:"))
+            .collect();
+        assert_eq!(errors.len(), 1, "vzram {args:?}: {err}");
+        assert!(errors[0].starts_with("error:"), "{err}");
+    }
+}
+
+#[test]
+fn sizes_take_fractions_and_binary_suffixes() {
+    let dir = TempDir::new("sizes");
+    let a = dir.join("a.sock");
+    let b = dir.join("b.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--device",
+            &format!("socket={},size=1.5M,name=a,mem-limit=0.5Mi", s(&a)),
+            "--device",
+            &format!("socket={},size=8Mi,name=b", s(&b)),
+        ],
+        &[&a, &b],
+    );
+    let st = d.stat();
+    assert_eq!(st.dev("a", "size_bytes"), 3 << 19);
+    assert_eq!(st.dev("a", "mem_limit"), 1 << 19);
+    assert_eq!(st.dev("b", "size_bytes"), 8 << 20);
+}
+
+/// `vzram stat` without `--control` asks $RUNTIME_DIRECTORY/control.sock,
+/// else /run/vzram/control.sock.
+#[test]
+fn stat_has_a_default_control_socket() {
+    let dir = TempDir::new("defctl");
+    let a = dir.join("a.sock");
+    let _d = Daemon::start(&dir, &["--socket", s(&a), "--size", "1M"], &[&a]);
+    let o = Command::new(vzram_bin())
+        .args(["stat", "--json"])
+        .env("RUNTIME_DIRECTORY", dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["devices"][0]["socket"], s(&a));
+    let o = Command::new(vzram_bin())
+        .arg("compact")
+        .env("RUNTIME_DIRECTORY", dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    if !Path::new("/run/vzram/control.sock").exists() {
+        let o = Command::new(vzram_bin())
+            .arg("stat")
+            .env_remove("RUNTIME_DIRECTORY")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1));
+        assert!(
+            stderr(&o).contains("/run/vzram/control.sock"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
+
+/// `--log-level` filters the daemon's log; RUST_LOG, when set, wins.
+#[test]
+fn log_level_flag_and_rust_log() {
+    for (level, rust_log, info_shown) in [
+        (None, None, true),
+        (Some("warn"), None, false),
+        (Some("warn"), Some("info"), true),
+        (Some("debug"), Some("error"), false),
+    ] {
+        let dir = TempDir::new("loglevel");
+        let a = dir.join("a.sock");
+        let log = dir.join("log");
+        let mut cmd = Command::new(vzram_bin());
+        cmd.args(["serve", "--size", "1M", "--socket"])
+            .arg(&a)
+            .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if let Some(l) = level {
+            cmd.args(["--log-level", l]);
+        }
+        if let Some(r) = rust_log {
+            cmd.env("RUST_LOG", r);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !a.exists() {
+            assert!(std::time::Instant::now() < deadline, "no socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        assert!(child.wait().unwrap().success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            text.contains(" INFO ") && text.contains("shutting down"),
+            info_shown,
+            "--log-level {level:?}, RUST_LOG={rust_log:?}:\n{text}"
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use vzram_store::Codec;
 
 use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft, SeccompMode};
@@ -18,6 +18,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per run: the size of the serve variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve devices on vhost-user-blk sockets; stays in the foreground.
@@ -53,13 +55,14 @@ pub struct ServeArgs {
     /// Offer the device read-only.
     #[arg(long)]
     pub readonly: bool,
-    /// Name of that device in stats and control requests [default: vzram0].
+    /// Name of that device in stats and control requests [default: vzramN,
+    /// N its place among all devices: vzram0 when it is the only one].
     #[arg(long)]
     pub name: Option<String>,
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
-    /// TOML file with host_mem_limit, control, socket_mode, seccomp and [[device]] tables.
+    /// TOML file with host_mem_limit, control, metrics, socket_mode, control_mode, seccomp and [[device]] tables.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
@@ -68,9 +71,17 @@ pub struct ServeArgs {
     /// Control socket for `vzram stat`, `set-limit` and `compact`.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
-    /// Permissions of the sockets, in octal [default: 0600].
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any
+    /// free port, shown by `vzram stat`).
+    #[arg(long, value_name = "ADDR:PORT", value_parser = config::parse_metrics_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Permissions of the device sockets, in octal [default: 0600].
     #[arg(long, value_parser = config::parse_mode)]
     pub socket_mode: Option<u32>,
+    /// Permissions of the control socket, in octal [default: 0600]; not
+    /// --socket-mode's: whoever can connect to it changes limits.
+    #[arg(long, value_parser = config::parse_mode)]
+    pub control_mode: Option<u32>,
     /// System call filter once set-up is done: on, off (for debugging) or
     /// log (allow all, the kernel logs what would be refused) [default: on].
     #[arg(long, value_name = "MODE")]
@@ -82,6 +93,42 @@ pub struct ServeArgs {
     /// Discard the devices' existing state and start them empty.
     #[arg(long)]
     pub fresh: bool,
+    /// Least severe log messages shown; RUST_LOG, when set, wins.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// `--control` when not given: systemd's runtime directory, else the
+/// path the unit in contrib/systemd uses.
+fn default_control() -> PathBuf {
+    match std::env::var_os("RUNTIME_DIRECTORY") {
+        Some(d) if !d.is_empty() => {
+            let d = d.to_string_lossy();
+            PathBuf::from(d.split(':').next().unwrap_or_default()).join("control.sock")
+        }
+        _ => PathBuf::from("/run/vzram/control.sock"),
+    }
 }
 
 impl ServeArgs {
@@ -119,6 +166,10 @@ impl ServeArgs {
             drafts,
         )?;
         cfg.seccomp = self.seccomp.or(file.seccomp).unwrap_or_default();
+        cfg.metrics = self.metrics.or(file.metrics);
+        if let Some(m) = self.control_mode.or(file.control_mode) {
+            cfg.control_mode = m;
+        }
         if let Some(d) = self.state_dir.or(file.state_dir) {
             cfg.state_dir = d;
         }
@@ -129,8 +180,9 @@ impl ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct StatArgs {
-    /// The daemon's control socket.
-    #[arg(long, value_name = "PATH")]
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
@@ -138,12 +190,14 @@ pub struct StatArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["device", "host"])))]
 pub struct SetLimitArgs {
-    /// The daemon's control socket.
-    #[arg(long, value_name = "PATH")]
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Device name or index.
-    #[arg(long, conflicts_with = "host", required_unless_present = "host")]
+    #[arg(long)]
     pub device: Option<String>,
     /// Set the host-wide limit instead of a device's.
     #[arg(long)]
@@ -155,8 +209,9 @@ pub struct SetLimitArgs {
 
 #[derive(Debug, Args)]
 pub struct CompactArgs {
-    /// The daemon's control socket.
-    #[arg(long, value_name = "PATH")]
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Only this device (name or index).
     #[arg(long)]
@@ -219,6 +274,10 @@ mod tests {
         assert_eq!(c.devices[1].name, "b");
         assert_eq!(c.host_mem_limit, 1 << 30);
         assert_eq!(c.socket_mode, 0o660);
+        assert_eq!(
+            c.control_mode, 0o600,
+            "--socket-mode is not the control socket's"
+        );
         assert_eq!(c.seccomp, SeccompMode::On);
     }
 
@@ -237,6 +296,26 @@ mod tests {
     }
 
     #[test]
+    fn log_level_and_default_control() {
+        let parse = |a: &[&str]| {
+            let Command::Serve(s) = Cli::try_parse_from(a).unwrap().command else {
+                unreachable!()
+            };
+            s.log_level
+        };
+        assert_eq!(parse(&["vzram", "serve"]), LogLevel::Info);
+        assert_eq!(
+            parse(&["vzram", "serve", "--log-level", "debug"]),
+            LogLevel::Debug
+        );
+        assert!(Cli::try_parse_from(["vzram", "serve", "--log-level", "loud"]).is_err());
+        let Command::Stat(st) = Cli::try_parse_from(["vzram", "stat"]).unwrap().command else {
+            unreachable!()
+        };
+        assert!(st.control.ends_with("control.sock"), "{:?}", st.control);
+    }
+
+    #[test]
     fn bad_input() {
         assert!(serve(&["--socket", "/tmp/x", "--size", "12Q"]).is_err());
         assert!(serve(&["--size", "1G"])
@@ -250,7 +329,10 @@ mod tests {
 
     #[test]
     fn set_limit_needs_a_target() {
-        assert!(Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "1G"]).is_err());
+        let e = Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "1G"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--device") && e.contains("--host"), "{e}");
         assert!(
             Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "--host", "1G"]).is_ok()
         );

@@ -3,6 +3,7 @@
 //! the user's input, so the binary reports it in one line and exits 2.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -23,16 +24,18 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
-/// Parses `512M`, `8G`, `1T`, `64K` (binary units, optional `B`/`iB`) or
-/// plain bytes.
+/// Parses `512M`, `8G`, `8Gi`, `1.5G`, `1T`, `64K` (binary units, with an
+/// optional `i`, `B` or `iB`) or plain bytes. A fraction must come to a
+/// whole number of bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let t = t
         .strip_suffix("iB")
         .or_else(|| t.strip_suffix("ib"))
+        .or_else(|| t.strip_suffix(['B', 'b']))
+        .or_else(|| t.strip_suffix('i'))
         .unwrap_or(t);
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (digits, shift) = match t.char_indices().last() {
+    let (number, shift) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let shift = match c.to_ascii_uppercase() {
                 'K' => 10,
@@ -50,16 +53,26 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
         _ => (t, 0),
     };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(frac) || number.ends_with('.') {
         return Err(format!(
             "bad size {s:?}: expected a number with an optional K, M, G or T"
         ));
     }
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("bad size {s:?}: too large"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("bad size {s:?}: too large"))
+    let too_large = || format!("bad size {s:?}: too large");
+    // Exact: (whole.frac * 10^k) << shift, then / 10^k, all in integers.
+    let scale = 10u128
+        .checked_pow(frac.len() as u32)
+        .ok_or_else(too_large)?;
+    let n: u128 = format!("{whole}{frac}").parse().map_err(|_| too_large())?;
+    let bytes = n.checked_mul(1u128 << shift).ok_or_else(too_large)?;
+    if bytes % scale != 0 {
+        return Err(format!(
+            "bad size {s:?}: not a whole number of bytes (sizes are multiples of {PAGE_SIZE})"
+        ));
+    }
+    u64::try_from(bytes / scale).map_err(|_| too_large())
 }
 
 /// Parses an octal file mode such as `0600` or `660`.
@@ -71,6 +84,13 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
             "bad socket mode {s:?}: expected octal permissions like 0600"
         )),
     }
+}
+
+/// Parses `--metrics`: an IP address and a port, `127.0.0.1:9100` or
+/// `[::1]:9100` (port 0: any free one, reported by `vzram stat`).
+pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse()
+        .map_err(|_| format!("bad metrics address {s:?}: expected IP:PORT, such as 127.0.0.1:9100"))
 }
 
 pub fn parse_codec(s: &str) -> Result<Codec, String> {
@@ -143,7 +163,7 @@ impl SizeValue {
     }
 }
 
-/// `socket_mode` in the config file: an integer written in octal
+/// `socket_mode` or `control_mode` in the config file: an integer written in octal
 /// (`0o600`), or octal text (`"0600"`, `"600"`, `"0o600"`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -155,15 +175,15 @@ enum ModeValue {
 }
 
 impl ModeValue {
-    /// The mode; `raw` is the value as written in the file.
-    fn mode(&self, raw: &str) -> Result<u32, String> {
-        const EXAMPLE: &str = "socket_mode = 0o600 or socket_mode = \"0600\"";
+    /// The mode of setting `key`; `raw` is the value as written in the file.
+    fn mode(&self, key: &str, raw: &str) -> Result<u32, String> {
+        let example = format!("{key} = 0o600 or {key} = \"0600\"");
         let n = match self {
-            ModeValue::Text(s) => return parse_mode(s).map_err(|e| format!("socket_mode: {e}")),
+            ModeValue::Text(s) => return parse_mode(s).map_err(|e| format!("{key}: {e}")),
             ModeValue::Number(n) => *n,
             ModeValue::Other(_) => {
                 return Err(format!(
-                    "socket_mode = {raw} is not a mode; write it in octal: {EXAMPLE}"
+                    "{key} = {raw} is not a mode; write it in octal: {example}"
                 ))
             }
         };
@@ -177,18 +197,18 @@ impl ModeValue {
                 && raw.bytes().all(|b| (b'0'..=b'7').contains(&b))
                 && u32::from_str_radix(raw, 8).is_ok_and(|m| m <= 0o777)
             {
-                format!("socket_mode = 0o{raw} or socket_mode = \"{raw:0>4}\"")
+                format!("{key} = 0o{raw} or {key} = \"{raw:0>4}\"")
             } else {
-                EXAMPLE.to_string()
+                example
             };
             return Err(format!(
-                "socket_mode = {raw} is a decimal number; write the mode in octal: {hint}"
+                "{key} = {raw} is a decimal number; write the mode in octal: {hint}"
             ));
         }
         match u32::try_from(n) {
             Ok(m) if m <= 0o777 => Ok(m),
             _ => Err(format!(
-                "socket_mode = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {EXAMPLE}"
+                "{key} = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {example}"
             )),
         }
     }
@@ -200,10 +220,14 @@ struct FileConfig {
     #[serde(alias = "host-mem-limit")]
     host_mem_limit: Option<SizeValue>,
     control: Option<PathBuf>,
+    /// `"127.0.0.1:9100"`.
+    metrics: Option<String>,
     #[serde(alias = "state-dir")]
     state_dir: Option<PathBuf>,
     #[serde(alias = "socket-mode")]
     socket_mode: Option<toml::Spanned<ModeValue>>,
+    #[serde(alias = "control-mode")]
+    control_mode: Option<toml::Spanned<ModeValue>>,
     /// `true`/`false`, or "on", "off", "log".
     seccomp: Option<SeccompValue>,
     #[serde(default)]
@@ -238,8 +262,10 @@ struct FileDevice {
 pub struct FileDrafts {
     pub host_mem_limit: Option<u64>,
     pub control: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
     pub state_dir: Option<PathBuf>,
     pub socket_mode: Option<u32>,
+    pub control_mode: Option<u32>,
     pub seccomp: Option<SeccompMode>,
     pub devices: Vec<DeviceDraft>,
 }
@@ -269,19 +295,20 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             None => ConfigError(msg),
         }
     })?;
-    let socket_mode = match f.socket_mode {
-        None => None,
+    let mode = |key: &str, m: Option<toml::Spanned<ModeValue>>| match m {
+        None => Ok(None),
         Some(m) => {
             let span = m.span();
             let raw = text.get(span.clone()).unwrap_or_default().trim();
             let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            Some(
-                m.get_ref()
-                    .mode(raw)
-                    .map_err(|e| ConfigError(format!("line {line}: {e}")))?,
-            )
+            m.get_ref()
+                .mode(key, raw)
+                .map(Some)
+                .map_err(|e| ConfigError(format!("line {line}: {e}")))
         }
     };
+    let socket_mode = mode("socket_mode", f.socket_mode)?;
+    let control_mode = mode("control_mode", f.control_mode)?;
     let seccomp = match f.seccomp {
         None => None,
         Some(SeccompValue::Bool(true)) => Some(SeccompMode::On),
@@ -315,8 +342,13 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             .map(|s| s.bytes("host_mem_limit"))
             .transpose()?,
         control: f.control,
+        metrics: f
+            .metrics
+            .map(|m| parse_metrics_addr(&m).map_err(|e| ConfigError(format!("metrics: {e}"))))
+            .transpose()?,
         state_dir: f.state_dir,
         socket_mode,
+        control_mode,
         seccomp,
         devices,
     })
@@ -372,6 +404,11 @@ pub struct DaemonConfig {
     pub host_mem_limit: u64,
     pub control: Option<PathBuf>,
     pub socket_mode: u32,
+    /// The control socket's own mode: it changes limits, so it stays the
+    /// admin's even when the VMM's group may reach the device sockets.
+    pub control_mode: u32,
+    /// Where to serve `/metrics`, if anywhere.
+    pub metrics: Option<SocketAddr>,
     /// The sandbox; [`DaemonConfig::build`] leaves it on.
     pub seccomp: SeccompMode,
     /// Directory of the devices' state ([`default_state_dir`] unless given).
@@ -420,7 +457,7 @@ impl DaemonConfig {
             };
             if size == 0 || size % PAGE_SIZE as u64 != 0 {
                 return err(format!(
-                    "device {name}: size {size} is not a positive multiple of {PAGE_SIZE}"
+                    "device {name}: size {size} bytes is not a positive multiple of {PAGE_SIZE} (sizes are whole pages)"
                 ));
             }
             let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
@@ -444,13 +481,20 @@ impl DaemonConfig {
             if !names.insert(name.clone()) {
                 return err(format!("device name {name:?} is used twice"));
             }
+            let mem_limit = d.mem_limit.unwrap_or(0);
+            let host = host_mem_limit.unwrap_or(0);
+            if mem_limit != 0 && host != 0 && mem_limit > host {
+                return err(format!(
+                    "device {name}: mem-limit {mem_limit} is above the host limit {host}"
+                ));
+            }
             devices.push(DeviceSpec {
                 name,
                 socket,
                 size,
                 queues,
                 algo: d.algo.unwrap_or(Codec::Lz4),
-                mem_limit: d.mem_limit.unwrap_or(0),
+                mem_limit,
                 serial,
                 readonly: d.readonly.unwrap_or(false),
                 state_dir: d.state_dir,
@@ -468,6 +512,8 @@ impl DaemonConfig {
             host_mem_limit: host_mem_limit.unwrap_or(0),
             control,
             socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
+            control_mode: DEFAULT_SOCKET_MODE,
+            metrics: None,
             seccomp: SeccompMode::default(),
             state_dir: default_state_dir(),
             fresh: false,
@@ -489,7 +535,28 @@ mod tests {
         assert_eq!(parse_size("2GiB"), Ok(2 << 30));
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("0"), Ok(0));
-        for bad in ["", "G", "12Q", "1.5G", "-1G", "8 G", "99999999999T"] {
+        assert_eq!(parse_size("8Gi"), Ok(8 << 30));
+        assert_eq!(parse_size("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("0.5M"), Ok(512 << 10));
+        assert_eq!(parse_size("1.25GiB"), Ok(5 << 28));
+        assert!(parse_size("1.3M")
+            .unwrap_err()
+            .contains("multiples of 4096"));
+        for bad in [
+            "",
+            "G",
+            "12Q",
+            "-1G",
+            "8 G",
+            "99999999999T",
+            "1.G",
+            ".5G",
+            "1..5G",
+            "1.5.G",
+            "8iG",
+            "1.0000000000000000000000000000000000000001G",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad:?} parsed");
         }
     }
@@ -569,6 +636,14 @@ mod tests {
         assert!(
             DaemonConfig::build(None, Some("/a".into()), None, vec![draft("/a", 4096)]).is_err()
         );
+        let limited = DeviceDraft {
+            mem_limit: Some(2 << 20),
+            ..draft("/a", 4096)
+        };
+        let e = DaemonConfig::build(Some(1 << 20), None, None, vec![limited.clone()]).unwrap_err();
+        assert!(e.0.contains("above the host limit"), "{e}");
+        assert!(DaemonConfig::build(Some(2 << 20), None, None, vec![limited.clone()]).is_ok());
+        assert!(DaemonConfig::build(Some(0), None, None, vec![limited]).is_ok());
     }
 
     #[test]
@@ -654,5 +729,17 @@ mod tests {
         );
         assert_eq!(parse_file("").unwrap().seccomp, None);
         assert!(parse_file("seccomp = \"sometimes\"").is_err());
+        assert_eq!(
+            parse_file("metrics = \"127.0.0.1:9100\"").unwrap().metrics,
+            Some("127.0.0.1:9100".parse().unwrap())
+        );
+        assert!(parse_file("metrics = \"localhost\"")
+            .unwrap_err()
+            .0
+            .contains("metrics"));
+        let f = parse_file("socket_mode = 0o660\ncontrol_mode = \"0640\"").unwrap();
+        assert_eq!((f.socket_mode, f.control_mode), (Some(0o660), Some(0o640)));
+        let e = parse_file("control_mode = 600").unwrap_err().0;
+        assert!(e.contains("control_mode = 0o600"), "{e}");
     }
 }

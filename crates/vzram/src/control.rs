@@ -9,6 +9,7 @@
 //! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use serde_json::{json, Value};
 use vzram_store::Pool;
 
 use crate::daemon::ServedDevice;
+use crate::metrics::{DeviceSample, Sample};
 
 /// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: u64 = 64 * 1024;
@@ -48,11 +50,38 @@ pub enum Request {
 pub struct Control {
     pool: Arc<Pool>,
     devices: Vec<Arc<ServedDevice>>,
+    /// Where `/metrics` is served, as bound (a port 0 resolved).
+    metrics: Option<SocketAddr>,
 }
 
 impl Control {
     pub fn new(pool: Arc<Pool>, devices: Vec<Arc<ServedDevice>>) -> Control {
-        Control { pool, devices }
+        Control {
+            pool,
+            devices,
+            metrics: None,
+        }
+    }
+
+    pub fn with_metrics(mut self, addr: Option<SocketAddr>) -> Control {
+        self.metrics = addr;
+        self
+    }
+
+    /// The numbers `stat` reports, for `/metrics`.
+    pub fn sample(&self) -> Sample {
+        Sample {
+            pool: self.pool.stats(),
+            devices: self
+                .devices
+                .iter()
+                .map(|d| DeviceSample {
+                    name: d.spec.name.clone(),
+                    connected: d.connected.load(Ordering::Relaxed),
+                    stats: d.blk.store().stats(),
+                })
+                .collect(),
+        }
     }
 
     fn find(&self, r: &DeviceRef) -> Result<&ServedDevice, String> {
@@ -65,9 +94,18 @@ impl Control {
                 .find(|d| d.spec.name == *n)
                 .or_else(|| n.parse().ok().and_then(by_index)),
         };
-        found
-            .map(|d| &**d)
-            .ok_or_else(|| format!("no device {r:?}"))
+        found.map(|d| &**d).ok_or_else(|| {
+            let asked = match r {
+                DeviceRef::Index(i) => i.to_string(),
+                DeviceRef::Name(n) => format!("{n:?}"),
+            };
+            let names: Vec<&str> = self.devices.iter().map(|d| d.spec.name.as_str()).collect();
+            format!(
+                "no device {asked}; devices: {} (by name, or index 0 to {})",
+                names.join(", "),
+                names.len().saturating_sub(1)
+            )
+        })
     }
 
     /// Answers one request line.
@@ -151,7 +189,11 @@ impl Control {
                 })
             })
             .collect();
-        json!({"pool": self.pool.stats(), "devices": devices})
+        json!({
+            "pool": self.pool.stats(),
+            "devices": devices,
+            "metrics": self.metrics.map(|a| a.to_string()),
+        })
     }
 }
 
@@ -328,5 +370,15 @@ mod tests {
             assert_eq!(r["ok"], false, "{bad} → {r}");
             assert!(r["error"].is_string());
         }
+        let r = c.handle_line(r#"{"cmd":"compact","device":"vm9"}"#);
+        assert_eq!(
+            r["error"],
+            "no device \"vm9\"; devices: a, b (by name, or index 0 to 1)"
+        );
+        let r = c.handle_line(r#"{"cmd":"compact","device":7}"#);
+        assert!(r["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("no device 7; devices: a, b"));
     }
 }

@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::net::Shutdown;
+use std::net::{Shutdown, SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
@@ -27,6 +27,8 @@ use vzram_store::{DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::control::{self, Control};
+use crate::metrics;
+use crate::notify::Notifier;
 use crate::seccomp;
 
 /// How often the pool looks for fragmented devices to compact, and when it acts.
@@ -46,6 +48,8 @@ pub enum Error {
     Signal(io::Error),
     #[error(transparent)]
     Seccomp(#[from] seccomp::Error),
+    #[error("metrics address {addr}: {source}")]
+    Metrics { addr: SocketAddr, source: io::Error },
 }
 
 /// A configured disk: its store device, served on one socket.
@@ -133,6 +137,12 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     let signals = ShutdownSignals::block()?;
     seccomp::report_sigbus()?;
     raise_fd_limit(&cfg.devices);
+    // Connected now: the seccomp filter allows sending, not connecting.
+    // One nobody listens on (left over in a shell) is not worth failing for.
+    let notifier = Notifier::from_env().unwrap_or_else(|e| {
+        tracing::warn!("NOTIFY_SOCKET: {e}; the service manager will not hear from vzram");
+        None
+    });
 
     let pool = Pool::new(PoolConfig {
         host_mem_limit: cfg.host_mem_limit,
@@ -195,7 +205,18 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
     }
 
     let control_listener = match &cfg.control {
-        Some(path) => Some(files.bind(path, cfg.socket_mode)?),
+        Some(path) => Some(files.bind(path, cfg.control_mode)?),
+        None => None,
+    };
+    // Bound here: the filter allows no new socket, and no getsockname to
+    // learn the port of a `:0` afterwards.
+    let metrics_listener = match cfg.metrics {
+        Some(addr) => {
+            let fail = |source| Error::Metrics { addr, source };
+            let l = TcpListener::bind(addr).map_err(fail)?;
+            let bound = l.local_addr().map_err(fail)?;
+            Some((l, bound))
+        }
         None => None,
     };
 
@@ -220,12 +241,24 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
             .spawn(move || serve_device(d, outer, inner))
             .map_err(Error::Thread)?;
     }
+    let ctl = Arc::new(
+        Control::new(pool.clone(), devices.clone())
+            .with_metrics(metrics_listener.as_ref().map(|(_, a)| *a)),
+    );
     if let Some(l) = control_listener {
-        let ctl = Arc::new(Control::new(pool.clone(), devices.clone()));
+        let ctl = ctl.clone();
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || control::serve(l, ctl))
             .map_err(Error::Thread)?;
+    }
+    if let Some((l, addr)) = metrics_listener {
+        let ctl = ctl.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || metrics::serve(l, ctl))
+            .map_err(Error::Thread)?;
+        tracing::info!(metrics = %addr, "metrics endpoint ready: http://{addr}/metrics");
     }
 
     for d in &devices {
@@ -243,10 +276,27 @@ pub fn run(cfg: DaemonConfig) -> Result<i32, Error> {
         tracing::info!(control = %c.display(), "control socket ready");
     }
 
+    // Every socket listens and every device's state is recovered.
+    notify(
+        &notifier,
+        &format!("READY=1\nSTATUS=serving {} devices", devices.len()),
+    );
+
     let sig = signals.wait()?;
     tracing::info!(signal = sig, "shutting down");
+    notify(&notifier, "STOPPING=1");
     drop(files);
     Ok(sig)
+}
+
+/// Tells the service manager, if there is one; a lost message is logged,
+/// not fatal (the devices serve either way).
+fn notify(notifier: &Option<Notifier>, msg: &str) {
+    if let Some(n) = notifier {
+        if let Err(e) = n.send(msg) {
+            tracing::warn!("cannot notify the service manager ({msg:?}): {e}");
+        }
+    }
 }
 
 /// Creates a listening socket with the given mode. A stale socket file from

@@ -4,6 +4,8 @@ mod cli;
 mod config;
 mod control;
 mod daemon;
+mod metrics;
+mod notify;
 mod seccomp;
 mod stat;
 
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Serve(args) => {
+            let log_level = args.log_level;
             let cfg = match args.resolve() {
                 Ok(c) => c,
                 Err(e) => {
@@ -44,16 +47,22 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
-            init_logging();
+            init_logging(log_level);
             match daemon::run(cfg) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
-                    tracing::error!("{e}");
+                    // Once, on stderr (the log's stream too): not also as a log line.
                     eprintln!("error: {}", one_line(&e.to_string()));
                     // State that does not match the configuration is a
                     // configuration error: the fix is a flag (--fresh) or the
                     // config, not a retry.
-                    if matches!(e, daemon::Error::Store(vzram_store::StoreError::State(_))) {
+                    if matches!(
+                        e,
+                        daemon::Error::Store(
+                            vzram_store::StoreError::State(_)
+                                | vzram_store::StoreError::InvalidConfig(_)
+                        )
+                    ) {
                         ExitCode::from(EXIT_USAGE)
                     } else {
                         ExitCode::from(EXIT_FAILURE)
@@ -96,10 +105,10 @@ fn one_line(msg: &str) -> String {
     out
 }
 
-/// Logs go to stderr; `RUST_LOG` filters them (default: info).
-fn init_logging() {
+/// Logs go to stderr; `RUST_LOG`, when set, filters them, else `--log-level`.
+fn init_logging(level: cli::LogLevel) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.as_str()));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,0 +1,185 @@
+//! `--metrics ADDR:PORT`: an HTTP client reads `/metrics` and finds the
+//! numbers `vzram stat` reports; bad requests are answered and the daemon
+//! keeps serving.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use vzram_tests::*;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Sends `request` as is and returns the whole reply (the server closes).
+fn http(addr: SocketAddr, request: &[u8]) -> String {
+    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c.write_all(request).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn get(addr: SocketAddr, path: &str) -> String {
+    http(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+    )
+}
+
+fn status(reply: &str) -> &str {
+    reply.lines().next().unwrap_or_default()
+}
+
+/// The value of `name` (with its labels, exactly as written) in a scrape.
+fn value(body: &str, series: &str) -> u64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_match_stat_and_bad_requests_do_no_harm() {
+    let dir = TempDir::new("metrics");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--device",
+            &format!("socket={},size=64M,name=vm1,mem-limit=32M", s(&a)),
+            "--device",
+            &format!("socket={},size=16M,name=vm2", s(&b)),
+            "--host-mem-limit",
+            "1G",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &[&a, &b],
+    );
+    // Port 0: the bound address is in the stat reply.
+    let addr: SocketAddr = d.stat().0["metrics"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no metrics address in stat:\n{}", d.log_text()))
+        .parse()
+        .unwrap();
+    assert_ne!(addr.port(), 0);
+    assert!(d.log_text().contains(&addr.to_string()));
+
+    let mut c = Client::connect(&a, 1).unwrap();
+    for p in 0..300u64 {
+        c.q(0).write(p * 4096, &pattern(p, p * 4096, 4096)).unwrap();
+    }
+    c.q(0).write(2 << 20, &[0u8; 8 * 4096]).unwrap();
+    for p in 0..10u64 {
+        c.q(0).read(p * 4096, 4096).unwrap();
+    }
+    c.q(0).discard(0, 4 * 4096).unwrap();
+
+    // A slow client (sends half a request and stops) must not wedge the
+    // server for the next one longer than its time limit.
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(b"GET /metr").unwrap();
+
+    let started = Instant::now();
+    let reply = get(addr, "/metrics");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(status(&reply), "HTTP/1.1 200 OK", "{reply}");
+    assert!(
+        reply.contains("Content-Type: text/plain; version=0.0.4"),
+        "{reply}"
+    );
+    let body = reply.split("\r\n\r\n").nth(1).unwrap();
+    let st = d.stat();
+    for (series, dev, field) in [
+        ("vzram_orig_data_bytes", "vm1", "orig_data_size"),
+        ("vzram_compr_data_bytes", "vm1", "compr_data_size"),
+        ("vzram_mem_used_bytes", "vm1", "mem_used_total"),
+        ("vzram_mem_limit_bytes", "vm1", "mem_limit"),
+        ("vzram_same_pages", "vm1", "same_pages"),
+        ("vzram_huge_pages", "vm1", "huge_pages"),
+        ("vzram_reads_total", "vm1", "reads"),
+        ("vzram_writes_total", "vm1", "writes"),
+        ("vzram_discards_total", "vm1", "discards"),
+        ("vzram_failed_reads_total", "vm1", "failed_reads"),
+        ("vzram_failed_writes_total", "vm1", "failed_writes"),
+        ("vzram_pages_compacted_total", "vm1", "pages_compacted"),
+        ("vzram_writes_total", "vm2", "writes"),
+        ("vzram_orig_data_bytes", "vm2", "orig_data_size"),
+    ] {
+        let got = value(body, &format!("{series}{{device=\"{dev}\"}}"));
+        assert_eq!(got, st.dev(dev, field), "{series} of {dev}\n{body}");
+    }
+    // The numbers are the workload's (pages), not zeros on both sides.
+    assert_eq!(value(body, "vzram_writes_total{device=\"vm1\"}"), 308);
+    assert_eq!(value(body, "vzram_reads_total{device=\"vm1\"}"), 10);
+    assert_eq!(value(body, "vzram_same_pages{device=\"vm1\"}"), 8);
+    assert_eq!(
+        value(body, "vzram_mem_limit_bytes{device=\"vm1\"}"),
+        32 << 20
+    );
+    assert_eq!(value(body, "vzram_connected{device=\"vm1\"}"), 1);
+    assert_eq!(value(body, "vzram_connected{device=\"vm2\"}"), 0);
+    for (series, field) in [
+        ("vzram_pool_mem_used_bytes", "mem_used_total"),
+        ("vzram_pool_orig_data_bytes", "orig_data_size"),
+        ("vzram_pool_mem_limit_bytes", "mem_limit"),
+        ("vzram_pool_devices", "devices"),
+    ] {
+        assert_eq!(value(body, series), st.pool(field), "{series}\n{body}");
+    }
+    assert_eq!(value(body, "vzram_pool_mem_limit_bytes"), 1 << 30);
+    assert!(body.contains("# TYPE vzram_reads_total counter"), "{body}");
+    assert!(body.contains("# TYPE vzram_mem_used_bytes gauge"), "{body}");
+    drop(slow);
+
+    // Bad requests get an answer; the daemon and the endpoint stay up.
+    assert!(status(&get(addr, "/")).contains(" 404 "));
+    assert!(status(&get(addr, "/nothing")).contains(" 404 "));
+    assert!(status(&http(addr, b"POST /metrics HTTP/1.1\r\n\r\n")).contains(" 405 "));
+    assert!(status(&http(addr, b"hello\r\n\r\n")).contains(" 400 "));
+    let huge = format!(
+        "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+        "a".repeat(64 << 10)
+    );
+    let mut big = TcpStream::connect(addr).unwrap();
+    big.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    // The server may close before reading it all; only its answer matters.
+    let _ = big.write_all(huge.as_bytes());
+    let mut r = String::new();
+    let _ = big.read_to_string(&mut r);
+    assert!(r.is_empty() || status(&r).contains(" 400 "), "{r}");
+    // A client that connects and leaves.
+    drop(TcpStream::connect(addr).unwrap());
+    assert_eq!(status(&get(addr, "/metrics")), "HTTP/1.1 200 OK");
+    c.q(0).write(0, &[3; 4096]).unwrap();
+    let body = get(addr, "/metrics");
+    assert_eq!(value(&body, "vzram_writes_total{device=\"vm1\"}"), 309);
+}
+
+#[test]
+fn bad_metrics_address_is_refused() {
+    let dir = TempDir::new("metricsbad");
+    let sock = dir.join("a.sock");
+    let o = std::process::Command::new(vzram_bin())
+        .args([
+            "serve",
+            "--size",
+            "1M",
+            "--metrics",
+            "localhost",
+            "--socket",
+        ])
+        .arg(&sock)
+        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("IP:PORT"), "{err}");
+}

@@ -1,0 +1,141 @@
+//! systemd readiness: with `$NOTIFY_SOCKET` set, `vzram serve` sends
+//! `READY=1` once its sockets accept connections, and `STOPPING=1` on
+//! SIGTERM.
+
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use vzram_tests::*;
+
+fn recv(sock: &UnixDatagram) -> String {
+    let mut buf = [0u8; 4096];
+    let n = sock
+        .recv(&mut buf)
+        .expect("no notify message within the timeout");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// A daemon started without waiting for its sockets: READY=1 is the wait.
+struct Served {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Served {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        // SAFETY: kill only sends a signal to our own child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no exit within 10 s of SIGTERM:\n{}", self.log_text());
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a daemon with `NOTIFY_SOCKET=notify_addr` and returns once
+/// `READY=1` has come, after checking that its sockets accepted a
+/// connection right then.
+fn start_and_wait_ready(dir: &TempDir, rx: &UnixDatagram, notify_addr: &str) -> Served {
+    let sock = dir.join("vm1.sock");
+    let control = dir.join("control.sock");
+    let log = dir.join("daemon.log");
+    rx.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(vzram_bin())
+        .args(["serve", "--size", "1M", "--name", "vm1", "--socket"])
+        .arg(&sock)
+        .arg("--control")
+        .arg(&control)
+        .env("NOTIFY_SOCKET", notify_addr)
+        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let mut d = Served { child, log };
+    let msg = recv(rx);
+    // Connect the moment READY=1 is read: a READY sent before the sockets
+    // listen fails here.
+    for p in [&sock, &control] {
+        UnixStream::connect(p).unwrap_or_else(|e| {
+            panic!(
+                "READY=1 came before {} accepted connections: {e}\n{}",
+                p.display(),
+                d.log_text()
+            )
+        });
+    }
+    let lines: Vec<&str> = msg.lines().collect();
+    assert!(lines.contains(&"READY=1"), "{msg:?}");
+    assert!(lines.contains(&"STATUS=serving 1 devices"), "{msg:?}");
+    assert!(d.child.try_wait().unwrap().is_none());
+    d
+}
+
+#[test]
+fn ready_after_the_sockets_listen_and_stopping_at_sigterm() {
+    let dir = TempDir::new("notify");
+    let path = dir.join("notify.sock");
+    let rx = UnixDatagram::bind(&path).unwrap();
+    let mut d = start_and_wait_ready(&dir, &rx, path.to_str().unwrap());
+    let st = d.terminate();
+    assert_eq!(st.code(), Some(0), "{}", d.log_text());
+    assert_eq!(recv(&rx), "STOPPING=1");
+    assert!(!Path::new(&dir.join("vm1.sock")).exists());
+}
+
+#[test]
+fn abstract_notify_address() {
+    let dir = TempDir::new("notifyabs");
+    let name = format!("vzram-test-notify-{}", std::process::id());
+    let rx =
+        UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    let mut d = start_and_wait_ready(&dir, &rx, &format!("@{name}"));
+    assert_eq!(d.terminate().code(), Some(0), "{}", d.log_text());
+    assert_eq!(recv(&rx), "STOPPING=1");
+}
+
+/// A `NOTIFY_SOCKET` nobody listens on (left over in a shell, say) costs
+/// a warning, not the devices.
+#[test]
+fn unreachable_notify_socket_is_a_warning() {
+    let dir = TempDir::new("notifybad");
+    let sock = dir.join("vm1.sock");
+    let control = dir.join("control.sock");
+    let mut cmd = Command::new(vzram_bin());
+    cmd.args(["serve", "--size", "1M", "--socket"])
+        .arg(&sock)
+        .arg("--control")
+        .arg(&control)
+        .env("NOTIFY_SOCKET", dir.join("nobody-listens"));
+    let mut d = Daemon::start_command(cmd, &control, &dir.join("daemon.log"), &[&sock]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.q(0).write(0, &[1; 4096]).unwrap();
+    drop(c);
+    assert_eq!(d.terminate().code(), Some(0));
+    let log = d.log_text();
+    assert!(
+        log.contains("NOTIFY_SOCKET") && log.contains("WARN"),
+        "{log}"
+    );
+}

@@ -95,7 +95,12 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
+        // A long $TMPDIR would push socket paths past 108 bytes.
+        let mut base = std::env::temp_dir();
+        if base.as_os_str().len() > 40 {
+            base = PathBuf::from("/tmp");
+        }
+        let p = base.join(format!(
             "vz-{tag}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)

@@ -3,17 +3,19 @@
 # vzram disk, push it to 1.5x its RAM, and print the daemon's stats.
 #
 #   contrib/qemu.sh [--mem 256M] [--size 1G] [--queues 2] [--test swap]
-#                   [--append 'vzram.rounds=3'] [--backend vzram|qsd]
+#                   [--append 'vzram.rounds=3'] [--backend vzram|qsd] [--reconnect 1]
 #
 # --backend qsd serves the disk from qemu-storage-daemon instead (a RAM file,
 # no compression), to check the guest side without vzram.
+# --reconnect SECS: QEMU's reconnect=SECS, as the README recommends (default
+# 1): restart the daemon meanwhile and the guest carries on; 0 turns it off.
 # Env: VZRAM_BIN (daemon binary), VZRAM_GUEST_DIR (guest cache), QEMU.
 # Installs QEMU with apt (as root or via sudo) when it is missing.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
-mem=256M size=1G queues=2 test=swap append="" backend=vzram
+mem=256M size=1G queues=2 test=swap append="" backend=vzram reconnect=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --mem) mem="$2"; shift 2 ;;
@@ -22,7 +24,8 @@ while [ $# -gt 0 ]; do
         --test) test="$2"; shift 2 ;;
         --append) append="$2"; shift 2 ;;
         --backend) backend="$2"; shift 2 ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --reconnect) reconnect="$2"; shift 2 ;;
+        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "qemu.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -30,6 +33,11 @@ done
 sock=/tmp/vzram-demo.sock
 ctl=/tmp/vzram-demo.ctl
 log=/tmp/vzram-demo.log
+# The device's state files (tmpfs): the demo's own, removed at the end, so
+# that it neither recovers an earlier run's disk nor leaves RAM behind.
+shm=/dev/shm
+[ -d "$shm" ] || shm=/tmp
+state="$shm/vzram-demo-state.$$"
 daemon_pid=""
 img=""
 # shellcheck disable=SC2317  # invoked via trap
@@ -39,6 +47,7 @@ cleanup() {
         wait "$daemon_pid" 2>/dev/null || true
     fi
     [ -z "$img" ] || rm -f "$img"
+    rm -rf "$state"
     rm -f "$sock" "$ctl"
 }
 trap cleanup EXIT
@@ -81,7 +90,8 @@ vzram)
     fi
     [ -n "$bin" ] || { echo "qemu.sh: no vzram binary and no cargo; set VZRAM_BIN" >&2; exit 1; }
     echo "qemu.sh: $bin serve --socket $sock --size $size --queues $queues --control $ctl (log: $log)" >&2
-    "$bin" serve --socket "$sock" --size "$size" --queues "$queues" --control "$ctl" >"$log" 2>&1 &
+    VZRAM_STATE_DIR="$state" \
+        "$bin" serve --socket "$sock" --size "$size" --queues "$queues" --control "$ctl" >"$log" 2>&1 &
     daemon_pid=$!
     ;;
 qsd)
@@ -107,7 +117,7 @@ done
 start=$(date +%s)
 rc=0
 "$HERE/guest/run.sh" --check --socket "$sock" --mem "$mem" --queues "$queues" --test "$test" \
-    ${append:+--append "$append"} || rc=$?
+    --reconnect "$reconnect" ${append:+--append "$append"} || rc=$?
 echo "qemu.sh: guest finished in $(($(date +%s) - start))s (rc=$rc)"
 
 echo "--- daemon stats ---"

@@ -2,21 +2,25 @@
 # Boot the vzram test guest against a vhost-user-blk socket.
 #
 #   contrib/guest/run.sh --socket SOCK [--mem 256M] [--queues N] [--test NAME[,NAME..]]
-#                        [--append 'extra kernel args'] [--cache DIR] [--print-cmd] [--check]
+#                        [--append 'extra kernel args'] [--reconnect SECS] [--cache DIR]
+#                        [--print-cmd] [--check]
 #
 # The guest console (ttyS0) is this script's stdout. QEMU is exec'd, so the
 # PID of this script is QEMU's: tests can kill it to simulate a crash.
+# --reconnect SECS (default 1; 0 = off): when the backend goes away, QEMU
+# keeps the guest running and reconnects every SECS seconds (a restarted
+# vzram recovers the disk and QEMU resubmits what was in flight).
 # --check: instead of exec, exit 0 only if the guest printed
 # "VZRAM-GUEST-DONE rc=0" (QEMU itself exits 0 even when a scenario failed).
 # Builds/refreshes the guest first (contrib/guest/build.sh).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-sock="" mem=256M queues=1 test=info append="" print_cmd=0 check=0
+sock="" mem=256M queues=1 test=info append="" reconnect=1 print_cmd=0 check=0
 cache="${VZRAM_GUEST_DIR:-$HOME/.cache/vzram-guest}"
 qemu="${QEMU:-qemu-system-x86_64}"
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --socket) sock="$2"; shift 2 ;;
@@ -24,6 +28,7 @@ while [ $# -gt 0 ]; do
         --queues) queues="$2"; shift 2 ;;
         --test) test="$2"; shift 2 ;;
         --append) append="$2"; shift 2 ;;
+        --reconnect) reconnect="$2"; shift 2 ;;
         --cache) cache="$2"; shift 2 ;;
         --print-cmd) print_cmd=1; shift ;;
         --check) check=1; shift ;;
@@ -32,6 +37,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$sock" ] || { echo "run.sh: --socket is required" >&2; usage; }
+case "$reconnect" in
+    ''|*[!0-9]*) echo "run.sh: --reconnect wants whole seconds, got '$reconnect'" >&2; usage ;;
+esac
+chardev="socket,id=c0,path=$sock"
+reconnect=$((10#$reconnect))
+[ "$reconnect" -eq 0 ] || chardev+=",reconnect=$reconnect"
 
 # Cheap when the cache is current (no apt calls); rebuilds after edits to
 # init/pressure.c so a stale initramfs is never booted.
@@ -53,7 +64,7 @@ cmd=(
     -numa node,memdev=mem -m "$mem"
     -kernel "$cache/vmlinuz" -initrd "$cache/initramfs.cpio.gz"
     -append "console=ttyS0 quiet panic=-1 vzram.test=$test${append:+ $append}"
-    -chardev "socket,id=c0,path=$sock"
+    -chardev "$chardev"
     -device "vhost-user-blk-pci,chardev=c0,num-queues=$queues"
     -nographic -nodefaults -serial stdio -monitor none -no-reboot
 )

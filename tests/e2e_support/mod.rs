@@ -11,8 +11,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -83,6 +86,7 @@ pub struct Ctx {
     pub bin: PathBuf,
     started: Instant,
     logs: Mutex<Vec<(String, PathBuf)>>,
+    daemons: AtomicU32,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -122,6 +126,7 @@ impl Ctx {
             bin,
             started: Instant::now(),
             logs: Mutex::new(Vec::new()),
+            daemons: AtomicU32::new(0),
             _serial: serial,
         })
     }
@@ -142,16 +147,21 @@ impl Ctx {
     }
 
     /// Starts `vzram serve` with `args` (sockets and sizes; `--control` is
-    /// added) and waits for its sockets. `sockets` are the vhost-user
-    /// sockets it must create.
+    /// added) and waits until it serves. `sockets` are the vhost-user
+    /// sockets it must create. Its device state lives in
+    /// [`vzram_tests::state_dir_for`] the test directory (`VZRAM_STATE_DIR`).
     pub fn daemon(&self, args: &[String], sockets: &[&Path]) -> Daemon {
+        let n = self.daemons.fetch_add(1, Ordering::Relaxed) + 1;
         let control = self.path("vzram.ctl");
-        let log = self.path("vzram.log");
+        // The first daemon logs to vzram.log, a restarted one to vzram-N.log.
+        let log = if n == 1 {
+            self.path("vzram.log")
+        } else {
+            self.path(&format!("vzram-{n}.log"))
+        };
         let mut cmd = Command::new(&self.bin);
         cmd.arg("serve").args(args).arg("--control").arg(&control);
-        if let Some(dir) = control.parent() {
-            cmd.env("VZRAM_STATE_DIR", vzram_tests::state_dir_for(dir));
-        }
+        cmd.env("VZRAM_STATE_DIR", vzram_tests::state_dir_for(&self.dir));
         let cmdline = format!("{cmd:?}");
         eprintln!("e2e {}: {cmdline}", self.name);
         let logf = File::create(&log).expect("create daemon log");
@@ -166,28 +176,53 @@ impl Ctx {
             )
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
-        self.add_log("daemon".into(), log);
+        self.add_log(
+            if n == 1 {
+                "daemon".into()
+            } else {
+                format!("daemon #{n}")
+            },
+            log.clone(),
+        );
         let mut d = Daemon {
             child,
             bin: self.bin.clone(),
+            args: args.to_vec(),
             control,
+            log,
             sockets: sockets.iter().map(|s| s.to_path_buf()).collect(),
         };
+        // A killed daemon leaves its socket files behind (the new one
+        // replaces them), so a file is no sign of life: the control socket
+        // is, bound last, once every device is set up and listening.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(st) = d.child.try_wait().expect("try_wait") {
                 panic!("daemon exited during startup ({st}): {cmdline}");
             }
-            if d.sockets.iter().all(|s| s.exists()) && d.control.exists() {
+            if d.sockets.iter().all(|s| s.exists()) && UnixStream::connect(&d.control).is_ok() {
                 break;
             }
             ensure!(
                 Instant::now() < deadline,
-                "daemon sockets not there after 20s: {cmdline}"
+                "daemon not serving after 20s: {cmdline}"
             );
             thread::sleep(Duration::from_millis(20));
         }
         d
+    }
+
+    /// Starts `old`'s command line again, as a restart or an upgrade would,
+    /// once `old` has exited ([`Daemon::kill`], [`Daemon::terminate`]): the
+    /// same sockets, control socket and state directory.
+    pub fn restart(&self, old: &mut Daemon) -> Daemon {
+        ensure!(
+            old.child.try_wait().expect("try_wait").is_some(),
+            "restart: the old daemon (pid {}) is still running",
+            old.pid()
+        );
+        let sockets: Vec<&Path> = old.sockets.iter().map(PathBuf::as_path).collect();
+        self.daemon(&old.args, &sockets)
     }
 
     /// Boots a guest; it runs in the background until [`Guest::wait`].
@@ -201,16 +236,19 @@ impl Ctx {
             &opts.queues.to_string(),
             "--test",
             &opts.tests,
+            "--reconnect",
+            &opts.reconnect.to_string(),
         ]);
         if !opts.append.is_empty() {
             cmd.args(["--append", &opts.append.join(" ")]);
         }
         eprintln!(
-            "e2e {}: boot {label}: --test {} --queues {} --mem {} {}",
+            "e2e {}: boot {label}: --test {} --queues {} --mem {} --reconnect {} {}",
             self.name,
             opts.tests,
             opts.queues,
             opts.mem,
+            opts.reconnect,
             opts.append.join(" ")
         );
         let mut child = cmd
@@ -292,7 +330,9 @@ fn tail_of_file(path: &Path, n: usize) -> String {
 pub struct Daemon {
     child: Child,
     bin: PathBuf,
+    args: Vec<String>,
     pub control: PathBuf,
+    pub log: PathBuf,
     sockets: Vec<PathBuf>,
 }
 
@@ -371,6 +411,12 @@ impl Daemon {
 
     /// SIGTERM; the daemon must exit 0 within 10 s and remove its sockets.
     pub fn shutdown(mut self) {
+        self.terminate();
+    }
+
+    /// SIGTERM, as `systemctl stop` or an upgrade sends it: the daemon must
+    /// exit 0 within 10 s and remove its sockets. See [`Ctx::restart`].
+    pub fn terminate(&mut self) {
         signal(self.child.id(), "-TERM");
         let st = wait_timeout(&mut self.child, Duration::from_secs(10));
         ensure!(st.is_some(), "daemon still running 10s after SIGTERM");
@@ -383,6 +429,25 @@ impl Daemon {
                 s.display()
             );
         }
+    }
+
+    /// SIGKILL, as a crash or the OOM killer would: no clean-up at all.
+    /// Returns once the process is gone. See [`Ctx::restart`].
+    pub fn kill(&mut self) {
+        self.assert_alive();
+        let _ = self.child.kill();
+        let st = wait_timeout(&mut self.child, Duration::from_secs(10));
+        ensure!(st.is_some(), "daemon still there 10s after SIGKILL");
+        let st = st.unwrap_or_else(|| unreachable!());
+        ensure!(
+            st.signal() == Some(libc::SIGKILL),
+            "daemon ended with {st}, not by SIGKILL"
+        );
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -497,6 +562,10 @@ pub struct GuestOpts {
     pub queues: u32,
     pub tests: String,
     pub append: Vec<String>,
+    /// QEMU's `reconnect=` for the vhost-user chardev, in seconds (0: off):
+    /// a guest whose backend goes away stalls and resumes once a daemon
+    /// serves the socket again.
+    pub reconnect: u32,
 }
 
 impl GuestOpts {
@@ -507,7 +576,14 @@ impl GuestOpts {
             queues: 1,
             tests: tests.into(),
             append: Vec::new(),
+            reconnect: 1,
         }
+    }
+
+    /// QEMU's reconnect interval in seconds; 0 turns reconnecting off.
+    pub fn reconnect(mut self, secs: u32) -> Self {
+        self.reconnect = secs;
+        self
     }
 
     pub fn queues(mut self, n: u32) -> Self {
@@ -606,6 +682,12 @@ impl Guest {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Whether the guest has printed a line containing `needle` so far.
+    pub fn printed(&self, needle: &str) -> bool {
+        let st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.lines.iter().any(|l| l.contains(needle))
     }
 
     /// Waits for QEMU to exit, killing it after `timeout` (a failure).

@@ -24,22 +24,43 @@ pub const OS_PAGE: usize = 4096;
 impl Region {
     /// Reserves `len` bytes (rounded up to a page) of zeroed, lazily backed memory.
     pub fn reserve(len: usize) -> Result<Region> {
+        Region::map(len, None)
+    }
+
+    /// Maps `len` bytes of `file` (already that long) shared: stores land in
+    /// the file at once, so they survive the process. The file should live on
+    /// tmpfs, where its pages are memory.
+    pub fn map_file(file: &std::fs::File, len: usize) -> Result<Region> {
+        Region::map(len, Some(file))
+    }
+
+    fn map(len: usize, file: Option<&std::fs::File>) -> Result<Region> {
+        use std::os::fd::AsRawFd;
         let len = len.max(1).div_ceil(OS_PAGE) * OS_PAGE;
-        // SAFETY: an anonymous private mapping with no fixed address touches
-        // no existing memory; the result is checked below.
+        let (flags, fd) = match file {
+            Some(f) => (libc::MAP_SHARED, f.as_raw_fd()),
+            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a new mapping (anonymous, or of a file we hold open) at no
+        // fixed address touches no existing memory; the result is checked below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
+                flags | libc::MAP_NORESERVE,
+                fd,
                 0,
             )
         };
         if ptr == libc::MAP_FAILED {
             return Err(StoreError::Map(format!(
-                "mmap of {len} bytes: {}",
+                "mmap of {len} bytes{}: {}",
+                if file.is_some() {
+                    " of a state file"
+                } else {
+                    ""
+                },
                 std::io::Error::last_os_error()
             )));
         }
@@ -51,40 +72,7 @@ impl Region {
         Ok(Region {
             ptr: ptr.cast(),
             len,
-            shared: false,
-        })
-    }
-
-    /// Maps `len` bytes of `file` (already that long) shared: stores land in
-    /// the file at once, so they survive the process. The file should live on
-    /// tmpfs, where its pages are memory.
-    pub fn map_file(file: &std::fs::File, len: usize) -> Result<Region> {
-        use std::os::fd::AsRawFd;
-        let len = len.max(1).div_ceil(OS_PAGE) * OS_PAGE;
-        // SAFETY: a shared mapping of a file we hold open, at no fixed
-        // address; the result is checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_NORESERVE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(StoreError::Map(format!(
-                "mmap of {len} bytes of a state file: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        // SAFETY: advising our own fresh mapping; failure only costs memory.
-        unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
-        Ok(Region {
-            ptr: ptr.cast(),
-            len,
-            shared: true,
+            shared: file.is_some(),
         })
     }
 

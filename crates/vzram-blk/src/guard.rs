@@ -294,7 +294,7 @@ pub enum Received {
 
 /// Reads up to `buf.len()` bytes, appending any descriptors that came with
 /// them to `fds`. Returns 0 at end of stream.
-fn recv_some(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<(usize, bool)> {
+pub fn recv_some(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<(usize, bool)> {
     let mut control = [0u64; CONTROL_WORDS];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),

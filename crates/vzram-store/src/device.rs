@@ -11,6 +11,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use crate::cells::{Cells, DeviceCells, MAX_SHARDS};
 use crate::codec::{Codec, MAX_COMPRESSED};
 use crate::error::{Result, StoreError};
 use crate::limits::Budget;
@@ -20,7 +21,7 @@ use crate::pool::heap::Heap;
 use crate::pool::Shared;
 use crate::slot::{self, Slot, SlotGuard};
 use crate::state::{self, StateFiles, StateSpec};
-use crate::stats::{self, Counters, DeviceStats, Footprint};
+use crate::stats::{Counters, DeviceStats, Footprint};
 use crate::table::SlotTable;
 use crate::{Page, PAGE_SIZE};
 
@@ -64,8 +65,10 @@ pub struct Device {
     heap: Heap,
     codec: Codec,
     huge_threshold: usize,
-    budget: Budget,
-    counters: Box<[Counters]>,
+    /// Budget and counters: in the state's `stats` file when the device has
+    /// state, so they outlive the process and its supervisor reads them.
+    cells: Cells<DeviceCells>,
+    shards: usize,
     compacting: Mutex<()>,
     size_bytes: u64,
     /// The state files (held open and locked), when the device has them.
@@ -115,6 +118,38 @@ fn fill(page: &mut Page, v: u64) {
     }
 }
 
+fn validate(cfg: &DeviceConfig) -> Result<()> {
+    if cfg.size_bytes == 0 || !cfg.size_bytes.is_multiple_of(PAGE_SIZE as u64) {
+        return Err(StoreError::InvalidConfig(format!(
+            "device size {} is not a positive multiple of {PAGE_SIZE}",
+            cfg.size_bytes
+        )));
+    }
+    if !(1..=PAGE_SIZE).contains(&cfg.huge_threshold) {
+        return Err(StoreError::InvalidConfig(format!(
+            "huge threshold {} is outside 1..={PAGE_SIZE}",
+            cfg.huge_threshold
+        )));
+    }
+    Ok(())
+}
+
+/// Allocator shards, and the arena's size: room for every slot to hold an
+/// object in a span of its own, plus one partly used span per class and
+/// shard, so the arena never runs out before the memory limits do (address
+/// space only).
+fn geometry(pool: &Shared, cfg: &DeviceConfig) -> (usize, u64) {
+    let shards = match cfg.shards {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .min(MAX_SHARDS);
+    let arena = (cfg.size_bytes * (BLOCK_BYTES / PAGE_SIZE) as u64
+        + (NUM_CLASSES * shards * BLOCK_BYTES) as u64)
+        .min(pool.arena_cap);
+    (shards, arena)
+}
+
 fn footprint(word: u64) -> Footprint {
     match Slot::decode(word) {
         Slot::Empty => Footprint::default(),
@@ -134,70 +169,90 @@ fn footprint(word: u64) -> Footprint {
 
 impl Device {
     pub(crate) fn new(pool: Arc<Shared>, cfg: DeviceConfig) -> Result<Device> {
-        if cfg.size_bytes == 0 || !cfg.size_bytes.is_multiple_of(PAGE_SIZE as u64) {
-            return Err(StoreError::InvalidConfig(format!(
-                "device size {} is not a positive multiple of {PAGE_SIZE}",
-                cfg.size_bytes
-            )));
-        }
-        if !(1..=PAGE_SIZE).contains(&cfg.huge_threshold) {
-            return Err(StoreError::InvalidConfig(format!(
-                "huge threshold {} is outside 1..={PAGE_SIZE}",
-                cfg.huge_threshold
-            )));
-        }
-        let shards = match cfg.shards {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        }
-        .min(64);
-        let slots = cfg.size_bytes / PAGE_SIZE as u64;
-        // Room for every slot to hold an object in a span of its own, plus
-        // one partly used span per class and shard: the arena never runs out
-        // before the memory limits do. Address space only.
-        let arena_bytes = (cfg.size_bytes * (BLOCK_BYTES / PAGE_SIZE) as u64
-            + (NUM_CLASSES * shards * BLOCK_BYTES) as u64)
-            .min(pool.arena_cap);
-        let (state, data) = match &cfg.state {
-            Some(spec) => {
-                let (st, data) = state::open(spec, cfg.size_bytes, arena_bytes, cfg.codec)?;
-                (Some(st), Some(data))
-            }
-            None => (None, None),
+        validate(&cfg)?;
+        let (_, arena_bytes) = geometry(&pool, &cfg);
+        let state = match &cfg.state {
+            Some(spec) => Some(state::open(spec, cfg.size_bytes, arena_bytes, cfg.codec)?),
+            None => None,
         };
+        Device::with_state(pool, cfg, state)
+    }
+
+    /// A device over `state` (opened here or handed over by another
+    /// process), recovered from its slot table if the state existed.
+    pub(crate) fn with_state(
+        pool: Arc<Shared>,
+        cfg: DeviceConfig,
+        state: Option<StateFiles>,
+    ) -> Result<Device> {
+        validate(&cfg)?;
+        let (shards, arena_bytes) = geometry(&pool, &cfg);
+        let slots = cfg.size_bytes / PAGE_SIZE as u64;
         let arena_bytes = state.as_ref().map_or(arena_bytes, |s| s.header.arena_bytes);
-        let (table_file, arena_file) = match &data {
-            Some(d) => (Some(&d.table), Some(&d.arena)),
-            None => (None, None),
+        let cells = match &state {
+            Some(st) => Cells::<DeviceCells>::shared(&st.stats)?,
+            None => Cells::private()?,
         };
         let mut dev = Device {
-            table: SlotTable::new(slots, table_file)?,
-            heap: Heap::new(shards, Arena::new(arena_bytes, arena_file)?),
+            table: SlotTable::new(slots, state.as_ref().map(|s| &s.table))?,
+            heap: Heap::new(
+                shards,
+                Arena::new(arena_bytes, state.as_ref().map(|s| &s.arena))?,
+            ),
             codec: cfg.codec,
             huge_threshold: cfg.huge_threshold,
-            budget: Budget::new(cfg.mem_limit),
-            counters: (0..shards).map(|_| Counters::default()).collect(),
+            cells,
+            shards,
             compacting: Mutex::new(()),
             size_bytes: cfg.size_bytes,
             pool,
             state: None,
             recovery: None,
         };
-        if let (Some(st), Some(data)) = (state, data) {
-            if st.existing {
-                dev.recovery = Some(dev.recover(&st, &data)?);
+        match &state {
+            Some(st) if st.existing => dev.recovery = Some(dev.recover(st)?),
+            _ => {
+                // New memory: whatever the cells said belongs to nothing.
+                dev.cells.budget.reset_used();
+                for c in &dev.cells.counters {
+                    c.clear_gauges();
+                }
+                dev.cells.charged_to.store(dev.pool.host_id, Relaxed);
             }
-            dev.state = Some(st);
         }
+        dev.budget().set_limit(cfg.mem_limit);
+        dev.state = state;
         Ok(dev)
+    }
+
+    #[inline]
+    fn budget(&self) -> &Budget {
+        &self.cells.budget
+    }
+
+    #[inline]
+    fn counters(&self) -> &[Counters] {
+        &self.cells.counters[..self.shards]
     }
 
     /// Rebuilds everything but the slot table from the slot table: spans,
     /// free lists, budgets and gauges. An object no slot references is free.
     /// A locked word (a writer or a move cut short) keeps the content it
     /// had: its new object, if any, was never published, so it is free.
-    fn recover(&self, st: &StateFiles, data: &state::DataFiles) -> Result<Recovery> {
+    fn recover(&self, st: &StateFiles) -> Result<Recovery> {
         let t0 = std::time::Instant::now();
+        // The budget and gauges are recomputed below. The host budget holds
+        // the old charge only if it is the one this device was charged to
+        // (a worker restarted under the same daemon), not a new daemon's.
+        let cells = &self.cells;
+        if cells.charged_to.load(Relaxed) == self.pool.host_id {
+            self.pool.host().uncharge(cells.budget.used());
+        }
+        cells.budget.reset_used();
+        cells.charged_to.store(self.pool.host_id, Relaxed);
+        for c in &cells.counters {
+            c.clear_gauges();
+        }
         let corrupt = |slot: u64, what: &str| {
             StoreError::State(format!(
                 "{}: slot {slot} {what}; the state is damaged (start with --fresh to discard it)",
@@ -212,8 +267,8 @@ impl Device {
             unlocked: 0,
             micros: 0,
         };
-        let ctr = &self.counters[0];
-        for range in state::data_ranges(&data.table) {
+        let ctr = &self.counters()[0];
+        for range in state::data_ranges(&st.table) {
             let first = range.start / 8;
             let end = range.end.div_ceil(8).min(self.table.len());
             for s in first..end {
@@ -260,7 +315,7 @@ impl Device {
                 return Err(corrupt(0, "shares its object with another slot"));
             }
             self.heap
-                .restore_span(&self.pool, &self.budget, block, *class, live);
+                .restore_span(&self.pool, self.budget(), block, *class, live);
             next = next.max(block + 1);
         }
         self.heap.arena().restore(next, |b| spans.contains_key(&b));
@@ -276,10 +331,17 @@ impl Device {
 
     /// Memory the state files hold (their allocated blocks), if any.
     pub fn state_bytes(&self) -> Option<u64> {
-        use std::os::unix::fs::MetadataExt;
-        let dir = self.state_dir()?;
-        let blocks = |f: &str| std::fs::metadata(dir.join(f)).map_or(0, |m| m.blocks() * 512);
-        Some(blocks("table") + blocks("arena") + blocks("header"))
+        self.state.as_ref().map(StateFiles::bytes)
+    }
+
+    /// The device's shared budget and counters.
+    pub fn cells(&self) -> &DeviceCells {
+        &self.cells
+    }
+
+    /// The state's files, for handing the device to another process.
+    pub fn state_files(&self) -> Option<&StateFiles> {
+        self.state.as_ref()
     }
 
     /// What recovery found, if the device was recovered from its state.
@@ -300,15 +362,15 @@ impl Device {
     }
 
     pub fn set_mem_limit(&self, bytes: u64) {
-        self.budget.set_limit(bytes);
+        self.budget().set_limit(bytes);
     }
 
     pub fn mem_limit(&self) -> u64 {
-        self.budget.limit()
+        self.budget().limit()
     }
 
     pub fn reset_mem_used_max(&self) {
-        self.budget.reset_max();
+        self.budget().reset_max();
     }
 
     #[inline]
@@ -330,7 +392,7 @@ impl Device {
 
     /// Reads a slot into `out`. Unwritten and discarded slots read as zeros.
     pub fn read_page(&self, slot: u64, out: &mut Page) -> Result<()> {
-        let ctr = &self.counters[self.shard()];
+        let ctr = &self.counters()[self.shard()];
         ctr.reads.fetch_add(1, Relaxed);
         let r = self.check(slot).and_then(|()| self.read_checked(slot, out));
         if r.is_err() {
@@ -387,7 +449,7 @@ impl Device {
     /// Stores a whole page. On any error the slot keeps its old content.
     pub fn write_page(&self, slot: u64, data: &Page) -> Result<()> {
         let sh = self.shard();
-        let ctr = &self.counters[sh];
+        let ctr = &self.counters()[sh];
         ctr.writes.fetch_add(1, Relaxed);
         let r = self
             .check(slot)
@@ -411,7 +473,7 @@ impl Device {
     /// current content and changes it in place.
     pub fn modify_page(&self, slot: u64, f: impl FnOnce(&mut Page)) -> Result<()> {
         let sh = self.shard();
-        let ctr = &self.counters[sh];
+        let ctr = &self.counters()[sh];
         ctr.writes.fetch_add(1, Relaxed);
         let r = self.check(slot).and_then(|()| {
             PAGE_BUF.with(|buf| {
@@ -476,7 +538,7 @@ impl Device {
             });
         }
         let sh = self.shard();
-        self.counters[sh]
+        self.counters()[sh]
             .discards
             .fetch_add(slots.end - slots.start, Relaxed);
         for s in slots {
@@ -507,7 +569,7 @@ impl Device {
                 };
             let mut obj = self
                 .heap
-                .alloc(&self.pool, &self.budget, src.len(), shard)?;
+                .alloc(&self.pool, self.budget(), src.len(), shard)?;
             self.heap.write(&mut obj, src);
             let word = Slot::Object {
                 offset: obj.offset(),
@@ -522,9 +584,9 @@ impl Device {
     /// Accounts for a slot going from `old` to `new` and frees the old object.
     fn retire(&self, old: u64, new: u64, shard: usize) {
         if let Slot::Object { offset, .. } = Slot::decode(old) {
-            self.heap.free(&self.pool, &self.budget, offset);
+            self.heap.free(&self.pool, self.budget(), offset);
         }
-        self.counters[shard].apply(footprint(old), footprint(new));
+        self.counters()[shard].apply(footprint(old), footprint(new));
     }
 
     /// Moves objects out of sparse spans and gives emptied spans back to the
@@ -540,8 +602,10 @@ impl Device {
         self.for_each_object(|s, w| self.relocate(s, w, &blocks));
         let pages = self
             .heap
-            .finish_compaction(&self.pool, &self.budget, &blocks);
-        self.counters[sh].pages_compacted.fetch_add(pages, Relaxed);
+            .finish_compaction(&self.pool, self.budget(), &blocks);
+        self.counters()[sh]
+            .pages_compacted
+            .fetch_add(pages, Relaxed);
         pages
     }
 
@@ -566,7 +630,7 @@ impl Device {
         // slot lock keeps the object live, so its span's shard cannot change.
         let block = (offset / BLOCK_BYTES as u64) as u32;
         let shard = usize::from(self.heap.arena().header(block).shard.load(Relaxed));
-        let Ok(mut obj) = self.heap.alloc(&self.pool, &self.budget, len, shard) else {
+        let Ok(mut obj) = self.heap.alloc(&self.pool, self.budget(), len, shard) else {
             // Over a limit: leave this one where it is.
             return;
         };
@@ -584,7 +648,7 @@ impl Device {
         .expect("objects encode");
         // No mark needed: for_each_object found this slot on a marked page.
         g.publish(new);
-        self.heap.free(&self.pool, &self.budget, offset);
+        self.heap.free(&self.pool, self.budget(), offset);
         tracing::trace!(slot, "moved during compaction");
     }
 
@@ -602,26 +666,25 @@ impl Device {
         }
     }
 
+    /// Current statistics. Also publishes the gauges only this process can
+    /// measure (resident table, spans) to the shared cells.
     pub fn stats(&self) -> DeviceStats {
-        let mut s = DeviceStats::default();
-        stats::sum(&self.counters, &mut s);
-        s.mem_used_total = self.budget.used();
-        s.mem_used_max = self.budget.max();
-        s.mem_limit = self.budget.limit();
-        s.table_bytes = self.table.resident_bytes();
-        s.meta_bytes = s.table_bytes
-            + self.heap.spans() * std::mem::size_of::<crate::pool::arena::SpanHeader>() as u64;
-        s.size_bytes = self.size_bytes;
-        s
+        self.cells
+            .table_bytes
+            .store(self.table.resident_bytes(), Relaxed);
+        self.cells.spans.store(self.heap.spans(), Relaxed);
+        self.cells.stats(self.size_bytes)
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // The arena goes with the device (its memory, or its mapping of the
-        // state files, which keep the data); the host budget gets back what
-        // this device held, span for span as it was charged.
-        self.pool.host.uncharge(self.budget.used());
+        // Memory of its own goes with the device, and so does its charge.
+        // A state keeps its memory (the files) and so its charge, which the
+        // next recovery under the same host budget takes back over.
+        if self.state.is_none() {
+            self.pool.host().uncharge(self.budget().used());
+        }
     }
 }
 
@@ -701,11 +764,11 @@ mod tests {
         for tp in 0..64 {
             page_out(&dev, tp);
         }
-        let held = pool.shared.host.used();
+        let held = pool.shared.host().used();
         assert!(held > 0);
         drop(dev);
         assert_eq!(
-            pool.shared.host.used(),
+            pool.shared.host().used(),
             0,
             "dropping the device leaked spans ({held} bytes were held)"
         );

@@ -3,6 +3,7 @@
 //! A [`Pool`] owns the memory; each [`Device`] has a fixed number of slots
 //! and a per-slot-locked table. Nothing here knows about virtio.
 
+pub mod cells;
 pub mod codec;
 pub mod device;
 pub mod error;
@@ -15,12 +16,13 @@ pub mod stats;
 mod store;
 pub(crate) mod table;
 
+pub use cells::{Cells, DeviceCells, HostCells};
 pub use codec::Codec;
 pub use device::{Device, DeviceConfig, Recovery};
 pub use error::{Result, StoreError};
 pub use pool::PoolConfig;
 pub use slot::encode_fill;
-pub use state::StateSpec;
+pub use state::{StateFiles, StateSpec};
 pub use stats::{DeviceStats, PoolStats};
 pub use store::Pool;
 

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
+#[repr(C)]
 pub struct Budget {
     used: AtomicU64,
     max: AtomicU64,
@@ -47,9 +48,20 @@ impl Budget {
         self.max.fetch_max(now, Ordering::Relaxed);
     }
 
+    /// Saturates at zero: a budget shared between processes can be a span
+    /// short after one of them was killed between its two charges.
     pub fn uncharge(&self, bytes: u64) {
-        let prev = self.used.fetch_sub(bytes, Ordering::Relaxed);
-        debug_assert!(prev >= bytes, "budget underflow");
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(bytes))
+            });
+    }
+
+    /// Sets what is in use outright, for a device whose use was just
+    /// recomputed.
+    pub(crate) fn reset_used(&self) {
+        self.used.store(0, Ordering::Relaxed);
     }
 
     pub fn used(&self) -> u64 {

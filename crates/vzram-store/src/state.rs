@@ -8,6 +8,7 @@
 //! <root>/<name>/header   magic, version, sizes, codec, name, creation id
 //! <root>/<name>/table    8 bytes per slot (sparse)
 //! <root>/<name>/arena    the device's objects (sparse)
+//! <root>/<name>/stats    its budget and counters, shared with the supervisor
 //! ```
 //!
 //! The files belong on tmpfs (`/dev/shm`, `$RUNTIME_DIRECTORY`): there their
@@ -107,21 +108,104 @@ fn get_str(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
-/// One device's state; its header stays locked while this lives.
+/// One device's state: the locked header and the files to map. Clones
+/// (`try_clone`) share the lock, so a process handed them keeps the state
+/// locked for as long as it holds them.
 pub struct StateFiles {
     pub dir: PathBuf,
     pub header: Header,
     /// True when the state existed before: the device must be recovered
     /// from its slot table.
     pub existing: bool,
-    _lock: File,
-}
-
-/// The files to map. Once mapped they can be closed (the mappings keep
-/// them), so an idle device holds one descriptor for its state, not three.
-pub struct DataFiles {
+    pub lock: File,
     pub table: File,
     pub arena: File,
+    /// The device's budget and counters (`crate::cells::DeviceCells`).
+    pub stats: File,
+}
+
+impl StateFiles {
+    /// The same files through new descriptors (sharing the lock).
+    pub fn try_clone(&self) -> Result<StateFiles> {
+        let dup = |f: &File| f.try_clone().map_err(|e| err(&self.dir, e));
+        Ok(StateFiles {
+            dir: self.dir.clone(),
+            header: self.header.clone(),
+            existing: self.existing,
+            lock: dup(&self.lock)?,
+            table: dup(&self.table)?,
+            arena: dup(&self.arena)?,
+            stats: dup(&self.stats)?,
+        })
+    }
+
+    /// A state handed over as open descriptors (by the process that opened
+    /// and locked it): nothing is opened by path. The header is read back
+    /// from `lock` and must describe a device of `size_bytes`.
+    pub fn from_files(
+        dir: PathBuf,
+        lock: File,
+        table: File,
+        arena: File,
+        stats: File,
+        size_bytes: u64,
+    ) -> Result<StateFiles> {
+        use std::os::unix::fs::FileExt;
+        let hpath = dir.join("header");
+        let mut raw = [0u8; HEADER_LEN];
+        lock.read_exact_at(&mut raw, 0)
+            .map_err(|e| err(&hpath, format!("cannot read the header: {e}")))?;
+        let header = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
+        let st = StateFiles {
+            dir,
+            header,
+            existing: true,
+            lock,
+            table,
+            arena,
+            stats,
+        };
+        st.check(size_bytes)?;
+        Ok(st)
+    }
+
+    /// The header and the data files agree with each other and with the
+    /// configured size.
+    fn check(&self, size_bytes: u64) -> Result<()> {
+        let dir = &self.dir;
+        if self.header.size_bytes != size_bytes {
+            return Err(err(
+                &dir.join("header"),
+                format!(
+                    "holds a device of {} bytes, configured {size_bytes}; start with --fresh to discard it",
+                    self.header.size_bytes
+                ),
+            ));
+        }
+        let want_table = (size_bytes / crate::PAGE_SIZE as u64) * 8;
+        for (f, name, want) in [
+            (&self.table, "table", want_table),
+            (&self.arena, "arena", self.header.arena_bytes),
+        ] {
+            let len = f.metadata().map_err(|e| err(&dir.join(name), e))?.len();
+            if len != want {
+                return Err(err(
+                    &dir.join(name),
+                    format!("is {len} bytes, the header says {want}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Memory the state files hold (their allocated blocks).
+    pub fn bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        [&self.lock, &self.table, &self.arena, &self.stats]
+            .iter()
+            .map(|f| f.metadata().map_or(0, |m| m.blocks() * 512))
+            .sum()
+    }
 }
 
 fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
@@ -143,20 +227,29 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// How long to wait for a state another process holds: a worker of a
+/// daemon that was just killed or stopped lets go within milliseconds.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 fn lock(file: &File, path: &Path) -> Result<()> {
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
         let e = std::io::Error::last_os_error();
-        return Err(if e.kind() == std::io::ErrorKind::WouldBlock {
-            err(path, "in use by another vzram process")
-        } else {
-            err(path, format!("cannot lock: {e}"))
-        });
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(err(path, format!("cannot lock: {e}")));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(err(path, "in use by another vzram process"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    Ok(())
 }
 
-fn random_id() -> u64 {
+pub(crate) fn random_id() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: getrandom fills the buffer we own; on failure the time is used.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
@@ -189,7 +282,7 @@ pub fn open(
     size_bytes: u64,
     arena_bytes: u64,
     codec: Codec,
-) -> Result<(StateFiles, DataFiles)> {
+) -> Result<StateFiles> {
     check_name(&spec.name)?;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -208,7 +301,7 @@ pub fn open(
     create(spec, dir, size_bytes, arena_bytes, codec)
 }
 
-fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<(StateFiles, DataFiles)> {
+fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {
     let hpath = dir.join("header");
     let mut hfile = open_rw(&hpath, false)?;
     lock(&hfile, &dir)?;
@@ -217,39 +310,30 @@ fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<(StateFiles, DataFiles
         .read_exact(&mut raw)
         .map_err(|e| err(&hpath, format!("cannot read the header: {e}")))?;
     let header = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
-    if header.size_bytes != size_bytes {
-        return Err(err(
-            &hpath,
-            format!(
-                "holds a device of {} bytes, configured {size_bytes}; start with --fresh to discard it",
-                header.size_bytes
-            ),
-        ));
-    }
-    let table = open_rw(&dir.join("table"), false)?;
-    let arena = open_rw(&dir.join("arena"), false)?;
-    let want_table = (size_bytes / crate::PAGE_SIZE as u64) * 8;
-    for (f, name, want) in [
-        (&table, "table", want_table),
-        (&arena, "arena", header.arena_bytes),
-    ] {
-        let len = f.metadata().map_err(|e| err(&dir.join(name), e))?.len();
-        if len != want {
-            return Err(err(
-                &dir.join(name),
-                format!("is {len} bytes, the header says {want}"),
-            ));
-        }
-    }
-    Ok((
-        StateFiles {
-            dir,
-            header,
-            existing: true,
-            _lock: hfile,
-        },
-        DataFiles { table, arena },
-    ))
+    let st = StateFiles {
+        table: open_rw(&dir.join("table"), false)?,
+        arena: open_rw(&dir.join("arena"), false)?,
+        // A state from before the counters file gets a zeroed one.
+        stats: open_stats(&dir.join("stats"))?,
+        dir,
+        header,
+        existing: true,
+        lock: hfile,
+    };
+    st.check(size_bytes)?;
+    Ok(st)
+}
+
+fn open_stats(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| err(path, e))
 }
 
 fn create(
@@ -258,7 +342,7 @@ fn create(
     size_bytes: u64,
     arena_bytes: u64,
     codec: Codec,
-) -> Result<(StateFiles, DataFiles)> {
+) -> Result<StateFiles> {
     let tmp = spec
         .root
         .join(format!(".{}.new-{}", spec.name, std::process::id()));
@@ -285,18 +369,19 @@ fn create(
     arena
         .set_len(arena_bytes)
         .map_err(|e| err(&tmp.join("arena"), e))?;
+    let stats = open_stats(&tmp.join("stats"))?;
     lock(&h, &tmp)?;
     // Only a complete state ever carries the device's name.
     std::fs::rename(&tmp, &dir).map_err(|e| err(&dir, e))?;
-    Ok((
-        StateFiles {
-            dir,
-            header,
-            existing: false,
-            _lock: h,
-        },
-        DataFiles { table, arena },
-    ))
+    Ok(StateFiles {
+        dir,
+        header,
+        existing: false,
+        lock: h,
+        table,
+        arena,
+        stats,
+    })
 }
 
 /// Deletes a device's state on purpose; refused while a process serves it.
@@ -383,14 +468,14 @@ mod tests {
             name: "d".into(),
             fresh: false,
         };
-        let (a, _) = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).unwrap();
+        let a = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).unwrap();
         assert!(!a.existing);
         // A second opener while the first holds it.
         let busy = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).err().unwrap();
         assert!(busy.to_string().contains("in use"), "{busy}");
         let id = a.header.creation_id;
         drop(a);
-        let (b, _) = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).unwrap();
+        let b = open(&spec, 1 << 20, 1 << 22, Codec::Lz4).unwrap();
         assert!(b.existing);
         assert_eq!(b.header.creation_id, id);
         drop(b);
@@ -401,7 +486,7 @@ mod tests {
             fresh: true,
             ..spec.clone()
         };
-        let (c, _) = open(&fresh, 2 << 20, 1 << 22, Codec::Lz4).unwrap();
+        let c = open(&fresh, 2 << 20, 1 << 22, Codec::Lz4).unwrap();
         assert!(!c.existing);
         assert_ne!(c.header.creation_id, id);
         drop(c);

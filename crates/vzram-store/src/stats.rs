@@ -50,7 +50,7 @@ pub struct PoolStats {
 }
 
 #[derive(Default)]
-#[repr(align(128))]
+#[repr(C, align(128))]
 pub(crate) struct Counters {
     pub reads: AtomicU64,
     pub writes: AtomicU64,
@@ -76,6 +76,13 @@ pub(crate) struct Footprint {
 }
 
 impl Counters {
+    /// Zeroes the gauges, which recovery recomputes; counts stay.
+    pub fn clear_gauges(&self) {
+        for g in [&self.stored, &self.compr, &self.same, &self.huge] {
+            g.store(0, Relaxed);
+        }
+    }
+
     pub fn apply(&self, old: Footprint, new: Footprint) {
         for (g, d) in [
             (&self.stored, new.stored - old.stored),
@@ -112,7 +119,7 @@ pub(crate) fn sum(shards: &[Counters], out: &mut DeviceStats) {
 }
 
 impl PoolStats {
-    pub(crate) fn add(&mut self, d: &DeviceStats) {
+    pub fn add(&mut self, d: &DeviceStats) {
         self.devices += 1;
         self.orig_data_size += d.orig_data_size;
         self.compr_data_size += d.compr_data_size;

@@ -4,9 +4,11 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::cells::HostCells;
 use crate::device::{Device, DeviceConfig};
 use crate::error::Result;
 use crate::pool::{PoolConfig, Shared};
+use crate::state::StateFiles;
 use crate::stats::PoolStats;
 
 /// A pool of devices: the host budget they share, and the registry that
@@ -20,18 +22,49 @@ pub struct Pool {
 impl Pool {
     pub fn new(cfg: PoolConfig) -> Result<Arc<Pool>> {
         Ok(Arc::new(Pool {
-            shared: Arc::new(Shared::new(&cfg)),
+            shared: Arc::new(Shared::new(&cfg, None)?),
             devices: Mutex::new(Vec::new()),
         }))
     }
 
+    /// A pool whose host budget lives in `file`, shared with every other
+    /// process that maps it (the worker processes of one daemon). The
+    /// limit in `cfg` applies only if the file is new.
+    pub fn with_host_file(cfg: PoolConfig, file: &std::fs::File) -> Result<Arc<Pool>> {
+        Ok(Arc::new(Pool {
+            shared: Arc::new(Shared::new(&cfg, Some(file))?),
+            devices: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Serves a device from a state another process opened and handed over
+    /// (see [`StateFiles::from_files`]); it is recovered from its slot table.
+    pub fn attach_device(
+        self: &Arc<Self>,
+        cfg: DeviceConfig,
+        files: StateFiles,
+    ) -> Result<Arc<Device>> {
+        let dev = Device::with_state(self.shared.clone(), cfg, Some(files))?;
+        Ok(self.register(dev))
+    }
+
+    /// The host budget's cells.
+    pub fn host_cells(&self) -> &HostCells {
+        &self.shared.cells
+    }
+
     /// Creates a device that allocates from this pool.
     pub fn create_device(self: &Arc<Self>, cfg: DeviceConfig) -> Result<Arc<Device>> {
-        let dev = Arc::new(Device::new(self.shared.clone(), cfg)?);
+        let dev = Device::new(self.shared.clone(), cfg)?;
+        Ok(self.register(dev))
+    }
+
+    fn register(&self, dev: Device) -> Arc<Device> {
+        let dev = Arc::new(dev);
         let mut list = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         list.retain(|d| d.strong_count() > 0);
         list.push(Arc::downgrade(&dev));
-        Ok(dev)
+        dev
     }
 
     /// Live devices, in creation order.
@@ -41,15 +74,15 @@ impl Pool {
     }
 
     pub fn set_host_mem_limit(&self, bytes: u64) {
-        self.shared.host.set_limit(bytes);
+        self.shared.host().set_limit(bytes);
     }
 
     pub fn host_mem_limit(&self) -> u64 {
-        self.shared.host.limit()
+        self.shared.host().limit()
     }
 
     pub fn reset_mem_used_max(&self) {
-        self.shared.host.reset_max();
+        self.shared.host().reset_max();
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -57,9 +90,9 @@ impl Pool {
         for d in self.devices() {
             s.add(&d.stats());
         }
-        s.mem_used_total = self.shared.host.used();
-        s.mem_used_max = self.shared.host.max();
-        s.mem_limit = self.shared.host.limit();
+        s.mem_used_total = self.shared.host().used();
+        s.mem_used_max = self.shared.host().max();
+        s.mem_limit = self.shared.host().limit();
         s
     }
 

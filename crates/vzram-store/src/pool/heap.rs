@@ -262,7 +262,7 @@ impl Heap {
         }
         let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
         budget.force_charge(bytes);
-        pool.host.force_charge(bytes);
+        pool.host().force_charge(bytes);
     }
 
     /// Picks spans worth emptying: in each class shard, the sparsest spans
@@ -340,13 +340,13 @@ fn new_span(
     if !budget.try_charge(bytes) {
         return Err(AllocError::Device);
     }
-    if !pool.host.try_charge(bytes) {
+    if !pool.host().try_charge(bytes) {
         budget.uncharge(bytes);
         return Err(AllocError::Host);
     }
     let block = arena.alloc_block().map_err(|_| {
         budget.uncharge(bytes);
-        pool.host.uncharge(bytes);
+        pool.host().uncharge(bytes);
         AllocError::Arena
     })?;
     arena.populate(block, c.pages as usize);
@@ -357,7 +357,7 @@ fn drop_span(arena: &Arena, pool: &Pool, budget: &Budget, block: u32, c: Class) 
     arena.free_block(block, c.pages as usize);
     let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
     budget.uncharge(bytes);
-    pool.host.uncharge(bytes);
+    pool.host().uncharge(bytes);
 }
 
 fn push(arena: &Arena, st: &mut ShardState, block: u32) {

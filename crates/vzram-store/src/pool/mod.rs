@@ -7,6 +7,8 @@ pub(crate) mod arena;
 pub mod class;
 pub(crate) mod heap;
 
+use crate::cells::{Cells, HostCells};
+use crate::error::Result;
 use crate::limits::Budget;
 
 /// Default cap on the address space one device's arena may reserve. It
@@ -34,16 +36,35 @@ impl Default for PoolConfig {
 /// What every device of a pool shares: the size classes and the host budget.
 pub(crate) struct Shared {
     pub(crate) arena_cap: u64,
-    pub(crate) host: Budget,
+    /// The host budget, in memory other processes may share.
+    pub(crate) cells: Cells<HostCells>,
+    pub(crate) host_id: u64,
     pub(crate) classes: [class::Class; class::NUM_CLASSES],
 }
 
 impl Shared {
-    pub(crate) fn new(cfg: &PoolConfig) -> Shared {
-        Shared {
-            arena_cap: cfg.arena_bytes.min(crate::slot::MAX_ARENA_BYTES),
-            host: Budget::new(cfg.host_mem_limit),
-            classes: class::classes(),
+    /// With `host` the budget lives in that file (a memfd every worker of a
+    /// daemon maps); its limit is set only if the file is new.
+    pub(crate) fn new(cfg: &PoolConfig, host: Option<&std::fs::File>) -> Result<Shared> {
+        let cells = match host {
+            Some(f) => Cells::<HostCells>::shared(f)?,
+            None => Cells::private()?,
+        };
+        let fresh = cells.id() == 0;
+        let host_id = cells.init_id();
+        if fresh {
+            cells.budget.set_limit(cfg.host_mem_limit);
         }
+        Ok(Shared {
+            arena_cap: cfg.arena_bytes.min(crate::slot::MAX_ARENA_BYTES),
+            cells,
+            host_id,
+            classes: class::classes(),
+        })
+    }
+
+    #[inline]
+    pub(crate) fn host(&self) -> &Budget {
+        &self.cells.budget
     }
 }

@@ -1,5 +1,5 @@
-//! Density: an idle device costs one listener thread and four descriptors, and
-//! the daemon lifts its open-file limit so many devices fit.
+//! Density: an idle device costs no thread, no process and five descriptors,
+//! and the daemon lifts its open-file limit so many devices fit.
 
 use vzram_tests::*;
 
@@ -28,44 +28,41 @@ fn idle_devices_hold_one_thread_and_fd_each() {
     }
     let refs: Vec<&std::path::Path> = socks.iter().map(|p| p.as_path()).collect();
     let d = Daemon::start(&dir, &args, &refs);
-    // Sockets are bound before the listener threads start: wait for them.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while threads_and_fds(d.pid()).0 < 20 + 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "listeners never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    // Daemon::start returns once the control socket answers: set-up is done.
     std::thread::sleep(std::time::Duration::from_millis(100));
     let (threads, fds) = threads_and_fds(d.pid());
-    // 20 listeners plus a few daemon-wide threads (main, compaction,
-    // control); 4 queue threads per device would be 100 more.
-    assert!(threads <= 20 + 4, "{threads} threads for 20 idle devices");
-    // Four descriptors a device: its socket, the message guard's private
-    // listener and the handle that reaches it (daemon.rs, InnerSocket), and
-    // the locked header of its state (the mapped files are closed).
-    assert!(fds <= 4 * 20 + 12, "{fds} fds for 20 idle devices");
+    let procs = process_tree(d.pid()).len();
+    // No thread per device: one epoll loop watches every socket. The
+    // daemon's own threads (main, supervisor loop, control) and the
+    // launcher; 4 queue threads per device would be 80 more.
+    assert!(threads <= 6, "{threads} threads for 20 idle devices");
+    // No process per idle device: the supervisor and its launcher.
+    assert_eq!(procs, 2, "{procs} processes for 20 idle devices");
+    // Five descriptors a device: its socket and its state (locked header,
+    // table, arena, counters), kept open to hand to its workers.
+    assert!(fds <= 5 * 20 + 24, "{fds} fds for 20 idle devices");
 
-    // A connected frontend gets its handler and queue threads...
+    // A connected frontend gets a worker process with its handler and
+    // queue threads...
     let c = Client::connect(&socks[0], 4).expect("connect");
     let (busy, _) = threads_and_fds(d.pid());
     assert!(
         busy >= threads + 4,
         "{busy} threads with 4 queues connected, {threads} idle"
     );
+    assert_eq!(
+        process_tree(d.pid()).len(),
+        3,
+        "one worker for one frontend"
+    );
     // ...and they go away with it.
     drop(c);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while threads_and_fds(d.pid()).0 > threads {
+    while threads_and_fds(d.pid()).0 > threads || process_tree(d.pid()).len() > 2 {
         assert!(
             std::time::Instant::now() < deadline,
-            "queue threads outlived the connection: {} now, {threads} idle; {:?}",
+            "the worker outlived the connection: {} threads now, {threads} idle",
             threads_and_fds(d.pid()).0,
-            std::fs::read_dir(format!("/proc/{}/task", d.pid()))
-                .unwrap()
-                .map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap_or_default())
-                .collect::<Vec<_>>()
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

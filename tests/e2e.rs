@@ -648,6 +648,8 @@ enum Stop {
     Kill,
     /// SIGTERM, then the same command line again: an upgrade.
     Term,
+    /// SIGKILL of the worker process serving the guest; the daemon stays.
+    Worker,
 }
 
 /// How long the daemon stays away (the one deliberate sleep). The guest's
@@ -717,26 +719,50 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
         mib(stored)
     );
 
-    // 2) The daemon goes away in the middle of that and comes back.
+    // 2) The daemon (or only the guest's worker) goes away in the middle of
+    //    that and comes back.
     let t = Instant::now();
-    match stop {
-        Stop::Kill => d.kill(),
-        Stop::Term => d.terminate(),
-    }
-    thread::sleep(OUTAGE);
-    let mut d2 = ctx.restart(&mut d);
-    let restarted = t.elapsed().as_secs_f64();
-    eprintln!("  restarted after {restarted:.1}s");
+    let mut d2 = match stop {
+        Stop::Kill | Stop::Term => {
+            if let Stop::Kill = stop {
+                d.kill();
+            } else {
+                d.terminate();
+            }
+            thread::sleep(OUTAGE);
+            let d2 = ctx.restart(&mut d);
+            eprintln!("  restarted after {:.1}s", t.elapsed().as_secs_f64());
+            d2
+        }
+        Stop::Worker => {
+            let s = d.stat();
+            let pid = s.device(&sock).v["worker"]["pid"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("no worker pid: {}", s.json));
+            // SAFETY: signalling the worker process the daemon reported.
+            ensure!(
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0,
+                "cannot kill worker {pid}"
+            );
+            d
+        }
+    };
+    // Connections the daemon serving the rest will have counted.
+    let connections = if let Stop::Worker = stop { 2 } else { 1 };
     // What it found, before QEMU is back (checked once the guest is done,
     // so that a daemon that lost the data fails on what the guest saw).
     let at_restart = d2.stat();
+    let io_at_restart = {
+        let c = at_restart.device(&sock);
+        c.get("reads") + c.get("writes")
+    };
 
     // 3) QEMU comes back on its own and the guest carries on.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let s = d2.stat();
         let c = s.device(&sock);
-        if c.get("connections") >= 1 && c.get("reads") + c.get("writes") > 0 {
+        if c.get("connections") >= connections && c.get("reads") + c.get("writes") > io_at_restart {
             break;
         }
         ensure!(
@@ -782,8 +808,10 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
     // 4) The restarted daemon recovered the device from its state, with
     //    what the first one had stored.
     let log = d2.log_text();
+    // The last recovery: the worker that served the reconnected guest.
     let recovered = log
         .lines()
+        .rev()
         .find(|l| l.contains("recovered the device from its state"));
     ensure!(
         recovered.is_some(),
@@ -805,7 +833,7 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
         mib(pages * 4096)
     );
     let dev = at_restart.device(&sock);
-    if dev.get("writes") + dev.get("discards") == 0 {
+    if !matches!(stop, Stop::Worker) && dev.get("writes") + dev.get("discards") == 0 {
         ensure!(
             dev.get("orig_data_size") == pages * 4096,
             "recovered {pages} pages, stat says {}",
@@ -829,7 +857,11 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
         "{}",
         end.v
     );
-    ensure!(end.get("connections") == 1, "connections: {}", end.v);
+    ensure!(
+        end.get("connections") == connections,
+        "connections: {}",
+        end.v
+    );
     let log = d2.log_text();
     ensure!(
         log.contains("frontend connected"),
@@ -855,4 +887,11 @@ fn daemon_killed_mid_swap_and_restarted() {
 #[test]
 fn daemon_upgraded_with_sigterm_mid_swap() {
     restart_mid_swap("daemon_upgraded_with_sigterm_mid_swap", Stop::Term);
+}
+
+/// SIGKILL of the guest's worker process in the middle of swap: the daemon
+/// serves QEMU's reconnection with a new worker, and every page reads back.
+#[test]
+fn worker_killed_mid_swap() {
+    restart_mid_swap("worker_killed_mid_swap", Stop::Worker);
 }

@@ -104,18 +104,36 @@ fn filter_is_on_by_default_on_every_thread_and_io_works() {
 
     exercise(&d, &sock, 2);
 
-    // Threads that ran before the filter (auto-compaction) and after it
-    // (listeners, control, and the connection's handler and vring workers,
-    // which exist only while a frontend is connected) all carry it.
+    // Every thread of the supervisor and of the connection's worker process
+    // (its handler, vring and compaction threads) carries a filter. The
+    // launcher alone runs without one: it starts workers (exec), and reads
+    // nothing but the supervisor's requests (SECURITY.md).
     let _connected = Client::connect(&sock, 2).unwrap_or_else(|e| panic!("connect: {e}"));
     let threads = thread_modes(pid);
     eprintln!("threads: {threads:?}");
     assert!(threads.len() >= 6, "{threads:?}");
     assert!(
-        threads.iter().all(|(_, m)| m == "2"),
+        threads
+            .iter()
+            .filter(|(n, _)| n != "vzram-launch")
+            .all(|(_, m)| m == "2"),
         "a thread without the filter: {threads:?}"
     );
+    assert_eq!(
+        threads.iter().filter(|(n, _)| n == "vzram-launch").count(),
+        1,
+        "{threads:?}"
+    );
     assert!(threads.iter().any(|(n, _)| n == "vzram-compact"));
+    let worker = d.stat().worker("vzram0")["pid"]
+        .as_u64()
+        .expect("a worker pid") as u32;
+    assert_ne!(worker, pid);
+    assert_eq!(seccomp_of(worker).0, "2");
+    assert_eq!(
+        proc_status_field(worker, "NoNewPrivs").as_deref(),
+        Some("1")
+    );
 
     // Shutdown under the filter removes the sockets (unlinkat) and exits 0.
     let st = d.terminate();

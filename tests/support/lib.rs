@@ -266,6 +266,15 @@ impl Stats {
             .unwrap_or_else(|| panic!("no device {name} in {}", self.0))
     }
 
+    /// A device's worker process: state, pid, failures.
+    pub fn worker(&self, name: &str) -> Value {
+        self.0["devices"]
+            .as_array()
+            .and_then(|a| a.iter().find(|d| d["name"] == name))
+            .map(|d| d["worker"].clone())
+            .unwrap_or_else(|| panic!("no device {name} in {}", self.0))
+    }
+
     pub fn dev(&self, name: &str, field: &str) -> u64 {
         self.device(name)[field]
             .as_u64()

@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use vzram_store::Pool;
+use vzram_store::PoolStats;
 
-use crate::daemon::ServedDevice;
 use crate::metrics::{DeviceSample, Sample};
+use crate::supervisor::{Served, Supervisor};
 
 /// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: u64 = 64 * 1024;
@@ -48,19 +48,32 @@ pub enum Request {
 }
 
 pub struct Control {
-    pool: Arc<Pool>,
-    devices: Vec<Arc<ServedDevice>>,
+    sup: Arc<Supervisor>,
     /// Where `/metrics` is served, as bound (a port 0 resolved).
     metrics: Option<SocketAddr>,
 }
 
 impl Control {
-    pub fn new(pool: Arc<Pool>, devices: Vec<Arc<ServedDevice>>) -> Control {
-        Control {
-            pool,
-            devices,
-            metrics: None,
+    pub fn new(sup: Arc<Supervisor>) -> Control {
+        Control { sup, metrics: None }
+    }
+
+    fn devices(&self) -> &[Arc<Served>] {
+        &self.sup.devices
+    }
+
+    /// Whole-pool numbers: every device's, read from the shared counters
+    /// (no worker is asked), with the host budget.
+    fn pool_stats(&self) -> PoolStats {
+        let mut s = PoolStats::default();
+        for d in self.devices() {
+            s.add(&d.cells.stats(d.spec.size));
         }
+        let host = self.sup.pool.host_cells().budget();
+        s.mem_used_total = host.used();
+        s.mem_used_max = host.max();
+        s.mem_limit = host.limit();
+        s
     }
 
     pub fn with_metrics(mut self, addr: Option<SocketAddr>) -> Control {
@@ -71,35 +84,36 @@ impl Control {
     /// The numbers `stat` reports, for `/metrics`.
     pub fn sample(&self) -> Sample {
         Sample {
-            pool: self.pool.stats(),
+            pool: self.pool_stats(),
             devices: self
-                .devices
+                .devices()
                 .iter()
                 .map(|d| DeviceSample {
                     name: d.spec.name.clone(),
                     connected: d.connected.load(Ordering::Relaxed),
-                    stats: d.blk.store().stats(),
+                    stats: d.cells.stats(d.spec.size),
                 })
                 .collect(),
         }
     }
 
-    fn find(&self, r: &DeviceRef) -> Result<&ServedDevice, String> {
-        let by_index = |i: u64| usize::try_from(i).ok().and_then(|i| self.devices.get(i));
+    /// The index of the device a request names.
+    fn find(&self, r: &DeviceRef) -> Result<usize, String> {
+        let devices = self.devices();
+        let by_index = |i: u64| usize::try_from(i).ok().filter(|&i| i < devices.len());
         let found = match r {
             DeviceRef::Index(i) => by_index(*i),
-            DeviceRef::Name(n) => self
-                .devices
+            DeviceRef::Name(n) => devices
                 .iter()
-                .find(|d| d.spec.name == *n)
+                .position(|d| d.spec.name == *n)
                 .or_else(|| n.parse().ok().and_then(by_index)),
         };
-        found.map(|d| &**d).ok_or_else(|| {
+        found.ok_or_else(|| {
             let asked = match r {
                 DeviceRef::Index(i) => i.to_string(),
                 DeviceRef::Name(n) => format!("{n:?}"),
             };
-            let names: Vec<&str> = self.devices.iter().map(|d| d.spec.name.as_str()).collect();
+            let names: Vec<&str> = devices.iter().map(|d| d.spec.name.as_str()).collect();
             format!(
                 "no device {asked}; devices: {} (by name, or index 0 to {})",
                 names.join(", "),
@@ -136,8 +150,9 @@ impl Control {
                 bytes,
                 ..
             } => {
-                let d = self.find(&r)?;
-                d.blk.store().set_mem_limit(bytes);
+                let d = &self.devices()[self.find(&r)?];
+                // The worker, if any, reads the limit from the shared cells.
+                d.cells.budget().set_limit(bytes);
                 tracing::info!(device = %d.spec.name, bytes, "device memory limit set");
                 Ok(json!({"device": d.spec.name, "mem_limit": bytes}))
             }
@@ -146,7 +161,7 @@ impl Control {
                 host: true,
                 bytes,
             } => {
-                self.pool.set_host_mem_limit(bytes);
+                self.sup.pool.set_host_mem_limit(bytes);
                 tracing::info!(bytes, "host memory limit set");
                 Ok(json!({"host_mem_limit": bytes}))
             }
@@ -157,8 +172,14 @@ impl Control {
             } => Err("set-limit needs \"device\" or \"host\":true".into()),
             Request::Compact { device } => {
                 let pages = match device {
-                    Some(r) => self.find(&r)?.blk.store().compact(),
-                    None => self.pool.compact(),
+                    Some(r) => self.sup.compact(self.find(&r)?)?,
+                    None => {
+                        let mut pages = 0;
+                        for i in 0..self.devices().len() {
+                            pages += self.sup.compact(i)?;
+                        }
+                        pages
+                    }
                 };
                 tracing::info!(pages, "compacted");
                 Ok(json!({"pages_compacted": pages}))
@@ -168,7 +189,7 @@ impl Control {
 
     fn stat(&self) -> Value {
         let devices: Vec<Value> = self
-            .devices
+            .devices()
             .iter()
             .enumerate()
             .map(|(i, d)| {
@@ -182,15 +203,16 @@ impl Control {
                     "readonly": d.spec.readonly,
                     "serial": d.spec.serial,
                     "connected": d.connected.load(Ordering::Relaxed),
-                    "state": d.blk.store().state_dir().map(|p| p.display().to_string()),
-                    "state_bytes": d.blk.store().state_bytes(),
-                    "connections": d.connections.load(Ordering::Relaxed),
-                    "stats": d.blk.store().stats(),
+                    "state": d.state_dir().display().to_string(),
+                    "state_bytes": d.state_bytes(),
+                    "connections": d.cells.connections.load(Ordering::Relaxed),
+                    "worker": self.sup.worker_status(i),
+                    "stats": d.cells.stats(d.spec.size),
                 })
             })
             .collect();
         json!({
-            "pool": self.pool.stats(),
+            "pool": self.pool_stats(),
             "devices": devices,
             "metrics": self.metrics.map(|a| a.to_string()),
         })
@@ -295,46 +317,83 @@ fn exchange(path: &std::path::Path, req: &Value) -> io::Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicU64};
-    use vzram_blk::BlkDevice;
-    use vzram_store::{Codec, DeviceConfig, PoolConfig};
+    use crate::supervisor::WorkerEnv;
+    use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec};
 
-    fn control() -> Control {
-        let pool = Pool::new(PoolConfig {
-            host_mem_limit: 0,
-            arena_bytes: 1 << 28,
-        })
+    /// A supervisor over two devices with state in a temporary directory;
+    /// no launcher (nothing connects here).
+    fn control(root: &std::path::Path) -> Control {
+        let host = tempfile_in(root, "host");
+        let pool = Pool::with_host_file(
+            PoolConfig {
+                host_mem_limit: 0,
+                arena_bytes: 1 << 28,
+            },
+            &host,
+        )
         .unwrap();
         let devices = ["a", "b"]
             .iter()
             .map(|n| {
-                let store = pool
-                    .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
-                    .unwrap();
-                Arc::new(ServedDevice {
-                    spec: crate::config::DeviceSpec {
-                        name: n.to_string(),
-                        socket: format!("/tmp/{n}.sock").into(),
-                        size: 1 << 20,
-                        queues: 1,
-                        algo: Codec::Lz4,
-                        mem_limit: 0,
-                        serial: n.to_string(),
-                        readonly: false,
-                        state_dir: None,
-                    },
-                    blk: Arc::new(BlkDevice::new(store, 1, false, n)),
-                    connected: AtomicBool::new(false),
-                    connections: AtomicU64::new(0),
-                })
+                let mut dc = DeviceConfig::new(1 << 20, Codec::Lz4);
+                dc.state = Some(StateSpec {
+                    root: root.to_path_buf(),
+                    name: n.to_string(),
+                    fresh: true,
+                });
+                let store = pool.create_device(dc).unwrap();
+                let files = store.state_files().unwrap().try_clone().unwrap();
+                let listener =
+                    std::os::unix::net::UnixListener::bind(root.join(format!("{n}.sock"))).unwrap();
+                let spec = crate::config::DeviceSpec {
+                    name: n.to_string(),
+                    socket: root.join(format!("{n}.sock")),
+                    size: 1 << 20,
+                    queues: 1,
+                    algo: Codec::Lz4,
+                    mem_limit: 0,
+                    serial: n.to_string(),
+                    readonly: false,
+                    state_dir: None,
+                };
+                Arc::new(Served::new(spec, listener, files).unwrap())
             })
             .collect();
-        Control::new(pool, devices)
+        let (launcher, _) = crate::launcher::seqpacket_pair().unwrap();
+        let sup = Supervisor::new(
+            devices,
+            pool,
+            host,
+            launcher,
+            WorkerEnv {
+                seccomp: "off".into(),
+                log_level: "info".into(),
+            },
+        )
+        .unwrap();
+        Control::new(Arc::new(sup))
+    }
+
+    fn tempfile_in(dir: &std::path::Path, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join(name))
+            .unwrap()
+    }
+
+    fn limit(c: &Control, i: usize) -> u64 {
+        c.devices()[i].cells.budget().limit()
     }
 
     #[test]
     fn requests() {
-        let c = control();
+        let root = std::env::temp_dir().join(format!("vzram-control-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let c = control(&root);
         let s = c.handle_line(r#"{"cmd":"stat"}"#);
         assert_eq!(s["ok"], true);
         assert_eq!(s["devices"].as_array().unwrap().len(), 2);
@@ -343,16 +402,16 @@ mod tests {
 
         let r = c.handle_line(r#"{"cmd":"set-limit","device":"b","bytes":65536}"#);
         assert_eq!(r["ok"], true, "{r}");
-        assert_eq!(c.devices[1].blk.store().mem_limit(), 65536);
+        assert_eq!(limit(&c, 1), 65536);
         let r = c.handle_line(r#"{"cmd":"set-limit","device":0,"bytes":4096}"#);
         assert_eq!(r["ok"], true, "{r}");
-        assert_eq!(c.devices[0].blk.store().mem_limit(), 4096);
+        assert_eq!(limit(&c, 0), 4096);
         let r = c.handle_line(r#"{"cmd":"set-limit","device":"1","bytes":8192}"#);
         assert_eq!(r["ok"], true, "{r}");
-        assert_eq!(c.devices[1].blk.store().mem_limit(), 8192);
+        assert_eq!(limit(&c, 1), 8192);
         let r = c.handle_line(r#"{"cmd":"set-limit","host":true,"bytes":1048576}"#);
         assert_eq!(r["ok"], true, "{r}");
-        assert_eq!(c.pool.host_mem_limit(), 1 << 20);
+        assert_eq!(c.sup.pool.host_mem_limit(), 1 << 20);
         let r = c.handle_line(r#"{"cmd":"compact"}"#);
         assert_eq!(r["ok"], true, "{r}");
 
@@ -380,5 +439,7 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("no device 7; devices: a, b"));
+        drop(c);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

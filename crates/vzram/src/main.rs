@@ -4,10 +4,13 @@ mod cli;
 mod config;
 mod control;
 mod daemon;
+mod launcher;
 mod metrics;
 mod notify;
 mod seccomp;
 mod stat;
+mod supervisor;
+mod worker;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -23,6 +26,25 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
+    // The daemon's own processes, started by it with descriptors in place;
+    // not for people (hidden from --help).
+    let mut args = std::env::args();
+    match args.nth(1).as_deref() {
+        Some("__launcher") => {
+            return match launcher::run() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("vzram launcher: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some("__worker") => {
+            let spec = args.next().unwrap_or_default();
+            return ExitCode::from(worker::main(&spec) as u8);
+        }
+        _ => {}
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
@@ -48,7 +70,7 @@ fn main() -> ExitCode {
                 }
             };
             init_logging(log_level);
-            match daemon::run(cfg) {
+            match daemon::run(cfg, log_level.as_str()) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     // Once, on stderr (the log's stream too): not also as a log line.

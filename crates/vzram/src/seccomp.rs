@@ -51,6 +51,25 @@ impl FromStr for Mode {
     }
 }
 
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::On => "on",
+            Mode::Off => "off",
+            Mode::Log => "log",
+        })
+    }
+}
+
+/// Which process the filter is for. They differ in what only one needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Accepts frontends, hands them to workers, answers control requests.
+    Supervisor,
+    /// Serves one frontend connection.
+    Worker,
+}
+
 #[derive(Debug, Error)]
 pub enum Error {
     #[error("cannot build the seccomp filter: {0}")]
@@ -110,7 +129,7 @@ fn masked(arg: u8, mask: u64, v: u64) -> Result<SeccompRule, Error> {
 
 /// The allow-list. `socket_dirs` are the directories (O_PATH descriptors)
 /// of our socket files: `unlinkat` is allowed relative to them only.
-fn rules(socket_dirs: &[RawFd]) -> Result<Rules, Error> {
+fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     use libc::*;
     let mut r = Rules(BTreeMap::new());
 
@@ -172,21 +191,20 @@ fn rules(socket_dirs: &[RawFd]) -> Result<Rules, Error> {
 
     // Sockets that are already bound: accept frontends and control clients,
     // vhost-user messages with SCM_RIGHTS (guest memory, eventfds), control
-    // requests and replies, closing a frontend's connection. No bind() or
-    // listen(): nothing new is offered to the network or the file system.
-    // One new socket per frontend connection: the message guard's link to
-    // the vhost crate (a unix stream to a listener whose file is already
-    // unlinked; see `daemon::InnerSocket`). connect()'s address is in memory
-    // the filter cannot read, hence SECURITY.md's note on it.
-    r.allow_if(
-        SYS_socket,
-        vec![all_eq(&[
-            (0, AF_UNIX as u64),
-            (1, (SOCK_STREAM | SOCK_CLOEXEC) as u64),
-            (2, 0),
-        ])?],
-    );
-    r.allow(&[SYS_connect]);
+    // requests and replies, closing a frontend's connection. No bind(),
+    // listen() or connect(): nothing new is offered to the network or the
+    // file system, and nothing is reached. The supervisor makes one
+    // socket pair per worker it starts (the worker's control channel).
+    if role == Role::Supervisor {
+        r.allow_if(
+            SYS_socketpair,
+            vec![all_eq(&[
+                (0, AF_UNIX as u64),
+                (1, (SOCK_SEQPACKET | SOCK_CLOEXEC) as u64),
+                (2, 0),
+            ])?],
+        );
+    }
     // What kind of socket a passed descriptor is: the vhost crate asks
     // before it looks at a socket a frontend sent (the guard refuses those
     // messages first; this keeps the filter and the crate in agreement).
@@ -289,13 +307,13 @@ const ERRNO_CALLS: &[(libc::c_long, libc::c_int)] = &[
 ];
 
 /// The allow-list filter for this architecture.
-fn allow_list(mode: Mode, socket_dirs: &[RawFd]) -> Result<BpfProgram, Error> {
+fn allow_list(mode: Mode, role: Role, socket_dirs: &[RawFd]) -> Result<BpfProgram, Error> {
     let mismatch = match mode {
         Mode::Log => SeccompAction::Log,
         _ => SeccompAction::Trap,
     };
     Ok(SeccompFilter::new(
-        rules(socket_dirs)?.0,
+        rules(role, socket_dirs)?.0,
         mismatch,
         SeccompAction::Allow,
         arch(),
@@ -348,6 +366,16 @@ fn arch() -> TargetArch {
 /// already run, such as auto-compaction, get it too; later threads inherit
 /// it). Call it once set-up is done.
 pub fn install(mode: Mode, socket_dirs: &[RawFd]) -> Result<(), Error> {
+    install_as(mode, Role::Supervisor, socket_dirs)
+}
+
+/// The worker's filter: the supervisor's without making sockets or
+/// removing files.
+pub fn install_worker(mode: Mode) -> Result<(), Error> {
+    install_as(mode, Role::Worker, &[])
+}
+
+fn install_as(mode: Mode, role: Role, socket_dirs: &[RawFd]) -> Result<(), Error> {
     let allow = match mode {
         Mode::Off => return Ok(()),
         Mode::On => {
@@ -357,11 +385,11 @@ pub fn install(mode: Mode, socket_dirs: &[RawFd]) -> Result<(), Error> {
             for f in errno_filters()? {
                 seccompiler::apply_filter_all_threads(&f)?;
             }
-            allow_list(mode, socket_dirs)?
+            allow_list(mode, role, socket_dirs)?
         }
         // Nothing refused, not even the errno calls: the kernel logs every
         // call the allow-list lacks.
-        Mode::Log => allow_list(mode, socket_dirs)?,
+        Mode::Log => allow_list(mode, role, socket_dirs)?,
     };
     seccompiler::apply_filter_all_threads(&allow)?;
     Ok(())
@@ -501,7 +529,7 @@ mod tests {
     #[test]
     fn filters_compile() {
         for mode in [Mode::On, Mode::Log] {
-            let p = allow_list(mode, &[3, 4]).unwrap();
+            let p = allow_list(mode, Role::Supervisor, &[3, 4]).unwrap();
             assert!(!p.is_empty() && p.len() < 4096, "{} instructions", p.len());
         }
         assert_eq!(errno_filters().unwrap().len(), 2);
@@ -512,7 +540,7 @@ mod tests {
     fn in_child(f: fn()) -> (libc::c_int, String) {
         // Built before fork: the child must not allocate (another test
         // thread may hold the allocator's lock at fork time).
-        let allow = allow_list(Mode::On, &[]).unwrap();
+        let allow = allow_list(Mode::On, Role::Worker, &[]).unwrap();
         let errno = errno_filters().unwrap();
         let mut pipe = [0; 2];
         // SAFETY: pipe fills in two descriptors we own.

@@ -226,6 +226,16 @@ pub fn render(reply: &Value) -> String {
         if let Some(state) = d["state"].as_str() {
             out += &format!(", state {state} ({})", human(u(d, "state_bytes")));
         }
+        let w = &d["worker"];
+        if let Some(st) = w["state"].as_str() {
+            out += &format!(", worker {st}");
+            if let Some(pid) = w["pid"].as_u64() {
+                out += &format!(" (pid {pid})");
+            }
+            if let Some(why) = w["last_failure"].as_str() {
+                out += &format!(", {} failures, last: {why}", u(w, "failures"));
+            }
+        }
     }
     out.push('\n');
     out

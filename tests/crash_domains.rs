@@ -1,0 +1,271 @@
+//! One VM's fault stays with that VM: each frontend is served by a worker
+//! process of its own. A worker that dies (SIGBUS from its guest's memory,
+//! SIGKILL) costs its device a reconnect; another device verifying at the
+//! same time sees no error and no stall; a device whose workers keep dying
+//! is backed off; no process maps two guests' memory.
+
+#[allow(dead_code)]
+mod hostile_support;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hostile_support::*;
+use vzram_tests::*;
+
+const SIZE: u64 = 16 << 20;
+/// Longest a verifying device may wait for one request while its
+/// neighbour's worker dies.
+const MAX_STALL: Duration = Duration::from_secs(1);
+
+fn two_devices(dir: &TempDir) -> (Daemon, std::path::PathBuf, std::path::PathBuf) {
+    let a = dir.join("a.sock");
+    let b = dir.join("b.sock");
+    let spec = |n: &str, p: &Path| format!("socket={},size={SIZE},queues=1,name={n}", p.display());
+    let d = Daemon::start(
+        dir,
+        &["--device", &spec("a", &a), "--device", &spec("b", &b)],
+        &[&a, &b],
+    );
+    (d, a, b)
+}
+
+/// Device B writes and reads back pages in a loop until told to stop;
+/// returns how many rounds it did and the longest single round.
+fn verify_in_background(sock: &Path, stop: Arc<AtomicBool>) -> JoinHandle<(u64, Duration)> {
+    let sock = sock.to_path_buf();
+    std::thread::spawn(move || {
+        let mut c = Client::connect(&sock, 1).expect("B connects");
+        let mut rounds = 0u64;
+        let mut worst = Duration::ZERO;
+        while !stop.load(Ordering::Relaxed) || rounds < 20 {
+            let t = Instant::now();
+            let off = (rounds % 1024) * 16384;
+            let data = pattern(rounds, off, 16384);
+            c.q(0).write(off, &data).expect("B write");
+            assert_eq!(
+                c.q(0).read(off, data.len()).expect("B read"),
+                data,
+                "B round {rounds}"
+            );
+            worst = worst.max(t.elapsed());
+            rounds += 1;
+        }
+        (rounds, worst)
+    })
+}
+
+fn worker_of(d: &Daemon, name: &str) -> serde_json::Value {
+    d.stat().worker(name)
+}
+
+fn wait_for(d: &Daemon, what: &str, mut ok: impl FnMut(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let w = worker_of(d, "a");
+        if ok(&w) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {w}\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A frontend that truncates its own memory under the worker and kicks:
+/// the worker faults (SIGBUS). Keep it until the failure shows, so that its
+/// socket closing is not what ends the worker.
+fn sigbus_frontend(sock: &Path) -> RawDev {
+    let mut v = RawDev::connect(sock);
+    v.ram.regions[1].file.set_len(0).unwrap();
+    v.header(HDR, T_OUT, 0);
+    v.ram.write(STATUS, &[UNTOUCHED]);
+    let head = v.chain(0, &[d(HDR, 16, 0), d(DATA, 4096, 0), d(STATUS, 1, F_WRITE)]);
+    v.publish(head);
+    v.kick();
+    v
+}
+
+#[test]
+fn a_worker_killed_by_its_guest_memory_stops_no_one_else() {
+    let dir = TempDir::new("cd-bus");
+    let (mut d, a, b) = two_devices(&dir);
+    let mut ca = Client::connect(&a, 1).unwrap();
+    let before = noise(3, 1 << 20);
+    ca.q(0).write(0, &before).unwrap();
+    drop(ca);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let verify = verify_in_background(&b, stop.clone());
+    std::thread::sleep(Duration::from_millis(200));
+    let v = sigbus_frontend(&a);
+    wait_for(&d, "a's worker never died", |w| w["failures"] == 1);
+    drop(v);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, worst) = verify.join().expect("B's verify failed");
+    eprintln!("B: {rounds} rounds, worst {worst:?}");
+    assert!(
+        worst < MAX_STALL,
+        "B stalled {worst:?} while A's worker died"
+    );
+
+    assert!(d.wait_exit(Duration::ZERO).is_none(), "{}", d.log_text());
+    let w = worker_of(&d, "a");
+    assert!(
+        w["last_failure"].as_str().unwrap().contains("SIGBUS"),
+        "{w}"
+    );
+    // A serves a clean frontend again, with its data.
+    let mut ca = Client::connect(&a, 1).unwrap();
+    assert_eq!(ca.q(0).read(0, before.len()).unwrap(), before);
+}
+
+#[test]
+fn a_worker_sigkilled_mid_io_costs_a_reconnect_only() {
+    let dir = TempDir::new("cd-kill");
+    let (d, a, b) = two_devices(&dir);
+    let data = noise(4, 4 << 20);
+    let mut ca = Client::connect(&a, 1).unwrap();
+    ca.q(0).write(0, &data).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let verify = verify_in_background(&b, stop.clone());
+    // A rewrites the same bytes over and over (every page stays old-or-new
+    // = the same) while its worker is killed. Its client only times out on
+    // the lost connection, so the thread is left to end with the test.
+    let a_writes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let a_writes = a_writes.clone();
+        let data = data.clone();
+        std::thread::spawn(move || {
+            let mut i = 0usize;
+            loop {
+                let off = (i % 64) * 65536;
+                if ca.q(0).write(off as u64, &data[off..off + 65536]).is_err() {
+                    return;
+                }
+                i += 1;
+                a_writes.store(i as u64, Ordering::Relaxed);
+            }
+        });
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = worker_of(&d, "a")["pid"].as_u64().expect("a's worker pid") as i32;
+    // SAFETY: signalling a process we just looked up.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    wait_for(&d, "the supervisor never saw the kill", |w| {
+        w["failures"] == 1
+    });
+    eprintln!(
+        "A wrote {} times before the kill",
+        a_writes.load(Ordering::Relaxed)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, worst) = verify.join().expect("B's verify failed");
+    eprintln!("B: {rounds} rounds, worst {worst:?}");
+    assert!(worst < MAX_STALL, "B stalled {worst:?}");
+    assert!(worker_of(&d, "a")["last_failure"]
+        .as_str()
+        .unwrap()
+        .contains("SIGKILL"));
+
+    let t = Instant::now();
+    let mut ca = Client::connect(&a, 1).unwrap();
+    assert_eq!(ca.q(0).read(0, data.len()).unwrap(), data);
+    eprintln!("A reconnected and read 4 MiB back in {:?}", t.elapsed());
+}
+
+#[test]
+fn a_device_whose_workers_keep_dying_is_backed_off() {
+    let dir = TempDir::new("cd-loop");
+    let (d, a, b) = two_devices(&dir);
+    let stop = Arc::new(AtomicBool::new(false));
+    let verify = verify_in_background(&b, stop.clone());
+    // When each worker was serving (its handshake answered) and when its
+    // death was seen.
+    let mut served = Vec::new();
+    let mut failed = Vec::new();
+    for i in 1..=4u64 {
+        let v = sigbus_frontend(&a);
+        served.push(Instant::now());
+        wait_for(&d, "no failure counted", |w| w["failures"] == i);
+        failed.push(Instant::now());
+        drop(v);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, worst) = verify.join().expect("B's verify failed");
+    eprintln!("B: {rounds} rounds, worst {worst:?}");
+    assert!(worst < MAX_STALL, "B stalled {worst:?}");
+    let w = worker_of(&d, "a");
+    assert_eq!(w["failing"], 4, "{w}");
+    assert_eq!(w["state"], "failing", "{w}");
+    // The waits double: 100, 200, 400 ms before the 2nd, 3rd, 4th worker
+    // (less the few ms the test took to see each death).
+    let waits: Vec<Duration> = (0..3).map(|k| served[k + 1] - failed[k]).collect();
+    eprintln!("waits before the next worker: {waits:?}");
+    for (k, w) in waits.iter().enumerate() {
+        let backoff = Duration::from_millis(100 << k);
+        assert!(
+            *w + Duration::from_millis(30) >= backoff && *w < backoff * 3,
+            "{waits:?}"
+        );
+    }
+    let log = d.log_text();
+    assert!(log.contains("next worker in 800ms"), "{log}");
+    // After a clean connection the device is healthy again.
+    std::thread::sleep(Duration::from_millis(900));
+    let mut ca = Client::connect(&a, 1).unwrap();
+    ca.q(0).write(0, &[7u8; 4096]).unwrap();
+    drop(ca);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while worker_of(&d, "a")["failing"] != 0 {
+        assert!(Instant::now() < deadline, "{}", worker_of(&d, "a"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The memfd inodes `pid` maps (`/memfd:` mappings).
+fn memfd_inodes(pid: u32) -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("/memfd:"))
+        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn no_process_maps_two_guests_memory() {
+    let dir = TempDir::new("cd-maps");
+    let (d, a, b) = two_devices(&dir);
+    let mut ca = Client::connect(&a, 1).unwrap();
+    let mut cb = Client::connect(&b, 1).unwrap();
+    ca.q(0).write(0, &[1u8; 4096]).unwrap();
+    cb.q(0).write(0, &[2u8; 4096]).unwrap();
+    // Guest memory: the memfds this test process (both "guests") maps.
+    let guests = memfd_inodes(std::process::id());
+    let wa = worker_of(&d, "a")["pid"].as_u64().unwrap() as u32;
+    let wb = d.stat().worker("b")["pid"].as_u64().unwrap() as u32;
+    assert_ne!(wa, wb);
+    let ma: Vec<_> = memfd_inodes(wa).intersection(&guests).cloned().collect();
+    let mb: Vec<_> = memfd_inodes(wb).intersection(&guests).cloned().collect();
+    eprintln!("guest memfds: {guests:?}; worker a maps {ma:?}, worker b maps {mb:?}");
+    assert!(
+        !ma.is_empty() && !mb.is_empty(),
+        "workers map no guest memory?"
+    );
+    assert!(
+        ma.iter().all(|i| !mb.contains(i)),
+        "both workers map {ma:?} / {mb:?}"
+    );
+    for p in process_tree(d.pid()) {
+        if p != wa && p != wb {
+            let m: Vec<_> = memfd_inodes(p).intersection(&guests).cloned().collect();
+            assert!(m.is_empty(), "process {p} maps guest memory {m:?}");
+        }
+    }
+}

@@ -293,7 +293,7 @@ fn stat_set_limit_and_compact_commands() {
     // Readable, with the names that would have worked.
     assert_eq!(
         stderr(&o).trim_end(),
-        "error: daemon refused: no device \"nosuch\"; devices: vm1 (by name, or index 0 to 0)"
+        "error: daemon refused: no device \"nosuch\"; devices (by name or index): vm1 (0)"
     );
 
     let o = vzram(&["compact", "--control", ctl]);

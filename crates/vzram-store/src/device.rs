@@ -118,6 +118,19 @@ fn fill(page: &mut Page, v: u64) {
     }
 }
 
+/// Opens (or makes) the state `cfg.state` names, laid out as a device of
+/// the default pool would lay it out, for a process that hands the files
+/// to the one that will serve the device ([`crate::Pool::attach_device`]).
+pub fn open_state(cfg: &DeviceConfig) -> Result<StateFiles> {
+    validate(cfg)?;
+    let Some(spec) = &cfg.state else {
+        return Err(StoreError::InvalidConfig("no state directory given".into()));
+    };
+    let shared = Shared::new(&crate::PoolConfig::default(), None)?;
+    let (_, arena_bytes) = geometry(&shared, cfg);
+    state::open(spec, cfg.size_bytes, arena_bytes, cfg.codec)
+}
+
 fn validate(cfg: &DeviceConfig) -> Result<()> {
     if cfg.size_bytes == 0 || !cfg.size_bytes.is_multiple_of(PAGE_SIZE as u64) {
         return Err(StoreError::InvalidConfig(format!(

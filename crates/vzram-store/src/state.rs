@@ -324,8 +324,10 @@ fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {
     Ok(st)
 }
 
+/// The counters file, made as long as the counters now, so whoever maps
+/// it later (a process that may not grow files) finds it whole.
 fn open_stats(path: &Path) -> Result<File> {
-    OpenOptions::new()
+    let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
@@ -333,7 +335,12 @@ fn open_stats(path: &Path) -> Result<File> {
         .mode(0o600)
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| err(path, e))
+        .map_err(|e| err(path, e))?;
+    let need = std::mem::size_of::<crate::cells::DeviceCells>() as u64;
+    if f.metadata().map_err(|e| err(path, e))?.len() < need {
+        f.set_len(need).map_err(|e| err(path, e))?;
+    }
+    Ok(f)
 }
 
 fn create(
@@ -390,6 +397,17 @@ pub fn discard(dir: &Path) -> Result<()> {
         lock(&h, dir)?;
     }
     std::fs::remove_dir_all(dir).map_err(|e| err(dir, e))
+}
+
+/// Deletes a device's state for good, only if `dir` holds one (its header
+/// starts with the magic): a path given by mistake is left alone.
+pub fn remove(dir: &Path) -> Result<()> {
+    let mut magic = [0u8; 8];
+    let ok = File::open(dir.join("header")).and_then(|mut h| h.read_exact(&mut magic));
+    if ok.is_err() || magic != MAGIC {
+        return Err(err(dir, "holds no vzram device state; left alone"));
+    }
+    discard(dir)
 }
 
 /// Half-made states of this name (a crash while creating one).

@@ -42,8 +42,10 @@ impl Pool {
     pub fn attach_device(
         self: &Arc<Self>,
         cfg: DeviceConfig,
-        files: StateFiles,
+        mut files: StateFiles,
     ) -> Result<Arc<Device>> {
+        // Whoever opened it, a handed-over state may hold data by now.
+        files.existing = true;
         let dev = Device::with_state(self.shared.clone(), cfg, Some(files))?;
         Ok(self.register(dev))
     }

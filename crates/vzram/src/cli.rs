@@ -30,6 +30,15 @@ pub enum Command {
     SetLimit(SetLimitArgs),
     /// Compact the pool of a running daemon now.
     Compact(CompactArgs),
+    /// Add a device to a running daemon (zram's hot_add).
+    Add(AddArgs),
+    /// Remove a device from a running daemon: disconnects its frontend and
+    /// deletes its socket and its state (zram's hot_remove).
+    Remove(DeviceArgs),
+    /// Drop all of a device's data; refused while a frontend is connected.
+    Reset(DeviceArgs),
+    /// Restart mem_used_max from the current use (one device, or all and the host).
+    ResetMax(CompactArgs),
 }
 
 #[derive(Debug, Args)]
@@ -216,6 +225,30 @@ pub struct CompactArgs {
     /// Only this device (name or index).
     #[arg(long)]
     pub device: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    pub control: PathBuf,
+    /// The device, with the keys of `serve --device`:
+    /// socket=PATH,size=SIZE[,name=N,queues=N,mem-limit=M,algo=A,serial=S,readonly=true,state-dir=D].
+    /// A state of that name that exists is recovered.
+    #[arg(long, value_name = "SPEC")]
+    pub device: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    pub control: PathBuf,
+    /// Device name or index.
+    #[arg(long)]
+    pub device: String,
 }
 
 #[cfg(test)]

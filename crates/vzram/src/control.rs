@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use vzram_store::PoolStats;
 
+use crate::config::DeviceSpec;
 use crate::metrics::{DeviceSample, Sample};
 use crate::supervisor::{Served, Supervisor};
 
@@ -45,6 +46,19 @@ pub enum Request {
     Compact {
         device: Option<DeviceRef>,
     },
+    /// A new device, in `--device` syntax (`socket=...,size=...`).
+    Add {
+        device: String,
+    },
+    Remove {
+        device: DeviceRef,
+    },
+    Reset {
+        device: DeviceRef,
+    },
+    ResetMax {
+        device: Option<DeviceRef>,
+    },
 }
 
 pub struct Control {
@@ -58,15 +72,15 @@ impl Control {
         Control { sup, metrics: None }
     }
 
-    fn devices(&self) -> &[Arc<Served>] {
-        &self.sup.devices
+    fn devices(&self) -> Vec<(usize, Arc<Served>)> {
+        self.sup.devices()
     }
 
     /// Whole-pool numbers: every device's, read from the shared counters
     /// (no worker is asked), with the host budget.
     fn pool_stats(&self) -> PoolStats {
         let mut s = PoolStats::default();
-        for d in self.devices() {
+        for (_, d) in self.devices() {
             s.add(&d.cells.stats(d.spec.size));
         }
         let host = self.sup.pool.host_cells().budget();
@@ -88,7 +102,7 @@ impl Control {
             devices: self
                 .devices()
                 .iter()
-                .map(|d| DeviceSample {
+                .map(|(_, d)| DeviceSample {
                     name: d.spec.name.clone(),
                     connected: d.connected.load(Ordering::Relaxed),
                     stats: d.cells.stats(d.spec.size),
@@ -97,15 +111,16 @@ impl Control {
         }
     }
 
-    /// The index of the device a request names.
-    fn find(&self, r: &DeviceRef) -> Result<usize, String> {
+    /// The device a request names, with its index.
+    fn find(&self, r: &DeviceRef) -> Result<(usize, Arc<Served>), String> {
         let devices = self.devices();
-        let by_index = |i: u64| usize::try_from(i).ok().filter(|&i| i < devices.len());
+        let by_index = |i: u64| devices.iter().find(|(j, _)| *j as u64 == i).cloned();
         let found = match r {
             DeviceRef::Index(i) => by_index(*i),
             DeviceRef::Name(n) => devices
                 .iter()
-                .position(|d| d.spec.name == *n)
+                .find(|(_, d)| d.spec.name == *n)
+                .cloned()
                 .or_else(|| n.parse().ok().and_then(by_index)),
         };
         found.ok_or_else(|| {
@@ -113,11 +128,17 @@ impl Control {
                 DeviceRef::Index(i) => i.to_string(),
                 DeviceRef::Name(n) => format!("{n:?}"),
             };
-            let names: Vec<&str> = devices.iter().map(|d| d.spec.name.as_str()).collect();
+            let names: Vec<String> = devices
+                .iter()
+                .map(|(i, d)| format!("{} ({i})", d.spec.name))
+                .collect();
             format!(
-                "no device {asked}; devices: {} (by name, or index 0 to {})",
-                names.join(", "),
-                names.len().saturating_sub(1)
+                "no device {asked}; devices (by name or index): {}",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
             )
         })
     }
@@ -150,7 +171,7 @@ impl Control {
                 bytes,
                 ..
             } => {
-                let d = &self.devices()[self.find(&r)?];
+                let (_, d) = self.find(&r)?;
                 // The worker, if any, reads the limit from the shared cells.
                 d.cells.budget().set_limit(bytes);
                 tracing::info!(device = %d.spec.name, bytes, "device memory limit set");
@@ -172,11 +193,11 @@ impl Control {
             } => Err("set-limit needs \"device\" or \"host\":true".into()),
             Request::Compact { device } => {
                 let pages = match device {
-                    Some(r) => self.sup.compact(self.find(&r)?)?,
+                    Some(r) => self.sup.compact(&self.find(&r)?.1)?,
                     None => {
                         let mut pages = 0;
-                        for i in 0..self.devices().len() {
-                            pages += self.sup.compact(i)?;
+                        for (_, d) in self.devices() {
+                            pages += self.sup.compact(&d)?;
                         }
                         pages
                     }
@@ -184,14 +205,67 @@ impl Control {
                 tracing::info!(pages, "compacted");
                 Ok(json!({"pages_compacted": pages}))
             }
+            Request::Add { device } => {
+                let spec = self.new_device(&device)?;
+                let name = spec.name.clone();
+                let index = self.sup.add(spec)?;
+                Ok(json!({"device": name, "index": index}))
+            }
+            Request::Remove { device } => {
+                let (i, d) = self.find(&device)?;
+                let name = d.spec.name.clone();
+                drop(d);
+                self.sup.remove(i)?;
+                Ok(json!({"device": name, "removed": true}))
+            }
+            Request::Reset { device } => {
+                let (_, d) = self.find(&device)?;
+                let pages = self.sup.reset(&d)?;
+                tracing::info!(device = %d.spec.name, pages, "reset: data dropped");
+                Ok(json!({"device": d.spec.name, "pages_dropped": pages}))
+            }
+            Request::ResetMax { device } => {
+                match device {
+                    Some(r) => self.find(&r)?.1.cells.budget().reset_max(),
+                    None => {
+                        for (_, d) in self.devices() {
+                            d.cells.budget().reset_max();
+                        }
+                        self.sup.pool.reset_mem_used_max();
+                    }
+                }
+                Ok(json!({}))
+            }
         }
+    }
+
+    /// A device for `add`, from `--device` syntax, checked as the command
+    /// line checks it (a name is made up if none is given).
+    fn new_device(&self, text: &str) -> Result<DeviceSpec, String> {
+        let mut draft = crate::config::parse_device_spec(text)?;
+        let taken: Vec<String> = self
+            .devices()
+            .iter()
+            .map(|(_, d)| d.spec.name.clone())
+            .collect();
+        if draft.name.is_none() {
+            draft.name = (0..)
+                .map(|i| format!("vzram{i}"))
+                .find(|n| !taken.contains(n));
+        }
+        let host = self.sup.pool.host_mem_limit();
+        let cfg = crate::config::DaemonConfig::build(Some(host), None, None, vec![draft])
+            .map_err(|e| e.to_string())?;
+        cfg.devices
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no device".to_string())
     }
 
     fn stat(&self) -> Value {
         let devices: Vec<Value> = self
             .devices()
             .iter()
-            .enumerate()
             .map(|(i, d)| {
                 json!({
                     "index": i,
@@ -206,7 +280,7 @@ impl Control {
                     "state": d.state_dir().display().to_string(),
                     "state_bytes": d.state_bytes(),
                     "connections": d.cells.connections.load(Ordering::Relaxed),
-                    "worker": self.sup.worker_status(i),
+                    "worker": self.sup.worker_status(d),
                     "stats": d.cells.stats(d.spec.size),
                 })
             })
@@ -368,6 +442,8 @@ mod tests {
             WorkerEnv {
                 seccomp: "off".into(),
                 log_level: "info".into(),
+                socket_mode: 0o600,
+                state_dir: root.to_path_buf(),
             },
         )
         .unwrap();
@@ -385,7 +461,7 @@ mod tests {
     }
 
     fn limit(c: &Control, i: usize) -> u64 {
-        c.devices()[i].cells.budget().limit()
+        c.devices()[i].1.cells.budget().limit()
     }
 
     #[test]
@@ -432,13 +508,13 @@ mod tests {
         let r = c.handle_line(r#"{"cmd":"compact","device":"vm9"}"#);
         assert_eq!(
             r["error"],
-            "no device \"vm9\"; devices: a, b (by name, or index 0 to 1)"
+            "no device \"vm9\"; devices (by name or index): a (0), b (1)"
         );
         let r = c.handle_line(r#"{"cmd":"compact","device":7}"#);
         assert!(r["error"]
             .as_str()
             .unwrap()
-            .starts_with("no device 7; devices: a, b"));
+            .starts_with("no device 7; devices (by name or index): a (0), b (1)"));
         drop(c);
         std::fs::remove_dir_all(&root).unwrap();
     }

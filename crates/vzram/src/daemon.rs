@@ -227,6 +227,8 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             WorkerEnv {
                 seccomp: cfg.seccomp.to_string(),
                 log_level: log_level.to_string(),
+                socket_mode: cfg.socket_mode,
+                state_dir: cfg.state_dir.clone(),
             },
         )
         .map_err(Error::Launcher)?,
@@ -257,7 +259,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
         tracing::info!(metrics = %addr, "metrics endpoint ready: http://{addr}/metrics");
     }
 
-    for d in &sup.devices {
+    for (_, d) in sup.devices() {
         tracing::info!(
             device = %d.spec.name,
             socket = %d.spec.socket.display(),
@@ -275,7 +277,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
     // Every socket listens and every device's state is recovered.
     notify(
         &notifier,
-        &format!("READY=1\nSTATUS=serving {} devices", sup.devices.len()),
+        &format!("READY=1\nSTATUS=serving {} devices", sup.devices().len()),
     );
 
     let sig = signals.wait()?;
@@ -311,7 +313,7 @@ fn notify(notifier: &Option<Notifier>, msg: &str) {
 
 /// Creates a listening socket with the given mode. A stale socket file from
 /// a daemon that died is replaced; a live one is an error.
-fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, Error> {
+pub(crate) fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, Error> {
     let fail = |source: io::Error| Error::Socket {
         path: path.to_path_buf(),
         source,

@@ -14,6 +14,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
 use std::process::{Child, Command};
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -28,6 +29,26 @@ const MAX_MESSAGE: usize = 64 << 10;
 pub enum Request {
     /// Start `vzram <args>` with the descriptors sent along placed at 3, 4, …
     Spawn { id: u64, args: Vec<String> },
+    /// Bind a device socket and open (or make) its state, for a device
+    /// added at run time: the supervisor may do neither under its filter.
+    /// The reply carries the listener and the state's four files.
+    Prepare {
+        id: u64,
+        socket: PathBuf,
+        mode: u32,
+        root: PathBuf,
+        name: String,
+        size: u64,
+        algo: String,
+        shards: usize,
+    },
+    /// Remove a device's socket file (only if it is a socket) and its state
+    /// directory (only if it holds a vzram state nobody has locked).
+    Remove {
+        id: u64,
+        socket: Option<PathBuf>,
+        state: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -46,6 +67,27 @@ pub enum Report {
         code: Option<i32>,
         signal: Option<i32>,
     },
+    /// Descriptors: listener, state lock (header), table, arena, stats.
+    Prepared {
+        id: u64,
+        dir: PathBuf,
+        existing: bool,
+    },
+    Removed {
+        id: u64,
+    },
+}
+
+impl Report {
+    pub fn id(&self) -> u64 {
+        match self {
+            Report::Spawned { id, .. }
+            | Report::Failed { id, .. }
+            | Report::Exited { id, .. }
+            | Report::Prepared { id, .. }
+            | Report::Removed { id } => *id,
+        }
+    }
 }
 
 /// A connected `SOCK_SEQPACKET` pair, close-on-exec.
@@ -174,9 +216,92 @@ pub fn run() -> io::Result<()> {
                     };
                     send(&sock, &report, &[])?;
                 }
+                Some((
+                    Request::Prepare {
+                        id,
+                        socket,
+                        mode,
+                        root,
+                        name,
+                        size,
+                        algo,
+                        shards,
+                    },
+                    _,
+                )) => match prepare(&socket, mode, root, name, size, &algo, shards) {
+                    Ok((listener, st)) => {
+                        let fds = [
+                            listener.as_raw_fd(),
+                            st.lock.as_raw_fd(),
+                            st.table.as_raw_fd(),
+                            st.arena.as_raw_fd(),
+                            st.stats.as_raw_fd(),
+                        ];
+                        let r = Report::Prepared {
+                            id,
+                            dir: st.dir.clone(),
+                            existing: st.existing,
+                        };
+                        send(&sock, &r, &fds)?;
+                    }
+                    Err(error) => send(&sock, &Report::Failed { id, error }, &[])?,
+                },
+                Some((Request::Remove { id, socket, state }, _)) => {
+                    let r = match remove(socket.as_deref(), state.as_deref()) {
+                        Ok(()) => Report::Removed { id },
+                        Err(error) => Report::Failed { id, error },
+                    };
+                    send(&sock, &r, &[])?;
+                }
             }
         }
     }
+}
+
+fn prepare(
+    socket: &std::path::Path,
+    mode: u32,
+    root: PathBuf,
+    name: String,
+    size: u64,
+    algo: &str,
+    shards: usize,
+) -> Result<(std::os::unix::net::UnixListener, vzram_store::StateFiles), String> {
+    let codec = crate::config::parse_codec(algo)?;
+    let listener = crate::daemon::bind_socket(socket, mode).map_err(|e| e.to_string())?;
+    let mut dc = vzram_store::DeviceConfig::new(size, codec);
+    dc.shards = shards;
+    dc.state = Some(vzram_store::StateSpec {
+        root,
+        name,
+        fresh: false,
+    });
+    match vzram_store::device::open_state(&dc) {
+        Ok(st) => Ok((listener, st)),
+        Err(e) => {
+            drop(listener);
+            let _ = std::fs::remove_file(socket);
+            Err(e.to_string())
+        }
+    }
+}
+
+fn remove(socket: Option<&std::path::Path>, state: Option<&std::path::Path>) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Some(p) = socket {
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_socket() => {
+                std::fs::remove_file(p).map_err(|e| format!("{}: {e}", p.display()))?
+            }
+            Ok(_) => return Err(format!("{} is not a socket; left alone", p.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        }
+    }
+    if let Some(dir) = state {
+        vzram_store::state::remove(dir).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 fn reap(sock: &OwnedFd, children: &mut Vec<(u64, Child)>) -> io::Result<()> {

@@ -95,6 +95,10 @@ fn main() -> ExitCode {
         Command::Stat(a) => client(stat::stat(&a)),
         Command::SetLimit(a) => client(stat::set_limit(&a)),
         Command::Compact(a) => client(stat::compact(&a)),
+        Command::Add(a) => client(stat::add(&a)),
+        Command::Remove(a) => client(stat::remove(&a)),
+        Command::Reset(a) => client(stat::reset(&a)),
+        Command::ResetMax(a) => client(stat::reset_max(&a)),
     }
 }
 

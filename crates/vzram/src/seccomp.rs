@@ -225,9 +225,12 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     ]);
 
     // Descriptors: eventfds (kick, call, worker exit), epoll in every
-    // worker, plain I/O on sockets and eventfds, logs on stderr.
+    // worker, plain I/O on sockets and eventfds, logs on stderr; pread of
+    // a device state's header handed over as a descriptor (a device added
+    // at run time).
     r.allow(&[
         SYS_read,
+        SYS_pread64,
         SYS_write,
         SYS_readv,
         SYS_writev,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::cli::{CompactArgs, SetLimitArgs, StatArgs};
+use crate::cli::{AddArgs, CompactArgs, DeviceArgs, SetLimitArgs, StatArgs};
 use crate::control;
 
 /// An error for the user, and the exit code it deserves.
@@ -59,6 +59,44 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
         human(args.size)
     };
     Ok(format!("{what} memory limit: {limit}\n"))
+}
+
+pub fn add(args: &AddArgs) -> Result<String, ClientError> {
+    let reply = call(&args.control, json!({"cmd": "add", "device": args.device}))?;
+    Ok(format!(
+        "added device {} (index {})\n",
+        reply["device"].as_str().unwrap_or("?"),
+        reply["index"]
+    ))
+}
+
+pub fn remove(args: &DeviceArgs) -> Result<String, ClientError> {
+    call(
+        &args.control,
+        json!({"cmd": "remove", "device": args.device}),
+    )?;
+    Ok(format!("removed device {} and its state\n", args.device))
+}
+
+pub fn reset(args: &DeviceArgs) -> Result<String, ClientError> {
+    let reply = call(
+        &args.control,
+        json!({"cmd": "reset", "device": args.device}),
+    )?;
+    Ok(format!(
+        "reset device {}: {} pages dropped\n",
+        args.device,
+        reply["pages_dropped"].as_u64().unwrap_or(0)
+    ))
+}
+
+pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
+    let req = match &args.device {
+        Some(d) => json!({"cmd": "reset-max", "device": d}),
+        None => json!({"cmd": "reset-max"}),
+    };
+    call(&args.control, req)?;
+    Ok("mem_used_max reset\n".to_string())
 }
 
 pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {

@@ -9,15 +9,15 @@
 //! nothing. A device whose workers keep dying waits longer each time
 //! (capped) and shows as failing in `vzram stat`.
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use vzram_store::{Cells, DeviceCells, DeviceConfig, Pool, StateFiles};
+use vzram_store::{Cells, Device, DeviceCells, DeviceConfig, Pool, StateFiles};
 
 use crate::config::DeviceSpec;
 use crate::launcher::{self, Report, Request};
@@ -41,7 +41,14 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 pub struct WorkerEnv {
     pub seccomp: String,
     pub log_level: String,
+    /// For devices added at run time: their sockets' mode, and where their
+    /// state goes unless they say.
+    pub socket_mode: u32,
+    pub state_dir: PathBuf,
 }
+
+/// A launcher's answer and the descriptors that came with it.
+type Reply = (Report, Vec<OwnedFd>);
 
 /// A configured device as the supervisor holds it.
 pub struct Served {
@@ -59,6 +66,12 @@ pub struct Served {
     last_failure: Mutex<Option<String>>,
     /// The control channel of the running worker, for orders.
     control: Mutex<Option<UnixStream>>,
+    /// Consecutive failures and when the next worker may start.
+    backoff: Mutex<Option<(u32, Instant)>>,
+    /// Added at run time (`vzram add`): its socket is the launcher's to remove.
+    pub added: bool,
+    /// Being removed: the loop lets go of it.
+    removing: AtomicBool,
 }
 
 enum Phase {
@@ -112,6 +125,9 @@ impl Served {
             phase: Mutex::new(Phase::Idle),
             last_failure: Mutex::new(None),
             control: Mutex::new(None),
+            backoff: Mutex::new(None),
+            added: false,
+            removing: AtomicBool::new(false),
         })
     }
 
@@ -126,11 +142,21 @@ impl Served {
     fn phase(&self) -> MutexGuard<'_, Phase> {
         self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn backoff(&self) -> MutexGuard<'_, Option<(u32, Instant)>> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn backing_off(&self) -> bool {
+        self.backoff()
+            .is_some_and(|(_, until)| Instant::now() < until)
+    }
 }
 
 /// Supervisor state shared by its loop, the control server and `run`.
 pub struct Supervisor {
-    pub devices: Vec<Arc<Served>>,
+    /// By index; a removed device leaves a hole, so indices stay put.
+    devices: RwLock<Vec<Option<Arc<Served>>>>,
     pub pool: Arc<Pool>,
     host_file: std::fs::File,
     launcher: OwnedFd,
@@ -138,8 +164,10 @@ pub struct Supervisor {
     env: WorkerEnv,
     next_id: AtomicU64,
     stopping: AtomicBool,
-    /// Consecutive failures per device and when its next worker may start.
-    backoff: Mutex<HashMap<usize, (u32, Instant)>>,
+    /// One `add` at a time (names and sockets must stay unique).
+    adding: Mutex<()>,
+    /// Launcher requests waiting for their reply, by id.
+    replies: Mutex<std::collections::HashMap<u64, mpsc::Sender<Reply>>>,
 }
 
 impl Supervisor {
@@ -156,7 +184,7 @@ impl Supervisor {
             return Err(io::Error::last_os_error());
         }
         Ok(Supervisor {
-            devices,
+            devices: RwLock::new(devices.into_iter().map(Some).collect()),
             pool,
             host_file,
             launcher,
@@ -165,8 +193,24 @@ impl Supervisor {
             env,
             next_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
-            backoff: Mutex::new(HashMap::new()),
+            replies: Mutex::new(std::collections::HashMap::new()),
+            adding: Mutex::new(()),
         })
+    }
+
+    /// Device `i`, if it exists (and was not removed).
+    pub fn device(&self, i: usize) -> Option<Arc<Served>> {
+        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
+        list.get(i).cloned().flatten()
+    }
+
+    /// Every device, with its index.
+    pub fn devices(&self) -> Vec<(usize, Arc<Served>)> {
+        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
+        list.iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.clone().map(|d| (i, d)))
+            .collect()
     }
 
     pub fn wake(&self) {
@@ -179,36 +223,41 @@ impl Supervisor {
     /// a little for them to go, so their state locks are free for whoever
     /// starts next.
     pub fn stop(&self) {
+        // Sockets added at run time are the launcher's to remove, while
+        // it is still there to ask.
+        for (_, d) in self.devices() {
+            if d.added {
+                let _ = self.ask(|id| Request::Remove {
+                    id,
+                    socket: Some(d.spec.socket.clone()),
+                    state: None,
+                });
+            }
+        }
         self.stopping.store(true, Relaxed);
-        for d in &self.devices {
+        let all = self.devices();
+        for (_, d) in &all {
             *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         self.wake();
         let deadline = Instant::now() + STOP_WAIT;
         while Instant::now() < deadline
-            && self
-                .devices
+            && all
                 .iter()
-                .any(|d| matches!(*d.phase(), Phase::Running { .. }))
+                .any(|(_, d)| matches!(*d.phase(), Phase::Running { .. }))
         {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    pub fn worker_status(&self, i: usize) -> WorkerStatus {
-        let d = &self.devices[i];
+    pub fn worker_status(&self, d: &Served) -> WorkerStatus {
         let (state, pid) = match &*d.phase() {
             Phase::Idle => ("idle", None),
             Phase::Pending { .. } => ("starting", None),
             Phase::Running { pid, .. } => ("running", *pid),
             Phase::Busy => ("compacting", None),
         };
-        let failing = self
-            .backoff
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&i)
-            .map_or(0, |b| u64::from(b.0));
+        let failing = d.backoff().map_or(0, |b| u64::from(b.0));
         WorkerStatus {
             state: if failing > 0 && state != "running" {
                 "failing"
@@ -227,10 +276,9 @@ impl Supervisor {
         }
     }
 
-    /// Compacts device `i`: through its worker when it has one, else here,
+    /// Compacts device `d`: through its worker when it has one, else here,
     /// holding the device so that no worker starts meanwhile.
-    pub fn compact(&self, i: usize) -> Result<u64, String> {
-        let d = &self.devices[i];
+    pub fn compact(&self, d: &Served) -> Result<u64, String> {
         {
             let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(c) = ctl.as_ref() {
@@ -241,36 +289,186 @@ impl Supervisor {
                 return r;
             }
         }
+        // A worker is starting: it will compact what it finds fragmented.
+        Ok(self.hold(d, |dev| dev.compact())?.unwrap_or(0))
+    }
+
+    /// Drops every page of `d`; refused while a frontend is connected.
+    pub fn reset(&self, d: &Served) -> Result<u64, String> {
+        let dropped = self.hold(d, |dev| {
+            let pages = dev.stats().orig_data_size / 4096;
+            let r = dev.discard(0..dev.num_slots());
+            dev.compact();
+            r.map(|()| pages)
+        })?;
+        match dropped {
+            Some(r) => r.map_err(|e| e.to_string()),
+            None => Err(format!(
+                "device {} has a frontend (or one connecting); disconnect it first",
+                d.spec.name
+            )),
+        }
+    }
+
+    /// Runs `f` on device `d` in this process, if no worker serves it (None
+    /// if one does); no worker starts meanwhile.
+    fn hold<T>(&self, d: &Served, f: impl FnOnce(&Device) -> T) -> Result<Option<T>, String> {
         {
             let mut ph = d.phase();
             match *ph {
                 Phase::Idle => *ph = Phase::Busy,
-                // A worker is starting: it will compact what it finds
-                // fragmented; nothing to do from here.
-                _ => return Ok(0),
+                _ => return Ok(None),
             }
         }
-        let r = self.compact_here(d);
+        let r = self.attach(d).map(|dev| {
+            let out = f(&dev);
+            dev.stats();
+            out
+        });
         *d.phase() = Phase::Idle;
         self.wake();
-        r
+        r.map(Some)
     }
 
-    fn compact_here(&self, d: &Served) -> Result<u64, String> {
-        let files = d.files.try_clone().map_err(|e| e.to_string())?;
-        let mut dc = DeviceConfig::new(d.spec.size, d.spec.algo);
-        dc.mem_limit = d.cells.budget().limit();
-        dc.shards = usize::from(d.spec.queues);
-        let dev = self
-            .pool
-            .attach_device(dc, files)
-            .map_err(|e| e.to_string())?;
-        let pages = dev.compact();
-        dev.stats();
-        Ok(pages)
+    /// The device of `d`, recovered in this process from its state.
+    fn attach(&self, d: &Served) -> Result<Arc<Device>, String> {
+        attach(&self.pool, &d.spec, &d.files, d.cells.budget().limit())
     }
 
-    /// The epoll loop; returns when stopping and every worker is gone.
+    /// Adds a device at run time; returns its index.
+    pub fn add(&self, spec: DeviceSpec) -> Result<usize, String> {
+        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, d) in self.devices() {
+            if d.spec.name == spec.name {
+                return Err(format!("a device named {:?} exists", spec.name));
+            }
+            if d.spec.socket == spec.socket {
+                return Err(format!(
+                    "socket {} is device {}'s",
+                    spec.socket.display(),
+                    d.spec.name
+                ));
+            }
+        }
+        let root = spec
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| self.env.state_dir.clone());
+        let (report, fds) = self.ask(|id| Request::Prepare {
+            id,
+            socket: spec.socket.clone(),
+            mode: self.env.socket_mode,
+            root,
+            name: spec.name.clone(),
+            size: spec.size,
+            algo: spec.algo.to_string(),
+            shards: usize::from(spec.queues),
+        })?;
+        let (dir, existing) = match report {
+            Report::Prepared { dir, existing, .. } => (dir, existing),
+            Report::Failed { error, .. } => return Err(error),
+            r => return Err(format!("unexpected answer from the launcher: {r:?}")),
+        };
+        let [listener, lock, table, arena, stats]: [OwnedFd; 5] = fds
+            .try_into()
+            .map_err(|_| "the launcher sent the wrong descriptors".to_string())?;
+        let socket = spec.socket.clone();
+        let undo = |e: String| {
+            let _ = self.ask(|id| Request::Remove {
+                id,
+                socket: Some(socket.clone()),
+                state: None,
+            });
+            e
+        };
+        let files = StateFiles::from_files(
+            dir,
+            lock.into(),
+            table.into(),
+            arena.into(),
+            stats.into(),
+            spec.size,
+        )
+        .map_err(|e| undo(e.to_string()))?;
+        let dev = attach(&self.pool, &spec, &files, spec.mem_limit).map_err(undo)?;
+        match dev.recovery() {
+            Some(r) if existing => tracing::info!(
+                device = %spec.name,
+                pages = r.slots,
+                ms = r.micros as f64 / 1000.0,
+                "added; recovered the device from its state"
+            ),
+            _ => tracing::info!(device = %spec.name, socket = %spec.socket.display(), "added"),
+        }
+        drop(dev);
+        let mut served =
+            Served::new(spec, listener.into(), files).map_err(|e| undo(e.to_string()))?;
+        served.added = true;
+        let i = {
+            let mut list = self.devices.write().unwrap_or_else(|e| e.into_inner());
+            list.push(Some(Arc::new(served)));
+            list.len() - 1
+        };
+        self.wake();
+        Ok(i)
+    }
+
+    /// Removes device `i` for good: its frontend is disconnected, its
+    /// socket and its state deleted, its memory given back.
+    pub fn remove(&self, i: usize) -> Result<(), String> {
+        let Some(d) = self.device(i) else {
+            return Err(format!("no device {i}"));
+        };
+        d.removing.store(true, Relaxed);
+        self.wake();
+        let deadline = Instant::now() + STOP_WAIT;
+        while !matches!(*d.phase(), Phase::Idle) {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "device {}: its worker did not stop within {STOP_WAIT:?}",
+                    d.spec.name
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.devices.write().unwrap_or_else(|e| e.into_inner())[i] = None;
+        d.cells.release(self.pool.host_cells());
+        let socket = d.spec.socket.clone();
+        let dir = d.files.dir.clone();
+        let name = d.spec.name.clone();
+        // Everyone else lets go within moments (a stat, the loop's turn);
+        // the state can be deleted only once its lock is free.
+        let mut d = d;
+        let deadline = Instant::now() + STOP_WAIT;
+        loop {
+            match Arc::try_unwrap(d) {
+                Ok(served) => {
+                    drop(served);
+                    break;
+                }
+                Err(again) if Instant::now() < deadline => {
+                    d = again;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return Err(format!("device {name}: still in use; try again")),
+            }
+        }
+        let (report, _) = self.ask(|id| Request::Remove {
+            id,
+            socket: Some(socket),
+            state: Some(dir),
+        })?;
+        match report {
+            Report::Removed { .. } => {
+                tracing::info!(device = %name, "removed, with its state");
+                Ok(())
+            }
+            Report::Failed { error, .. } => Err(error),
+            r => Err(format!("unexpected answer from the launcher: {r:?}")),
+        }
+    }
+
+    /// The epoll loop; returns when stopping.
     pub fn run(self: Arc<Self>) {
         if let Err(e) = self.run_loop() {
             tracing::error!("supervisor loop failed: {e}; devices no longer accept frontends");
@@ -279,15 +477,11 @@ impl Supervisor {
 
     fn run_loop(&self) -> io::Result<()> {
         let ep = Epoll::new()?;
-        const LAUNCHER: u64 = u64::MAX;
-        const WAKE: u64 = u64::MAX - 1;
         // Tokens: 2*i for device i's listener, 2*i+1 for its pending connection.
         ep.add(self.launcher.as_raw_fd(), LAUNCHER, libc::EPOLLIN)?;
         ep.add(self.wake.as_raw_fd(), WAKE, libc::EPOLLIN)?;
-        let mut armed = vec![true; self.devices.len()];
-        for (i, d) in self.devices.iter().enumerate() {
-            ep.add(d.listener.as_raw_fd(), 2 * i as u64, libc::EPOLLIN)?;
-        }
+        let mut watch = Watch::default();
+        self.sync_devices(&ep, &mut watch)?;
         let mut events = vec![epoll::Event::new(epoll::Events::empty(), 0); 64];
         loop {
             let timeout = self.next_deadline();
@@ -295,14 +489,22 @@ impl Supervisor {
             for ev in &events[..n] {
                 let token = ev.data;
                 match token {
-                    LAUNCHER => self.on_report(&ep, &mut armed)?,
+                    LAUNCHER => self.on_report(&ep, &mut watch)?,
                     WAKE => {
                         let mut b = [0u8; 8];
                         // SAFETY: reading our eventfd's counter into b.
                         unsafe { libc::read(self.wake.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+                        self.sync_devices(&ep, &mut watch)?;
                     }
-                    t if t % 2 == 0 => self.on_listener(&ep, (t / 2) as usize, &mut armed)?,
-                    t => self.on_pending(&ep, (t / 2) as usize)?,
+                    t => {
+                        let i = (t / 2) as usize;
+                        let Some(d) = self.device(i) else { continue };
+                        if t % 2 == 0 {
+                            self.on_listener(&ep, i, &d, &mut watch)?;
+                        } else {
+                            self.on_pending(&ep, &d)?;
+                        }
+                    }
                 }
             }
             self.on_timers(&ep)?;
@@ -312,23 +514,54 @@ impl Supervisor {
         }
     }
 
+    /// Watches devices added since the last call and lets go of those
+    /// being removed.
+    fn sync_devices(&self, ep: &Epoll, watch: &mut Watch) -> io::Result<()> {
+        for (i, d) in self.devices() {
+            let removing = d.removing.load(Relaxed);
+            match watch.listening.get(&i).copied() {
+                None if !removing => {
+                    ep.add(d.listener.as_raw_fd(), 2 * i as u64, libc::EPOLLIN)?;
+                    watch.listening.insert(i, true);
+                }
+                Some(_) if removing => {
+                    let _ = ep.delete(d.listener.as_raw_fd());
+                    watch.listening.remove(&i);
+                    let mut ph = d.phase();
+                    match &*ph {
+                        Phase::Pending { conn, .. } => {
+                            let _ = ep.delete(conn.as_raw_fd());
+                            *ph = Phase::Idle;
+                        }
+                        Phase::Running { .. } => {
+                            // Closing its control channel ends the worker.
+                            *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        }
+                        _ => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Milliseconds until the nearest first-message deadline or backoff end.
     fn next_deadline(&self) -> i32 {
         let now = Instant::now();
         let mut next: Option<Instant> = None;
-        let backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, d) in self.devices.iter().enumerate() {
-            if let Phase::Pending { since, .. } = &*d.phase() {
-                let mut t = *since + FIRST_MESSAGE_WAIT;
-                if let Some((_, until)) = backoff.get(&i) {
-                    t = t.min((*until).max(now));
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        for (_, d) in self.devices() {
+            match &*d.phase() {
+                Phase::Pending { since, .. } => {
+                    let mut t = *since + FIRST_MESSAGE_WAIT;
+                    if let Some((_, until)) = *d.backoff() {
+                        t = t.min(until.max(now));
+                    }
+                    at(t);
                 }
-                next = Some(next.map_or(t, |n| n.min(t)));
-            }
-            if let Phase::Busy = &*d.phase() {
-                next = Some(next.map_or(now + Duration::from_millis(50), |n| {
-                    n.min(now + Duration::from_millis(50))
-                }));
+                Phase::Busy => at(now + Duration::from_millis(50)),
+                _ => {}
             }
         }
         match next {
@@ -337,8 +570,10 @@ impl Supervisor {
         }
     }
 
-    fn on_listener(&self, ep: &Epoll, i: usize, armed: &mut [bool]) -> io::Result<()> {
-        let d = &self.devices[i];
+    fn on_listener(&self, ep: &Epoll, i: usize, d: &Served, watch: &mut Watch) -> io::Result<()> {
+        if d.removing.load(Relaxed) {
+            return Ok(());
+        }
         let mut ph = d.phase();
         match &mut *ph {
             Phase::Running { frontend, .. } => {
@@ -346,7 +581,7 @@ impl Supervisor {
                 // Leave it in the backlog until the worker has gone.
                 if frontend.as_ref().is_some_and(|f| hung_up(f.as_raw_fd())) {
                     ep.modify(d.listener.as_raw_fd(), 2 * i as u64, 0)?;
-                    armed[i] = false;
+                    watch.listening.insert(i, false);
                 } else if let Ok((s, _)) = d.listener.accept() {
                     tracing::warn!(device = %d.spec.name, "refused a second frontend: the device already has one");
                     drop(s);
@@ -354,7 +589,7 @@ impl Supervisor {
             }
             Phase::Busy => {
                 ep.modify(d.listener.as_raw_fd(), 2 * i as u64, 0)?;
-                armed[i] = false;
+                watch.listening.insert(i, false);
             }
             Phase::Pending { conn, since } => {
                 if let Ok((s, _)) = d.listener.accept() {
@@ -387,12 +622,16 @@ impl Supervisor {
     }
 
     /// A pending connection has something to say (or has gone).
-    fn on_pending(&self, ep: &Epoll, i: usize) -> io::Result<()> {
-        let d = &self.devices[i];
+    fn on_pending(&self, ep: &Epoll, d: &Served) -> io::Result<()> {
         let mut ph = d.phase();
         let Phase::Pending { conn, .. } = &*ph else {
             return Ok(());
         };
+        if d.removing.load(Relaxed) {
+            let _ = ep.delete(conn.as_raw_fd());
+            *ph = Phase::Idle;
+            return Ok(());
+        }
         let mut b = [0u8; 1];
         // SAFETY: a one-byte peek into b; nothing is consumed.
         let n = unsafe {
@@ -411,7 +650,7 @@ impl Supervisor {
             }
             return Ok(());
         }
-        if self.backing_off(i) {
+        if d.backing_off() {
             // Stop watching it; the timer starts the worker.
             let _ = ep.delete(conn.as_raw_fd());
             return Ok(());
@@ -420,42 +659,36 @@ impl Supervisor {
             unreachable!()
         };
         let _ = ep.delete(conn.as_raw_fd());
-        self.start_worker(i, &mut ph, conn);
+        self.start_worker(d, &mut ph, conn);
         Ok(())
-    }
-
-    fn backing_off(&self, i: usize) -> bool {
-        let b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
-        b.get(&i).is_some_and(|(_, until)| Instant::now() < *until)
     }
 
     /// Deadlines: silent clients are closed, backoffs end.
     fn on_timers(&self, ep: &Epoll) -> io::Result<()> {
-        for (i, d) in self.devices.iter().enumerate() {
+        for (_, d) in self.devices() {
             let mut ph = d.phase();
             let Phase::Pending { conn, since } = &*ph else {
                 continue;
             };
-            if since.elapsed() >= FIRST_MESSAGE_WAIT && !self.backing_off(i) {
+            if since.elapsed() >= FIRST_MESSAGE_WAIT && !d.backing_off() {
                 tracing::info!(device = %d.spec.name, "a client connected and sent nothing for {FIRST_MESSAGE_WAIT:?}; closed");
                 let _ = ep.delete(conn.as_raw_fd());
                 *ph = Phase::Idle;
                 continue;
             }
             // A backoff ended with a connection waiting that has spoken.
-            if !self.backing_off(i) && readable(conn.as_raw_fd()) {
+            if !d.backing_off() && readable(conn.as_raw_fd()) {
                 drop(ph);
-                self.on_pending(ep, i)?;
+                self.on_pending(ep, &d)?;
             }
         }
         Ok(())
     }
 
-    /// Asks the launcher for a worker for device `i`, serving `conn`.
-    fn start_worker(&self, i: usize, ph: &mut Phase, conn: UnixStream) {
-        let d = &self.devices[i];
+    /// Asks the launcher for a worker for `d`, serving `conn`.
+    fn start_worker(&self, d: &Served, ph: &mut Phase, conn: UnixStream) {
         let id = self.next_id.fetch_add(1, Relaxed);
-        match self.spawn(i, id, &conn) {
+        match self.spawn(d, id, &conn) {
             Ok(control) => {
                 *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(control);
                 d.workers.fetch_add(1, Relaxed);
@@ -469,14 +702,13 @@ impl Supervisor {
             }
             Err(e) => {
                 tracing::error!(device = %d.spec.name, "cannot start a worker: {e}");
-                self.failed(i, format!("cannot start: {e}"), Duration::ZERO);
+                failed(d, format!("cannot start: {e}"), Duration::ZERO);
                 *ph = Phase::Idle;
             }
         }
     }
 
-    fn spawn(&self, i: usize, id: u64, conn: &UnixStream) -> io::Result<UnixStream> {
-        let d = &self.devices[i];
+    fn spawn(&self, d: &Served, id: u64, conn: &UnixStream) -> io::Result<UnixStream> {
         let spec = Spec {
             name: d.spec.name.clone(),
             size: d.spec.size,
@@ -507,61 +739,83 @@ impl Supervisor {
         Ok(UnixStream::from(ours))
     }
 
-    fn on_report(&self, ep: &Epoll, armed: &mut [bool]) -> io::Result<()> {
-        let report = match launcher::recv::<Report>(&self.launcher)? {
-            Some((r, _)) => r,
+    /// Sends the launcher a request and waits for its reply (read by the
+    /// loop, which must be running).
+    pub fn ask(&self, req: impl FnOnce(u64) -> Request) -> Result<(Report, Vec<OwnedFd>), String> {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let (tx, rx) = mpsc::channel();
+        self.replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tx);
+        let sent = launcher::send(&self.launcher, &req(id), &[]);
+        let r = match sent {
+            Ok(()) => rx
+                .recv_timeout(ASK_WAIT)
+                .map_err(|_| "the launcher did not answer".to_string()),
+            Err(e) => Err(format!("launcher: {e}")),
+        };
+        self.replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        r
+    }
+
+    fn on_report(&self, ep: &Epoll, watch: &mut Watch) -> io::Result<()> {
+        let (report, fds) = match launcher::recv::<Report>(&self.launcher)? {
+            Some(r) => r,
             None => {
                 tracing::error!("the launcher is gone; no new workers can start");
                 return Err(io::Error::other("launcher gone"));
             }
         };
-        let find = |id: u64| {
-            self.devices
-                .iter()
-                .position(|d| matches!(&*d.phase(), Phase::Running { id: r, .. } if *r == id))
+        let id = report.id();
+        let waiting = self
+            .replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        if let Some(tx) = waiting {
+            let _ = tx.send((report, fds));
+            return Ok(());
+        }
+        let Some((i, d)) = self
+            .devices()
+            .into_iter()
+            .find(|(_, d)| matches!(&*d.phase(), Phase::Running { id: r, .. } if *r == id))
+        else {
+            return Ok(());
         };
         match report {
-            Report::Spawned { id, pid } => {
-                if let Some(i) = find(id) {
-                    if let Phase::Running { pid: p, .. } = &mut *self.devices[i].phase() {
-                        *p = Some(pid);
-                    }
-                    tracing::info!(device = %self.devices[i].spec.name, pid, "worker started");
+            Report::Spawned { pid, .. } => {
+                if let Phase::Running { pid: p, .. } = &mut *d.phase() {
+                    *p = Some(pid);
                 }
+                tracing::info!(device = %d.spec.name, pid, "worker started");
             }
-            Report::Failed { id, error } => {
-                if let Some(i) = find(id) {
-                    let d = &self.devices[i];
-                    tracing::error!(device = %d.spec.name, "cannot start a worker: {error}");
-                    self.ended(i, ep, armed);
-                    self.failed(i, format!("cannot start: {error}"), Duration::ZERO);
-                }
+            Report::Failed { error, .. } => {
+                tracing::error!(device = %d.spec.name, "cannot start a worker: {error}");
+                self.ended(ep, i, &d, watch);
+                failed(&d, format!("cannot start: {error}"), Duration::ZERO);
             }
             Report::Exited {
-                id,
-                pid,
-                code,
-                signal,
+                pid, code, signal, ..
             } => {
-                let Some(i) = find(id) else { return Ok(()) };
-                let d = &self.devices[i];
                 let ran = match &*d.phase() {
                     Phase::Running { started, .. } => started.elapsed(),
                     _ => Duration::ZERO,
                 };
-                self.ended(i, ep, armed);
+                self.ended(ep, i, &d, watch);
                 match (code, signal) {
                     (Some(worker::EXIT_DONE), _) => {
                         tracing::debug!(device = %d.spec.name, pid, "worker done");
-                        self.backoff
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&i);
+                        *d.backoff() = None;
                     }
                     (Some(c), _) => {
                         let why = format!("worker {pid} exited with code {c}");
                         tracing::error!(device = %d.spec.name, "{why}; the device's state is kept, its next frontend gets a new worker");
-                        self.failed(i, why, ran);
+                        failed(&d, why, ran);
                     }
                     (None, Some(s)) => {
                         let why = format!("worker {pid} killed by {}", signal_name(s));
@@ -571,45 +825,73 @@ impl Supervisor {
                             ""
                         };
                         tracing::error!(device = %d.spec.name, "{why}{hint}; the device's state is kept, its next frontend gets a new worker");
-                        self.failed(i, why, ran);
+                        failed(&d, why, ran);
                     }
-                    (None, None) => self.failed(i, format!("worker {pid} ended"), ran),
+                    (None, None) => failed(&d, format!("worker {pid} ended"), ran),
                 }
             }
+            Report::Prepared { .. } | Report::Removed { .. } => {}
         }
         Ok(())
     }
 
     /// A worker of device `i` is gone: the device is idle again.
-    fn ended(&self, i: usize, ep: &Epoll, armed: &mut [bool]) {
-        let d = &self.devices[i];
+    fn ended(&self, ep: &Epoll, i: usize, d: &Served, watch: &mut Watch) {
         *d.phase() = Phase::Idle;
         *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
         d.connected.store(false, Relaxed);
-        if !armed[i] {
+        if watch.listening.get(&i) == Some(&false) && !d.removing.load(Relaxed) {
             if let Err(e) = ep.modify(d.listener.as_raw_fd(), 2 * i as u64, libc::EPOLLIN) {
                 tracing::error!(device = %d.spec.name, "cannot watch the socket again: {e}");
             } else {
-                armed[i] = true;
+                watch.listening.insert(i, true);
             }
         }
     }
+}
 
-    fn failed(&self, i: usize, why: String, ran: Duration) {
-        let d = &self.devices[i];
-        d.failures.fetch_add(1, Relaxed);
-        *d.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-        let mut b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
-        let n = match b.get(&i) {
-            Some((n, _)) if ran < HEALTHY_AFTER => n + 1,
-            _ => 1,
-        };
-        let wait = BACKOFF_FIRST
-            .saturating_mul(1 << (n - 1).min(16))
-            .min(BACKOFF_MAX);
-        tracing::warn!(device = %d.spec.name, failures = n, "next worker in {wait:?}");
-        b.insert(i, (n, Instant::now() + wait));
-    }
+const LAUNCHER: u64 = u64::MAX;
+const WAKE: u64 = u64::MAX - 1;
+/// How long a request to the launcher (a socket bound, a state opened or
+/// removed) may take.
+const ASK_WAIT: Duration = Duration::from_secs(30);
+
+/// What the loop watches: each device's listener, by index, and whether
+/// it is armed (false while a reconnecting frontend waits for its worker
+/// to go).
+#[derive(Default)]
+struct Watch {
+    listening: std::collections::HashMap<usize, bool>,
+}
+
+fn failed(d: &Served, why: String, ran: Duration) {
+    d.failures.fetch_add(1, Relaxed);
+    *d.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+    let mut b = d.backoff();
+    let n = match *b {
+        Some((n, _)) if ran < HEALTHY_AFTER => n + 1,
+        _ => 1,
+    };
+    let wait = BACKOFF_FIRST
+        .saturating_mul(1 << (n - 1).min(16))
+        .min(BACKOFF_MAX);
+    tracing::warn!(device = %d.spec.name, failures = n, "next worker in {wait:?}");
+    *b = Some((n, Instant::now() + wait));
+}
+
+/// Recovers a device from `files` in this process (the state stays locked
+/// by the supervisor's own descriptors).
+fn attach(
+    pool: &Arc<Pool>,
+    spec: &DeviceSpec,
+    files: &StateFiles,
+    limit: u64,
+) -> Result<Arc<Device>, String> {
+    let files = files.try_clone().map_err(|e| e.to_string())?;
+    let mut dc = DeviceConfig::new(spec.size, spec.algo);
+    dc.mem_limit = limit;
+    dc.shards = usize::from(spec.queues);
+    pool.attach_device(dc, files).map_err(|e| e.to_string())
 }
 
 fn order_compact(c: &UnixStream) -> Result<u64, String> {

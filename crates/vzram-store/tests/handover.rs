@@ -1,0 +1,71 @@
+//! A device's state handed between processes' pools (a supervisor and its
+//! workers): each attach recovers it, and the shared counters stay right.
+
+use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec};
+
+fn noise(seed: u64) -> [u8; 4096] {
+    let mut p = [0u8; 4096];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for b in p.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    p
+}
+
+#[test]
+fn attach_write_detach_attach_discard() {
+    let root = std::env::temp_dir().join(format!("vzram-handover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let host = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(root.join("host"))
+        .unwrap();
+    let mut dc = DeviceConfig::new(16 << 20, Codec::Lz4);
+    dc.shards = 1;
+    dc.state = Some(StateSpec {
+        root: root.clone(),
+        name: "d".into(),
+        fresh: false,
+    });
+    let sup = Pool::with_host_file(PoolConfig::default(), &host).unwrap();
+    let dev = sup.create_device(dc.clone()).unwrap();
+    let files = dev.state_files().unwrap().try_clone().unwrap();
+    drop(dev);
+
+    // A worker: its own pool over the same host file.
+    let worker = Pool::with_host_file(PoolConfig::default(), &host).unwrap();
+    let dev = worker
+        .attach_device(dc.clone(), files.try_clone().unwrap())
+        .unwrap();
+    for s in 0..512 {
+        dev.write_page(s, &noise(s)).unwrap();
+    }
+    let used = dev.stats().mem_used_total;
+    assert!(used >= 512 * 4096);
+    drop(dev);
+    drop(worker);
+    assert_eq!(sup.host_cells().budget().used(), used);
+
+    // Back in the supervisor: recovered, then every page dropped.
+    let dev = sup
+        .attach_device(dc.clone(), files.try_clone().unwrap())
+        .unwrap();
+    assert_eq!(dev.recovery().unwrap().slots, 512);
+    for s in (0..512).step_by(97) {
+        let mut out = [0u8; 4096];
+        dev.read_page(s, &mut out).unwrap();
+        assert_eq!(out, noise(s));
+    }
+    dev.discard(0..dev.num_slots()).unwrap();
+    assert_eq!(dev.stats().mem_used_total, 0);
+    assert_eq!(sup.host_cells().budget().used(), 0);
+    drop(dev);
+    std::fs::remove_dir_all(&root).unwrap();
+}

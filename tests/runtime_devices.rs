@@ -1,0 +1,203 @@
+//! Devices added, reset and removed on a running daemon (`vzram add`,
+//! `remove`, `reset`, `reset-max`), while another device keeps verifying.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use vzram_tests::*;
+
+const PAGE: usize = 4096;
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Writes and reads back on `sock` until `stop`; returns the rounds and
+/// the slowest round.
+fn verify(sock: &Path, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, Duration)> {
+    let sock = sock.to_path_buf();
+    std::thread::spawn(move || {
+        let mut c = Client::connect(&sock, 1).expect("connect");
+        let (mut rounds, mut worst) = (0u64, Duration::ZERO);
+        while !stop.load(Ordering::Relaxed) || rounds < 20 {
+            let t = Instant::now();
+            let off = (rounds % 512) * 16384;
+            let data = pattern(rounds, off, 16384);
+            c.q(0).write(off, &data).expect("write");
+            assert_eq!(c.q(0).read(off, data.len()).expect("read"), data);
+            worst = worst.max(t.elapsed());
+            rounds += 1;
+        }
+        (rounds, worst)
+    })
+}
+
+fn vzram_cli(d: &Daemon, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(vzram_bin())
+        .args(args)
+        .arg("--control")
+        .arg(&d.control)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn add_use_and_remove_while_another_device_verifies() {
+    let dir = TempDir::new("rt-add");
+    let a = dir.join("a.sock");
+    let b = dir.join("b.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--device", &format!("socket={},size=16M,queues=1", s(&a))],
+        &[&a],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let v = verify(&a, stop.clone());
+
+    let o = vzram_cli(
+        &d,
+        &[
+            "add",
+            "--device",
+            &format!("socket={},size=32M,queues=2,name=vmb,mem-limit=8M", s(&b)),
+        ],
+    );
+    assert!(o.status.success(), "{:?}", o);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("added device vmb"));
+    let st = d.stat();
+    assert_eq!(st.dev("vmb", "size_bytes"), 32 << 20);
+    assert_eq!(st.dev("vmb", "mem_limit"), 8 << 20);
+    let state = dir_of(&st, "vmb");
+    assert!(state.join("table").exists(), "{}", state.display());
+
+    // The new device serves, with its limit.
+    let mut c = Client::connect(&b, 2).unwrap();
+    let data = noise(7, 1 << 20);
+    c.q(1).write(0, &data).unwrap();
+    assert_eq!(c.q(0).read(0, data.len()).unwrap(), data);
+    let used = d.stat().dev("vmb", "mem_used_total");
+    assert!(used > 0);
+
+    // Refused: a name or socket in use, a bad spec; one line, exit 2.
+    for bad in [
+        format!("socket={},size=1M,name=other", s(&b)),
+        format!("socket={}/c.sock,size=1M,name=vmb", dir.path().display()),
+        format!("socket={}/c.sock,size=1000", dir.path().display()),
+    ] {
+        let o = vzram_cli(&d, &["add", "--device", &bad]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+
+    // Remove while connected: the frontend is cut off, the socket and the
+    // state are deleted, the pool gets its memory back.
+    let o = vzram_cli(&d, &["remove", "--device", "vmb"]);
+    assert!(o.status.success(), "{o:?}\n{}", d.log_text());
+    // (The client only notices by timing out, so it is not asked.)
+    drop(c);
+    assert!(!b.exists(), "socket left behind");
+    assert!(!state.exists(), "state left behind: {}", state.display());
+    let st = d.stat();
+    assert!(st.0["devices"].as_array().unwrap().len() == 1, "{}", st.0);
+    // The pool holds what the remaining device holds (it keeps writing,
+    // so the two are read until they agree).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st = d.stat();
+        let (pool, a_used) = (
+            st.pool("mem_used_total"),
+            st.dev("vzram0", "mem_used_total"),
+        );
+        if pool == a_used {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pool {pool}, vzram0 {a_used}, vmb held {used}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let o = vzram_cli(&d, &["remove", "--device", "vmb"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("vzram0 (0)"));
+
+    // Added again under the same name: a new, empty device.
+    let o = vzram_cli(
+        &d,
+        &[
+            "add",
+            "--device",
+            &format!("socket={},size=32M,name=vmb", s(&b)),
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let mut c = Client::connect(&b, 1).unwrap();
+    assert_eq!(c.q(0).read(0, PAGE).unwrap(), vec![0; PAGE]);
+    drop(c);
+
+    stop.store(true, Ordering::Relaxed);
+    let (rounds, worst) = v.join().expect("the other device's verify failed");
+    eprintln!("verify: {rounds} rounds, worst {worst:?}");
+    assert!(
+        worst < Duration::from_secs(1),
+        "the other device stalled {worst:?}"
+    );
+}
+
+fn dir_of(st: &Stats, name: &str) -> std::path::PathBuf {
+    st.0["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .and_then(|d| d["state"].as_str())
+        .unwrap_or_else(|| panic!("no state for {name}: {}", st.0))
+        .into()
+}
+
+#[test]
+fn reset_drops_the_data_and_is_refused_while_connected() {
+    let dir = TempDir::new("rt-reset");
+    let a = dir.join("a.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--device",
+            &format!("socket={},size=16M,queues=1,name=vm1", s(&a)),
+        ],
+        &[&a],
+    );
+    let mut c = Client::connect(&a, 1).unwrap();
+    c.q(0).write(0, &noise(2, 2 << 20)).unwrap();
+    let r = d.control(json!({"cmd": "reset", "device": "vm1"}));
+    assert_eq!(r["ok"], false, "{r}");
+    assert!(r["error"].as_str().unwrap().contains("disconnect"), "{r}");
+    drop(c);
+    // The worker goes once the frontend has; then reset may act.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = d.control(json!({"cmd": "reset", "device": "vm1"}));
+        if r["ok"] == true || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(r["pages_dropped"], 512, "{r}");
+    let st = d.stat();
+    assert_eq!(st.dev("vm1", "orig_data_size"), 0);
+    assert_eq!(st.dev("vm1", "mem_used_total"), 0, "{}", st.0);
+    let max = st.dev("vm1", "mem_used_max");
+    assert!(max > 0);
+    let mut c = Client::connect(&a, 1).unwrap();
+    assert_eq!(c.q(0).read(0, 2 << 20).unwrap(), vec![0; 2 << 20]);
+    drop(c);
+
+    let o = vzram_cli(&d, &["reset-max", "--device", "vm1"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(d.stat().dev("vm1", "mem_used_max"), 0);
+}

@@ -62,6 +62,13 @@ fn bad_input_exits_2_with_a_one_line_message() {
     .unwrap();
     let dup = format!("socket={sock},size=1M");
     let limited = format!("socket={sock},size=4G,mem-limit=2G");
+    let over_size = format!("socket={sock},size=1G,mem-limit=2G");
+    let over_size_toml = dir.join("over.toml");
+    std::fs::write(
+        &over_size_toml,
+        "[[device]]\nsocket = \"/tmp/o.sock\"\nsize = \"64M\"\nmem_limit = \"65M\"\n",
+    )
+    .unwrap();
 
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["serve", "--socket", sock, "--size", "12Q"], "12Q"),
@@ -179,6 +186,26 @@ fn bad_input_exits_2_with_a_one_line_message() {
             "above the host limit",
         ),
         (vec!["serve", "--log-level", "loud"], "loud"),
+        // A device limit above the device's size.
+        (vec!["serve", "--device", &over_size], "above its size"),
+        (
+            vec![
+                "serve",
+                "--socket",
+                sock,
+                "--size",
+                "64M",
+                "--mem-limit",
+                "1G",
+                "--host-mem-limit",
+                "8G",
+            ],
+            "above its size",
+        ),
+        (
+            vec!["serve", "--config", s(&over_size_toml)],
+            "above its size",
+        ),
     ];
     for (args, needle) in cases {
         let o = vzram(&args);

@@ -482,6 +482,13 @@ impl DaemonConfig {
                 return err(format!("device name {name:?} is used twice"));
             }
             let mem_limit = d.mem_limit.unwrap_or(0);
+            if mem_limit > size {
+                // Compressed pages take at most a page each: a limit above
+                // the size is a typo, or meant for another device.
+                return err(format!(
+                    "device {name}: mem-limit {mem_limit} is above its size {size} (0 means no limit)"
+                ));
+            }
             let host = host_mem_limit.unwrap_or(0);
             if mem_limit != 0 && host != 0 && mem_limit > host {
                 return err(format!(
@@ -638,12 +645,40 @@ mod tests {
         );
         let limited = DeviceDraft {
             mem_limit: Some(2 << 20),
-            ..draft("/a", 4096)
+            ..draft("/a", 4 << 20)
         };
         let e = DaemonConfig::build(Some(1 << 20), None, None, vec![limited.clone()]).unwrap_err();
         assert!(e.0.contains("above the host limit"), "{e}");
         assert!(DaemonConfig::build(Some(2 << 20), None, None, vec![limited.clone()]).is_ok());
-        assert!(DaemonConfig::build(Some(0), None, None, vec![limited]).is_ok());
+        assert!(DaemonConfig::build(Some(0), None, None, vec![limited.clone()]).is_ok());
+        // A limit above the device's size, with or without a host limit.
+        let e = bad(vec![DeviceDraft {
+            size: Some(1 << 20),
+            ..limited.clone()
+        }]);
+        assert!(e.0.contains("above its size"), "{e}");
+        let e = DaemonConfig::build(
+            Some(8 << 20),
+            None,
+            None,
+            vec![DeviceDraft {
+                size: Some(1 << 20),
+                ..limited.clone()
+            }],
+        )
+        .unwrap_err();
+        assert!(e.0.contains("above its size"), "{e}");
+        // Equal to the size is allowed.
+        assert!(DaemonConfig::build(
+            None,
+            None,
+            None,
+            vec![DeviceDraft {
+                size: Some(2 << 20),
+                ..limited
+            }]
+        )
+        .is_ok());
     }
 
     #[test]

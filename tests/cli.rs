@@ -237,6 +237,50 @@ fn help_and_version_exit_0() {
     assert_eq!(vzram(&["--version"]).status.code(), Some(0));
 }
 
+/// QEMU's backend-program conventions (docs/interop/vhost-user.rst):
+/// `--print-capabilities` prints `{"type": "block", "features": [...]}`
+/// and exits 0, whatever else is on the command line, doing nothing else.
+#[test]
+fn print_capabilities_follows_qemu_conventions() {
+    let dir = TempDir::new("caps");
+    let sock = dir.join("x.sock");
+    for args in [
+        vec!["--print-capabilities"],
+        vec![
+            "serve",
+            "--socket",
+            s(&sock),
+            "--size",
+            "1G",
+            "--print-capabilities",
+        ],
+        vec!["serve", "--bogus", "--print-capabilities"],
+    ] {
+        let o = vzram(&args);
+        assert_eq!(o.status.code(), Some(0), "vzram {args:?}: {}", stderr(&o));
+        assert!(o.stderr.is_empty(), "vzram {args:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("vzram {args:?}: not JSON ({e}): {:?}", o.stdout));
+        assert_eq!(v["type"], "block", "{v}");
+        let features = v["features"].as_array().expect("a features list");
+        // Only features vhost-user.json defines for "block".
+        for f in features {
+            assert!(f == "read-only" || f == "blk-file", "{v}");
+        }
+        assert!(features.iter().any(|f| f == "read-only"), "{v}");
+        assert!(!sock.exists(), "vzram {args:?} served a socket");
+    }
+    // The feature it names is a real flag: `--read-only` starts a
+    // read-only device.
+    let d = Daemon::start(
+        &dir,
+        &["--socket", s(&sock), "--size", "1M", "--read-only"],
+        &[&sock],
+    );
+    let st = d.control(json!({"cmd": "stat"}));
+    assert_eq!(st["devices"][0]["readonly"], true, "{st}");
+}
+
 #[test]
 fn stat_set_limit_and_compact_commands() {
     let dir = TempDir::new("stat");

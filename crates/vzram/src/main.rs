@@ -23,6 +23,9 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
+    if cli::wants_capabilities(std::env::args_os().skip(1)) {
+        return print_capabilities();
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
@@ -37,6 +40,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if cli.print_capabilities {
+        return print_capabilities();
+    }
     match cli.command {
         Command::Serve(args) => {
             let log_level = args.log_level;
@@ -73,6 +79,18 @@ fn main() -> ExitCode {
         Command::Stat(a) => client(stat::stat(&a)),
         Command::SetLimit(a) => client(stat::set_limit(&a)),
         Command::Compact(a) => client(stat::compact(&a)),
+    }
+}
+
+/// `--print-capabilities`: the JSON on stdout, exit 0, nothing else done.
+fn print_capabilities() -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(cli::capabilities().as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(EXIT_FAILURE),
     }
 }
 

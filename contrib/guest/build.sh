@@ -102,14 +102,24 @@ dpkg-deb -x "$deb" "$work/k"
 # --- udev package: download (cached), unpack, never install ------------------
 # Debian links udevadm (which is also systemd-udevd) without systemd's shared
 # library; it needs only a few libraries the host has (see below).
-udev_ver="$(apt-cache policy udev | awk '/Candidate:/ {print $2}')"
-[ -n "$udev_ver" ] && [ "$udev_ver" != "(none)" ] || die "no udev package in the apt lists"
+udev_candidate() { apt-cache policy udev | awk '/Candidate:/ && $2 != "(none)" {print $2}'; }
+udev_ver="$(udev_candidate)"
+if [ -z "$udev_ver" ]; then
+    as_root apt-get update >&2
+    udev_ver="$(udev_candidate)"
+fi
+[ -n "$udev_ver" ] || die "no udev package in the apt lists"
 udeb="$(ls "$CACHE"/udev_*.deb 2>/dev/null | head -n1 || true)"
 if [ -z "$udeb" ] || ! dpkg-deb -f "$udeb" Version | grep -qxF "$udev_ver"; then
     rm -f "$CACHE"/udev_*.deb
     log "downloading udev $udev_ver"
     dl="$(mktemp -d)"; chmod 777 "$dl"
-    (cd "$dl" && apt-get download "udev=$udev_ver") >&2
+    if ! (cd "$dl" && apt-get download "udev=$udev_ver") >&2; then
+        # Stale lists name a version the mirror no longer has.
+        as_root apt-get update >&2
+        udev_ver="$(udev_candidate)"
+        (cd "$dl" && apt-get download "udev=$udev_ver") >&2
+    fi
     mv "$dl"/*.deb "$CACHE"/
     rmdir "$dl"
     udeb="$(ls "$CACHE"/udev_*.deb | head -n1)"

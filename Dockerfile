@@ -1,7 +1,26 @@
 # Runtime image of the vzram daemon. Sockets live in the /run/vzram volume,
 # which the VMM (QEMU, cloud-hypervisor) must share with this container.
+#
+# The default command serves one 4 GiB device, /run/vzram/vzram.sock, with
+# mode 0660 (--socket-mode), as the image's user (uid 10001). Give the host
+# directory to that uid and to the group the VMM runs in (kvm for QEMU under
+# libvirt on Debian and Ubuntu), setgid so that the sockets get that group;
+# the VMM's user then connects, nobody else does. The control socket stays
+# 0600: `docker exec vzram vzram stat`.
+#
+# Device state lives in the container's /dev/shm (tmpfs), which Docker caps
+# at 64 MiB unless told otherwise. The pool may use up to --host-mem-limit
+# (4G here) and the slot tables 1/512 of the devices' size: give /dev/shm
+# that much (--shm-size), or the daemon dies (SIGBUS) when the tmpfs fills.
+#
+#   sudo install -d -m 2770 -o 10001 -g kvm /run/vzram
 #   docker build -t vzram .
-#   docker run -v /run/vzram:/run/vzram vzram serve --socket /run/vzram/vm1.sock --size 8G --control /run/vzram/control.sock
+#   docker run -d --name vzram --shm-size 4200m -v /run/vzram:/run/vzram vzram
+#   # /run/vzram/vzram.sock: srw-rw---- 10001 kvm
+#
+# Other devices: `docker run ... vzram serve --socket-mode 0660
+# --host-mem-limit ... --device ...` (arguments replace the whole default
+# command: keep --socket-mode, and a host limit that fits in --shm-size).
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -11,9 +30,9 @@ RUN cargo build --release -p vzram --locked
 
 FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin vzram \
- && install -d -o vzram -g vzram -m 0750 /run/vzram
+ && install -d -o vzram -g vzram -m 2770 /run/vzram
 COPY --from=build /src/target/release/vzram /usr/local/bin/vzram
 USER vzram
 VOLUME ["/run/vzram"]
 ENTRYPOINT ["/usr/local/bin/vzram"]
-CMD ["serve", "--socket", "/run/vzram/vzram.sock", "--size", "4G", "--control", "/run/vzram/control.sock"]
+CMD ["serve", "--socket", "/run/vzram/vzram.sock", "--size", "4G", "--host-mem-limit", "4G", "--socket-mode", "0660", "--control", "/run/vzram/control.sock"]

@@ -62,6 +62,13 @@ fn bad_input_exits_2_with_a_one_line_message() {
     .unwrap();
     let dup = format!("socket={sock},size=1M");
     let limited = format!("socket={sock},size=4G,mem-limit=2G");
+    let over_size = format!("socket={sock},size=1G,mem-limit=2G");
+    let over_size_toml = dir.join("over.toml");
+    std::fs::write(
+        &over_size_toml,
+        "[[device]]\nsocket = \"/tmp/o.sock\"\nsize = \"64M\"\nmem_limit = \"65M\"\n",
+    )
+    .unwrap();
 
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["serve", "--socket", sock, "--size", "12Q"], "12Q"),
@@ -179,6 +186,26 @@ fn bad_input_exits_2_with_a_one_line_message() {
             "above the host limit",
         ),
         (vec!["serve", "--log-level", "loud"], "loud"),
+        // A device limit above the device's size.
+        (vec!["serve", "--device", &over_size], "above its size"),
+        (
+            vec![
+                "serve",
+                "--socket",
+                sock,
+                "--size",
+                "64M",
+                "--mem-limit",
+                "1G",
+                "--host-mem-limit",
+                "8G",
+            ],
+            "above its size",
+        ),
+        (
+            vec!["serve", "--config", s(&over_size_toml)],
+            "above its size",
+        ),
     ];
     for (args, needle) in cases {
         let o = vzram(&args);
@@ -208,6 +235,50 @@ fn help_and_version_exit_0() {
     assert_eq!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stdout).contains("--host-mem-limit"));
     assert_eq!(vzram(&["--version"]).status.code(), Some(0));
+}
+
+/// QEMU's backend-program conventions (docs/interop/vhost-user.rst):
+/// `--print-capabilities` prints `{"type": "block", "features": [...]}`
+/// and exits 0, whatever else is on the command line, doing nothing else.
+#[test]
+fn print_capabilities_follows_qemu_conventions() {
+    let dir = TempDir::new("caps");
+    let sock = dir.join("x.sock");
+    for args in [
+        vec!["--print-capabilities"],
+        vec![
+            "serve",
+            "--socket",
+            s(&sock),
+            "--size",
+            "1G",
+            "--print-capabilities",
+        ],
+        vec!["serve", "--bogus", "--print-capabilities"],
+    ] {
+        let o = vzram(&args);
+        assert_eq!(o.status.code(), Some(0), "vzram {args:?}: {}", stderr(&o));
+        assert!(o.stderr.is_empty(), "vzram {args:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("vzram {args:?}: not JSON ({e}): {:?}", o.stdout));
+        assert_eq!(v["type"], "block", "{v}");
+        let features = v["features"].as_array().expect("a features list");
+        // Only features vhost-user.json defines for "block".
+        for f in features {
+            assert!(f == "read-only" || f == "blk-file", "{v}");
+        }
+        assert!(features.iter().any(|f| f == "read-only"), "{v}");
+        assert!(!sock.exists(), "vzram {args:?} served a socket");
+    }
+    // The feature it names is a real flag: `--read-only` starts a
+    // read-only device.
+    let d = Daemon::start(
+        &dir,
+        &["--socket", s(&sock), "--size", "1M", "--read-only"],
+        &[&sock],
+    );
+    let st = d.control(json!({"cmd": "stat"}));
+    assert_eq!(st["devices"][0]["readonly"], true, "{st}");
 }
 
 #[test]

@@ -273,7 +273,8 @@ fn padded(serial: &str) -> Vec<u8> {
 }
 
 /// GET_ID returns the configured serial, NUL-padded to 20 bytes, not the
-/// device's name; without a serial, the name.
+/// device's name; without a serial, `vzram-` and the name (what the udev
+/// rule in contrib/udev matches).
 #[test]
 fn get_id_returns_the_serial() {
     let dir = TempDir::new("serial");
@@ -326,7 +327,7 @@ fn get_id_returns_the_serial() {
         ("spec", &socks[1], "SPEC-0042"),
         ("full", &socks[2], "ABCDEFGHIJ0123456789"),
         ("file", &socks[3], "from-the-file"),
-        ("plain", &socks[4], "plain"),
+        ("plain", &socks[4], "vzram-plain"),
     ] {
         let got = get_id(sock);
         assert_eq!(

@@ -290,7 +290,10 @@ fn filesystem_roundtrip() {
 }
 
 /// Memory given back: fstrim after deleting files, then swap with discard;
-/// `vzram compact` then returns what the frees left fragmented.
+/// `vzram compact` then returns what the frees left fragmented. The guest
+/// sets nothing by hand: its udevd applies contrib/udev/60-vzram.rules,
+/// which marks the disk non-rotational by its serial (vzram-NAME), and only
+/// then does swap discard freed clusters.
 #[test]
 fn discard_frees_memory() {
     let Some(ctx) = Ctx::new("discard_frees_memory") else {
@@ -367,6 +370,18 @@ fn discard_frees_memory() {
     ensure!(
         out.fields("PRESSURE ").num("mismatches") == 0,
         "swap with discard"
+    );
+    let udev = out.fields("UDEV ");
+    ensure!(
+        udev.num("running") == 1 && udev.str("serial").starts_with("vzram"),
+        "udev in the guest: {}",
+        udev.line
+    );
+    let start = out.fields("SWAP start");
+    ensure!(
+        start.num("rotational") == 0,
+        "contrib/udev/60-vzram.rules did not mark the disk non-rotational: {}",
+        start.line
     );
     let end = d.stat();
     let end = end.device(&sock);

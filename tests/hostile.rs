@@ -717,7 +717,8 @@ fn writes_to_a_read_only_device_fail() {
     assert_eq!(v.req(T_FLUSH, 0, &[]).0, S_OK);
     let (st, used) = v.req(T_GET_ID, 0, &[d(DATA, 20, F_WRITE)]);
     assert_eq!((st, used), (S_OK, 21));
-    assert_eq!(&v.ram.read(DATA, 6), b"victim");
+    // The default serial: vzram- and the name.
+    assert_eq!(&v.ram.read(DATA, 12), b"vzram-victim");
     let stats = fx.d.stat();
     assert_eq!(stats.dev("victim", "writes"), 0);
     assert_eq!(stats.dev("victim", "orig_data_size"), 0);
@@ -795,7 +796,7 @@ fn unknown_types_get_id_and_flush() {
     v.ram.write(DATA, &[0xff; 64]);
     let (st, used) = v.req(T_GET_ID, 0, &[d(DATA, 20, F_WRITE)]);
     assert_eq!((st, used), (S_OK, 21));
-    let mut want = b"victim".to_vec();
+    let mut want = b"vzram-victim".to_vec();
     want.resize(20, 0);
     assert_eq!(v.ram.read(DATA, 20), want);
     // Too short a buffer: never written past, whatever the status.

@@ -1,11 +1,13 @@
 //! The sandbox: the daemon serves under its seccomp filter (on by default,
 //! on every thread), `--seccomp off` and `seccomp = false` turn it off, and
-//! it runs as an unprivileged user with its sockets in a directory it owns.
+//! it runs as an unprivileged user with its sockets in a directory it owns,
+//! and the Dockerfile's default command makes sockets a VMM can use.
 
 use std::fs::Permissions;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use vzram_tests::*;
 
@@ -70,12 +72,28 @@ fn exercise(d: &Daemon, sock: &Path, queues: usize) {
     assert!(st.dev("vzram0", "writes") > 0, "{}", st.0);
     assert_eq!(d.control(json!({"cmd": "compact"}))["ok"], true);
     drop(c);
+    wait_disconnected(d);
     // A second connection: new worker threads, started under the filter.
     let mut c = Client::connect(sock, 1).unwrap();
     assert_eq!(
         c.q(0).read(MIB / 2, 3 * PAGE).unwrap(),
         pattern(7, 0, 3 * PAGE)
     );
+    drop(c);
+    wait_disconnected(d);
+}
+
+/// Waits until the daemon has let go of the last frontend: a frontend that
+/// connects before then is turned away as a second one (ECONNRESET).
+fn wait_disconnected(d: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.stat().0["devices"][0]["connected"] != false {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon still holds the last frontend after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -199,6 +217,180 @@ fn others_can_exec(bin: &Path) -> bool {
     ok(bin, 0o001) && bin.ancestors().skip(1).all(|d| ok(d, 0o001))
 }
 
+/// The daemon binary, or a copy in `dir` that other users can execute.
+fn bin_for_others(dir: &TempDir) -> PathBuf {
+    let bin = vzram_bin();
+    if others_can_exec(&bin) {
+        return bin;
+    }
+    let copy = dir.join("vzram");
+    std::fs::copy(&bin, &copy).unwrap();
+    std::fs::set_permissions(&copy, Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), Permissions::from_mode(0o755)).unwrap();
+    copy
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    let c = std::ffi::CString::new(s(p)).unwrap();
+    // SAFETY: chown of a path the test created, NUL-terminated.
+    assert_eq!(
+        unsafe { libc::chown(c.as_ptr(), uid, gid) },
+        0,
+        "chown {}",
+        p.display()
+    );
+}
+
+/// Connects to the unix socket `path` from a child process running as
+/// `uid`:`gid` (no other groups): Ok, or the errno of connect.
+fn connect_as(path: &Path, uid: u32, gid: u32) -> Result<(), i32> {
+    // Everything the child needs is made before fork: after it, only system
+    // calls (this process has threads).
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = s(path).as_bytes();
+    assert!(bytes.len() < addr.sun_path.len(), "socket path too long");
+    for (d, b) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: the child only makes system calls and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        // SAFETY: async-signal-safe calls on values made before fork; the
+        // child never returns into the test harness.
+        unsafe {
+            let fail = |step: i32| libc::_exit(100 + step);
+            if libc::setgroups(0, std::ptr::null()) != 0 {
+                fail(1);
+            }
+            if libc::setgid(gid) != 0 {
+                fail(2);
+            }
+            if libc::setuid(uid) != 0 {
+                fail(3);
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            if fd < 0 {
+                fail(4);
+            }
+            let r = libc::connect(fd, (&raw const addr).cast::<libc::sockaddr>(), len);
+            let errno = *libc::__errno_location();
+            libc::_exit(if r == 0 { 0 } else { errno.min(99) });
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "child: status {status}");
+    match libc::WEXITSTATUS(status) {
+        0 => Ok(()),
+        n if n >= 100 => panic!("child could not become {uid}:{gid} (step {})", n - 100),
+        errno => Err(errno),
+    }
+}
+
+/// The Dockerfile's default command, run the way its comment says: as the
+/// image's user (the uid its `useradd` gives), with the host's socket
+/// directory owned by that uid and the VMM's group, setgid. The device
+/// socket comes out 0660 in the VMM's group: a VMM user in that group
+/// connects, others do not, and the control socket stays the daemon's.
+#[test]
+fn dockerfile_default_command_makes_sockets_the_vmm_can_use() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP: needs root to run the daemon and a VMM as other users");
+        return;
+    }
+    let Some(setpriv) = drop_to_nobody().map(|w| w[0].clone()) else {
+        eprintln!("SKIP: no setpriv");
+        return;
+    };
+    const VMM_UID: u32 = NOBODY;
+    const VMM_GID: u32 = 10_077; // stands in for kvm
+    const OTHER_GID: u32 = NOBODY;
+
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let uid: u32 = dockerfile
+        .split_once("--uid ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|u| u.parse().ok())
+        .expect("a useradd --uid in the Dockerfile");
+    let cmd_line = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("CMD "))
+        .expect("a CMD in the Dockerfile");
+    let cmd: Vec<String> = serde_json::from_str(cmd_line).expect("CMD in JSON form");
+
+    let dir = TempDir::new("docker");
+    // Stands in for the host's /run/vzram, prepared as the comment says.
+    let run = dir.join("run");
+    std::fs::create_dir(&run).unwrap();
+    chown(&run, uid, VMM_GID);
+    std::fs::set_permissions(&run, Permissions::from_mode(0o2770)).unwrap();
+    let args: Vec<String> = cmd
+        .iter()
+        .map(|a| a.replace("/run/vzram", s(&run)))
+        .collect();
+    let path_after = |flag: &str| {
+        let i = args.iter().position(|a| a == flag).unwrap_or_else(|| {
+            panic!("the Dockerfile's CMD has no {flag}: {cmd:?}");
+        });
+        PathBuf::from(&args[i + 1])
+    };
+    let sock = path_after("--socket");
+    let control = path_after("--control");
+
+    let mut c = Command::new(setpriv);
+    c.args([
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".into(),
+        "--".into(),
+    ])
+    .arg(bin_for_others(&dir))
+    .args(&args);
+    let mut d = Daemon::start_command(c, &control, &dir.join("daemon.log"), &[&sock]);
+
+    let meta = std::fs::metadata(&sock).unwrap();
+    assert_eq!(
+        (
+            meta.uid(),
+            meta.gid(),
+            format!("{:o}", meta.mode() & 0o7777)
+        ),
+        (uid, VMM_GID, "660".into()),
+        "device socket (uid, gid, mode)"
+    );
+    let meta = std::fs::metadata(&control).unwrap();
+    assert_eq!(
+        (meta.uid(), format!("{:o}", meta.mode() & 0o777)),
+        (uid, "600".into()),
+        "control socket"
+    );
+
+    assert_eq!(
+        connect_as(&sock, VMM_UID, VMM_GID),
+        Ok(()),
+        "the VMM's user"
+    );
+    assert_eq!(
+        connect_as(&sock, VMM_UID, OTHER_GID),
+        Err(libc::EACCES),
+        "a user outside the VMM's group"
+    );
+    assert_eq!(
+        connect_as(&control, VMM_UID, VMM_GID),
+        Err(libc::EACCES),
+        "the control socket is the daemon user's"
+    );
+    // The socket serves: a VMM (root here) does I/O on it.
+    exercise(&d, &sock, 1);
+    assert!(d.terminate().success(), "{}", d.log_text());
+}
+
 #[test]
 fn runs_as_an_unprivileged_user_with_sockets_in_its_own_directory() {
     // SAFETY: geteuid has no preconditions.
@@ -226,19 +418,10 @@ fn runs_as_an_unprivileged_user_with_sockets_in_its_own_directory() {
         };
         // The socket directory belongs to the daemon's user, mode 0700;
         // root (the test, standing in for the VMM) connects anyway.
-        let c = std::ffi::CString::new(s(&sockdir)).unwrap();
-        // SAFETY: chown of a directory we just created, by path.
-        assert_eq!(unsafe { libc::chown(c.as_ptr(), NOBODY, NOBODY) }, 0);
+        chown(&sockdir, NOBODY, NOBODY);
         std::fs::set_permissions(&sockdir, Permissions::from_mode(0o700)).unwrap();
         // The binary must be reachable for nobody, else run a copy.
-        let mut bin = vzram_bin();
-        if !others_can_exec(&bin) {
-            let copy = dir.join("vzram");
-            std::fs::copy(&bin, &copy).unwrap();
-            std::fs::set_permissions(&copy, Permissions::from_mode(0o755)).unwrap();
-            std::fs::set_permissions(dir.path(), Permissions::from_mode(0o755)).unwrap();
-            bin = copy;
-        }
+        let bin = bin_for_others(&dir);
         let mut cmd = Command::new(&wrapper[0]);
         cmd.args(&wrapper[1..]).arg(&bin).arg("serve").args(args);
         // The log is opened by us and handed over as stdout/stderr.

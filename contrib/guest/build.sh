@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Build the vzram test guest (kernel + initramfs) from Debian packages only.
+# The guest runs udevd with vzram's own rule (contrib/udev/60-vzram.rules).
 #
 #   contrib/guest/build.sh [CACHE_DIR]
 #
@@ -16,6 +17,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+UDEV_RULE="$HERE/../udev/60-vzram.rules"
 CACHE="${1:-${VZRAM_GUEST_DIR:-$HOME/.cache/vzram-guest}}"
 mkdir -p "$CACHE"
 CACHE="$(cd "$CACHE" && pwd)"
@@ -35,7 +37,7 @@ exec 9>"$CACHE/.lock"
 flock 9
 
 # --- up to date? (cheap: hash of our own inputs, no apt) ----------------------
-local_hash="$(cat "$HERE/build.sh" "$HERE/init" "$HERE/pressure.c" | sha256sum | cut -d' ' -f1)"
+local_hash="$(cat "$HERE/build.sh" "$HERE/init" "$HERE/pressure.c" "$UDEV_RULE" | sha256sum | cut -d' ' -f1)"
 if [ "${VZRAM_GUEST_REBUILD:-0}" != 1 ] && [ -z "${VZRAM_GUEST_KERNEL_PKG:-}" ] \
     && [ -s "$CACHE/vmlinuz" ] && [ -s "$CACHE/initramfs.cpio.gz" ] \
     && [ "$(head -n1 "$CACHE/stamp" 2>/dev/null)" = "$local_hash" ]; then
@@ -96,6 +98,34 @@ if [ -z "$deb" ] || ! dpkg-deb -f "$deb" Version | grep -qxF "$kpkg_ver"; then
 fi
 log "unpacking $(basename "$deb")"
 dpkg-deb -x "$deb" "$work/k"
+
+# --- udev package: download (cached), unpack, never install ------------------
+# Debian links udevadm (which is also systemd-udevd) without systemd's shared
+# library; it needs only a few libraries the host has (see below).
+udev_candidate() { apt-cache policy udev | awk '/Candidate:/ && $2 != "(none)" {print $2}'; }
+udev_ver="$(udev_candidate)"
+if [ -z "$udev_ver" ]; then
+    as_root apt-get update >&2
+    udev_ver="$(udev_candidate)"
+fi
+[ -n "$udev_ver" ] || die "no udev package in the apt lists"
+udeb="$(ls "$CACHE"/udev_*.deb 2>/dev/null | head -n1 || true)"
+if [ -z "$udeb" ] || ! dpkg-deb -f "$udeb" Version | grep -qxF "$udev_ver"; then
+    rm -f "$CACHE"/udev_*.deb
+    log "downloading udev $udev_ver"
+    dl="$(mktemp -d)"; chmod 777 "$dl"
+    if ! (cd "$dl" && apt-get download "udev=$udev_ver") >&2; then
+        # Stale lists name a version the mirror no longer has.
+        as_root apt-get update >&2
+        udev_ver="$(udev_candidate)"
+        (cd "$dl" && apt-get download "udev=$udev_ver") >&2
+    fi
+    mv "$dl"/*.deb "$CACHE"/
+    rmdir "$dl"
+    udeb="$(ls "$CACHE"/udev_*.deb | head -n1)"
+fi
+dpkg-deb -x "$udeb" "$work/u"
+[ -x "$work/u/bin/udevadm" ] || die "unexpected udev package layout"
 kver="$(ls "$work/k/lib/modules" | head -n1)"
 [ -n "$kver" ] && [ -f "$work/k/boot/vmlinuz-$kver" ] || die "unexpected kernel package layout"
 kmods="$work/k/lib/modules/$kver"
@@ -113,6 +143,28 @@ done
 # The kernel calls /sbin/modprobe itself (e.g. zram loading its compressor).
 ln -s ../bin/busybox "$root/sbin/modprobe"
 install -m 0755 "$HERE/init" "$root/init"
+
+# udevd and vzram's rule, nothing else of udev's rules: no module loading or
+# renaming behind /init's back.
+install -D -m 0755 "$work/u/bin/udevadm" "$root/bin/udevadm"
+mkdir -p "$root/lib/systemd" "$root/etc/udev/rules.d" "$root/run"
+ln -sf ../../bin/udevadm "$root/lib/systemd/systemd-udevd"
+install -m 0644 "$UDEV_RULE" "$root/etc/udev/rules.d/60-vzram.rules"
+# Its libraries and the dynamic loader, from the host (the same Debian
+# release as the package), at the paths the loader searches.
+if ldd "$work/u/bin/udevadm" | grep -q "not found"; then
+    die "udevadm: $(ldd "$work/u/bin/udevadm" | grep "not found" | tr '\n' ' ')"
+fi
+ldd "$work/u/bin/udevadm" | awk '/=> \// {print $3} /^\t\/.*ld-linux/ {print $1}' | sort -u \
+    | while read -r lib; do
+    [ -f "$lib" ] || die "udevadm needs $lib, which this host lacks"
+    case "$lib" in
+        */ld-linux*) dst="$root/lib64/$(basename "$lib")" ;;
+        *) dst="$root/lib/x86_64-linux-gnu/$(basename "$lib")" ;;
+    esac
+    install -D -m 0755 "$(readlink -f "$lib")" "$dst"
+done
+[ -e "$root/lib64/ld-linux-x86-64.so.2" ] || die "no dynamic loader for udevadm"
 gcc -static -O2 -Wall -o "$root/bin/vzram-pressure" "$HERE/pressure.c"
 strip "$root/bin/vzram-pressure" 2>/dev/null || true
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringState, VringT};
+use vhost_user_backend::{VhostUserBackend, VringState, VringT};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{
     Address, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryBackend,
@@ -33,6 +33,7 @@ use vzram_store::{Page, PAGE_SIZE};
 use crate::config::{self, MAX_QUEUE_SIZE};
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
 use crate::request::{Request, RequestError};
+use crate::vring::BlkVring;
 
 /// Why a queue stopped draining; the guest's doing, logged and survived.
 #[derive(Debug, thiserror::Error)]
@@ -45,7 +46,8 @@ pub enum QueueError {
 
 /// Guest memory as the framework hands it to us.
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
-type Vring = VringRwLock<GuestMem>;
+/// Signals each new call fd once (SET_VRING_CALL); see [`crate::vring`].
+type Vring = BlkVring<GuestMem>;
 
 /// After this many requests in one go, tell the guest about the ones done so
 /// far instead of holding them back until the ring is empty.

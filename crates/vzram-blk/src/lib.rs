@@ -9,6 +9,7 @@ pub mod config;
 pub mod device;
 pub mod guard;
 pub mod request;
+pub mod vring;
 
 pub use backend::{
     drain_queue, BlkBackend, ChainError, ChainHook, GuestMem, QueueError, QueueRing, Scratch,

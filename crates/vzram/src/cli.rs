@@ -14,8 +14,50 @@ use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft, SeccompMode};
     about = "Compressed RAM block devices for VMs, served over vhost-user-blk"
 )]
 pub struct Cli {
+    /// Print the backend's capabilities as JSON and exit, per QEMU's
+    /// vhost-user backend-program conventions; other arguments are ignored.
+    #[arg(long)]
+    pub print_capabilities: bool,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The flag QEMU's backend-program conventions (docs/interop/vhost-user.rst)
+/// give every backend. It wins over everything else on the command line,
+/// which is otherwise ignored, so it is looked for before clap parses.
+pub const PRINT_CAPABILITIES: &str = "--print-capabilities";
+
+/// Whether `args` (without the program name) ask for the capabilities:
+/// the flag anywhere before a `--`.
+pub fn wants_capabilities<I, S>(args: I) -> bool
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    args.into_iter()
+        .map(|a| a.as_ref().to_owned())
+        .take_while(|a| a != "--")
+        .any(|a| a == PRINT_CAPABILITIES)
+}
+
+/// What `--print-capabilities` prints: the backend type QEMU's
+/// `docs/interop/vhost-user.json` calls `block`, and the block features it
+/// defines that `vzram serve` has (`--read-only`; not `--blk-file`: a vzram
+/// disk lives in RAM, not in a file).
+pub fn capabilities() -> String {
+    /// In the order of the convention's example: type first.
+    #[derive(serde::Serialize)]
+    struct Capabilities {
+        r#type: &'static str,
+        features: &'static [&'static str],
+    }
+    let caps = Capabilities {
+        r#type: "block",
+        features: &["read-only"],
+    };
+    let mut s = serde_json::to_string_pretty(&caps).unwrap_or_default();
+    s.push('\n');
+    s
 }
 
 // Parsed once per run: the size of the serve variant costs nothing.
@@ -58,11 +100,12 @@ pub struct ServeArgs {
     /// Cap on the memory that device may use (0 = none).
     #[arg(long, value_parser = config::parse_size)]
     pub mem_limit: Option<u64>,
-    /// Serial the guest reads with GET_ID (at most 20 bytes) [default: the name].
+    /// Serial the guest reads with GET_ID (at most 20 bytes) [default:
+    /// vzram-NAME, cut to 20 bytes; contrib/udev/60-vzram.rules matches vzram*].
     #[arg(long)]
     pub serial: Option<String>,
     /// Offer the device read-only.
-    #[arg(long)]
+    #[arg(long, visible_alias = "read-only")]
     pub readonly: bool,
     /// Name of that device in stats and control requests [default: vzramN,
     /// N its place among all devices: vzram0 when it is the only one].
@@ -358,6 +401,24 @@ mod tests {
         assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--queues", "0"]).is_err());
         assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--algo", "gzip"]).is_err());
         assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--socket-mode", "999"]).is_err());
+    }
+
+    #[test]
+    fn print_capabilities() {
+        assert!(wants_capabilities(["--print-capabilities"]));
+        assert!(wants_capabilities([
+            "serve",
+            "--bogus",
+            "--print-capabilities"
+        ]));
+        assert!(!wants_capabilities(["serve", "--", "--print-capabilities"]));
+        assert!(!wants_capabilities(["stat"]));
+        let v: serde_json::Value = serde_json::from_str(&capabilities()).unwrap();
+        assert_eq!(v["type"], "block");
+        assert_eq!(v["features"], serde_json::json!(["read-only"]));
+        // The feature it lists is a flag that works.
+        let c = serve(&["--socket", "/tmp/x", "--size", "1G", "--read-only"]).unwrap();
+        assert!(c.devices[0].readonly);
     }
 
     #[test]

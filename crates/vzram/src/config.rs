@@ -380,6 +380,24 @@ impl DeviceSpec {
 /// systemd's runtime directory (kept across restarts with
 /// `RuntimeDirectoryPreserve=yes`), else `/dev/shm/vzram`. The last two are
 /// tmpfs, where the state's pages are plain memory.
+/// How a device's serial starts unless one is given: what the udev rule in
+/// `contrib/udev/60-vzram.rules` matches to tell the guest the disk is not
+/// rotational. A guest sees the serial as `/sys/block/vdX/serial` and
+/// `/dev/disk/by-id/virtio-<serial>`.
+pub const SERIAL_PREFIX: &str = "vzram-";
+
+/// `vzram-<name>`, cut to the 20 bytes GET_ID has room for (at a character
+/// boundary).
+pub fn default_serial(name: &str) -> String {
+    let mut s = format!("{SERIAL_PREFIX}{name}");
+    let mut end = s.len().min(SERIAL_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s
+}
+
 pub fn default_state_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("VZRAM_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
@@ -466,7 +484,7 @@ impl DaemonConfig {
                     "device {name}: queues must be 1..={MAX_QUEUES}, not {queues}"
                 ));
             }
-            let serial = d.serial.unwrap_or_else(|| name.clone());
+            let serial = d.serial.unwrap_or_else(|| default_serial(&name));
             if serial.len() > SERIAL_LEN {
                 return err(format!(
                     "device {name}: serial {serial:?} is longer than {SERIAL_LEN} bytes"
@@ -482,6 +500,13 @@ impl DaemonConfig {
                 return err(format!("device name {name:?} is used twice"));
             }
             let mem_limit = d.mem_limit.unwrap_or(0);
+            if mem_limit > size {
+                // Compressed pages take at most a page each: a limit above
+                // the size is a typo, or meant for another device.
+                return err(format!(
+                    "device {name}: mem-limit {mem_limit} is above its size {size} (0 means no limit)"
+                ));
+            }
             let host = host_mem_limit.unwrap_or(0);
             if mem_limit != 0 && host != 0 && mem_limit > host {
                 return err(format!(
@@ -595,11 +620,30 @@ mod tests {
     }
 
     #[test]
+    fn default_serials() {
+        assert_eq!(default_serial("vm1"), "vzram-vm1");
+        // Cut to 20 bytes, not across a character.
+        assert_eq!(default_serial("a-rather-long-name"), "vzram-a-rather-long-");
+        assert_eq!(default_serial("abcdefghijklmé"), "vzram-abcdefghijklm");
+        let named = DaemonConfig::build(
+            None,
+            None,
+            None,
+            vec![DeviceDraft {
+                name: Some("a-name-far-longer-than-twenty-bytes".into()),
+                ..draft("/a", 4096)
+            }],
+        )
+        .unwrap();
+        assert_eq!(named.devices[0].serial, "vzram-a-name-far-lon");
+    }
+
+    #[test]
     fn build_checks() {
         let ok = DaemonConfig::build(None, None, None, vec![draft("/a", 1 << 20)]).unwrap();
         assert_eq!(ok.devices[0].queues, DEFAULT_QUEUES);
         assert_eq!(ok.devices[0].name, "vzram0");
-        assert_eq!(ok.devices[0].serial, "vzram0");
+        assert_eq!(ok.devices[0].serial, "vzram-vzram0");
         assert_eq!(ok.socket_mode, 0o600);
         let bad =
             |drafts: Vec<DeviceDraft>| DaemonConfig::build(None, None, None, drafts).unwrap_err();
@@ -638,12 +682,40 @@ mod tests {
         );
         let limited = DeviceDraft {
             mem_limit: Some(2 << 20),
-            ..draft("/a", 4096)
+            ..draft("/a", 4 << 20)
         };
         let e = DaemonConfig::build(Some(1 << 20), None, None, vec![limited.clone()]).unwrap_err();
         assert!(e.0.contains("above the host limit"), "{e}");
         assert!(DaemonConfig::build(Some(2 << 20), None, None, vec![limited.clone()]).is_ok());
-        assert!(DaemonConfig::build(Some(0), None, None, vec![limited]).is_ok());
+        assert!(DaemonConfig::build(Some(0), None, None, vec![limited.clone()]).is_ok());
+        // A limit above the device's size, with or without a host limit.
+        let e = bad(vec![DeviceDraft {
+            size: Some(1 << 20),
+            ..limited.clone()
+        }]);
+        assert!(e.0.contains("above its size"), "{e}");
+        let e = DaemonConfig::build(
+            Some(8 << 20),
+            None,
+            None,
+            vec![DeviceDraft {
+                size: Some(1 << 20),
+                ..limited.clone()
+            }],
+        )
+        .unwrap_err();
+        assert!(e.0.contains("above its size"), "{e}");
+        // Equal to the size is allowed.
+        assert!(DaemonConfig::build(
+            None,
+            None,
+            None,
+            vec![DeviceDraft {
+                size: Some(2 << 20),
+                ..limited
+            }]
+        )
+        .is_ok());
     }
 
     #[test]

@@ -45,6 +45,9 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
+    if cli::wants_capabilities(std::env::args_os().skip(1)) {
+        return print_capabilities();
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
@@ -59,6 +62,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if cli.print_capabilities {
+        return print_capabilities();
+    }
     match cli.command {
         Command::Serve(args) => {
             let log_level = args.log_level;
@@ -99,6 +105,18 @@ fn main() -> ExitCode {
         Command::Remove(a) => client(stat::remove(&a)),
         Command::Reset(a) => client(stat::reset(&a)),
         Command::ResetMax(a) => client(stat::reset_max(&a)),
+    }
+}
+
+/// `--print-capabilities`: the JSON on stdout, exit 0, nothing else done.
+fn print_capabilities() -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(cli::capabilities().as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(EXIT_FAILURE),
     }
 }
 

@@ -295,7 +295,7 @@ impl Device {
                 if word == 0 {
                     continue;
                 }
-                self.table.mark(s);
+                self.table.mark(s)?;
                 rec.slots += 1;
                 ctr.apply(Footprint::default(), footprint(word));
                 let Slot::Object { offset, len, .. } = Slot::decode(word) else {
@@ -466,11 +466,11 @@ impl Device {
         ctr.writes.fetch_add(1, Relaxed);
         let r = self
             .check(slot)
+            .and_then(|()| self.table.mark(slot))
             .and_then(|()| self.encode(data, sh))
             .map(|new| {
                 let w = self.table.word(slot);
                 // `new` is never 0 (encode makes a same-filled or object word).
-                self.table.mark(slot);
                 let g = SlotGuard::lock(w);
                 let old = g.old();
                 g.publish(new);
@@ -502,11 +502,11 @@ impl Device {
                 // leaves the slot as it was.
                 let new = match same_filled(page) {
                     Some(0) => 0,
-                    _ => self.encode(page, sh)?,
+                    _ => {
+                        self.table.mark(slot)?;
+                        self.encode(page, sh)?
+                    }
                 };
-                if new != 0 {
-                    self.table.mark(slot);
-                }
                 g.publish(new);
                 self.retire(old, new, sh);
                 Ok(())

@@ -19,6 +19,8 @@ pub enum StoreError {
     #[error("host memory limit reached")]
     HostLimit,
     /// The pool's reserved address space is used up. Guest sees IOERR.
+    #[error("the file system holding the device's state is full")]
+    StateFull,
     #[error("pool arena exhausted")]
     ArenaFull,
     /// A stored object failed to decompress. This is a bug, never guest input.

@@ -9,8 +9,9 @@ use crate::error::{Result, StoreError};
 pub struct Region {
     ptr: *mut u8,
     len: usize,
-    /// A shared file mapping: freeing pages must free the file's pages too.
-    shared: bool,
+    /// A shared file mapping: freeing pages must free the file's pages too,
+    /// and new pages are allocated in the file first (see [`Region::allocate`]).
+    file: Option<std::fs::File>,
 }
 
 // SAFETY: a Region is a plain memory mapping owned by this value; access to
@@ -69,20 +70,55 @@ impl Region {
         // small, exact steps.
         // SAFETY: advising our own fresh mapping; failure only costs memory.
         unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
+        let file = match file {
+            Some(f) => Some(f.try_clone().map_err(|e| {
+                // SAFETY: unmapping the mapping just made, which nothing uses.
+                unsafe { libc::munmap(ptr, len) };
+                StoreError::Map(format!("duplicating a state file's descriptor: {e}"))
+            })?),
+            None => None,
+        };
         Ok(Region {
             ptr: ptr.cast(),
             len,
-            shared: file.is_some(),
+            file,
         })
     }
 
     /// Faults in `[offset, offset + len)` with one call instead of one
     /// page fault per page. Best effort: on old kernels pages fault later.
-    pub fn populate(&self, offset: usize, len: usize) {
+    /// A file mapping's pages are allocated in the file first: a full file
+    /// system is an error here, not a SIGBUS at the first store.
+    pub fn populate(&self, offset: usize, len: usize) -> std::io::Result<()> {
         debug_assert!(offset.is_multiple_of(OS_PAGE) && offset + len <= self.len);
+        self.allocate(offset, len)?;
         // SAFETY: the range is inside this mapping; MADV_POPULATE_WRITE only
         // allocates zeroed pages there, as a write fault would.
         unsafe { libc::madvise(self.ptr.add(offset).cast(), len, libc::MADV_POPULATE_WRITE) };
+        Ok(())
+    }
+
+    /// Allocates `[offset, offset + len)` in the mapped file (nothing for
+    /// anonymous memory), so that storing there cannot fault.
+    pub fn allocate(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        let Some(f) = &self.file else { return Ok(()) };
+        use std::os::fd::AsRawFd;
+        // KEEP_SIZE: the last page of a mapping may reach past the file's
+        // end (a small slot table), and the size says what the state is.
+        // SAFETY: fallocate on a descriptor we own.
+        let rc = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                offset as i64,
+                len as i64,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     }
 
     #[inline]
@@ -106,7 +142,7 @@ impl Region {
         // MADV_DONTNEED on a private anonymous mapping drops the pages and
         // refills them with zeros; on a shared file mapping it would only
         // unmap them, so there MADV_REMOVE punches them out of the file.
-        let advice = if self.shared {
+        let advice = if self.file.is_some() {
             libc::MADV_REMOVE
         } else {
             libc::MADV_DONTNEED

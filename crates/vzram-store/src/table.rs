@@ -55,14 +55,24 @@ impl SlotTable {
 
     /// Records that `slot`'s word may become non-zero, so [`SlotTable::touched`]
     /// covers it. Once a page is marked this is one Relaxed load.
+    /// The first time, the page is allocated in the table's file (if it has
+    /// one): a full file system fails the write instead of faulting on it.
     #[inline]
-    pub fn mark(&self, slot: u64) {
+    pub fn mark(&self, slot: u64) -> crate::Result<()> {
         let page = slot / SLOTS_PER_PAGE;
         let bits = &self.touched[(page / 64) as usize];
         let bit = 1 << (page % 64);
         if bits.load(Relaxed) & bit == 0 {
+            let at = page as usize * OS_PAGE;
+            self.words
+                .allocate(at, OS_PAGE.min(self.words.len() - at))
+                .map_err(|e| {
+                    tracing::warn!("cannot allocate a slot-table page in the state file: {e}");
+                    crate::StoreError::StateFull
+                })?;
             bits.fetch_or(bit, Relaxed);
         }
+        Ok(())
     }
 
     /// The slots of every table page ever marked, one range per page: every
@@ -207,15 +217,15 @@ mod tests {
             63 * SLOTS_PER_PAGE + 9,
             slots - 1,
         ] {
-            t.mark(s);
+            t.mark(s).unwrap();
         }
         assert_eq!(
             pages(&t),
             [p(0), p(63), p(64), p(65), 130 * SLOTS_PER_PAGE..slots]
         );
         // Marks are idempotent and never spill onto a neighbour.
-        t.mark(64 * SLOTS_PER_PAGE + SLOTS_PER_PAGE - 1);
-        t.mark(SLOTS_PER_PAGE);
+        t.mark(64 * SLOTS_PER_PAGE + SLOTS_PER_PAGE - 1).unwrap();
+        t.mark(SLOTS_PER_PAGE).unwrap();
         assert_eq!(
             pages(&t),
             [p(0), p(1), p(63), p(64), p(65), 130 * SLOTS_PER_PAGE..slots]
@@ -225,7 +235,7 @@ mod tests {
     #[test]
     fn a_one_slot_table_has_one_page() {
         let t = SlotTable::new(1, None).unwrap();
-        t.mark(0);
+        t.mark(0).unwrap();
         assert_eq!(pages(&t).as_slice(), &[Range { start: 0, end: 1 }]);
     }
 

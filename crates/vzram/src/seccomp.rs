@@ -249,6 +249,10 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     // file): metadata only, never contents. Rust's File::metadata is statx
     // with AT_EMPTY_PATH, then fstat(at).
     r.allow(&[SYS_fstat, SYS_newfstatat, SYS_statx, SYS_lseek]);
+    // Allocating a new span's (or slot-table page's) blocks in a state
+    // file before storing there: a full tmpfs fails the write instead of
+    // raising SIGBUS. Only files this process holds; it opens none.
+    r.allow(&[SYS_fallocate]);
     // fcntl: descriptor and status flags, and duplicating (try_clone).
     r.allow_if(
         SYS_fcntl,

@@ -149,9 +149,9 @@ impl Arena {
 
     /// Backs a new span's pages in one call: cheaper than taking a fault on
     /// each page as objects fill it.
-    pub fn populate(&self, block: u32, pages: usize) {
+    pub fn populate(&self, block: u32, pages: usize) -> std::io::Result<()> {
         self.mem
-            .populate(block as usize * BLOCK_BYTES, pages * crate::PAGE_SIZE);
+            .populate(block as usize * BLOCK_BYTES, pages * crate::PAGE_SIZE)
     }
 
     /// Returns a block's first `pages` pages to the OS and the block to the

@@ -51,6 +51,8 @@ pub enum AllocError {
     Device,
     Host,
     Arena,
+    /// The file system holding the state is full.
+    Space,
 }
 
 impl From<AllocError> for StoreError {
@@ -59,6 +61,7 @@ impl From<AllocError> for StoreError {
             AllocError::Device => StoreError::DeviceLimit,
             AllocError::Host => StoreError::HostLimit,
             AllocError::Arena => StoreError::ArenaFull,
+            AllocError::Space => StoreError::StateFull,
         }
     }
 }
@@ -349,7 +352,11 @@ fn new_span(
         pool.host().uncharge(bytes);
         AllocError::Arena
     })?;
-    arena.populate(block, c.pages as usize);
+    if let Err(e) = arena.populate(block, c.pages as usize) {
+        tracing::warn!("cannot allocate a span in the state file: {e}");
+        drop_span(arena, pool, budget, block, c);
+        return Err(AllocError::Space);
+    }
     Ok(block)
 }
 

@@ -1,0 +1,115 @@
+//! A device whose state's file system fills up fails writes (StateFull,
+//! which the block layer turns into IOERR) instead of faulting, keeps what
+//! it stored, and takes writes again once space is freed.
+//!
+//! Needs a small tmpfs of its own: mounted here when the test may mount
+//! (root); otherwise it says so and checks nothing.
+
+use std::path::{Path, PathBuf};
+
+use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
+
+const TMPFS_BYTES: u64 = 1 << 20;
+
+fn noise(seed: u64) -> [u8; 4096] {
+    let mut p = [0u8; 4096];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for b in p.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    p
+}
+
+struct Mount(PathBuf);
+
+impl Mount {
+    fn tmpfs(dir: &Path, bytes: u64) -> Option<Mount> {
+        std::fs::create_dir_all(dir).ok()?;
+        let c = |s: &str| std::ffi::CString::new(s).unwrap();
+        let target = c(dir.to_str()?);
+        let opts = c(&format!("size={bytes},mode=0700"));
+        // SAFETY: mount(2) with NUL-terminated strings we own.
+        let rc = unsafe {
+            libc::mount(
+                c("tmpfs").as_ptr(),
+                target.as_ptr(),
+                c("tmpfs").as_ptr(),
+                0,
+                opts.as_ptr().cast(),
+            )
+        };
+        (rc == 0).then(|| Mount(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let p = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        // SAFETY: unmounting what we mounted.
+        unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_full_state_file_system_fails_writes_and_loses_nothing() {
+    let dir = std::env::temp_dir().join(format!("vzram-full-{}", std::process::id()));
+    let Some(_mount) = Mount::tmpfs(&dir, TMPFS_BYTES) else {
+        eprintln!("cannot mount a tmpfs here (not root?): nothing checked");
+        let _ = std::fs::remove_dir(&dir);
+        return;
+    };
+    let mut dc = DeviceConfig::new(64 << 20, Codec::Lz4);
+    dc.shards = 1;
+    dc.state = Some(StateSpec {
+        root: dir.clone(),
+        name: "d".into(),
+        fresh: false,
+    });
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let dev = pool.create_device(dc.clone()).unwrap();
+    // Incompressible pages, spread over many table pages, until it is full.
+    let mut stored = Vec::new();
+    let mut full = None;
+    for i in 0..4096u64 {
+        let slot = i * 37 % dev.num_slots();
+        match dev.write_page(slot, &noise(i)) {
+            Ok(()) => stored.push((slot, i)),
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    let e = full.expect("1 MiB of tmpfs never filled up");
+    assert!(matches!(e, StoreError::StateFull), "{e}");
+    assert!(stored.len() > 64, "only {} pages fit", stored.len());
+    eprintln!("{} pages stored before: {e}", stored.len());
+    // Everything stored reads back; nothing was charged for the failure.
+    for &(slot, i) in &stored {
+        let mut out = [0u8; 4096];
+        dev.read_page(slot, &mut out).unwrap();
+        assert_eq!(out, noise(i), "slot {slot}");
+    }
+    // Space freed, writes work again; and the state recovers.
+    for &(slot, _) in &stored[..stored.len() / 2] {
+        dev.discard(slot..slot + 1).unwrap();
+    }
+    dev.compact();
+    let (slot, _) = stored[0];
+    dev.write_page(slot, &noise(9999)).unwrap();
+    let files = dev.state_files().unwrap().try_clone().unwrap();
+    drop(dev);
+    drop(files);
+    let dev = pool.create_device(dc).unwrap();
+    let mut out = [0u8; 4096];
+    dev.read_page(slot, &mut out).unwrap();
+    assert_eq!(out, noise(9999));
+    for &(s, i) in &stored[stored.len() / 2..] {
+        dev.read_page(s, &mut out).unwrap();
+        assert_eq!(out, noise(i), "slot {s} after recovery");
+    }
+}

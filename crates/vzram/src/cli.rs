@@ -85,9 +85,14 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// vhost-user socket of a single device (with --size).
-    #[arg(long, value_name = "PATH")]
+    /// vhost-user socket of a single device (with --size). `--socket-path`
+    /// is the same, as QEMU's backend-program convention names it.
+    #[arg(long, alias = "socket-path", value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// That device's socket is already bound and listening at this inherited
+    /// descriptor (QEMU's `--fd` convention) instead of bound by vzram.
+    #[arg(long, value_name = "N", conflicts_with = "socket")]
+    pub fd: Option<i32>,
     /// Capacity of that device: 512M, 8G, 1T or bytes (a multiple of 4096).
     #[arg(long, value_parser = config::parse_size)]
     pub size: Option<u64>,
@@ -193,9 +198,16 @@ impl ServeArgs {
         };
         let mut drafts = file.devices;
         drafts.extend(self.devices);
+        let socket = match self.fd {
+            Some(fd) => Some(
+                crate::listen::bound_path(fd)
+                    .map_err(|e| ConfigError(format!("--fd {fd}: {e}")))?,
+            ),
+            None => self.socket,
+        };
         let single = DeviceDraft {
             name: self.name,
-            socket: self.socket,
+            socket,
             size: self.size,
             queues: self.queues,
             algo: self.algo,
@@ -226,6 +238,7 @@ impl ServeArgs {
             cfg.state_dir = d;
         }
         cfg.fresh = self.fresh;
+        cfg.inherit_fds = self.fd.into_iter().collect();
         Ok(cfg)
     }
 }

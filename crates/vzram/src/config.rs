@@ -433,6 +433,8 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Discard existing state and start every device empty.
     pub fresh: bool,
+    /// Listening sockets passed in (`--fd`), besides systemd's.
+    pub inherit_fds: Vec<std::os::fd::RawFd>,
     pub devices: Vec<DeviceSpec>,
 }
 
@@ -542,6 +544,7 @@ impl DaemonConfig {
             seccomp: SeccompMode::default(),
             state_dir: default_state_dir(),
             fresh: false,
+            inherit_fds: Vec::new(),
             devices,
         })
     }

@@ -172,6 +172,19 @@ impl Control {
                 ..
             } => {
                 let (_, d) = self.find(&r)?;
+                if bytes > d.spec.size {
+                    return Err(format!(
+                        "device {}: a limit of {bytes} bytes is above its size {} (0 means no limit)",
+                        d.spec.name, d.spec.size
+                    ));
+                }
+                let host = self.sup.pool.host_mem_limit();
+                if host != 0 && bytes > host {
+                    return Err(format!(
+                        "device {}: a limit of {bytes} bytes is above the host limit {host}",
+                        d.spec.name
+                    ));
+                }
                 // The worker, if any, reads the limit from the shared cells.
                 d.cells.budget().set_limit(bytes);
                 tracing::info!(device = %d.spec.name, bytes, "device memory limit set");
@@ -484,6 +497,13 @@ mod tests {
         assert_eq!(limit(&c, 0), 4096);
         let r = c.handle_line(r#"{"cmd":"set-limit","device":"1","bytes":8192}"#);
         assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(limit(&c, 1), 8192);
+        // Above the device's size (1 MiB): refused, the limit unchanged.
+        let r = c.handle_line(r#"{"cmd":"set-limit","device":"b","bytes":2097152}"#);
+        assert!(
+            r["error"].as_str().unwrap().contains("above its size"),
+            "{r}"
+        );
         assert_eq!(limit(&c, 1), 8192);
         let r = c.handle_line(r#"{"cmd":"set-limit","host":true,"bytes":1048576}"#);
         assert_eq!(r["ok"], true, "{r}");

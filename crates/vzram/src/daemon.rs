@@ -20,6 +20,7 @@ use vzram_store::{DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::control::{self, Control};
 use crate::launcher;
+use crate::listen;
 use crate::metrics;
 use crate::notify::Notifier;
 use crate::seccomp;
@@ -37,6 +38,8 @@ pub enum Error {
     Signal(io::Error),
     #[error(transparent)]
     Seccomp(#[from] seccomp::Error),
+    #[error("a socket passed in: {0}")]
+    Passed(io::Error),
     #[error("cannot start worker processes: {0}")]
     Launcher(io::Error),
     #[error("metrics address {addr}: {source}")]
@@ -117,6 +120,9 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
     // Block the shutdown signals before any thread starts, so every thread
     // inherits the mask and only `sigwait` below ever sees them.
     let signals = ShutdownSignals::block()?;
+    // Sockets passed in (systemd, `--fd`) are taken (close-on-exec, and
+    // LISTEN_* cleared) before anything is started that could inherit them.
+    let mut passed = listen::inherited(&cfg.inherit_fds).map_err(Error::Passed)?;
     // Before any thread and before the filter: the launcher is the one
     // process allowed to start workers.
     let launcher = launcher::start().map_err(Error::Launcher)?;
@@ -141,10 +147,18 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
 
     // Bind everything before serving anything, and before touching any
     // state: a bad path or a socket in use fails the start.
+    // Sockets passed in are used as they are and left for their owner to
+    // remove; the rest are bound here.
     let mut files = SocketFiles::default();
     let mut listeners = Vec::with_capacity(cfg.devices.len());
     for spec in &cfg.devices {
-        listeners.push(files.bind(&spec.socket, cfg.socket_mode)?);
+        listeners.push(match passed.remove(&spec.socket) {
+            Some(fd) => {
+                tracing::info!(device = %spec.name, socket = %spec.socket.display(), "using the listening socket passed in");
+                UnixListener::from(fd)
+            }
+            None => files.bind(&spec.socket, cfg.socket_mode)?,
+        });
     }
 
     // Every device's state is opened, locked and recovered here, once: a
@@ -185,9 +199,16 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
     }
 
     let control_listener = match &cfg.control {
-        Some(path) => Some(files.bind(path, cfg.control_mode)?),
+        Some(path) => Some(match passed.remove(path) {
+            Some(fd) => UnixListener::from(fd),
+            None => files.bind(path, cfg.control_mode)?,
+        }),
         None => None,
     };
+    for path in passed.keys() {
+        tracing::warn!(socket = %path.display(), "a socket was passed in that no device uses; closed");
+    }
+    drop(passed);
     // Bound here: the filter allows no new socket, and no getsockname to
     // learn the port of a `:0` afterwards.
     let metrics_listener = match cfg.metrics {

@@ -5,6 +5,7 @@ mod config;
 mod control;
 mod daemon;
 mod launcher;
+mod listen;
 mod metrics;
 mod notify;
 mod seccomp;

@@ -350,9 +350,14 @@ fn stat_set_limit_and_compact_commands() {
     assert!(dev["stats"]["compr_data_size"].as_u64().unwrap() < 512 * 4096);
     assert_eq!(v["pool"]["devices"], 1);
 
-    let o = vzram(&["set-limit", "--control", ctl, "--device", "vm1", "512M"]);
+    let o = vzram(&["set-limit", "--control", ctl, "--device", "vm1", "32M"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(d.stat().dev("vm1", "mem_limit"), 512 << 20);
+    assert_eq!(d.stat().dev("vm1", "mem_limit"), 32 << 20);
+    // Above the device's 64 MiB: refused, the limit kept.
+    let o = vzram(&["set-limit", "--control", ctl, "--device", "vm1", "512M"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("above its size"), "{}", stderr(&o));
+    assert_eq!(d.stat().dev("vm1", "mem_limit"), 32 << 20);
     let o = vzram(&["set-limit", "--control", ctl, "--device", "0", "0"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(d.stat().dev("vm1", "mem_limit"), 0);

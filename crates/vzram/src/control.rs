@@ -14,7 +14,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use vzram_store::PoolStats;
 
@@ -26,24 +26,28 @@ use crate::supervisor::{Served, Supervisor};
 const MAX_LINE: u64 = 64 * 1024;
 
 /// A device named in a request: its name, or its index as a number or string.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum DeviceRef {
     Index(u64),
     Name(String),
 }
 
-#[derive(Debug, Deserialize)]
+/// A control request: what the client sends and the daemon parses, one
+/// JSON line each (`{"cmd":"set-limit",...}`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Request {
     Stat {},
     SetLimit {
+        #[serde(skip_serializing_if = "Option::is_none")]
         device: Option<DeviceRef>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         host: bool,
         bytes: u64,
     },
     Compact {
+        #[serde(skip_serializing_if = "Option::is_none")]
         device: Option<DeviceRef>,
     },
     /// A new device, in `--device` syntax (`socket=...,size=...`).
@@ -57,8 +61,17 @@ pub enum Request {
         device: DeviceRef,
     },
     ResetMax {
+        #[serde(skip_serializing_if = "Option::is_none")]
         device: Option<DeviceRef>,
     },
+}
+
+impl DeviceRef {
+    /// As the command line gives it: a name (a number is taken as an index
+    /// by the daemon if no device has that name).
+    pub fn named(s: &str) -> DeviceRef {
+        DeviceRef::Name(s.to_string())
+    }
 }
 
 pub struct Control {
@@ -475,6 +488,48 @@ mod tests {
 
     fn limit(c: &Control, i: usize) -> u64 {
         c.devices()[i].1.cells.budget().limit()
+    }
+
+    /// What the client sends is what the daemon reads, field for field.
+    #[test]
+    fn typed_requests_round_trip() {
+        let cases = [
+            (Request::Stat {}, r#"{"cmd":"stat"}"#),
+            (
+                Request::SetLimit {
+                    device: None,
+                    host: true,
+                    bytes: 5,
+                },
+                r#"{"cmd":"set-limit","host":true,"bytes":5}"#,
+            ),
+            (
+                Request::SetLimit {
+                    device: Some(DeviceRef::named("vm1")),
+                    host: false,
+                    bytes: 5,
+                },
+                r#"{"cmd":"set-limit","device":"vm1","bytes":5}"#,
+            ),
+            (Request::Compact { device: None }, r#"{"cmd":"compact"}"#),
+            (
+                Request::ResetMax {
+                    device: Some(DeviceRef::Index(2)),
+                },
+                r#"{"cmd":"reset-max","device":2}"#,
+            ),
+            (
+                Request::Add {
+                    device: "socket=/a,size=1M".into(),
+                },
+                r#"{"cmd":"add","device":"socket=/a,size=1M"}"#,
+            ),
+        ];
+        for (req, wire) in cases {
+            assert_eq!(serde_json::to_string(&req).unwrap(), wire);
+            let back: Request = serde_json::from_str(wire).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), wire);
+        }
     }
 
     #[test]

@@ -1,17 +1,4 @@
-//! `vzram`: compressed RAM block devices for VMs, over vhost-user-blk.
-
-mod cli;
-mod config;
-mod control;
-mod daemon;
-mod launcher;
-mod listen;
-mod metrics;
-mod notify;
-mod seccomp;
-mod stat;
-mod supervisor;
-mod worker;
+//! `vzram`: the command line over the `vzram` library (daemon, client).
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -19,7 +6,8 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use vzram::cli::{self, Cli, Command};
+use vzram::{client, daemon, launcher, worker};
 
 /// Exit code for bad input: flags, config files, requests the daemon refuses.
 const EXIT_USAGE: u8 = 2;
@@ -99,13 +87,13 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Stat(a) => client(stat::stat(&a)),
-        Command::SetLimit(a) => client(stat::set_limit(&a)),
-        Command::Compact(a) => client(stat::compact(&a)),
-        Command::Add(a) => client(stat::add(&a)),
-        Command::Remove(a) => client(stat::remove(&a)),
-        Command::Reset(a) => client(stat::reset(&a)),
-        Command::ResetMax(a) => client(stat::reset_max(&a)),
+        Command::Stat(a) => client(client::stat(&a)),
+        Command::SetLimit(a) => client(client::set_limit(&a)),
+        Command::Compact(a) => client(client::compact(&a)),
+        Command::Add(a) => client(client::add(&a)),
+        Command::Remove(a) => client(client::remove(&a)),
+        Command::Reset(a) => client(client::reset(&a)),
+        Command::ResetMax(a) => client(client::reset_max(&a)),
     }
 }
 
@@ -121,7 +109,7 @@ fn print_capabilities() -> ExitCode {
     }
 }
 
-fn client(r: Result<String, stat::ClientError>) -> ExitCode {
+fn client(r: Result<String, client::ClientError>) -> ExitCode {
     match r {
         Ok(out) => {
             let mut stdout = std::io::stdout().lock();

@@ -1,5 +1,7 @@
 //! Client commands that talk to a running daemon over its control socket:
-//! `vzram stat`, `vzram set-limit` and `vzram compact`.
+//! `vzram stat`, `set-limit`, `compact`, `add`, `remove`, `reset`,
+//! `reset-max`. Requests are [`control::Request`], the type the daemon
+//! parses.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -7,7 +9,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::cli::{AddArgs, CompactArgs, DeviceArgs, SetLimitArgs, StatArgs};
-use crate::control;
+use crate::control::{self, DeviceRef, Request};
 
 /// An error for the user, and the exit code it deserves.
 pub struct ClientError {
@@ -15,7 +17,11 @@ pub struct ClientError {
     pub code: u8,
 }
 
-fn call(path: &Path, req: Value) -> Result<Value, ClientError> {
+fn call(path: &Path, req: Request) -> Result<Value, ClientError> {
+    let req = serde_json::to_value(&req).map_err(|e| ClientError {
+        message: format!("cannot encode the request: {e}"),
+        code: 1,
+    })?;
     let reply = control::request(path, &req).map_err(|e| ClientError {
         message: format!("cannot talk to the daemon at {}: {e}", path.display()),
         code: 1,
@@ -35,7 +41,7 @@ fn call(path: &Path, req: Value) -> Result<Value, ClientError> {
 }
 
 pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
-    let reply = call(&args.control, json!({"cmd": "stat"}))?;
+    let reply = call(&args.control, Request::Stat {})?;
     if args.json {
         Ok(format!("{reply}\n"))
     } else {
@@ -45,8 +51,16 @@ pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
 
 pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
     let req = match &args.device {
-        Some(d) => json!({"cmd": "set-limit", "device": d, "bytes": args.size}),
-        None => json!({"cmd": "set-limit", "host": true, "bytes": args.size}),
+        Some(d) => Request::SetLimit {
+            device: Some(DeviceRef::named(d)),
+            host: false,
+            bytes: args.size,
+        },
+        None => Request::SetLimit {
+            device: None,
+            host: true,
+            bytes: args.size,
+        },
     };
     call(&args.control, req)?;
     let what = args
@@ -62,7 +76,12 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
 }
 
 pub fn add(args: &AddArgs) -> Result<String, ClientError> {
-    let reply = call(&args.control, json!({"cmd": "add", "device": args.device}))?;
+    let reply = call(
+        &args.control,
+        Request::Add {
+            device: args.device.clone(),
+        },
+    )?;
     Ok(format!(
         "added device {} (index {})\n",
         reply["device"].as_str().unwrap_or("?"),
@@ -73,7 +92,9 @@ pub fn add(args: &AddArgs) -> Result<String, ClientError> {
 pub fn remove(args: &DeviceArgs) -> Result<String, ClientError> {
     call(
         &args.control,
-        json!({"cmd": "remove", "device": args.device}),
+        Request::Remove {
+            device: DeviceRef::named(&args.device),
+        },
     )?;
     Ok(format!("removed device {} and its state\n", args.device))
 }
@@ -81,7 +102,9 @@ pub fn remove(args: &DeviceArgs) -> Result<String, ClientError> {
 pub fn reset(args: &DeviceArgs) -> Result<String, ClientError> {
     let reply = call(
         &args.control,
-        json!({"cmd": "reset", "device": args.device}),
+        Request::Reset {
+            device: DeviceRef::named(&args.device),
+        },
     )?;
     Ok(format!(
         "reset device {}: {} pages dropped\n",
@@ -91,18 +114,16 @@ pub fn reset(args: &DeviceArgs) -> Result<String, ClientError> {
 }
 
 pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
-    let req = match &args.device {
-        Some(d) => json!({"cmd": "reset-max", "device": d}),
-        None => json!({"cmd": "reset-max"}),
+    let req = Request::ResetMax {
+        device: args.device.as_deref().map(DeviceRef::named),
     };
     call(&args.control, req)?;
     Ok("mem_used_max reset\n".to_string())
 }
 
 pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
-    let req = match &args.device {
-        Some(d) => json!({"cmd": "compact", "device": d}),
-        None => json!({"cmd": "compact"}),
+    let req = Request::Compact {
+        device: args.device.as_deref().map(DeviceRef::named),
     };
     let reply = call(&args.control, req)?;
     let pages = reply["pages_compacted"].as_u64().unwrap_or(0);

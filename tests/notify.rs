@@ -139,3 +139,17 @@ fn unreachable_notify_socket_is_a_warning() {
         "{log}"
     );
 }
+
+/// After READY, STATUS lines follow frontends coming and going.
+#[test]
+fn status_follows_connections() {
+    let dir = TempDir::new("notifyst");
+    let path = dir.join("notify.sock");
+    let rx = UnixDatagram::bind(&path).unwrap();
+    let mut d = start_and_wait_ready(&dir, &rx, path.to_str().unwrap());
+    let c = Client::connect(&dir.join("vm1.sock"), 1).unwrap();
+    assert_eq!(recv(&rx), "STATUS=serving 1 devices, 1 connected");
+    drop(c);
+    assert_eq!(recv(&rx), "STATUS=serving 1 devices, 0 connected");
+    assert!(d.terminate().success());
+}

@@ -130,10 +130,12 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
     raise_fd_limit(&cfg.devices);
     // Connected now: the seccomp filter allows sending, not connecting.
     // One nobody listens on (left over in a shell) is not worth failing for.
-    let notifier = Notifier::from_env().unwrap_or_else(|e| {
-        tracing::warn!("NOTIFY_SOCKET: {e}; the service manager will not hear from vzram");
-        None
-    });
+    let notifier = Notifier::from_env()
+        .unwrap_or_else(|e| {
+            tracing::warn!("NOTIFY_SOCKET: {e}; the service manager will not hear from vzram");
+            None
+        })
+        .map(Arc::new);
 
     // The host budget, shared with every worker.
     let host_file = memfd("vzram-host").map_err(Error::Launcher)?;
@@ -300,6 +302,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
         &notifier,
         &format!("READY=1\nSTATUS=serving {} devices", sup.devices().len()),
     );
+    sup.set_notifier(notifier.clone());
 
     let sig = signals.wait()?;
     tracing::info!(signal = sig, "shutting down");
@@ -324,7 +327,7 @@ fn memfd(name: &str) -> io::Result<std::fs::File> {
 
 /// Tells the service manager, if there is one; a lost message is logged,
 /// not fatal (the devices serve either way).
-fn notify(notifier: &Option<Notifier>, msg: &str) {
+fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
     if let Some(n) = notifier {
         if let Err(e) = n.send(msg) {
             tracing::warn!("cannot notify the service manager ({msg:?}): {e}");

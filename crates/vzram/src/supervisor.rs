@@ -164,6 +164,8 @@ pub struct Supervisor {
     env: WorkerEnv,
     next_id: AtomicU64,
     stopping: AtomicBool,
+    /// The service manager, told how many devices are connected.
+    notifier: Mutex<Option<Arc<crate::notify::Notifier>>>,
     /// One `add` at a time (names and sockets must stay unique).
     adding: Mutex<()>,
     /// Launcher requests waiting for their reply, by id.
@@ -195,6 +197,7 @@ impl Supervisor {
             stopping: AtomicBool::new(false),
             replies: Mutex::new(std::collections::HashMap::new()),
             adding: Mutex::new(()),
+            notifier: Mutex::new(None),
         })
     }
 
@@ -211,6 +214,34 @@ impl Supervisor {
             .enumerate()
             .filter_map(|(i, d)| d.clone().map(|d| (i, d)))
             .collect()
+    }
+
+    /// Status lines for the service manager from now on.
+    pub fn set_notifier(&self, n: Option<Arc<crate::notify::Notifier>>) {
+        *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = n;
+    }
+
+    /// `STATUS=` for systemd: devices, and how many have a frontend.
+    fn tell_status(&self) {
+        let n = self
+            .notifier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(n) = n {
+            let all = self.devices();
+            let connected = all
+                .iter()
+                .filter(|(_, d)| d.connected.load(Relaxed))
+                .count();
+            let msg = format!(
+                "STATUS=serving {} devices, {connected} connected",
+                all.len()
+            );
+            if let Err(e) = n.send(&msg) {
+                tracing::debug!("cannot tell the service manager ({msg}): {e}");
+            }
+        }
     }
 
     pub fn wake(&self) {
@@ -410,6 +441,7 @@ impl Supervisor {
             list.len() - 1
         };
         self.wake();
+        self.tell_status();
         Ok(i)
     }
 
@@ -461,6 +493,7 @@ impl Supervisor {
         match report {
             Report::Removed { .. } => {
                 tracing::info!(device = %name, "removed, with its state");
+                self.tell_status();
                 Ok(())
             }
             Report::Failed { error, .. } => Err(error),
@@ -699,6 +732,7 @@ impl Supervisor {
                     frontend: Some(conn),
                     started: Instant::now(),
                 };
+                self.tell_status();
             }
             Err(e) => {
                 tracing::error!(device = %d.spec.name, "cannot start a worker: {e}");
@@ -840,6 +874,7 @@ impl Supervisor {
         *d.phase() = Phase::Idle;
         *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
         d.connected.store(false, Relaxed);
+        self.tell_status();
         if watch.listening.get(&i) == Some(&false) && !d.removing.load(Relaxed) {
             if let Err(e) = ep.modify(d.listener.as_raw_fd(), 2 * i as u64, libc::EPOLLIN) {
                 tracing::error!(device = %d.spec.name, "cannot watch the socket again: {e}");

@@ -32,7 +32,8 @@ pub unsafe trait Plain: Sync {}
 unsafe impl Plain for Budget {}
 // SAFETY: repr(C) of a Budget and AtomicU64s.
 unsafe impl Plain for HostCells {}
-// SAFETY: repr(C) of a Budget, AtomicU64s and an array of Counters (atomics).
+// SAFETY: repr(C) of a Budget, AtomicU64s, Latency (atomics) and an array
+// of Counters (atomics).
 unsafe impl Plain for DeviceCells {}
 
 /// A `T` in a memory mapping: private and zeroed, or shared through a file
@@ -122,6 +123,9 @@ pub struct DeviceCells {
     /// message passed its checks); the serving layer counts them here so
     /// that a supervisor sees them without asking.
     pub connections: AtomicU64,
+    /// Request latencies, by [`Op`]: the serving layer measures them, the
+    /// store keeps them with the device's other counters.
+    pub latency: [Latency; 3],
     pub(crate) counters: [Counters; MAX_SHARDS],
 }
 
@@ -142,6 +146,14 @@ impl DeviceCells {
         s
     }
 
+    /// Request latencies, by operation.
+    pub fn latencies(&self) -> Vec<(Op, LatencySnapshot)> {
+        Op::ALL
+            .iter()
+            .map(|&op| (op, self.latency[op as usize].snapshot()))
+            .collect()
+    }
+
     pub fn budget(&self) -> &Budget {
         &self.budget
     }
@@ -153,5 +165,105 @@ impl DeviceCells {
             host.budget.uncharge(self.budget.used());
             self.charged_to.store(0, Relaxed);
         }
+    }
+}
+
+/// What a latency is recorded for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Read = 0,
+    Write = 1,
+    /// Discard and write-zeroes.
+    Discard = 2,
+}
+
+impl Op {
+    pub const ALL: [Op; 3] = [Op::Read, Op::Write, Op::Discard];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Discard => "discard",
+        }
+    }
+}
+
+/// Histogram buckets: at most 1 µs, 2 µs, 4 µs, ... 2^22 µs (about 4 s),
+/// and the rest.
+pub const LATENCY_BUCKETS: usize = 24;
+
+/// A latency histogram in shared memory: power-of-two buckets of
+/// microseconds, the count and the sum. Each record is three relaxed adds.
+#[repr(C)]
+pub struct Latency {
+    buckets: [AtomicU64; LATENCY_BUCKETS],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+/// A histogram read out: per-bucket counts (not cumulative) with their
+/// upper bounds in seconds (the last is +Inf), the count and the sum.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LatencySnapshot {
+    pub buckets: Vec<(f64, u64)>,
+    pub count: u64,
+    pub sum_seconds: f64,
+}
+
+impl Latency {
+    #[inline]
+    pub fn record(&self, d: std::time::Duration) {
+        let ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let us = ns.div_ceil(1000).max(1);
+        // Smallest k with us <= 2^k.
+        let k = (64 - (us - 1).leading_zeros()) as usize;
+        self.buckets[k.min(LATENCY_BUCKETS - 1)].fetch_add(1, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> LatencySnapshot {
+        LatencySnapshot {
+            buckets: self
+                .buckets
+                .iter()
+                .enumerate()
+                .map(|(k, b)| {
+                    let bound = if k == LATENCY_BUCKETS - 1 {
+                        f64::INFINITY
+                    } else {
+                        (1u64 << k) as f64 * 1e-6
+                    };
+                    (bound, b.load(Relaxed))
+                })
+                .collect(),
+            count: self.count.load(Relaxed),
+            sum_seconds: self.sum_ns.load(Relaxed) as f64 * 1e-9,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn latency_buckets() {
+        let cells = Cells::<DeviceCells>::private().unwrap();
+        let h = &cells.latency[Op::Write as usize];
+        for us in [0, 1, 2, 3, 1000, 5_000_000_000] {
+            h.record(Duration::from_micros(us));
+        }
+        let s = h.snapshot();
+        assert_eq!(s.count, 6);
+        let at = |bound: f64| s.buckets.iter().find(|b| b.0 == bound).unwrap().1;
+        assert_eq!(at(1e-6), 2); // 0 and 1 us
+        assert_eq!(at(2e-6), 1);
+        assert_eq!(at(4e-6), 1); // 3 us
+        assert_eq!(at(1024e-6), 1); // 1000 us
+        assert_eq!(s.buckets.last().unwrap(), &(f64::INFINITY, 1));
+        assert!((s.sum_seconds - (1006e-6 + 5e9 * 1e-6)).abs() < 1e-6);
     }
 }

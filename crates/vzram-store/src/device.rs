@@ -476,8 +476,8 @@ impl Device {
                 g.publish(new);
                 self.retire(old, new, sh);
             });
-        if r.is_err() {
-            ctr.failed_writes.fetch_add(1, Relaxed);
+        if let Err(e) = &r {
+            ctr.failed_write(e);
         }
         r
     }
@@ -512,8 +512,8 @@ impl Device {
                 Ok(())
             })
         });
-        if r.is_err() {
-            ctr.failed_writes.fetch_add(1, Relaxed);
+        if let Err(e) = &r {
+            ctr.failed_write(e);
         }
         r
     }

@@ -16,7 +16,7 @@ pub mod stats;
 mod store;
 pub(crate) mod table;
 
-pub use cells::{Cells, DeviceCells, HostCells};
+pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, Op};
 pub use codec::Codec;
 pub use device::{Device, DeviceConfig, Recovery};
 pub use error::{Result, StoreError};

@@ -18,6 +18,8 @@ pub struct DeviceStats {
     pub huge_pages: u64,
     pub failed_reads: u64,
     pub failed_writes: u64,
+    /// Writes refused because the device or host memory limit was reached.
+    pub limit_hits: u64,
     pub reads: u64,
     pub writes: u64,
     pub discards: u64,
@@ -42,6 +44,7 @@ pub struct PoolStats {
     pub huge_pages: u64,
     pub failed_reads: u64,
     pub failed_writes: u64,
+    pub limit_hits: u64,
     pub reads: u64,
     pub writes: u64,
     pub discards: u64,
@@ -57,6 +60,7 @@ pub(crate) struct Counters {
     pub discards: AtomicU64,
     pub failed_reads: AtomicU64,
     pub failed_writes: AtomicU64,
+    pub limit_hits: AtomicU64,
     pub pages_compacted: AtomicU64,
     // Gauges move both ways; a shard may go negative when another shard
     // stored what this one frees. Only the sum means anything.
@@ -76,6 +80,17 @@ pub(crate) struct Footprint {
 }
 
 impl Counters {
+    /// Counts a failed write, and whether a memory limit refused it.
+    pub fn failed_write(&self, e: &crate::StoreError) {
+        self.failed_writes.fetch_add(1, Relaxed);
+        if matches!(
+            e,
+            crate::StoreError::DeviceLimit | crate::StoreError::HostLimit
+        ) {
+            self.limit_hits.fetch_add(1, Relaxed);
+        }
+    }
+
     /// Zeroes the gauges, which recovery recomputes; counts stay.
     pub fn clear_gauges(&self) {
         for g in [&self.stored, &self.compr, &self.same, &self.huge] {
@@ -111,6 +126,7 @@ pub(crate) fn sum(shards: &[Counters], out: &mut DeviceStats) {
     out.discards = s(|c| &c.discards);
     out.failed_reads = s(|c| &c.failed_reads);
     out.failed_writes = s(|c| &c.failed_writes);
+    out.limit_hits = s(|c| &c.limit_hits);
     out.pages_compacted = s(|c| &c.pages_compacted);
     out.orig_data_size = g(|c| &c.stored) * crate::PAGE_SIZE as u64;
     out.compr_data_size = g(|c| &c.compr);
@@ -128,6 +144,7 @@ impl PoolStats {
         self.huge_pages += d.huge_pages;
         self.failed_reads += d.failed_reads;
         self.failed_writes += d.failed_writes;
+        self.limit_hits += d.limit_hits;
         self.reads += d.reads;
         self.writes += d.writes;
         self.discards += d.discards;

@@ -119,6 +119,7 @@ impl Control {
                     name: d.spec.name.clone(),
                     connected: d.connected.load(Ordering::Relaxed),
                     stats: d.cells.stats(d.spec.size),
+                    latency: d.cells.latencies(),
                 })
                 .collect(),
         }

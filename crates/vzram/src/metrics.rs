@@ -18,7 +18,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{prometheus_text, DescriptorEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use vzram_store::{DeviceStats, PoolStats};
+use vzram_store::{DeviceStats, LatencySnapshot, Op, PoolStats};
 
 use crate::control::Control;
 
@@ -33,6 +33,8 @@ pub struct DeviceSample {
     pub name: String,
     pub connected: bool,
     pub stats: DeviceStats,
+    /// Request latencies by operation.
+    pub latency: Vec<(Op, LatencySnapshot)>,
 }
 
 /// Everything one scrape reports.
@@ -133,6 +135,12 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         |d| d.stats.failed_writes,
     ),
     (
+        "vzram_limit_hits",
+        "Writes refused because the device or host memory limit was reached",
+        MetricType::Counter,
+        |d| d.stats.limit_hits,
+    ),
+    (
         "vzram_pages_compacted",
         "Pages moved by compaction",
         MetricType::Counter,
@@ -201,6 +209,24 @@ impl Collector for Sample {
                         )?,
                     _ => series.encode_gauge(&value(d))?,
                 }
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "vzram_request_duration_seconds",
+            "Time to serve a request (read, write, or discard and write-zeroes), from its descriptor chain to its status byte",
+            None,
+            MetricType::Histogram,
+        )?;
+        for d in &self.devices {
+            for (op, h) in &d.latency {
+                let labels = [("device", d.name.as_str()), ("op", op.name())];
+                m.encode_family(&labels)?
+                    .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                        h.sum_seconds,
+                        h.count,
+                        &h.buckets,
+                        None,
+                    )?;
             }
         }
         for (name, help, ty, value) in POOL_METRICS {
@@ -398,6 +424,14 @@ mod tests {
                     writes: 3,
                     ..DeviceStats::default()
                 },
+                latency: vec![(
+                    Op::Read,
+                    LatencySnapshot {
+                        buckets: vec![(1e-6, 2), (2e-6, 3), (f64::INFINITY, 1)],
+                        count: 6,
+                        sum_seconds: 0.5,
+                    },
+                )],
             }],
         }
     }
@@ -414,6 +448,10 @@ mod tests {
             "# TYPE vzram_mem_used_bytes gauge",
             "vzram_pool_mem_used_bytes 8192",
             "vzram_pool_devices 1",
+            "# TYPE vzram_request_duration_seconds histogram",
+            "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"read\",le=\"2e-06\"} 5",
+            "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"read\",le=\"+Inf\"} 6",
+            "vzram_request_duration_seconds_count{device=\"vm1\",op=\"read\"} 6",
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");
         }

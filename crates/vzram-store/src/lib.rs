@@ -4,6 +4,7 @@
 //! and a per-slot-locked table. Nothing here knows about virtio.
 
 pub mod codec;
+mod context;
 pub mod device;
 pub mod error;
 pub mod limits;
@@ -16,6 +17,7 @@ mod store;
 pub(crate) mod table;
 
 pub use codec::Codec;
+pub use context::Context;
 pub use device::{Device, DeviceConfig, Recovery};
 pub use error::{Result, StoreError};
 pub use pool::PoolConfig;

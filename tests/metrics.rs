@@ -108,6 +108,7 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         ("vzram_failed_reads_total", "vm1", "failed_reads"),
         ("vzram_failed_writes_total", "vm1", "failed_writes"),
         ("vzram_pages_compacted_total", "vm1", "pages_compacted"),
+        ("vzram_limit_hits_total", "vm1", "limit_hits"),
         ("vzram_writes_total", "vm2", "writes"),
         ("vzram_orig_data_bytes", "vm2", "orig_data_size"),
     ] {
@@ -116,6 +117,24 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
     }
     // The numbers are the workload's (pages), not zeros on both sides.
     assert_eq!(value(body, "vzram_writes_total{device=\"vm1\"}"), 308);
+    // One latency sample a request: 301 writes, 10 reads, 1 discard.
+    let lat = |op: &str, what: &str| {
+        value(
+            body,
+            &format!("vzram_request_duration_seconds_{what}{{device=\"vm1\",op=\"{op}\"}}"),
+        )
+    };
+    assert_eq!(lat("write", "count"), 301, "{body}");
+    assert_eq!(lat("read", "count"), 10);
+    assert_eq!(lat("discard", "count"), 1);
+    assert!(body.contains("# TYPE vzram_request_duration_seconds histogram"));
+    assert_eq!(
+        value(
+            body,
+            "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"write\",le=\"+Inf\"}"
+        ),
+        301
+    );
     assert_eq!(value(body, "vzram_reads_total{device=\"vm1\"}"), 10);
     assert_eq!(value(body, "vzram_same_pages{device=\"vm1\"}"), 8);
     assert_eq!(

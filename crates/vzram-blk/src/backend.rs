@@ -4,13 +4,12 @@
 //! `VhostUserBackendMut`: the framework wraps a `Mut` backend in a
 //! `Mutex`/`RwLock` and takes it for every queue event, which would put all
 //! queues of a device behind one lock. Here a queue thread touches only its
-//! own vring (whose lock nobody else takes while the device runs), atomics,
-//! thread-local scratch space, and the store's per-slot locks.
+//! own vring and its own scratch space (whose locks nobody else takes while
+//! the device runs), atomics, and the store's per-slot locks.
 //!
 //! A backend lives for one frontend connection. The [`BlkDevice`] it serves
 //! outlives it, so a frontend that reconnects finds its data.
 
-use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +27,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
-use vzram_store::{Page, PAGE_SIZE};
+use vzram_store::{Context, Page, PAGE_SIZE};
 
 use crate::config::{self, MAX_QUEUE_SIZE};
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
@@ -53,11 +52,6 @@ type Vring = BlkVring<GuestMem>;
 /// far instead of holding them back until the ring is empty.
 pub const SIGNAL_EVERY: u32 = 64;
 
-thread_local! {
-    /// Per queue thread, borrowed once per drain.
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-}
-
 /// vhost-user-blk backend for one connection.
 pub struct BlkBackend {
     dev: Arc<BlkDevice>,
@@ -72,6 +66,9 @@ pub struct BlkBackend {
     /// and its epoll are gone, i.e. when the last reference to us drops.
     exit_consumers: Mutex<Vec<RawFd>>,
     queue_errors: RateLimit,
+    /// Each queue's scratch space, made on its first kick. Only the queue's
+    /// own worker thread takes its lock, so it is never contended.
+    scratch: Box<[Mutex<Option<Scratch>>]>,
 }
 
 /// Lets one event through per interval and counts the rest.
@@ -115,12 +112,13 @@ impl RateLimit {
 impl BlkBackend {
     pub fn new(dev: Arc<BlkDevice>) -> BlkBackend {
         BlkBackend {
-            dev,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             event_idx: AtomicBool::new(false),
             acked_features: AtomicU64::new(0),
             exit_consumers: Mutex::new(Vec::new()),
             queue_errors: RateLimit::new(Duration::from_secs(1)),
+            scratch: (0..dev.num_queues()).map(|_| Mutex::new(None)).collect(),
+            dev,
         }
     }
 
@@ -133,20 +131,22 @@ impl BlkBackend {
         self.acked_features.load(Ordering::Relaxed)
     }
 
-    /// Drains one virtqueue with [`drain_queue`], holding its vring lock.
-    fn process_queue(&self, vring: &Vring) -> Result<(), QueueError> {
+    /// Drains virtqueue `queue` with [`drain_queue`], holding its vring lock.
+    fn process_queue(&self, vring: &Vring, queue: usize) -> Result<(), QueueError> {
         let event_idx = self.event_idx.load(Ordering::Relaxed);
+        let mut scratch = self.scratch[queue]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let scratch = scratch.get_or_insert_with(|| Scratch::new(queue));
         let mut state = vring.get_mut();
-        SCRATCH.with(|s| {
-            drain_queue(
-                &mut *state,
-                &self.mem,
-                &self.dev,
-                event_idx,
-                &mut s.borrow_mut(),
-                &mut (),
-            )
-        })
+        drain_queue(
+            &mut *state,
+            &self.mem,
+            &self.dev,
+            event_idx,
+            scratch,
+            &mut (),
+        )
     }
 }
 
@@ -181,19 +181,23 @@ impl<Q: QueueT, F: FnMut() -> io::Result<()>> QueueRing for (&mut Q, F) {
     }
 }
 
-/// The per-thread scratch space of a queue thread: the request being parsed
-/// and the bounce page, reused for every request so the I/O path does not
+/// One queue's scratch space: the request being parsed, the bounce page and
+/// the store context, reused for every request so the I/O path does not
 /// allocate.
 pub struct Scratch {
     pub req: Request,
     pub bounce: Box<Page>,
+    pub cx: Context,
 }
 
-impl Default for Scratch {
-    fn default() -> Scratch {
+impl Scratch {
+    /// Scratch space for queue `queue`; its store context takes the queue's
+    /// allocator shard, so a device's queues never share one.
+    pub fn new(queue: usize) -> Scratch {
         Scratch {
             req: Request::default(),
             bounce: Box::new([0; PAGE_SIZE]),
+            cx: Context::new(queue),
         }
     }
 }
@@ -319,9 +323,9 @@ fn run_chain<M: GuestMemory, H: ChainHook>(
     head: u16,
     hook: &mut H,
 ) -> u32 {
-    let Scratch { req, bounce } = scratch;
+    let Scratch { req, bounce, cx } = scratch;
     let result = match req.parse(chain) {
-        Ok(()) => dev.execute(mem, req, bounce).map_err(ChainError::Exec),
+        Ok(()) => dev.execute(mem, req, bounce, cx).map_err(ChainError::Exec),
         Err(e) => Err(ChainError::Malformed(e)),
     };
     let (status, written) = match &result {
@@ -485,14 +489,19 @@ impl VhostUserBackend for BlkBackend {
             tracing::warn!(?evset, "unexpected event on queue {thread_id}");
             return Ok(());
         }
-        // With one queue per thread the event is always 0, the thread's only vring.
+        // With one queue per thread the event is always 0, the thread's only
+        // vring, and the thread's index is the queue's.
         let Some(vring) = vrings.get(usize::from(device_event)) else {
             tracing::warn!(device_event, "event for an unknown vring");
             return Ok(());
         };
+        if thread_id >= self.scratch.len() {
+            tracing::warn!(thread_id, "event for an unknown queue");
+            return Ok(());
+        }
         // An error here would end the worker thread for good; a broken ring
         // is the guest's problem, so log it and keep serving.
-        if let Err(e) = self.process_queue(vring) {
+        if let Err(e) = self.process_queue(vring, thread_id) {
             // A guest can fail every kick: one line a second, not one a kick.
             if let Some(suppressed) = self.queue_errors.allow() {
                 tracing::warn!(queue = thread_id, suppressed, "virtqueue error: {e}");
@@ -537,12 +546,33 @@ mod tests {
             &&mem,
             b.device(),
             true,
-            &mut Scratch::default(),
+            &mut Scratch::new(0),
             &mut (),
         );
         assert!(r.is_ok());
         assert!(!notified);
         assert_eq!((queue.next_avail(), queue.next_used()), (0, 0));
+    }
+
+    /// Each queue gets scratch space of its own on its first kick, with a
+    /// store context on its own shard; queues never kicked get none.
+    #[test]
+    fn scratch_per_queue_on_first_kick() {
+        let b = backend(4, false);
+        let vring = Vring::new(b.mem.clone(), 16).unwrap();
+        for q in [2, 1, 2] {
+            b.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), q)
+                .unwrap();
+        }
+        // An event for a queue the device does not have is ignored.
+        b.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), 9)
+            .unwrap();
+        let shards: Vec<_> = b
+            .scratch
+            .iter()
+            .map(|s| s.lock().unwrap().as_ref().map(|s| s.cx.shard()))
+            .collect();
+        assert_eq!(shards, [None, Some(1), Some(2), None]);
     }
 
     #[test]

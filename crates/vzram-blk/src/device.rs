@@ -2,9 +2,10 @@
 //!
 //! The disk is addressed in 512-byte sectors; the store in 4 KiB slots.
 //! Whole, aligned pages go straight to `write_page`/`read_page` through one
-//! bounce page per queue thread. Anything smaller is a read-modify-write in
-//! the store under that slot's lock, so two queues writing different
-//! sectors of one page never lose each other's bytes.
+//! bounce page per queue. Anything smaller is a read-modify-write in the
+//! store under that slot's lock, so two queues writing different sectors of
+//! one page never lose each other's bytes. Every store call carries the
+//! queue's store [`Context`], which this layer holds but never looks into.
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
 };
 use vm_memory::GuestMemory;
-use vzram_store::{Device, Page, StoreError, PAGE_SIZE};
+use vzram_store::{Context, Device, Op, Page, StoreError, PAGE_SIZE};
 
 use crate::config::{BlkConfig, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SECTOR_SIZE, SERIAL_LEN};
 use crate::request::{Request, RequestType, SegmentCursor, DWZ_SEGMENT_LEN};
@@ -105,23 +106,46 @@ impl BlkDevice {
         BlkConfig::new(self.store.size_bytes(), self.num_queues)
     }
 
-    /// Runs `req`. Returns how many payload bytes were written into the
-    /// guest's buffers (not counting the status byte).
+    /// Runs `req` with the queue's bounce page and store context. Returns
+    /// how many payload bytes were written into the guest's buffers (not
+    /// counting the status byte).
     pub fn execute<M: GuestMemory + ?Sized>(
         &self,
         mem: &M,
         req: &Request,
         bounce: &mut Page,
+        cx: &mut Context,
+    ) -> Result<u32, ExecError> {
+        let op = match req.kind {
+            RequestType::In => Some(Op::Read),
+            RequestType::Out => Some(Op::Write),
+            RequestType::Discard | RequestType::WriteZeroes => Some(Op::Discard),
+            _ => None,
+        };
+        let t0 = op.map(|_| std::time::Instant::now());
+        let r = self.run(mem, req, bounce, cx);
+        if let (Some(op), Some(t0)) = (op, t0) {
+            self.store.cells().latency[op as usize].record(t0.elapsed());
+        }
+        r
+    }
+
+    fn run<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &M,
+        req: &Request,
+        bounce: &mut Page,
+        cx: &mut Context,
     ) -> Result<u32, ExecError> {
         match req.kind {
             RequestType::In => {
-                self.read(mem, req, bounce)?;
+                self.read(mem, req, bounce, cx)?;
                 // The chain is < 4 GiB by construction (virtio-queue stops at 2^32).
                 Ok(req.writable_len as u32)
             }
             RequestType::Out => {
                 self.check_writable()?;
-                self.write(mem, req, bounce)?;
+                self.write(mem, req, bounce, cx)?;
                 Ok(0)
             }
             RequestType::Flush => Ok(0), // nothing is cached between us and RAM
@@ -132,7 +156,7 @@ impl BlkDevice {
             }
             RequestType::Discard | RequestType::WriteZeroes => {
                 self.check_writable()?;
-                self.discard_or_zero(mem, req)?;
+                self.discard_or_zero(mem, req, cx)?;
                 Ok(0)
             }
             RequestType::Unsupported(_) => Err(ExecError::Unsupported),
@@ -161,6 +185,7 @@ impl BlkDevice {
         mem: &M,
         req: &Request,
         bounce: &mut Page,
+        cx: &mut Context,
     ) -> Result<(), ExecError> {
         let (mut pos, end) = self.byte_range(req.offset(), req.writable_len)?;
         let mut out = SegmentCursor::new(&req.writable);
@@ -168,7 +193,7 @@ impl BlkDevice {
             let slot = pos / PAGE;
             let off = (pos % PAGE) as usize;
             let n = (PAGE_SIZE - off).min((end - pos) as usize);
-            self.store.read_page(slot, bounce)?;
+            self.store.read_page(cx, slot, bounce)?;
             out.write(mem, &bounce[off..off + n])?;
             pos += n as u64;
         }
@@ -180,6 +205,7 @@ impl BlkDevice {
         mem: &M,
         req: &Request,
         bounce: &mut Page,
+        cx: &mut Context,
     ) -> Result<(), ExecError> {
         let (mut pos, end) = self.byte_range(req.offset(), req.readable_len)?;
         let mut input = SegmentCursor::new(&req.readable);
@@ -191,9 +217,9 @@ impl BlkDevice {
             // while we compress, and the store needs a stable page.
             input.read(mem, &mut bounce[..n])?;
             if n == PAGE_SIZE {
-                self.store.write_page(slot, bounce)?;
+                self.store.write_page(cx, slot, bounce)?;
             } else {
-                self.store.write_partial(slot, off, &bounce[..n])?;
+                self.store.write_partial(cx, slot, off, &bounce[..n])?;
             }
             pos += n as u64;
         }
@@ -204,6 +230,7 @@ impl BlkDevice {
         &self,
         mem: &M,
         req: &Request,
+        cx: &mut Context,
     ) -> Result<(), ExecError> {
         let allowed_flags = match req.kind {
             RequestType::WriteZeroes => VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
@@ -240,26 +267,26 @@ impl BlkDevice {
             *r = (start, end);
         }
         for &(start, end) in ranges.iter() {
-            self.zero_range(start, end)?;
+            self.zero_range(cx, start, end)?;
         }
         Ok(())
     }
 
     /// Makes `[start, end)` read as zeros: whole slots are freed, the ends
     /// of partial pages are zeroed in place.
-    fn zero_range(&self, start: u64, end: u64) -> Result<(), StoreError> {
+    fn zero_range(&self, cx: &mut Context, start: u64, end: u64) -> Result<(), StoreError> {
         let mut pos = start;
         while pos < end {
             let slot = pos / PAGE;
             let off = (pos % PAGE) as usize;
             if off == 0 && end - pos >= PAGE {
                 let last = end / PAGE;
-                self.store.discard(slot..last)?;
+                self.store.discard(cx, slot..last)?;
                 pos = last * PAGE;
                 continue;
             }
             let n = (PAGE_SIZE - off).min((end - pos) as usize);
-            self.store.zero_partial(slot, off, n)?;
+            self.store.zero_partial(cx, slot, off, n)?;
             pos += n as u64;
         }
         Ok(())
@@ -286,6 +313,7 @@ mod tests {
         mem: GuestMemoryMmap,
         dev: BlkDevice,
         bounce: Box<Page>,
+        cx: Context,
     }
 
     fn fixture(readonly: bool) -> Fixture {
@@ -306,6 +334,7 @@ mod tests {
             mem: guest_mem(),
             dev: BlkDevice::new(store, 1, readonly, "serial-123"),
             bounce: Box::new([0; PAGE_SIZE]),
+            cx: Context::new(0),
         }
     }
 
@@ -318,7 +347,10 @@ mod tests {
             let chain = q.build_desc_chain(descs).unwrap();
             let mut req = Request::default();
             match req.parse(chain) {
-                Ok(()) => match self.dev.execute(&self.mem, &req, &mut self.bounce) {
+                Ok(()) => match self
+                    .dev
+                    .execute(&self.mem, &req, &mut self.bounce, &mut self.cx)
+                {
                     Ok(n) => (STATUS_OK, n),
                     Err(e) => (e.status(), 0),
                 },

@@ -9,9 +9,9 @@
 
 use std::time::Instant;
 
-use vzram_store::codec::MAX_COMPRESSED;
+use vzram_store::codec::{CodecState, MAX_COMPRESSED};
 use vzram_store::device::same_filled;
-use vzram_store::{Codec, DeviceConfig, Page, Pool, PoolConfig, StateSpec, PAGE_SIZE};
+use vzram_store::{Codec, Context, DeviceConfig, Page, Pool, PoolConfig, StateSpec, PAGE_SIZE};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -103,12 +103,15 @@ fn bench(
     let mib = |secs: f64, n: usize| (n * PAGE_SIZE) as f64 / secs / 1e6;
     let mut cbuf = Box::new([0u8; MAX_COMPRESSED]);
     let mut out = Box::new([0u8; PAGE_SIZE]);
+    // The ceiling reuses its zstd contexts as the store does with its own.
+    let mut st = CodecState::default();
+    let mut cx = Context::new(0);
     // Compress once up front for the decompression ceiling and the ratio.
     let comp: Vec<Vec<u8>> = pages
         .iter()
         .map(|p| {
             let n = codec
-                .compress(p, &mut cbuf, MAX_COMPRESSED)
+                .compress(p, &mut cbuf, MAX_COMPRESSED, &mut st)
                 .unwrap_or(PAGE_SIZE);
             cbuf[..n].to_vec()
         })
@@ -124,12 +127,12 @@ fn bench(
     for _ in 0..reps {
         let t = Instant::now();
         for p in pages.iter().cycle().take(n) {
-            std::hint::black_box(codec.compress(p, &mut cbuf, MAX_COMPRESSED));
+            std::hint::black_box(codec.compress(p, &mut cbuf, MAX_COMPRESSED, &mut st));
         }
         raw_c.push(mib(t.elapsed().as_secs_f64(), n));
         let t = Instant::now();
         for c in comp.iter().cycle().take(n) {
-            assert!(codec.decompress(c, &mut out));
+            assert!(codec.decompress(c, &mut out, &mut st));
         }
         raw_d.push(mib(t.elapsed().as_secs_f64(), n));
 
@@ -144,26 +147,26 @@ fn bench(
         let dev = pool.create_device(cfg).unwrap();
         let t = Instant::now();
         for (i, p) in pages.iter().cycle().take(n).enumerate() {
-            dev.write_page(i as u64, p).unwrap();
+            dev.write_page(&mut cx, i as u64, p).unwrap();
         }
         w.push(mib(t.elapsed().as_secs_f64(), n));
         // Steady state: every slot rewritten with other content, so objects
         // are freed and reused rather than carved from fresh memory.
         let t = Instant::now();
         for (i, p) in pages.iter().cycle().skip(1).take(n).enumerate() {
-            dev.write_page(i as u64, p).unwrap();
+            dev.write_page(&mut cx, i as u64, p).unwrap();
         }
         ow.push(mib(t.elapsed().as_secs_f64(), n));
         for (i, p) in pages.iter().cycle().take(n).enumerate() {
-            dev.write_page(i as u64, p).unwrap();
+            dev.write_page(&mut cx, i as u64, p).unwrap();
         }
         let t = Instant::now();
         for i in 0..n {
-            dev.read_page(i as u64, &mut out).unwrap();
+            dev.read_page(&mut cx, i as u64, &mut out).unwrap();
         }
         r.push(mib(t.elapsed().as_secs_f64(), n));
         for (i, p) in pages.iter().enumerate() {
-            dev.read_page(i as u64, &mut out).unwrap();
+            dev.read_page(&mut cx, i as u64, &mut out).unwrap();
             assert!(*out == *p, "page {i} differs");
         }
         last = Some(dev.stats());
@@ -199,12 +202,13 @@ fn recovery(pages: &[Page], gib: u64, size_gib: u64, root: &std::path::Path, rep
     let mut cfg = DeviceConfig::new(size_gib << 30, Codec::Lz4);
     cfg.state = Some(spec(true));
     let dev = pool.create_device(cfg.clone()).unwrap();
+    let mut cx = Context::new(0);
     let t = Instant::now();
     // Spread over the device as swap is: every fourth slot of a 16 GiB
     // device for 4 GiB.
     let stride = (size_gib / gib).max(1);
     for (i, p) in pages.iter().cycle().take(n as usize).enumerate() {
-        dev.write_page(i as u64 * stride, p).unwrap();
+        dev.write_page(&mut cx, i as u64 * stride, p).unwrap();
     }
     let fill = t.elapsed().as_secs_f64();
     let before = dev.stats();

@@ -1,7 +1,7 @@
-//! lz4 and zstd over single pages, with one context per thread: queue threads
-//! never share or lock a compression context.
+//! lz4 and zstd over single pages. zstd's contexts live in a [`CodecState`]
+//! that each queue owns (inside its store `Context`): queue threads never
+//! share or lock one.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::str::FromStr;
 
@@ -35,32 +35,31 @@ impl Codec {
         page: &[u8; PAGE_SIZE],
         out: &mut [u8; MAX_COMPRESSED],
         limit: usize,
+        st: &mut CodecState,
     ) -> Option<usize> {
         let n = match self {
             Codec::Lz4 => lz4_flex::block::compress_into(page, out).ok()?,
-            Codec::Zstd { level } => ZSTD_C.with(|c| {
-                let mut c = c.borrow_mut();
-                let ctx = match &mut *c {
+            Codec::Zstd { level } => {
+                let ctx = match &mut st.zstd_c {
                     Some((l, ctx)) if *l == level => ctx,
                     slot => {
                         let ctx = zstd::bulk::Compressor::new(level).ok()?;
                         &mut slot.insert((level, ctx)).1
                     }
                 };
-                ctx.compress_to_buffer(&page[..], &mut out[..limit]).ok()
-            })?,
+                ctx.compress_to_buffer(&page[..], &mut out[..limit]).ok()?
+            }
         };
         (n < limit).then_some(n)
     }
 
     /// Decompresses `src` into a whole page. Fails unless exactly a page
     /// comes out.
-    pub fn decompress(self, src: &[u8], page: &mut [u8; PAGE_SIZE]) -> bool {
+    pub fn decompress(self, src: &[u8], page: &mut [u8; PAGE_SIZE], st: &mut CodecState) -> bool {
         match self {
             Codec::Lz4 => matches!(lz4_flex::block::decompress_into(src, page), Ok(PAGE_SIZE)),
-            Codec::Zstd { .. } => ZSTD_D.with(|d| {
-                let mut d = d.borrow_mut();
-                let ctx = match &mut *d {
+            Codec::Zstd { .. } => {
+                let ctx = match &mut st.zstd_d {
                     Some(ctx) => ctx,
                     slot => match zstd::bulk::Decompressor::new() {
                         Ok(ctx) => slot.insert(ctx),
@@ -68,7 +67,7 @@ impl Codec {
                     },
                 };
                 matches!(ctx.decompress_to_buffer(src, &mut page[..]), Ok(PAGE_SIZE))
-            }),
+            }
         }
     }
 
@@ -83,9 +82,22 @@ impl Codec {
     }
 }
 
-thread_local! {
-    static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
-    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+/// The codecs' reusable state for one thread at a time: zstd's compression
+/// context (for one level) and decompression context, made on first use so a
+/// queue that only sees lz4 never pays for them. lz4 needs none.
+#[derive(Default)]
+pub struct CodecState {
+    zstd_c: Option<(i32, zstd::bulk::Compressor<'static>)>,
+    zstd_d: Option<zstd::bulk::Decompressor<'static>>,
+}
+
+impl fmt::Debug for CodecState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CodecState")
+            .field("zstd_level", &self.zstd_c.as_ref().map(|c| c.0))
+            .field("zstd_d", &self.zstd_d.is_some())
+            .finish()
+    }
 }
 
 impl fmt::Display for Codec {
@@ -145,19 +157,23 @@ mod tests {
     #[test]
     fn round_trip_both_codecs() {
         let page = text_page();
+        // One state for all: a level change must make a new zstd context.
+        let mut st = CodecState::default();
         for codec in [
             Codec::Lz4,
             Codec::Zstd { level: 1 },
             Codec::Zstd { level: 9 },
         ] {
             let mut buf = [0u8; MAX_COMPRESSED];
-            let n = codec.compress(&page, &mut buf, 3072).expect("compressible");
+            let n = codec
+                .compress(&page, &mut buf, 3072, &mut st)
+                .expect("compressible");
             assert!(n < 3072);
             let mut out = [0xaa; PAGE_SIZE];
-            assert!(codec.decompress(&buf[..n], &mut out));
+            assert!(codec.decompress(&buf[..n], &mut out, &mut st));
             assert_eq!(out, page);
             assert!(
-                !codec.decompress(&buf[..n / 2], &mut out),
+                !codec.decompress(&buf[..n / 2], &mut out, &mut st),
                 "{codec} accepted a truncated page"
             );
         }
@@ -174,9 +190,10 @@ mod tests {
             *b = x as u8;
         }
         let mut buf = [0u8; MAX_COMPRESSED];
-        assert_eq!(Codec::Lz4.compress(&page, &mut buf, 3072), None);
+        let st = &mut CodecState::default();
+        assert_eq!(Codec::Lz4.compress(&page, &mut buf, 3072, st), None);
         assert_eq!(
-            Codec::Zstd { level: 1 }.compress(&page, &mut buf, 3072),
+            Codec::Zstd { level: 1 }.compress(&page, &mut buf, 3072, st),
             None
         );
     }

@@ -5,14 +5,14 @@
 //! to swap one word; readers hold it while decompressing, which is what stops
 //! compaction or a writer from freeing the object under them.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use crate::cells::{Cells, DeviceCells, MAX_SHARDS};
-use crate::codec::{Codec, MAX_COMPRESSED};
+use crate::codec::Codec;
+use crate::context::{Context, Work};
 use crate::error::{Result, StoreError};
 use crate::limits::Budget;
 use crate::pool::arena::Arena;
@@ -87,14 +87,6 @@ pub struct Recovery {
     /// the content they had.
     pub unlocked: u64,
     pub micros: u64,
-}
-
-static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static THREAD_SEQ: usize = NEXT_THREAD.fetch_add(1, Relaxed);
-    static CBUF: RefCell<Box<[u8; MAX_COMPRESSED]>> = RefCell::new(Box::new([0; MAX_COMPRESSED]));
-    static PAGE_BUF: RefCell<Box<Page>> = RefCell::new(Box::new([0; PAGE_SIZE]));
 }
 
 /// Returns the fill value if the page is one 8-byte value repeated.
@@ -387,8 +379,8 @@ impl Device {
     }
 
     #[inline]
-    fn shard(&self) -> usize {
-        THREAD_SEQ.with(|s| *s) % self.heap.num_shards()
+    fn shard(&self, ctx: &Context) -> usize {
+        ctx.shard % self.heap.num_shards()
     }
 
     #[inline]
@@ -404,17 +396,19 @@ impl Device {
     }
 
     /// Reads a slot into `out`. Unwritten and discarded slots read as zeros.
-    pub fn read_page(&self, slot: u64, out: &mut Page) -> Result<()> {
-        let ctr = &self.counters()[self.shard()];
+    pub fn read_page(&self, ctx: &mut Context, slot: u64, out: &mut Page) -> Result<()> {
+        let ctr = &self.counters()[self.shard(ctx)];
         ctr.reads.fetch_add(1, Relaxed);
-        let r = self.check(slot).and_then(|()| self.read_checked(slot, out));
+        let r = self
+            .check(slot)
+            .and_then(|()| self.read_checked(&mut ctx.work, slot, out));
         if r.is_err() {
             ctr.failed_reads.fetch_add(1, Relaxed);
         }
         r
     }
 
-    fn read_checked(&self, slot: u64, out: &mut Page) -> Result<()> {
+    fn read_checked(&self, work: &mut Work, slot: u64, out: &mut Page) -> Result<()> {
         let w = self.table.word(slot);
         // Empty and same-filled slots are answered from one atomic load:
         // there is no object that could move or be freed.
@@ -433,7 +427,7 @@ impl Device {
             }
         }
         let g = SlotGuard::lock(w);
-        let ok = self.load(&g, out);
+        let ok = self.load(work, &g, out);
         drop(g);
         if ok {
             Ok(())
@@ -443,7 +437,7 @@ impl Device {
     }
 
     /// Expands a slot word into a page; the caller holds the slot lock.
-    fn load(&self, g: &SlotGuard<'_>, out: &mut Page) -> bool {
+    fn load(&self, work: &mut Work, g: &SlotGuard<'_>, out: &mut Page) -> bool {
         match Slot::decode(g.old()) {
             Slot::Empty => out.fill(0),
             Slot::Same(v) => fill(out, v),
@@ -452,7 +446,7 @@ impl Device {
                 if huge {
                     out.copy_from_slice(src);
                 } else {
-                    return Codec::from_id(codec).decompress(src, out);
+                    return Codec::from_id(codec).decompress(src, out, &mut work.codec);
                 }
             }
         }
@@ -460,14 +454,14 @@ impl Device {
     }
 
     /// Stores a whole page. On any error the slot keeps its old content.
-    pub fn write_page(&self, slot: u64, data: &Page) -> Result<()> {
-        let sh = self.shard();
+    pub fn write_page(&self, ctx: &mut Context, slot: u64, data: &Page) -> Result<()> {
+        let sh = self.shard(ctx);
         let ctr = &self.counters()[sh];
         ctr.writes.fetch_add(1, Relaxed);
         let r = self
             .check(slot)
             .and_then(|()| self.table.mark(slot))
-            .and_then(|()| self.encode(data, sh))
+            .and_then(|()| self.encode(&mut ctx.work, data, sh))
             .map(|new| {
                 let w = self.table.word(slot);
                 // `new` is never 0 (encode makes a same-filled or object word).
@@ -484,33 +478,37 @@ impl Device {
 
     /// Read-modify-write of part of a page, under the slot lock: `f` sees the
     /// current content and changes it in place.
-    pub fn modify_page(&self, slot: u64, f: impl FnOnce(&mut Page)) -> Result<()> {
-        let sh = self.shard();
+    pub fn modify_page(
+        &self,
+        ctx: &mut Context,
+        slot: u64,
+        f: impl FnOnce(&mut Page),
+    ) -> Result<()> {
+        let sh = self.shard(ctx);
         let ctr = &self.counters()[sh];
         ctr.writes.fetch_add(1, Relaxed);
         let r = self.check(slot).and_then(|()| {
-            PAGE_BUF.with(|buf| {
-                let page = &mut **buf.borrow_mut();
-                let g = SlotGuard::lock(self.table.word(slot));
-                let old = g.old();
-                if !self.load(&g, page) {
-                    return Err(StoreError::Corrupt { slot });
+            let Context { page, work, .. } = ctx;
+            let page = &mut **page;
+            let g = SlotGuard::lock(self.table.word(slot));
+            let old = g.old();
+            if !self.load(work, &g, page) {
+                return Err(StoreError::Corrupt { slot });
+            }
+            f(page);
+            // A partial write or zeroing that leaves nothing but zeros
+            // frees the slot, as a discard would. On an error the guard
+            // leaves the slot as it was.
+            let new = match same_filled(page) {
+                Some(0) => 0,
+                _ => {
+                    self.table.mark(slot)?;
+                    self.encode(work, page, sh)?
                 }
-                f(page);
-                // A partial write or zeroing that leaves nothing but zeros
-                // frees the slot, as a discard would. On an error the guard
-                // leaves the slot as it was.
-                let new = match same_filled(page) {
-                    Some(0) => 0,
-                    _ => {
-                        self.table.mark(slot)?;
-                        self.encode(page, sh)?
-                    }
-                };
-                g.publish(new);
-                self.retire(old, new, sh);
-                Ok(())
-            })
+            };
+            g.publish(new);
+            self.retire(old, new, sh);
+            Ok(())
         });
         if let Err(e) = &r {
             ctr.failed_write(e);
@@ -519,7 +517,13 @@ impl Device {
     }
 
     /// Writes `data` at byte `offset` of a slot, keeping the rest of the page.
-    pub fn write_partial(&self, slot: u64, offset: usize, data: &[u8]) -> Result<()> {
+    pub fn write_partial(
+        &self,
+        ctx: &mut Context,
+        slot: u64,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
         let end = offset.checked_add(data.len()).filter(|&e| e <= PAGE_SIZE);
         let Some(end) = end else {
             return Err(StoreError::BadPageRange {
@@ -527,30 +531,36 @@ impl Device {
                 len: data.len(),
             });
         };
-        self.modify_page(slot, |p| p[offset..end].copy_from_slice(data))
+        self.modify_page(ctx, slot, |p| p[offset..end].copy_from_slice(data))
     }
 
     /// Zeroes `len` bytes at `offset` of a slot; a whole page is discarded.
-    pub fn zero_partial(&self, slot: u64, offset: usize, len: usize) -> Result<()> {
+    pub fn zero_partial(
+        &self,
+        ctx: &mut Context,
+        slot: u64,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
         let end = offset.checked_add(len).filter(|&e| e <= PAGE_SIZE);
         let Some(end) = end else {
             return Err(StoreError::BadPageRange { offset, len });
         };
         if len == PAGE_SIZE {
-            return self.discard(slot..slot + 1);
+            return self.discard(ctx, slot..slot + 1);
         }
-        self.modify_page(slot, |p| p[offset..end].fill(0))
+        self.modify_page(ctx, slot, |p| p[offset..end].fill(0))
     }
 
     /// Frees a range of slots; they read as zeros afterwards.
-    pub fn discard(&self, slots: Range<u64>) -> Result<()> {
+    pub fn discard(&self, ctx: &mut Context, slots: Range<u64>) -> Result<()> {
         if slots.start > slots.end || slots.end > self.table.len() {
             return Err(StoreError::OutOfRange {
                 slot: slots.end.saturating_sub(1),
                 slots: self.table.len(),
             });
         }
-        let sh = self.shard();
+        let sh = self.shard(ctx);
         self.counters()[sh]
             .discards
             .fetch_add(slots.end - slots.start, Relaxed);
@@ -569,29 +579,27 @@ impl Device {
 
     /// Turns a page into the word that will represent it, allocating and
     /// filling an object if it needs one.
-    fn encode(&self, data: &Page, shard: usize) -> Result<u64> {
+    fn encode(&self, work: &mut Work, data: &Page, shard: usize) -> Result<u64> {
         if let Some(w) = same_filled(data).and_then(|v| Slot::Same(v).encode()) {
             return Ok(w);
         }
-        CBUF.with(|cbuf| {
-            let cbuf = &mut **cbuf.borrow_mut();
-            let (src, huge): (&[u8], bool) =
-                match self.codec.compress(data, cbuf, self.huge_threshold) {
-                    Some(n) => (&cbuf[..n], false),
-                    None => (&data[..], true),
-                };
-            let mut obj = self
-                .heap
-                .alloc(&self.pool, self.budget(), src.len(), shard)?;
-            self.heap.write(&mut obj, src);
-            let word = Slot::Object {
-                offset: obj.offset(),
-                len: src.len() as u32,
-                huge,
-                codec: self.codec.id(),
+        let Work { cbuf, codec } = work;
+        let (src, huge): (&[u8], bool) =
+            match self.codec.compress(data, cbuf, self.huge_threshold, codec) {
+                Some(n) => (&cbuf[..n], false),
+                None => (&data[..], true),
             };
-            Ok(word.encode().expect("objects always encode"))
-        })
+        let mut obj = self
+            .heap
+            .alloc(&self.pool, self.budget(), src.len(), shard)?;
+        self.heap.write(&mut obj, src);
+        let word = Slot::Object {
+            offset: obj.offset(),
+            len: src.len() as u32,
+            huge,
+            codec: self.codec.id(),
+        };
+        Ok(word.encode().expect("objects always encode"))
     }
 
     /// Accounts for a slot going from `old` to `new` and frees the old object.
@@ -605,20 +613,21 @@ impl Device {
     /// Moves objects out of sparse spans and gives emptied spans back to the
     /// OS. Runs beside I/O: each move holds only the moved slot's lock.
     /// Returns the number of pages given back.
+    ///
+    /// Compaction needs no context of its own: it copies objects without
+    /// decoding them, and allocates in each object's own shard. Its one
+    /// count per pass goes to shard 0's counters.
     pub fn compact(&self) -> u64 {
         let _one_at_a_time = self.compacting.lock().unwrap_or_else(|e| e.into_inner());
         let blocks = self.heap.plan_compaction(&self.pool);
         if blocks.is_empty() {
             return 0;
         }
-        let sh = self.shard();
         self.for_each_object(|s, w| self.relocate(s, w, &blocks));
         let pages = self
             .heap
             .finish_compaction(&self.pool, self.budget(), &blocks);
-        self.counters()[sh]
-            .pages_compacted
-            .fetch_add(pages, Relaxed);
+        self.counters()[0].pages_compacted.fetch_add(pages, Relaxed);
         pages
     }
 
@@ -734,13 +743,14 @@ mod tests {
 
     /// Slots on 64 table pages, written three ways; returns them in order.
     fn write_spread(dev: &Device) -> Vec<u64> {
+        let cx = &mut Context::new(0);
         let mut written = Vec::new();
         for tp in 0..64 {
             let s = tp * PER_PAGE + (tp * 37) % PER_PAGE;
             match tp % 3 {
-                0 => dev.write_page(s, &page(s)).unwrap(),
-                1 => dev.write_page(s, &[0x5a; PAGE_SIZE]).unwrap(),
-                _ => dev.write_partial(s, 100, &[1, 2, 3]).unwrap(),
+                0 => dev.write_page(cx, s, &page(s)).unwrap(),
+                1 => dev.write_page(cx, s, &[0x5a; PAGE_SIZE]).unwrap(),
+                _ => dev.write_partial(cx, s, 100, &[1, 2, 3]).unwrap(),
             }
             written.push(s);
         }
@@ -759,8 +769,9 @@ mod tests {
         let dev = device(&pool, 64 * PER_PAGE);
         let written = write_spread(&dev);
         // Written, then discarded: its page is marked but it is empty.
-        dev.write_page(3, &page(3)).unwrap();
-        dev.discard(3..4).unwrap();
+        let cx = &mut Context::new(0);
+        dev.write_page(cx, 3, &page(3)).unwrap();
+        dev.discard(cx, 3..4).unwrap();
         for tp in (0..64).step_by(2) {
             page_out(&dev, tp);
         }
@@ -792,11 +803,12 @@ mod tests {
         const N: u64 = 4 * PER_PAGE;
         let pool = pool();
         let dev = device(&pool, N);
+        let cx = &mut Context::new(0);
         for s in 0..N {
-            dev.write_page(s, &page(s)).unwrap();
+            dev.write_page(cx, s, &page(s)).unwrap();
         }
         for s in (0..N).step_by(2) {
-            dev.discard(s..s + 1).unwrap();
+            dev.discard(cx, s..s + 1).unwrap();
         }
         for tp in 0..N / PER_PAGE {
             page_out(&dev, tp);
@@ -808,7 +820,7 @@ mod tests {
         assert_eq!(before - after.mem_used_total, pages * PAGE_SIZE as u64);
         let mut buf = [0u8; PAGE_SIZE];
         for s in (1..N).step_by(2) {
-            dev.read_page(s, &mut buf).unwrap();
+            dev.read_page(cx, s, &mut buf).unwrap();
             assert!(buf == page(s), "slot {s} changed");
         }
     }
@@ -831,16 +843,17 @@ mod tests {
         let root = std::env::temp_dir().join(format!("vzram-damaged-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let pool = pool();
+        let cx = &mut Context::new(0);
         let dev = pool.create_device(state_cfg(&root)).unwrap();
         for s in 0..8 {
-            dev.write_page(s, &page(s)).unwrap();
+            dev.write_page(cx, s, &page(s)).unwrap();
         }
         drop(dev);
         // Recovered intact first.
         let dev = pool.create_device(state_cfg(&root)).unwrap();
         assert_eq!(dev.recovery().unwrap().slots, 8);
         let mut buf = [0u8; PAGE_SIZE];
-        dev.read_page(5, &mut buf).unwrap();
+        dev.read_page(cx, 5, &mut buf).unwrap();
         assert!(buf == page(5));
         drop(dev);
         // Slot 3 now names an object in the middle of another one.

@@ -5,6 +5,7 @@
 
 pub mod cells;
 pub mod codec;
+mod context;
 pub mod device;
 pub mod error;
 pub mod limits;
@@ -18,6 +19,7 @@ pub(crate) mod table;
 
 pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, Op};
 pub use codec::Codec;
+pub use context::Context;
 pub use device::{Device, DeviceConfig, Recovery};
 pub use error::{Result, StoreError};
 pub use pool::PoolConfig;

@@ -1,7 +1,7 @@
 //! Compaction gives memory back to the OS (RSS drops) and keeps every page.
 //! Also: a span freed by one device and reused by another shows no old bytes.
 
-use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
+use vzram_store::{Codec, Context, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -31,12 +31,13 @@ fn compaction_drops_rss_and_keeps_data() {
     let mut cfg = DeviceConfig::new(N * PAGE_SIZE as u64, Codec::Lz4);
     cfg.shards = 1;
     let dev = pool.create_device(cfg).unwrap();
+    let cx = &mut Context::new(0);
     for i in 0..N {
-        dev.write_page(i, &page(i)).unwrap();
+        dev.write_page(cx, i, &page(i)).unwrap();
     }
-    dev.discard(0..0).unwrap();
+    dev.discard(cx, 0..0).unwrap();
     for i in (0..N).step_by(2) {
-        dev.discard(i..i + 1).unwrap();
+        dev.discard(cx, i..i + 1).unwrap();
     }
     let before = dev.stats();
     let rss_before = rss_bytes();
@@ -74,7 +75,7 @@ fn compaction_drops_rss_and_keeps_data() {
 
     let mut buf = [0u8; PAGE_SIZE];
     for i in 0..N {
-        dev.read_page(i, &mut buf).unwrap();
+        dev.read_page(cx, i, &mut buf).unwrap();
         if i % 2 == 0 {
             assert!(buf.iter().all(|&b| b == 0), "discarded slot {i} not zero");
         } else {
@@ -98,31 +99,32 @@ fn isolation_across_devices_through_compaction() {
         pool.create_device(cfg).unwrap()
     };
     let (a, b) = (mk(), mk());
+    let cx = &mut Context::new(0);
     for i in 0..4096 {
-        a.write_page(i, &page(i)).unwrap();
+        a.write_page(cx, i, &page(i)).unwrap();
     }
     for i in 0..4096 {
         if i % 3 != 0 {
-            a.discard(i..i + 1).unwrap();
+            a.discard(cx, i..i + 1).unwrap();
         }
     }
     assert!(a.compact() > 0);
-    a.discard(0..4096).unwrap();
+    a.discard(cx, 0..4096).unwrap();
     assert_eq!(a.stats().mem_used_total, 0);
     // `b` now gets the spans `a` gave up. Everything it has not written reads
     // as zeros, and what it writes is exactly what it reads.
     let mut buf = [0u8; PAGE_SIZE];
     for i in 0..4096 {
-        b.read_page(i, &mut buf).unwrap();
+        b.read_page(cx, i, &mut buf).unwrap();
         assert!(buf.iter().all(|&x| x == 0));
     }
     for i in 0..4096 {
-        b.write_page(i, &page(i + 1_000_000)).unwrap();
+        b.write_page(cx, i, &page(i + 1_000_000)).unwrap();
     }
     // Leave `b`'s spans (once `a`'s) half empty, so its compaction moves
     // objects between them.
     for i in (1..4096).step_by(2) {
-        b.discard(i..i + 1).unwrap();
+        b.discard(cx, i..i + 1).unwrap();
     }
     let used = b.stats().mem_used_total;
     let freed = b.compact();
@@ -130,13 +132,13 @@ fn isolation_across_devices_through_compaction() {
     assert_eq!(b.stats().pages_compacted, freed);
     assert_eq!(used - b.stats().mem_used_total, freed * PAGE_SIZE as u64);
     for i in 0..4096 {
-        b.read_page(i, &mut buf).unwrap();
+        b.read_page(cx, i, &mut buf).unwrap();
         if i % 2 == 0 {
             assert!(buf == page(i + 1_000_000), "slot {i} of b changed");
         } else {
             assert!(buf.iter().all(|&x| x == 0));
         }
-        a.read_page(i, &mut buf).unwrap();
+        a.read_page(cx, i, &mut buf).unwrap();
         assert!(buf.iter().all(|&x| x == 0), "device a sees data at {i}");
     }
 }

@@ -3,22 +3,17 @@
 //! with or without room under the device's memory limit.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 
-use vzram_store::codec::MAX_COMPRESSED;
+use vzram_store::codec::{CodecState, MAX_COMPRESSED};
 use vzram_store::device::DEFAULT_HUGE_THRESHOLD;
 use vzram_store::pool::class::{class_of, classes};
-use vzram_store::{Codec, Device, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
+use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
 const P: u64 = PAGE_SIZE as u64;
 const WRITERS: u64 = 4;
 const PER_WRITER: u64 = 2048;
 const N: u64 = WRITERS * PER_WRITER;
-
-/// A thread's shard is its place in a process-wide sequence taken at its
-/// first device call. Tests that start writers at the same time could
-/// interleave in that sequence and put two writers on one shard.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Compressible pages of varied size, so many classes get spans.
 fn page(i: u64) -> [u8; PAGE_SIZE] {
@@ -46,7 +41,12 @@ fn probe(t: u64) -> [u8; PAGE_SIZE] {
 fn class_for(p: &[u8; PAGE_SIZE]) -> usize {
     let mut out = [0u8; MAX_COMPRESSED];
     let len = Codec::Lz4
-        .compress(p, &mut out, DEFAULT_HUGE_THRESHOLD)
+        .compress(
+            p,
+            &mut out,
+            DEFAULT_HUGE_THRESHOLD,
+            &mut CodecState::default(),
+        )
         .unwrap_or(PAGE_SIZE);
     class_of(len)
 }
@@ -55,10 +55,10 @@ fn span_bytes(class: usize) -> u64 {
     u64::from(classes()[class].pages) * P
 }
 
-/// A 4-shard device written by 4 threads, one per shard, each filling its
-/// own quarter; then every other page discarded. Returns the device and the
-/// pool memory a perfect compaction leaves: for every (shard, class), just
-/// enough spans for its live objects.
+/// A 4-shard device written by 4 threads, each with a context on a shard of
+/// its own, each filling its own quarter; then every other page discarded.
+/// Returns the device and the pool memory a perfect compaction leaves: for
+/// every (shard, class), just enough spans for its live objects.
 fn fragmented_four_shards() -> (Arc<Device>, u64) {
     let pool = Pool::new(PoolConfig {
         arena_bytes: 1 << 32,
@@ -75,11 +75,12 @@ fn fragmented_four_shards() -> (Arc<Device>, u64) {
         for t in 0..WRITERS {
             let (dev, probed, checked) = (&dev, &probed, &checked);
             s.spawn(move || {
-                dev.write_page(N + t, &probe(t)).unwrap();
+                let cx = &mut Context::new(t as usize);
+                dev.write_page(cx, N + t, &probe(t)).unwrap();
                 probed.wait();
                 checked.wait();
                 for i in t * PER_WRITER..(t + 1) * PER_WRITER {
-                    dev.write_page(i, &page(i)).unwrap();
+                    dev.write_page(cx, i, &page(i)).unwrap();
                 }
             });
         }
@@ -93,9 +94,10 @@ fn fragmented_four_shards() -> (Arc<Device>, u64) {
         );
         checked.wait();
     });
-    dev.discard(N..N + WRITERS).unwrap();
+    let cx = &mut Context::new(0);
+    dev.discard(cx, N..N + WRITERS).unwrap();
     for i in (0..N).step_by(2) {
-        dev.discard(i..i + 1).unwrap();
+        dev.discard(cx, i..i + 1).unwrap();
     }
 
     let mut live: HashMap<(u64, usize), u64> = HashMap::new();
@@ -135,9 +137,10 @@ fn compact_and_check(dev: &Device, ideal: u64) {
     );
     assert_eq!(pages * P, before.mem_used_total - after.mem_used_total);
 
+    let cx = &mut Context::new(0);
     let mut buf = [0u8; PAGE_SIZE];
     for i in 0..N {
-        dev.read_page(i, &mut buf).unwrap();
+        dev.read_page(cx, i, &mut buf).unwrap();
         if i % 2 == 0 {
             assert!(buf.iter().all(|&b| b == 0), "discarded slot {i} not zero");
         } else {
@@ -149,7 +152,6 @@ fn compact_and_check(dev: &Device, ideal: u64) {
 
 #[test]
 fn one_pass_reaches_the_plan_with_four_shards() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (dev, ideal) = fragmented_four_shards();
     compact_and_check(&dev, ideal);
 }
@@ -158,7 +160,6 @@ fn one_pass_reaches_the_plan_with_four_shards() {
 /// its memory limit compacts just as far.
 #[test]
 fn one_pass_reaches_the_plan_at_the_memory_limit() {
-    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (dev, ideal) = fragmented_four_shards();
     dev.set_mem_limit(dev.stats().mem_used_total);
     compact_and_check(&dev, ideal);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vzram_store::{Codec, Device, DeviceConfig, Pool, PoolConfig, StateSpec, PAGE_SIZE};
+use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, StateSpec, PAGE_SIZE};
 
 const SLOTS: u64 = 384;
 const OPS: usize = 20_000;
@@ -144,17 +144,19 @@ fn touched(op: Op) -> std::ops::Range<u64> {
     }
 }
 
-fn run(dev: &Device, op: Op) {
+fn run(dev: &Device, cx: &mut Context, op: Op) {
     let r = match op {
-        Op::Write { slot, seed } => dev.write_page(slot, page(slot, seed)[..].try_into().unwrap()),
+        Op::Write { slot, seed } => {
+            dev.write_page(cx, slot, page(slot, seed)[..].try_into().unwrap())
+        }
         Op::Partial {
             slot,
             off,
             len,
             seed,
-        } => dev.write_partial(slot, off, &page(slot, seed)[..len]),
-        Op::Zero { slot, off, len } => dev.zero_partial(slot, off, len),
-        Op::Discard { start, len } => dev.discard(start..start + len),
+        } => dev.write_partial(cx, slot, off, &page(slot, seed)[..len]),
+        Op::Zero { slot, off, len } => dev.zero_partial(cx, slot, off, len),
+        Op::Discard { start, len } => dev.discard(cx, start..start + len),
     };
     r.unwrap_or_else(|e| panic!("{op:?}: {e}"));
 }
@@ -187,8 +189,10 @@ fn crash_child() {
         std::thread::yield_now();
     });
     let out = std::io::stdout();
+    // Ops alternate between the device's two shards, as two queues would.
+    let mut cx = [Context::new(0), Context::new(1)];
     for (i, op) in ops(seed.parse().unwrap()).into_iter().enumerate() {
-        run(&dev, op);
+        run(&dev, &mut cx[i % 2], op);
         use std::io::Write;
         // One line per op, flushed: the parent must know what finished.
         let mut o = out.lock();
@@ -310,11 +314,12 @@ fn killed_at_random_points_every_slot_is_old_or_new() {
         let rec = dev.recovery().expect("recovered from the state");
         unlocked += rec.unlocked;
         recover_us.push(rec.micros);
+        let cx = &mut Context::new(0);
         let mut buf = [0u8; PAGE_SIZE];
         let mut took_new = false;
         let mut seen = Vec::with_capacity(SLOTS as usize);
         for s in 0..SLOTS {
-            dev.read_page(s, &mut buf)
+            dev.read_page(cx, s, &mut buf)
                 .unwrap_or_else(|e| panic!("kill {k} seed {seed}: slot {s}: {e}"));
             seen.push(buf.to_vec());
             let (old, new) = (&model[s as usize], &newer[s as usize]);
@@ -344,13 +349,14 @@ fn killed_at_random_points_every_slot_is_old_or_new() {
         assert_eq!(st.mem_used_total, pool.stats().mem_used_total);
         // The recovered heap works: write, compact and read back.
         let probe = page(0, 0xfeed ^ k as u64);
-        dev.write_page(0, probe[..].try_into().unwrap()).unwrap();
+        dev.write_page(cx, 0, probe[..].try_into().unwrap())
+            .unwrap();
         dev.compact();
-        dev.read_page(0, &mut buf).unwrap();
+        dev.read_page(cx, 0, &mut buf).unwrap();
         assert!(buf[..] == probe[..], "kill {k}: probe write lost");
         model[0] = probe;
         for s in 1..SLOTS {
-            dev.read_page(s, &mut buf).unwrap();
+            dev.read_page(cx, s, &mut buf).unwrap();
             assert!(
                 buf[..] == model[s as usize][..],
                 "kill {k}: slot {s} changed by compaction"

@@ -1,7 +1,7 @@
 //! A device's state handed between processes' pools (a supervisor and its
 //! workers): each attach recovers it, and the shared counters stay right.
 
-use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec};
+use vzram_store::{Codec, Context, DeviceConfig, Pool, PoolConfig, StateSpec};
 
 fn noise(seed: u64) -> [u8; 4096] {
     let mut p = [0u8; 4096];
@@ -17,6 +17,7 @@ fn noise(seed: u64) -> [u8; 4096] {
 
 #[test]
 fn attach_write_detach_attach_discard() {
+    let mut cx = Context::new(0);
     let root = std::env::temp_dir().join(format!("vzram-handover-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
@@ -45,7 +46,7 @@ fn attach_write_detach_attach_discard() {
         .attach_device(dc.clone(), files.try_clone().unwrap())
         .unwrap();
     for s in 0..512 {
-        dev.write_page(s, &noise(s)).unwrap();
+        dev.write_page(&mut cx, s, &noise(s)).unwrap();
     }
     let used = dev.stats().mem_used_total;
     assert!(used >= 512 * 4096);
@@ -60,10 +61,10 @@ fn attach_write_detach_attach_discard() {
     assert_eq!(dev.recovery().unwrap().slots, 512);
     for s in (0..512).step_by(97) {
         let mut out = [0u8; 4096];
-        dev.read_page(s, &mut out).unwrap();
+        dev.read_page(&mut cx, s, &mut out).unwrap();
         assert_eq!(out, noise(s));
     }
-    dev.discard(0..dev.num_slots()).unwrap();
+    dev.discard(&mut cx, 0..dev.num_slots()).unwrap();
     assert_eq!(dev.stats().mem_used_total, 0);
     assert_eq!(sup.host_cells().budget().used(), 0);
     drop(dev);

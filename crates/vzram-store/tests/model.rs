@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use vzram_store::encode_fill;
-use vzram_store::{Codec, Device, DeviceConfig, Page, Pool, PoolConfig, StoreError, PAGE_SIZE};
+use vzram_store::{
+    Codec, Context, Device, DeviceConfig, Page, Pool, PoolConfig, StoreError, PAGE_SIZE,
+};
 
 const P: u64 = PAGE_SIZE as u64;
 /// Different sizes, so a slot mixed up between the devices shows.
@@ -216,6 +218,9 @@ struct Io {
 struct Harness {
     pool: Arc<Pool>,
     devs: [Arc<Device>; 2],
+    /// Steps alternate between two contexts, so device 0 (two shards)
+    /// frees objects from the other shard's spans too.
+    cx: [Context; 2],
     /// What each slot must read as; None reads as zeros and holds nothing.
     pages: [Vec<Option<Box<Page>>>; 2],
     /// Slots whose last whole write was noise: certainly stored raw.
@@ -255,6 +260,7 @@ impl Harness {
             compacted: 0,
             pool,
             devs,
+            cx: [Context::new(0), Context::new(1)],
         }
     }
 
@@ -279,7 +285,7 @@ impl Harness {
 
     fn read_check(&mut self, dev: usize, slot: u64) -> Result<(), TestCaseError> {
         let mut buf = [0xa5u8; PAGE_SIZE];
-        let r = self.devs[dev].read_page(slot, &mut buf);
+        let r = self.devs[dev].read_page(&mut self.cx[0], slot, &mut buf);
         self.io[dev].reads += 1;
         if slot >= SLOTS[dev] {
             self.io[dev].failed_reads += 1;
@@ -372,7 +378,7 @@ impl Harness {
                 seed,
             } => {
                 let p = make_page(shape, dev, seed);
-                let r = self.devs[dev].write_page(slot, &p);
+                let r = self.devs[dev].write_page(&mut self.cx[step % 2], slot, &p);
                 let noise = matches!(shape, Shape::Noise);
                 refused = self.judge_write(dev, slot, r, Some(p), noise, before)?;
                 touched = slot..slot + 1;
@@ -386,7 +392,12 @@ impl Harness {
                 seed,
             } => {
                 let data = make_page(shape, dev, seed);
-                let r = self.devs[dev].write_partial(slot, offset, &data[..len]);
+                let r = self.devs[dev].write_partial(
+                    &mut self.cx[step % 2],
+                    slot,
+                    offset,
+                    &data[..len],
+                );
                 if offset + len > PAGE_SIZE {
                     prop_assert_eq!(r, Err(StoreError::BadPageRange { offset, len }));
                     refused = true;
@@ -408,7 +419,7 @@ impl Harness {
                 offset,
                 len,
             } => {
-                let r = self.devs[dev].zero_partial(slot, offset, len);
+                let r = self.devs[dev].zero_partial(&mut self.cx[step % 2], slot, offset, len);
                 if offset + len > PAGE_SIZE {
                     prop_assert_eq!(r, Err(StoreError::BadPageRange { offset, len }));
                     refused = true;
@@ -435,7 +446,7 @@ impl Harness {
                 touched = slot..slot + 1;
             }
             Op::Discard { dev, start, end } => {
-                let r = self.devs[dev].discard(start..end);
+                let r = self.devs[dev].discard(&mut self.cx[step % 2], start..end);
                 if start > end || end > SLOTS[dev] {
                     prop_assert!(
                         matches!(r, Err(StoreError::OutOfRange { .. })),
@@ -454,7 +465,8 @@ impl Harness {
             }
             Op::Thin { dev, stride, phase } => {
                 for s in (phase % stride..SLOTS[dev]).step_by(stride as usize) {
-                    prop_assert_eq!(self.devs[dev].discard(s..s + 1), Ok(()));
+                    let r = self.devs[dev].discard(&mut self.cx[step % 2], s..s + 1);
+                    prop_assert_eq!(r, Ok(()));
                     self.set(dev, s, None, false);
                     self.io[dev].discards += 1;
                 }
@@ -599,7 +611,7 @@ impl Harness {
     fn finish(&mut self) -> Result<(), TestCaseError> {
         self.read_all()?;
         for (dev, &n) in SLOTS.iter().enumerate() {
-            prop_assert_eq!(self.devs[dev].discard(0..n), Ok(()));
+            prop_assert_eq!(self.devs[dev].discard(&mut self.cx[0], 0..n), Ok(()));
             for s in 0..n {
                 self.set(dev, s, None, false);
             }
@@ -737,6 +749,7 @@ fn concurrent(codecs: [Codec; 2]) {
         .map(|t| {
             let (devs, rounds) = (devs.clone(), rounds.clone());
             std::thread::spawn(move || {
+                let cx = &mut Context::new(t as usize);
                 let mut mine = vec![vec![None; CSLOTS as usize]; 2];
                 let mut x = t + 1;
                 let (mut version, mut stored) = (0u64, 0u64);
@@ -758,7 +771,7 @@ fn concurrent(codecs: [Codec; 2]) {
                     match r % 10 {
                         0..=4 => {
                             version += 1;
-                            match dev.write_page(own, &owned_page(d as u64, own, t, version)) {
+                            match dev.write_page(cx, own, &owned_page(d as u64, own, t, version)) {
                                 Ok(()) => {
                                     mine[d][own as usize] = Some(version);
                                     stored += 1;
@@ -770,15 +783,15 @@ fn concurrent(codecs: [Codec; 2]) {
                         }
                         5 | 6 => {
                             let r = if r >> 40 & 1 == 0 {
-                                dev.discard(own..own + 1)
+                                dev.discard(cx, own..own + 1)
                             } else {
-                                dev.zero_partial(own, 0, PAGE_SIZE)
+                                dev.zero_partial(cx, own, 0, PAGE_SIZE)
                             };
                             r.unwrap();
                             mine[d][own as usize] = None;
                         }
                         7 | 8 => {
-                            dev.read_page(own, &mut buf).unwrap();
+                            dev.read_page(cx, own, &mut buf).unwrap();
                             let got = verify_owned(d as u64, own, &buf);
                             assert_eq!(
                                 got,
@@ -787,7 +800,7 @@ fn concurrent(codecs: [Codec; 2]) {
                             );
                         }
                         _ => {
-                            dev.read_page(any, &mut buf).unwrap();
+                            dev.read_page(cx, any, &mut buf).unwrap();
                             if let Some((w, _)) = verify_owned(d as u64, any, &buf) {
                                 assert_eq!(
                                     w,
@@ -811,6 +824,7 @@ fn concurrent(codecs: [Codec; 2]) {
         "only {rounds} compaction rounds ran beside the writers"
     );
 
+    let cx = &mut Context::new(0);
     let mut buf = [0u8; PAGE_SIZE];
     let mut stored = [0u64; 2];
     for (t, (mine, writes)) in results.iter().enumerate() {
@@ -820,7 +834,7 @@ fn concurrent(codecs: [Codec; 2]) {
         );
         for d in 0..2 {
             for slot in (t as u64..CSLOTS).step_by(WRITERS as usize) {
-                devs[d].read_page(slot, &mut buf).unwrap();
+                devs[d].read_page(cx, slot, &mut buf).unwrap();
                 let want = mine[d][slot as usize];
                 assert_eq!(
                     verify_owned(d as u64, slot, &buf),
@@ -855,7 +869,7 @@ fn concurrent(codecs: [Codec; 2]) {
         ps.mem_used_max
     );
     for d in &devs {
-        d.discard(0..CSLOTS).unwrap();
+        d.discard(cx, 0..CSLOTS).unwrap();
     }
     assert_eq!(pool.stats().mem_used_total, 0);
 }

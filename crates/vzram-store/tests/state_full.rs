@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
+use vzram_store::{Codec, Context, DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 
 const TMPFS_BYTES: u64 = 1 << 20;
 
@@ -56,6 +56,7 @@ impl Drop for Mount {
 
 #[test]
 fn a_full_state_file_system_fails_writes_and_loses_nothing() {
+    let mut cx = Context::new(0);
     let dir = std::env::temp_dir().join(format!("vzram-full-{}", std::process::id()));
     let Some(_mount) = Mount::tmpfs(&dir, TMPFS_BYTES) else {
         eprintln!("cannot mount a tmpfs here (not root?): nothing checked");
@@ -76,7 +77,7 @@ fn a_full_state_file_system_fails_writes_and_loses_nothing() {
     let mut full = None;
     for i in 0..4096u64 {
         let slot = i * 37 % dev.num_slots();
-        match dev.write_page(slot, &noise(i)) {
+        match dev.write_page(&mut cx, slot, &noise(i)) {
             Ok(()) => stored.push((slot, i)),
             Err(e) => {
                 full = Some(e);
@@ -91,25 +92,25 @@ fn a_full_state_file_system_fails_writes_and_loses_nothing() {
     // Everything stored reads back; nothing was charged for the failure.
     for &(slot, i) in &stored {
         let mut out = [0u8; 4096];
-        dev.read_page(slot, &mut out).unwrap();
+        dev.read_page(&mut cx, slot, &mut out).unwrap();
         assert_eq!(out, noise(i), "slot {slot}");
     }
     // Space freed, writes work again; and the state recovers.
     for &(slot, _) in &stored[..stored.len() / 2] {
-        dev.discard(slot..slot + 1).unwrap();
+        dev.discard(&mut cx, slot..slot + 1).unwrap();
     }
     dev.compact();
     let (slot, _) = stored[0];
-    dev.write_page(slot, &noise(9999)).unwrap();
+    dev.write_page(&mut cx, slot, &noise(9999)).unwrap();
     let files = dev.state_files().unwrap().try_clone().unwrap();
     drop(dev);
     drop(files);
     let dev = pool.create_device(dc).unwrap();
     let mut out = [0u8; 4096];
-    dev.read_page(slot, &mut out).unwrap();
+    dev.read_page(&mut cx, slot, &mut out).unwrap();
     assert_eq!(out, noise(9999));
     for &(s, i) in &stored[stored.len() / 2..] {
-        dev.read_page(s, &mut out).unwrap();
+        dev.read_page(&mut cx, s, &mut out).unwrap();
         assert_eq!(out, noise(i), "slot {s} after recovery");
     }
 }

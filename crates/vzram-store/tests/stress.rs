@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
+use vzram_store::{Codec, Context, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
 const SLOTS: u64 = 512;
 const THREADS: u64 = 4;
@@ -98,6 +98,7 @@ fn hammer(codec: Codec) {
                 // In the lower half, slots t, t+THREADS, ... are this thread's
                 // own: it alone writes them and knows their latest version. The
                 // upper half is written by everyone and checked for integrity.
+                let cx = &mut Context::new(t as usize);
                 let mut mine = vec![None; SLOTS as usize];
                 let mut x = t + 1;
                 let mut version = 0u64;
@@ -124,19 +125,19 @@ fn hammer(codec: Codec) {
                         match (x >> 32) % 8 {
                             0..=2 => {
                                 version += 1;
-                                dev.write_page(slot, &make(slot, t, version)).unwrap();
+                                dev.write_page(cx, slot, &make(slot, t, version)).unwrap();
                                 if own {
                                     mine[slot as usize] = Some(version);
                                 }
                             }
                             3 if own || slot >= SHARED => {
-                                dev.discard(slot..slot + 1).unwrap();
+                                dev.discard(cx, slot..slot + 1).unwrap();
                                 if own {
                                     mine[slot as usize] = None;
                                 }
                             }
                             _ => {
-                                dev.read_page(slot, &mut buf).unwrap();
+                                dev.read_page(cx, slot, &mut buf).unwrap();
                                 let got = verify(slot, &buf);
                                 if own {
                                     assert_eq!(
@@ -160,10 +161,11 @@ fn hammer(codec: Codec) {
     stop.store(true, Ordering::Relaxed);
     compactor.join().unwrap();
 
+    let cx = &mut Context::new(0);
     let mut buf = [0u8; PAGE_SIZE];
     for (t, (mine, _)) in results.iter().enumerate() {
         for slot in (t as u64..SHARED).step_by(THREADS as usize) {
-            dev.read_page(slot, &mut buf).unwrap();
+            dev.read_page(cx, slot, &mut buf).unwrap();
             assert_eq!(
                 verify(slot, &buf),
                 mine[slot as usize].map(|v| (t as u64, v)),
@@ -187,7 +189,7 @@ fn hammer(codec: Codec) {
         dev.stats().pages_compacted,
         compacted.load(Ordering::Relaxed)
     );
-    dev.discard(0..SLOTS).unwrap();
+    dev.discard(cx, 0..SLOTS).unwrap();
     assert_eq!(dev.stats().mem_used_total, 0);
 }
 

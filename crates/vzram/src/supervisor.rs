@@ -328,7 +328,7 @@ impl Supervisor {
     pub fn reset(&self, d: &Served) -> Result<u64, String> {
         let dropped = self.hold(d, |dev| {
             let pages = dev.stats().orig_data_size / 4096;
-            let r = dev.discard(0..dev.num_slots());
+            let r = dev.discard(&mut vzram_store::Context::new(0), 0..dev.num_slots());
             dev.compact();
             r.map(|()| pages)
         })?;

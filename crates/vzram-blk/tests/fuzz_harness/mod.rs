@@ -65,7 +65,9 @@ use vzram_blk::backend::{drain_queue, ChainError, ChainHook, QueueError, Scratch
 use vzram_blk::config::{MAX_DESCRIPTORS, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG, SERIAL_LEN};
 use vzram_blk::device::{BlkDevice, ExecError};
 use vzram_blk::request::{Request, RequestType};
-use vzram_store::{Codec, Device, DeviceConfig, Page, Pool, PoolConfig, StoreError, PAGE_SIZE};
+use vzram_store::{
+    Codec, Context, Device, DeviceConfig, Page, Pool, PoolConfig, StoreError, PAGE_SIZE,
+};
 
 /// Disk size: 64 slots, small enough to compare whole after every input.
 pub const DEV_SIZE: u64 = 256 << 10;
@@ -425,7 +427,8 @@ fn reader(
     queue.set_event_idx(event_idx);
     queue.set_ready(true);
     assert!(queue.is_valid(mem), "reader queue layout");
-    let mut scratch = Scratch::default();
+    // The second queue: its own store context, on the other shard index.
+    let mut scratch = Scratch::new(1);
     let mut x = seed | 1;
     let mut reads = Vec::new();
     let mut done = 0u64;
@@ -628,6 +631,9 @@ struct Harness<'a> {
     /// Out while a drain runs.
     queue: Option<Queue>,
     scratch: Option<Scratch>,
+    /// The checks' own store context: they read the store while the
+    /// queue's scratch is out in a drain.
+    check_cx: Context,
     qsize: u16,
     event_idx: bool,
     dev_size: u64,
@@ -731,7 +737,8 @@ impl<'a> Harness<'a> {
             regions,
             mem,
             queue: Some(queue),
-            scratch: Some(bufs.scratch.unwrap_or_default()),
+            scratch: Some(bufs.scratch.unwrap_or_else(|| Scratch::new(0))),
+            check_cx: Context::new(0),
             qsize,
             event_idx,
             dev_size,
@@ -1931,7 +1938,7 @@ impl<'a> Harness<'a> {
     fn read_slot(&mut self, slot: u64) -> Page {
         let mut page = [0u8; PAGE_SIZE];
         self.store
-            .read_page(slot, &mut page)
+            .read_page(&mut self.check_cx, slot, &mut page)
             .unwrap_or_else(|e| panic!("store read of slot {slot}: {e}"));
         page
     }

@@ -65,7 +65,7 @@ impl<T: Plain> Cells<T> {
                 .map_err(|e| crate::StoreError::Map(format!("growing a counters file: {e}")))?;
         }
         Ok(Cells {
-            region: Region::map_file(file, need as usize)?,
+            region: Region::map_allocated_file(file, need as usize)?,
             _t: PhantomData,
         })
     }

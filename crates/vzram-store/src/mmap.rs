@@ -9,8 +9,9 @@ use crate::error::{Result, StoreError};
 pub struct Region {
     ptr: *mut u8,
     len: usize,
-    /// A shared file mapping: freeing pages must free the file's pages too,
-    /// and new pages are allocated in the file first (see [`Region::allocate`]).
+    /// A shared file mapping: freeing pages must free the file's pages too.
+    shared: bool,
+    /// The file, where new pages are allocated first (see [`Region::allocate`]).
     file: Option<std::fs::File>,
 }
 
@@ -25,17 +26,23 @@ pub const OS_PAGE: usize = 4096;
 impl Region {
     /// Reserves `len` bytes (rounded up to a page) of zeroed, lazily backed memory.
     pub fn reserve(len: usize) -> Result<Region> {
-        Region::map(len, None)
+        Region::map(len, None, false)
     }
 
     /// Maps `len` bytes of `file` (already that long) shared: stores land in
     /// the file at once, so they survive the process. The file should live on
     /// tmpfs, where its pages are memory.
     pub fn map_file(file: &std::fs::File, len: usize) -> Result<Region> {
-        Region::map(len, Some(file))
+        Region::map(len, Some(file), true)
     }
 
-    fn map(len: usize, file: Option<&std::fs::File>) -> Result<Region> {
+    /// Maps a file whose blocks are all allocated already (a counters file):
+    /// no descriptor is kept for [`Region::allocate`].
+    pub fn map_allocated_file(file: &std::fs::File, len: usize) -> Result<Region> {
+        Region::map(len, Some(file), false)
+    }
+
+    fn map(len: usize, file: Option<&std::fs::File>, keep: bool) -> Result<Region> {
         use std::os::fd::AsRawFd;
         let len = len.max(1).div_ceil(OS_PAGE) * OS_PAGE;
         let (flags, fd) = match file {
@@ -70,7 +77,8 @@ impl Region {
         // small, exact steps.
         // SAFETY: advising our own fresh mapping; failure only costs memory.
         unsafe { libc::madvise(ptr, len, libc::MADV_NOHUGEPAGE) };
-        let file = match file {
+        let shared = file.is_some();
+        let file = match file.filter(|_| keep) {
             Some(f) => Some(f.try_clone().map_err(|e| {
                 // SAFETY: unmapping the mapping just made, which nothing uses.
                 unsafe { libc::munmap(ptr, len) };
@@ -81,6 +89,7 @@ impl Region {
         Ok(Region {
             ptr: ptr.cast(),
             len,
+            shared,
             file,
         })
     }
@@ -142,7 +151,7 @@ impl Region {
         // MADV_DONTNEED on a private anonymous mapping drops the pages and
         // refills them with zeros; on a shared file mapping it would only
         // unmap them, so there MADV_REMOVE punches them out of the file.
-        let advice = if self.file.is_some() {
+        let advice = if self.shared {
             libc::MADV_REMOVE
         } else {
             libc::MADV_DONTNEED

@@ -298,11 +298,13 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
     }
 
     // Every socket listens and every device's state is recovered.
+    // Status lines may follow at once: the supervisor has the notifier
+    // before READY is sent.
+    sup.set_notifier(notifier.clone());
     notify(
         &notifier,
         &format!("READY=1\nSTATUS=serving {} devices", sup.devices().len()),
     );
-    sup.set_notifier(notifier.clone());
 
     let sig = signals.wait()?;
     tracing::info!(signal = sig, "shutting down");

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
-use vzram_store::Codec;
 
 use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft, SeccompMode};
 
@@ -85,37 +84,13 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// vhost-user socket of a single device (with --size). `--socket-path`
-    /// is the same, as QEMU's backend-program convention names it.
-    #[arg(long, alias = "socket-path", value_name = "PATH")]
-    pub socket: Option<PathBuf>,
+    /// A single device (`--socket`, `--size`, ...).
+    #[command(flatten)]
+    pub single: DeviceDraft,
     /// That device's socket is already bound and listening at this inherited
     /// descriptor (QEMU's `--fd` convention) instead of bound by vzram.
     #[arg(long, value_name = "N", conflicts_with = "socket")]
     pub fd: Option<i32>,
-    /// Capacity of that device: 512M, 8G, 1T or bytes (a multiple of 4096).
-    #[arg(long, value_parser = config::parse_size)]
-    pub size: Option<u64>,
-    /// Virtqueues of that device, one worker thread each [default: 4].
-    #[arg(long)]
-    pub queues: Option<u16>,
-    /// Compression: lz4, zstd or zstd:LEVEL [default: lz4].
-    #[arg(long, value_parser = config::parse_codec)]
-    pub algo: Option<Codec>,
-    /// Cap on the memory that device may use (0 = none).
-    #[arg(long, value_parser = config::parse_size)]
-    pub mem_limit: Option<u64>,
-    /// Serial the guest reads with GET_ID (at most 20 bytes) [default:
-    /// vzram-NAME, cut to 20 bytes; contrib/udev/60-vzram.rules matches vzram*].
-    #[arg(long)]
-    pub serial: Option<String>,
-    /// Offer the device read-only.
-    #[arg(long, visible_alias = "read-only")]
-    pub readonly: bool,
-    /// Name of that device in stats and control requests [default: vzramN,
-    /// N its place among all devices: vzram0 when it is the only one].
-    #[arg(long)]
-    pub name: Option<String>,
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
@@ -198,24 +173,13 @@ impl ServeArgs {
         };
         let mut drafts = file.devices;
         drafts.extend(self.devices);
-        let socket = match self.fd {
-            Some(fd) => Some(
+        let mut single = self.single;
+        if let Some(fd) = self.fd {
+            single.socket = Some(
                 crate::listen::bound_path(fd)
                     .map_err(|e| ConfigError(format!("--fd {fd}: {e}")))?,
-            ),
-            None => self.socket,
-        };
-        let single = DeviceDraft {
-            name: self.name,
-            socket,
-            size: self.size,
-            queues: self.queues,
-            algo: self.algo,
-            mem_limit: self.mem_limit,
-            serial: self.serial,
-            readonly: self.readonly.then_some(true),
-            state_dir: None,
-        };
+            );
+        }
         if single.socket.is_some() {
             drafts.push(single);
         } else if single != DeviceDraft::default() {
@@ -343,7 +307,7 @@ mod tests {
         assert_eq!(c.devices.len(), 1);
         let d = &c.devices[0];
         assert_eq!((d.size, d.queues, d.readonly), (8 << 30, 2, true));
-        assert_eq!(d.algo, Codec::Zstd { level: 5 });
+        assert_eq!(d.algo, vzram_store::Codec::Zstd { level: 5 });
     }
 
     #[test]

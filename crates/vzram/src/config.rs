@@ -97,7 +97,7 @@ pub fn parse_codec(s: &str) -> Result<Codec, String> {
     s.parse::<Codec>()
 }
 
-fn parse_bool(s: &str) -> Result<bool, String> {
+pub fn parse_bool(s: &str) -> Result<bool, String> {
     match s {
         "true" | "yes" | "on" | "1" => Ok(true),
         "false" | "no" | "off" | "0" => Ok(false),
@@ -105,45 +105,128 @@ fn parse_bool(s: &str) -> Result<bool, String> {
     }
 }
 
-/// One device as given, before defaults and checks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One device as given, before defaults and checks. The one form of all
+/// three ways to give a device: the single-device flags of `vzram serve`
+/// (`clap::Args`, flattened), a `[[device]]` table of the config file, and a
+/// `--device` / `vzram add` spec (`socket=...,size=...`, read through the
+/// same `Deserialize`), so every key means the same everywhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeviceDraft {
+    /// Name of that device in stats and control requests [default: vzramN,
+    /// N its place among all devices: vzram0 when it is the only one].
+    #[arg(long)]
     pub name: Option<String>,
+    /// vhost-user socket of a single device (with --size). `--socket-path`
+    /// is the same, as QEMU's backend-program convention names it.
+    #[arg(long, alias = "socket-path", value_name = "PATH")]
+    #[serde(alias = "path")]
     pub socket: Option<PathBuf>,
+    /// Capacity of that device: 512M, 8G, 1T or bytes (a multiple of 4096).
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "de::size")]
     pub size: Option<u64>,
+    /// Virtqueues of that device, one worker thread each [default: 4].
+    #[arg(long)]
+    #[serde(default, alias = "num-queues", deserialize_with = "de::number")]
     pub queues: Option<u16>,
+    /// Compression: lz4, zstd or zstd:LEVEL [default: lz4].
+    #[arg(long, value_parser = parse_codec)]
+    #[serde(default, alias = "comp-algorithm", deserialize_with = "de::codec")]
     pub algo: Option<Codec>,
+    /// Cap on the memory that device may use (0 = none).
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, alias = "mem-limit", deserialize_with = "de::size")]
     pub mem_limit: Option<u64>,
+    /// Serial the guest reads with GET_ID (at most 20 bytes) [default:
+    /// vzram-NAME, cut to 20 bytes; contrib/udev/60-vzram.rules matches vzram*].
+    #[arg(long)]
     pub serial: Option<String>,
+    /// Offer the device read-only.
+    #[arg(long, visible_alias = "read-only", num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
+    #[serde(
+        default,
+        alias = "read-only",
+        alias = "ro",
+        deserialize_with = "de::boolean"
+    )]
     pub readonly: Option<bool>,
+    /// Where this device keeps its state (`state-dir=` in a spec, `state_dir`
+    /// in the file; the daemon's `--state-dir` otherwise).
+    #[arg(skip)]
+    #[serde(alias = "state-dir")]
     pub state_dir: Option<PathBuf>,
 }
 
-/// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`.
+/// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`, with the
+/// keys of a `[[device]]` table.
 pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, String> {
-    let mut d = DeviceDraft::default();
+    let mut map = serde_json::Map::new();
     for part in s.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
             .split_once('=')
             .ok_or_else(|| format!("bad device option {part:?}: expected key=value"))?;
-        match k {
-            "socket" | "path" => d.socket = Some(PathBuf::from(v)),
-            "size" => d.size = Some(parse_size(v)?),
-            "queues" | "num-queues" => d.queues = Some(v.parse().map_err(|_| format!("bad queue count {v:?}"))?),
-            "algo" | "comp-algorithm" => d.algo = Some(parse_codec(v)?),
-            "mem-limit" | "mem_limit" => d.mem_limit = Some(parse_size(v)?),
-            "serial" => d.serial = Some(v.to_string()),
-            "readonly" | "read-only" | "ro" => d.readonly = Some(parse_bool(v)?),
-            "name" => d.name = Some(v.to_string()),
-            "state-dir" | "state_dir" => d.state_dir = Some(PathBuf::from(v)),
-            _ => {
-                return Err(format!(
-                    "unknown device option {k:?} (known: socket, size, queues, algo, mem-limit, serial, readonly, name, state-dir)"
-                ))
-            }
+        map.insert(k.to_string(), serde_json::Value::String(v.to_string()));
+    }
+    DeviceDraft::deserialize(serde_json::Value::Object(map))
+        .map_err(|e| format!("device spec {s:?}: {e}"))
+}
+
+/// Field readers that take a value written as text (`--device` specs) or
+/// as TOML wrote it (a number, a boolean).
+mod de {
+    use super::*;
+    use serde::Deserializer;
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(u64),
+        Bool(bool),
+        Text(String),
+    }
+
+    fn raw<'de, D: Deserializer<'de>>(d: D) -> Result<Raw, D::Error> {
+        Raw::deserialize(d)
+    }
+
+    pub fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match raw(d)? {
+            Raw::Int(n) => Ok(Some(n)),
+            Raw::Text(t) => parse_size(&t).map(Some).map_err(serde::de::Error::custom),
+            Raw::Bool(_) => Err(serde::de::Error::custom("a size, not a boolean")),
         }
     }
-    Ok(d)
+
+    pub fn number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u16>, D::Error> {
+        let n = match raw(d)? {
+            Raw::Int(n) => n,
+            Raw::Text(t) => t
+                .parse()
+                .map_err(|_| serde::de::Error::custom(format!("bad number {t:?}")))?,
+            Raw::Bool(_) => return Err(serde::de::Error::custom("a number, not a boolean")),
+        };
+        u16::try_from(n)
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("{n} is too large")))
+    }
+
+    pub fn codec<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Codec>, D::Error> {
+        match raw(d)? {
+            Raw::Text(t) => parse_codec(&t).map(Some).map_err(serde::de::Error::custom),
+            _ => Err(serde::de::Error::custom(
+                "a codec name: lz4, zstd or zstd:LEVEL",
+            )),
+        }
+    }
+
+    pub fn boolean<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+        match raw(d)? {
+            Raw::Bool(b) => Ok(Some(b)),
+            Raw::Text(t) => parse_bool(&t).map(Some).map_err(serde::de::Error::custom),
+            Raw::Int(_) => Err(serde::de::Error::custom("true or false")),
+        }
+    }
 }
 
 /// A size in the config file: a number of bytes or a string like "8G".
@@ -231,7 +314,7 @@ struct FileConfig {
     /// `true`/`false`, or "on", "off", "log".
     seccomp: Option<SeccompValue>,
     #[serde(default)]
-    device: Vec<FileDevice>,
+    device: Vec<DeviceDraft>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -239,22 +322,6 @@ struct FileConfig {
 enum SeccompValue {
     Bool(bool),
     Text(String),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileDevice {
-    name: Option<String>,
-    socket: Option<PathBuf>,
-    size: Option<SizeValue>,
-    queues: Option<u16>,
-    algo: Option<String>,
-    #[serde(alias = "mem-limit")]
-    mem_limit: Option<SizeValue>,
-    serial: Option<String>,
-    readonly: Option<bool>,
-    #[serde(alias = "state-dir")]
-    state_dir: Option<PathBuf>,
 }
 
 /// What the config file holds, as drafts for the command line to extend.
@@ -315,27 +382,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         Some(SeccompValue::Bool(false)) => Some(SeccompMode::Off),
         Some(SeccompValue::Text(s)) => Some(s.parse().map_err(ConfigError)?),
     };
-    let mut devices = Vec::new();
-    for (i, d) in f.device.into_iter().enumerate() {
-        let what = |field: &str| format!("device {i} {field}");
-        devices.push(DeviceDraft {
-            name: d.name,
-            socket: d.socket,
-            size: d.size.map(|s| s.bytes(&what("size"))).transpose()?,
-            queues: d.queues,
-            algo: d
-                .algo
-                .map(|a| parse_codec(&a).map_err(|e| ConfigError(format!("{}: {e}", what("algo")))))
-                .transpose()?,
-            mem_limit: d
-                .mem_limit
-                .map(|s| s.bytes(&what("mem_limit")))
-                .transpose()?,
-            serial: d.serial,
-            readonly: d.readonly,
-            state_dir: d.state_dir,
-        });
-    }
+    let devices = f.device;
     Ok(FileDrafts {
         host_mem_limit: f
             .host_mem_limit

@@ -3,6 +3,8 @@
 //! overhead. Not a test: run by hand and copy the table into BENCHMARKS.md.
 //!
 //! cargo bench -p vzram-store --bench store -- [--data FILE | --synthetic] [--copies N] [--reps N]
+//!     [--cpu-time]           time with this thread's CPU time instead of the
+//!                            wall clock: a busy neighbour's share is left out
 //!     [--state DIR]          devices keep their state in files under DIR (tmpfs)
 //!     [--recovery GIB:SIZE]  instead: store GIB GiB in a SIZE GiB device with
 //!                            state under --state DIR, then time its recovery
@@ -12,6 +14,35 @@ use std::time::Instant;
 use vzram_store::codec::{CodecState, MAX_COMPRESSED};
 use vzram_store::device::same_filled;
 use vzram_store::{Codec, Context, DeviceConfig, Page, Pool, PoolConfig, StateSpec, PAGE_SIZE};
+
+/// The clock the throughput figures use.
+#[derive(Clone, Copy)]
+struct Clock {
+    /// This thread's CPU time (user and system) rather than wall time.
+    cpu: bool,
+}
+
+impl Clock {
+    fn now(self) -> f64 {
+        let id = if self.cpu {
+            libc::CLOCK_THREAD_CPUTIME_ID
+        } else {
+            libc::CLOCK_MONOTONIC
+        };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes only the timespec it is given.
+        let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+        assert_eq!(rc, 0, "clock_gettime");
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+
+    fn since(self, t0: f64) -> f64 {
+        self.now() - t0
+    }
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -99,6 +130,7 @@ fn bench(
     reps: usize,
     threshold: usize,
     state: Option<&std::path::Path>,
+    clock: Clock,
 ) -> Row {
     let mib = |secs: f64, n: usize| (n * PAGE_SIZE) as f64 / secs / 1e6;
     let mut cbuf = Box::new([0u8; MAX_COMPRESSED]);
@@ -125,16 +157,16 @@ fn bench(
     // Ceiling and store run interleaved in every repetition, so a noisy
     // neighbour hits both sides of each ratio alike.
     for _ in 0..reps {
-        let t = Instant::now();
+        let t = clock.now();
         for p in pages.iter().cycle().take(n) {
             std::hint::black_box(codec.compress(p, &mut cbuf, MAX_COMPRESSED, &mut st));
         }
-        raw_c.push(mib(t.elapsed().as_secs_f64(), n));
-        let t = Instant::now();
+        raw_c.push(mib(clock.since(t), n));
+        let t = clock.now();
         for c in comp.iter().cycle().take(n) {
             assert!(codec.decompress(c, &mut out, &mut st));
         }
-        raw_d.push(mib(t.elapsed().as_secs_f64(), n));
+        raw_d.push(mib(clock.since(t), n));
 
         let mut cfg = DeviceConfig::new((n * PAGE_SIZE) as u64, codec);
         cfg.shards = 1;
@@ -145,26 +177,26 @@ fn bench(
             fresh: true,
         });
         let dev = pool.create_device(cfg).unwrap();
-        let t = Instant::now();
+        let t = clock.now();
         for (i, p) in pages.iter().cycle().take(n).enumerate() {
             dev.write_page(&mut cx, i as u64, p).unwrap();
         }
-        w.push(mib(t.elapsed().as_secs_f64(), n));
+        w.push(mib(clock.since(t), n));
         // Steady state: every slot rewritten with other content, so objects
         // are freed and reused rather than carved from fresh memory.
-        let t = Instant::now();
+        let t = clock.now();
         for (i, p) in pages.iter().cycle().skip(1).take(n).enumerate() {
             dev.write_page(&mut cx, i as u64, p).unwrap();
         }
-        ow.push(mib(t.elapsed().as_secs_f64(), n));
+        ow.push(mib(clock.since(t), n));
         for (i, p) in pages.iter().cycle().take(n).enumerate() {
             dev.write_page(&mut cx, i as u64, p).unwrap();
         }
-        let t = Instant::now();
+        let t = clock.now();
         for i in 0..n {
             dev.read_page(&mut cx, i as u64, &mut out).unwrap();
         }
-        r.push(mib(t.elapsed().as_secs_f64(), n));
+        r.push(mib(clock.since(t), n));
         for (i, p) in pages.iter().enumerate() {
             dev.read_page(&mut cx, i as u64, &mut out).unwrap();
             assert!(*out == *p, "page {i} differs");
@@ -271,6 +303,9 @@ fn main() {
             s.parse().unwrap()
         });
     let state = arg("--state").map(std::path::PathBuf::from);
+    let clock = Clock {
+        cpu: args.iter().any(|a| a == "--cpu-time"),
+    };
     if let Some(spec) = arg("--recovery") {
         let (gib, size) = spec.split_once(':').expect("--recovery GIB:SIZE_GIB");
         let root = state.expect("--recovery needs --state DIR");
@@ -285,12 +320,13 @@ fn main() {
     }
     let zero = pages.iter().filter(|p| same_filled(p).is_some()).count();
     println!(
-        "data: {source}: {} pages ({} same-filled); device = {copies} copies; median of {reps}; 1 thread; state {}",
+        "data: {source}: {} pages ({} same-filled); device = {copies} copies; median of {reps}; 1 thread; state {}; {}",
         pages.len(),
         zero,
         state
             .as_ref()
-            .map_or("in anonymous memory".to_string(), |p| format!("in files under {}", p.display()))
+            .map_or("in anonymous memory".to_string(), |p| format!("in files under {}", p.display())),
+        if clock.cpu { "MB/s per CPU second of the thread" } else { "MB/s of wall time" }
     );
     println!();
     println!("| codec | raw compress MB/s | store write MB/s | write/raw | store overwrite MB/s | overwrite/raw | raw decompress MB/s | store read MB/s | read/raw | raw ratio | store ratio | mem_used/compr | meta B/slot | same | huge |");
@@ -300,7 +336,15 @@ fn main() {
         None => vec![Codec::Lz4, Codec::Zstd { level: 1 }],
     };
     for codec in codecs {
-        let r = bench(codec, &pages, copies, reps, threshold, state.as_deref());
+        let r = bench(
+            codec,
+            &pages,
+            copies,
+            reps,
+            threshold,
+            state.as_deref(),
+            clock,
+        );
         println!(
             "| {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} |",
             r.codec,

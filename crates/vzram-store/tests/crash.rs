@@ -311,9 +311,18 @@ fn killed_at_random_points_every_slot_is_old_or_new() {
         }
 
         let (pool, dev) = open(&root);
-        let rec = dev.recovery().expect("recovered from the state");
-        unlocked += rec.unlocked;
-        recover_us.push(rec.micros);
+        // Only the first child can die before its state is in place (from
+        // then on the state exists): then this open made it, empty.
+        match dev.recovery() {
+            Some(rec) => {
+                unlocked += rec.unlocked;
+                recover_us.push(rec.micros);
+            }
+            None => assert!(
+                k == 0 && finished == 0,
+                "kill {k}: no state to recover after {finished} ops"
+            ),
+        }
         let cx = &mut Context::new(0);
         let mut buf = [0u8; PAGE_SIZE];
         let mut took_new = false;
@@ -368,6 +377,6 @@ fn killed_at_random_points_every_slot_is_old_or_new() {
     recover_us.sort_unstable();
     eprintln!(
         "{kills} kills, {total_ops} ops finished, {in_flight_new} cut-short ops found done, {unlocked} locked words unlocked, recovery median {} us",
-        recover_us[recover_us.len() / 2]
+        recover_us.get(recover_us.len() / 2).copied().unwrap_or(0)
     );
 }

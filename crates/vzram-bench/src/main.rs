@@ -14,6 +14,7 @@ mod job;
 mod measure;
 mod plot;
 mod report;
+mod restart;
 mod rng;
 mod sys;
 mod targets;
@@ -143,6 +144,28 @@ fn real_main(cli: Cli) -> Result<()> {
                     "density: some devices did not answer or the daemon logged errors (see the table)"
                 );
             }
+            Ok(())
+        }
+        Cmd::Restart(a) => {
+            let work = WorkDir::new(a.work_dir.clone())?;
+            let env = Env {
+                work_dir: work.path.clone(),
+                shm_dir: "/dev/shm".into(),
+                vzram_bin: vzram_bin(a.vzram_bin.clone()),
+                qsd_bin: "qemu-storage-daemon".into(),
+                corpus: Corpus::resolve(a.corpus.as_deref(), a.synthetic)?,
+            };
+            env.check(&[TargetSpec::parse("vzram", Algo::Lz4)?])?;
+            let json = a.json.as_deref().map(JsonOut::open).transpose()?;
+            let rs = restart::run(&env, &a, json);
+            let rs = work.finish(rs)?;
+            println!(
+                "Data: {} ({} pages), {} CPUs.\n",
+                env.corpus.name,
+                env.corpus.len(),
+                sys::nproc()
+            );
+            restart::print_table(&rs);
             Ok(())
         }
         Cmd::Report(a) => {

@@ -115,6 +115,34 @@ pub fn stat(bin: &Path, control: &Path) -> Result<Value> {
     Ok(Value::Object(summary))
 }
 
+/// In `stat`'s summary (its `raw` output): each device's `worker`, `{"state", "pid",
+/// "started", "failures", "failing", "last_failure"}`, in configuration order.
+pub fn worker_status(summary: &Value, device: usize) -> Option<&Value> {
+    summary
+        .get("raw")?
+        .get("devices")?
+        .get(device)?
+        .get("worker")
+}
+
+/// The pid of each device's worker while its state is `running` (None otherwise).
+pub fn worker_pids(summary: &Value) -> Vec<Option<u32>> {
+    let n = summary
+        .get("raw")
+        .and_then(|r| r.get("devices"))
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    (0..n)
+        .map(|i| {
+            let w = worker_status(summary, i)?;
+            if w.get("state")?.as_str()? != "running" {
+                return None;
+            }
+            w.get("pid")?.as_u64().map(|p| p as u32)
+        })
+        .collect()
+}
+
 // ---- end of contract ------------------------------------------------------------------
 
 fn sum_key(v: &Value, key: &str) -> u64 {
@@ -283,6 +311,19 @@ mod tests {
         assert_eq!(v["mem_used_total"], 7);
         assert_eq!(v["orig_data_size"], 30);
         assert_eq!(v["compr_data_size"], 9);
+    }
+
+    #[test]
+    fn reads_worker_pids() {
+        let v = serde_json::json!({ "raw": { "devices": [
+            { "worker": { "state": "running", "pid": 42, "failing": 0 } },
+            { "worker": { "state": "idle", "pid": null, "failing": 0 } },
+            { "worker": { "state": "running", "pid": null } },
+        ]}});
+        assert_eq!(worker_pids(&v), vec![Some(42), None, None]);
+        assert_eq!(worker_status(&v, 1).unwrap()["state"], "idle");
+        assert!(worker_status(&v, 3).is_none());
+        assert!(worker_pids(&serde_json::json!({ "raw": {} })).is_empty());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::error::{Context, Result};
 use crate::job::{JobKind, JobSpec, OpGen};
 use crate::measure::{Totals, Window};
 use crate::report::{JsonOut, RunResult};
-use crate::sys::{interrupted, proc_cpu};
+use crate::sys::{interrupted, tree_cpu};
 use crate::targets::codec::Compressed;
 use crate::targets::{start_block, Algo, Env, Kind, Memory, TargetSpec};
 use crate::{bail, targets};
@@ -278,22 +278,23 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
         let w = Window::for_job(job, start);
         window.set(w).unwrap();
         go.wait();
-        // Sample the daemon's CPU over the same window the workers measure.
+        // Sample the daemon's CPU (all its processes) over the same window the workers
+        // measure.
         if let Some(end) = w.end {
             sleep_until(w.ramp_end);
-            let c0 = proc_cpu(pid).ok();
+            let c0 = tree_cpu(pid).ok();
             sleep_until(end);
-            let c1 = proc_cpu(pid).ok();
+            let c1 = tree_cpu(pid).ok();
             if let (Some(a), Some(b)) = (c0, c1) {
                 server_cpu = Some((b.saturating_sub(a), end - w.ramp_end));
             }
         } else {
-            let c0 = proc_cpu(pid).ok();
+            let c0 = tree_cpu(pid).ok();
             let t0 = Instant::now();
             while !handles.iter().all(|h| h.is_finished()) {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            if let (Some(a), Ok(b)) = (c0, proc_cpu(pid)) {
+            if let (Some(a), Ok(b)) = (c0, tree_cpu(pid)) {
                 server_cpu = Some((b.saturating_sub(a), t0.elapsed()));
             }
         }

@@ -36,7 +36,8 @@ pub struct DensityResult {
     pub dev_size: u64,
     pub queues: u32,
     pub config_file: bool,
-    /// Spawn until every device socket exists.
+    /// Spawn until every device socket and the control socket exist (the control
+    /// socket is bound once every device's state is open).
     pub startup_ms: f64,
     /// The supervisor (the `vzram serve` process) alone.
     pub rss_bytes: u64,
@@ -356,16 +357,6 @@ pub struct Connected {
     pub per_worker: Vec<WorkerMem>,
 }
 
-/// (device, inode) of every file this process maps shared: the client's memory
-/// regions (libblkio's memfds), which a worker maps as guest RAM.
-fn client_shared_files() -> Result<HashSet<(String, u64)>> {
-    Ok(proc_smaps(std::process::id())?
-        .into_iter()
-        .filter(|m| m.shared && m.inode != 0)
-        .map(|m| (m.dev, m.inode))
-        .collect())
-}
-
 /// A page whose content names its device, to check a read against.
 fn pattern(device: usize) -> [u8; PAGE] {
     let mut p = [0u8; PAGE];
@@ -402,7 +393,7 @@ fn connect_all(env: &Env, many: &mut Many, supervisor_idle: ProcMem) -> Result<C
     // Let start-up allocations settle, and every worker publish its gauges once.
     std::thread::sleep(Duration::from_millis(1500));
     many.daemon.check_alive()?;
-    let guest = client_shared_files()?;
+    let guest = crate::sys::client_shared_files()?;
     let sup = many.daemon.pid();
     let tree_pids = proc_tree(sup);
     let tree = tree_use(&tree_pids);
@@ -471,7 +462,7 @@ fn worker_mem(device: usize, pid: u32, guest: &HashSet<(String, u64)>) -> Result
     };
     for map in &maps {
         m.rss += map.rss;
-        if map.shared && map.inode != 0 && guest.contains(&(map.dev.clone(), map.inode)) {
+        if crate::sys::is_guest(map, guest) {
             m.guest_rss += map.rss;
             m.guest_pss += map.pss;
             if !m.guest_files.contains(&map.path) {

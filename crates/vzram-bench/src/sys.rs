@@ -2,6 +2,7 @@
 
 use crate::bail;
 use crate::error::{Context, Result};
+use std::collections::HashSet;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -255,6 +256,68 @@ fn parse_smaps(s: &str) -> Vec<Mapping> {
         });
     }
     out
+}
+
+/// (device, inode) of every file this process maps shared: the client's memory
+/// regions (libblkio's memfds: its buffers and rings), which a vhost-user daemon maps
+/// as guest RAM.
+pub fn client_shared_files() -> Result<HashSet<(String, u64)>> {
+    Ok(proc_smaps(std::process::id())?
+        .into_iter()
+        .filter(|m| m.shared && m.inode != 0)
+        .map(|m| (m.dev, m.inode))
+        .collect())
+}
+
+/// Whether a mapping of a daemon's is guest RAM (a file the client maps shared).
+pub fn is_guest(m: &Mapping, guest: &HashSet<(String, u64)>) -> bool {
+    m.shared && m.inode != 0 && guest.contains(&(m.dev.clone(), m.inode))
+}
+
+/// Resident memory of a daemon's processes (it and everything under it), from smaps.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct DaemonRss {
+    pub processes: u64,
+    pub rss: u64,
+    /// The part of `rss` that is the client's memory (guest RAM) mapped by the daemon.
+    pub guest_rss: u64,
+}
+
+impl DaemonRss {
+    /// The daemon's own memory: RSS of its processes without guest RAM.
+    pub fn own(&self) -> u64 {
+        self.rss - self.guest_rss
+    }
+}
+
+pub fn daemon_rss(pid: u32) -> Result<DaemonRss> {
+    let guest = client_shared_files()?;
+    let mut r = DaemonRss::default();
+    for p in proc_tree(pid) {
+        // A process that has just exited is skipped, unless it is the daemon itself.
+        let maps = match proc_smaps(p) {
+            Ok(m) => m,
+            Err(e) if p == pid => return Err(e),
+            Err(_) => continue,
+        };
+        r.processes += 1;
+        for m in &maps {
+            r.rss += m.rss;
+            if is_guest(m, &guest) {
+                r.guest_rss += m.rss;
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// CPU time of a daemon and every process under it (its workers).
+pub fn tree_cpu(pid: u32) -> Result<Duration> {
+    let mut t = proc_cpu(pid)?;
+    for p in proc_tree(pid).into_iter().skip(1) {
+        t += proc_cpu(p).unwrap_or_default();
+    }
+    Ok(t)
 }
 
 /// Lift this process's soft open-file limit to its hard limit; returns (soft, hard).

@@ -7,7 +7,7 @@ pub mod vzram;
 use crate::bail;
 use crate::data::Corpus;
 use crate::error::Result;
-use crate::sys::{Daemon, ProcMem};
+use crate::sys::{Daemon, DaemonRss, ProcMem};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -123,11 +123,15 @@ impl Env {
 /// Host memory attributed to a target.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Memory {
-    /// What the host pays: RSS, plus the tmpfs file for qsd.
+    /// What the host pays: RSS of the daemon's processes without the guest RAM they
+    /// map, plus the tmpfs file for qsd.
     pub host_bytes: u64,
     pub proc: ProcMem,
     /// Memory outside the process (the tmpfs image for qsd).
     pub extra_bytes: u64,
+    /// Every process of the daemon (vzram: supervisor, launcher, workers), with the
+    /// guest RAM they map, which `host_bytes` leaves out.
+    pub tree: DaemonRss,
     /// Target-specific numbers (vzram's own stats).
     pub details: serde_json::Value,
 }

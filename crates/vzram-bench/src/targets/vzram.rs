@@ -5,7 +5,7 @@ use super::{Algo, BlockTarget, Env, Memory};
 use crate::bail;
 use crate::cli::format_size;
 use crate::error::{Context, Result};
-use crate::sys::{proc_mem, Daemon};
+use crate::sys::{daemon_rss, proc_mem, Daemon};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -203,17 +203,21 @@ impl BlockTarget for Vzram {
 
     fn memory(&mut self) -> Result<Memory> {
         let proc = proc_mem(self.daemon.pid())?;
-        // The pool lives in the daemon, so RSS is the whole cost. The daemon's own view
-        // is kept alongside; a missing `stat` is not fatal to a benchmark.
+        // The pool lives in the daemon's processes (the worker maps the device's state
+        // files), so their RSS without the guest RAM they map is the whole cost while a
+        // client is connected. The daemon's own view is kept alongside; a missing `stat`
+        // is not fatal to a benchmark.
+        let tree = daemon_rss(self.daemon.pid())?;
         let details = if self.control.exists() {
             stat(&self.bin, &self.control).unwrap_or_else(|e| serde_json::json!({ "error": e.0 }))
         } else {
             serde_json::json!({ "error": "no control socket" })
         };
         Ok(Memory {
-            host_bytes: proc.rss,
+            host_bytes: tree.own(),
             proc,
             extra_bytes: 0,
+            tree,
             details,
         })
     }
@@ -232,7 +236,7 @@ pub struct Many {
     pub daemon: Daemon,
     pub sockets: Vec<PathBuf>,
     pub control: PathBuf,
-    /// From spawn until every socket exists.
+    /// From spawn until every socket and the control socket exist.
     pub startup: Duration,
 }
 
@@ -255,7 +259,12 @@ impl Many {
         let mut cmd = serve_many(&env.vzram_bin, &devices, &control, config.as_deref())?;
         let t0 = std::time::Instant::now();
         let mut daemon = Daemon::spawn("vzram", &mut cmd, dir.join("vzram.log"))?;
-        daemon.wait_for_paths(&sockets, timeout)?;
+        // The daemon binds every device socket first, then opens each device's state,
+        // then binds the control socket: it is ready once that exists.
+        let mut paths = sockets.clone();
+        let _ = std::fs::remove_file(&control);
+        paths.push(control.clone());
+        daemon.wait_for_paths(&paths, timeout)?;
         let startup = t0.elapsed();
         Ok(Many {
             daemon,

@@ -95,7 +95,7 @@ pub fn run_one(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Res
     let load = crate::sys::load_1m();
     let mut r = match spec.kind {
         Kind::Codec => run_codec(ctx, spec, job, rep),
-        Kind::Qsd | Kind::Vzram => run_block(ctx, spec, job, rep),
+        Kind::Qsd | Kind::Vzram | Kind::VzramBase => run_block(ctx, spec, job, rep),
     }?;
     r.load_1m = load;
     Ok(r)
@@ -123,7 +123,10 @@ fn base_result(spec: &TargetSpec, job: &JobSpec, rep: u32, ctx: &Ctx, t: &Totals
     RunResult {
         record: "run".into(),
         target: spec.label(),
-        target_kind: format!("{:?}", spec.kind).to_lowercase(),
+        target_kind: match spec.kind {
+            Kind::VzramBase => "vzram-base".into(),
+            k => format!("{k:?}").to_lowercase(),
+        },
         algo: (spec.kind != Kind::Qsd).then(|| spec.algo.to_string()),
         job: job.kind.name().into(),
         bs: job.bs,

@@ -72,6 +72,10 @@ pub struct Common {
     /// The vzram daemon [default: next to this binary, else target/release/vzram]
     #[arg(long, value_name = "PATH")]
     pub vzram_bin: Option<PathBuf>,
+    /// Another vzram build, run as target `vzram-base` (e.g. `--targets
+    /// vzram-base,vzram`): before/after in the same run, interleaved, with ratios.
+    #[arg(long, value_name = "PATH")]
+    pub vzram_base_bin: Option<PathBuf>,
     #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
     pub qsd_bin: PathBuf,
     /// Sockets and daemon logs [default: /tmp/vzram-bench-PID]
@@ -107,7 +111,8 @@ pub struct RunArgs {
     pub prefill: bool,
     #[arg(long)]
     pub no_prefill: bool,
-    /// Comma-separated: qsd, vzram, codec; an algorithm may follow '@' (vzram@zstd:3).
+    /// Comma-separated: qsd, vzram, vzram-base (needs --vzram-base-bin), codec; an
+    /// algorithm may follow '@' (vzram@zstd:3).
     #[arg(long, default_value = "qsd,vzram,codec")]
     pub targets: String,
     #[command(flatten)]

@@ -170,12 +170,19 @@ pub struct Vzram {
 }
 
 impl Vzram {
-    pub fn start(env: &Env, algo: Algo, queues: u32, size: u64, seq: usize) -> Result<Vzram> {
+    pub fn start(
+        env: &Env,
+        bin: &Path,
+        algo: Algo,
+        queues: u32,
+        size: u64,
+        seq: usize,
+    ) -> Result<Vzram> {
         let socket = env.work_dir.join(format!("vzram-{seq}.sock"));
         let control = env.work_dir.join(format!("vzram-{seq}.ctl"));
         let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(&control);
-        let mut cmd = serve_one(&env.vzram_bin, &socket, size, queues, algo, &control);
+        let mut cmd = serve_one(bin, &socket, size, queues, algo, &control);
         let mut v = Vzram {
             daemon: Daemon::spawn(
                 "vzram",
@@ -184,7 +191,7 @@ impl Vzram {
             )?,
             socket,
             control,
-            bin: env.vzram_bin.clone(),
+            bin: bin.to_path_buf(),
         };
         v.daemon
             .wait_for_paths(std::slice::from_ref(&v.socket), Duration::from_secs(15))?;

@@ -94,6 +94,11 @@ pub struct RestartResult {
     /// The device's `failing` count right after each kill's reconnect (1 = a first
     /// failure, 100 ms backoff).
     pub failing_after_kill: Vec<u64>,
+    /// Each worker's recovery of the device from its slot table, from the daemon's log
+    /// ("recovered the device from its state ... ms=X"), for every worker after the
+    /// fill: the part of a restart that grows with the data.
+    pub recovery_ms: Vec<f64>,
+    pub recovery_median_ms: f64,
     /// Workers started and failures, from `vzram stat` at the end.
     pub workers_started: u64,
     pub failures: u64,
@@ -218,6 +223,10 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
         }
     }
     let fill_s = t_fill.elapsed().as_secs_f64();
+    // The filling worker recovered an empty device: its recovery is not counted.
+    let log_path = many.daemon.log.clone();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let skip = recovery_times(&log()).len();
     let mut held = Conn::connect_small(&socket)?;
     running_worker(env, &many.control, false)?;
     let st = crate::targets::vzram::stat(&env.vzram_bin, &many.control)?;
@@ -280,6 +289,7 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
     let st = crate::targets::vzram::stat(&env.vzram_bin, &many.control)?;
     let w = worker_status(&st, 0).cloned().unwrap_or_default();
     let field = |k: &str| w.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let recovery_ms: Vec<f64> = recovery_times(&log()).into_iter().skip(skip).collect();
     Ok(RestartResult {
         record: "restart".into(),
         data_bytes: data,
@@ -291,6 +301,8 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
         kill,
         reconnect,
         failing_after_kill,
+        recovery_median_ms: median(&recovery_ms),
+        recovery_ms,
         workers_started: field("started"),
         failures: field("failures"),
         load_1m,
@@ -301,14 +313,27 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
     })
 }
 
+/// The `ms=` of each worker's "recovered the device from its state" log line.
+fn recovery_times(log: &str) -> Vec<f64> {
+    let log = crate::sys::strip_ansi(log);
+    log.lines()
+        .filter(|l| l.contains("worker") && l.contains("recovered the device from its state"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("ms="))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
 pub fn print_table(rs: &[RestartResult]) {
     println!(
-        "| data written | stored (pool) | rounds | kill → first read: median ms | p90 ms | min–max ms | of which connect (median) | clean reconnect → first read: median ms | p90 ms | min–max ms |"
+        "| data written | stored (pool) | rounds | kill → first read: median ms | p90 ms | min–max ms | of which connect (median) | clean reconnect → first read: median ms | p90 ms | min–max ms | recovery in the worker (median ms) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rs {
         println!(
-            "| {} | {:.1} MiB | {} | **{:.1}** | {:.1} | {:.1}–{:.1} | {:.1} | **{:.1}** | {:.1} | {:.1}–{:.1} |",
+            "| {} | {:.1} MiB | {} | **{:.1}** | {:.1} | {:.1}–{:.1} | {:.1} | **{:.1}** | {:.1} | {:.1}–{:.1} | {:.2} |",
             format_size(r.data_bytes),
             r.mem_used_total as f64 / 1048576.0,
             r.kill.first_read_ms.len(),
@@ -321,6 +346,7 @@ pub fn print_table(rs: &[RestartResult]) {
             r.reconnect.p90_ms,
             r.reconnect.min_ms,
             r.reconnect.max_ms,
+            r.recovery_median_ms,
         );
     }
 }
@@ -338,5 +364,15 @@ mod tests {
         assert_eq!(nearest_rank(&v, 0.0), 1.0);
         assert_eq!(nearest_rank(&v, 1.0), 10.0);
         assert!(median(&[]).is_nan());
+    }
+
+    #[test]
+    fn reads_recovery_times_from_the_log() {
+        let log = "\x1b[2m2026-11-30T23:54:06Z\x1b[0m INFO vzram::daemon: new device state device=vzram0\n\
+                   2026-11-30T23:54:06Z INFO worker{device=vzram0}: vzram::worker: recovered the \
+                   device from its state pages=0 spans=0 cut_short=0 ms=0.009\n\
+                   2026-11-30T23:54:07Z INFO \x1b[3mworker\x1b[0m{device=vzram0}: vzram::worker: \
+                   recovered the device from its state pages=5 spans=1 cut_short=0 \x1b[3mms\x1b[0m=6.5\n";
+        assert_eq!(recovery_times(log), vec![0.009, 6.5]);
     }
 }

@@ -260,7 +260,7 @@ impl Many {
         let control = dir.join("ctl");
         let config = use_config.then(|| dir.join("devices.toml"));
         let sockets: Vec<PathBuf> = devices.iter().map(|d| d.socket.clone()).collect();
-        for s in &sockets {
+        for s in sockets.iter().chain([&control]) {
             let _ = std::fs::remove_file(s);
         }
         let mut cmd = serve_many(&env.vzram_bin, &devices, &control, config.as_deref())?;
@@ -269,7 +269,6 @@ impl Many {
         // The daemon binds every device socket first, then opens each device's state,
         // then binds the control socket: it is ready once that exists.
         let mut paths = sockets.clone();
-        let _ = std::fs::remove_file(&control);
         paths.push(control.clone());
         daemon.wait_for_paths(&paths, timeout)?;
         let startup = t0.elapsed();

@@ -192,6 +192,7 @@ pub struct RestartArgs {
     /// the synthetic mix]
     #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
     pub corpus: Option<PathBuf>,
+    /// Write the built-in synthetic page mix instead.
     #[arg(long)]
     pub synthetic: bool,
     #[arg(long, value_name = "PATH")]

@@ -6,7 +6,7 @@ use crate::error::{Context, Result};
 use crate::job::{JobKind, JobSpec, OpGen};
 use crate::measure::{Totals, Window};
 use crate::report::{JsonOut, RunResult};
-use crate::sys::{interrupted, proc_cpu};
+use crate::sys::{interrupted, tree_cpu};
 use crate::targets::codec::Compressed;
 use crate::targets::{start_block, Algo, Env, Kind, Memory, TargetSpec};
 use crate::{bail, targets};
@@ -95,7 +95,7 @@ pub fn run_one(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Res
     let load = crate::sys::load_1m();
     let mut r = match spec.kind {
         Kind::Codec => run_codec(ctx, spec, job, rep),
-        Kind::Qsd | Kind::Vzram => run_block(ctx, spec, job, rep),
+        Kind::Qsd | Kind::Vzram | Kind::VzramBase => run_block(ctx, spec, job, rep),
     }?;
     r.load_1m = load;
     Ok(r)
@@ -123,7 +123,10 @@ fn base_result(spec: &TargetSpec, job: &JobSpec, rep: u32, ctx: &Ctx, t: &Totals
     RunResult {
         record: "run".into(),
         target: spec.label(),
-        target_kind: format!("{:?}", spec.kind).to_lowercase(),
+        target_kind: match spec.kind {
+            Kind::VzramBase => "vzram-base".into(),
+            k => format!("{k:?}").to_lowercase(),
+        },
         algo: (spec.kind != Kind::Qsd).then(|| spec.algo.to_string()),
         job: job.kind.name().into(),
         bs: job.bs,
@@ -278,22 +281,23 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
         let w = Window::for_job(job, start);
         window.set(w).unwrap();
         go.wait();
-        // Sample the daemon's CPU over the same window the workers measure.
+        // Sample the daemon's CPU (all its processes) over the same window the workers
+        // measure.
         if let Some(end) = w.end {
             sleep_until(w.ramp_end);
-            let c0 = proc_cpu(pid).ok();
+            let c0 = tree_cpu(pid).ok();
             sleep_until(end);
-            let c1 = proc_cpu(pid).ok();
+            let c1 = tree_cpu(pid).ok();
             if let (Some(a), Some(b)) = (c0, c1) {
                 server_cpu = Some((b.saturating_sub(a), end - w.ramp_end));
             }
         } else {
-            let c0 = proc_cpu(pid).ok();
+            let c0 = tree_cpu(pid).ok();
             let t0 = Instant::now();
             while !handles.iter().all(|h| h.is_finished()) {
                 std::thread::sleep(Duration::from_millis(2));
             }
-            if let (Some(a), Ok(b)) = (c0, proc_cpu(pid)) {
+            if let (Some(a), Ok(b)) = (c0, tree_cpu(pid)) {
                 server_cpu = Some((b.saturating_sub(a), t0.elapsed()));
             }
         }

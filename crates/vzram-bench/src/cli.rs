@@ -26,8 +26,15 @@ pub enum Cmd {
     Compare(CompareArgs),
     /// vzram (and qsd for contrast) at 1, 2, 4... queues, up to the core count.
     Scaling(ScalingArgs),
-    /// One vzram daemon with many idle devices: RSS per device, threads, fds, start-up.
+    /// One vzram daemon with many idle devices: RSS per device, threads, fds, start-up,
+    /// over the daemon's whole process tree; with --connect, also with a frontend
+    /// connected to every device (one worker process each).
     Density(DensityArgs),
+    /// Worker restart time: a device holding data and a connected client; SIGKILL the
+    /// device's worker (pid from `vzram stat --json`) and time until a new connection
+    /// completes its first 4 KiB read. Also times a clean disconnect + reconnect (a new
+    /// worker without the supervisor's failure backoff). Medians and p90.
+    Restart(RestartArgs),
     /// Print the table (and draw the plot) again from a --json results file.
     Report(ReportArgs),
 }
@@ -65,6 +72,10 @@ pub struct Common {
     /// The vzram daemon [default: next to this binary, else target/release/vzram]
     #[arg(long, value_name = "PATH")]
     pub vzram_bin: Option<PathBuf>,
+    /// Another vzram build, run as target `vzram-base` (e.g. `--targets
+    /// vzram-base,vzram`): before/after in the same run, interleaved, with ratios.
+    #[arg(long, value_name = "PATH")]
+    pub vzram_base_bin: Option<PathBuf>,
     #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
     pub qsd_bin: PathBuf,
     /// Sockets and daemon logs [default: /tmp/vzram-bench-PID]
@@ -100,7 +111,8 @@ pub struct RunArgs {
     pub prefill: bool,
     #[arg(long)]
     pub no_prefill: bool,
-    /// Comma-separated: qsd, vzram, codec; an algorithm may follow '@' (vzram@zstd:3).
+    /// Comma-separated: qsd, vzram, vzram-base (needs --vzram-base-bin), codec; an
+    /// algorithm may follow '@' (vzram@zstd:3).
     #[arg(long, default_value = "qsd,vzram,codec")]
     pub targets: String,
     #[command(flatten)]
@@ -151,6 +163,38 @@ pub struct DensityArgs {
     /// Seconds to wait for all sockets.
     #[arg(long, default_value_t = 120.0)]
     pub timeout: f64,
+    /// After start-up, connect a client (1 queue, one 4 KiB buffer) to every device,
+    /// write and read back 4 KiB on each, and measure again with all of them still
+    /// connected: each worker's RSS split into RssAnon/RssFile/RssShmem, its RSS without
+    /// the guest RAM it maps, the supervisor's RSS.
+    #[arg(long)]
+    pub connect: bool,
+    #[arg(long, value_name = "PATH")]
+    pub vzram_bin: Option<PathBuf>,
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct RestartArgs {
+    /// Data written to the device before the kills, one daemon per size.
+    #[arg(long, default_value = "64M,512M", value_delimiter = ',', value_parser = parse_size)]
+    pub data: Vec<u64>,
+    /// Kills per size (and as many clean reconnects).
+    #[arg(long, default_value_t = 10)]
+    pub repeat: u32,
+    /// Device size; must hold the largest --data.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub dev_size: u64,
+    /// Page corpus written [default: ../shared/data/anon-pages.bin when present, else
+    /// the synthetic mix]
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
+    pub corpus: Option<PathBuf>,
+    /// Write the built-in synthetic page mix instead.
+    #[arg(long)]
+    pub synthetic: bool,
     #[arg(long, value_name = "PATH")]
     pub vzram_bin: Option<PathBuf>,
     #[arg(long, value_name = "DIR")]
@@ -269,5 +313,10 @@ mod tests {
         let d = Cli::try_parse_from(["vzram-bench", "density", "--devices", "1,5"]).unwrap();
         let Cmd::Density(d) = d.cmd else { panic!() };
         assert_eq!(d.devices, vec![1, 5]);
+        assert!(!d.connect);
+        let r = Cli::try_parse_from(["vzram-bench", "restart", "--data", "1M,2G"]).unwrap();
+        let Cmd::Restart(r) = r.cmd else { panic!() };
+        assert_eq!(r.data, vec![1 << 20, 2 << 30]);
+        assert_eq!(r.repeat, 10);
     }
 }

@@ -38,6 +38,24 @@ pub struct Buffers {
 
 impl Conn {
     pub fn connect(socket: &Path, queues: u32, iodepth: u32, bs: u64, poll: bool) -> Result<Conn> {
+        Self::connect_sized(socket, queues, iodepth, bs, poll, None)
+    }
+
+    /// One queue and one 4 KiB buffer: what a frontend that stays connected but idle
+    /// needs (density, restart), so the guest memory a worker maps stays small.
+    pub fn connect_small(socket: &Path) -> Result<Conn> {
+        Self::connect_sized(socket, 1, 1, PAGE as u64, false, Some((1, PAGE)))
+    }
+
+    /// `buffers`: (slots per queue, bytes per slot) instead of the benchmark's sizes.
+    fn connect_sized(
+        socket: &Path,
+        queues: u32,
+        iodepth: u32,
+        bs: u64,
+        poll: bool,
+        buffers: Option<(u32, usize)>,
+    ) -> Result<Conn> {
         let mut b = Blkio::new("virtio-blk-vhost-user")?;
         b.set_str("path", &socket.to_string_lossy())?;
         // The daemon creates its socket (bind) a moment before it listens, so a refused
@@ -66,9 +84,8 @@ impl Conn {
         }
         // Each request takes 3 descriptors (header, data, status) with no indirect
         // descriptors, so a 256-entry ring holds 85 requests; grow it for deeper queues.
-        let want = (3 * iodepth.max(PREFILL_DEPTH))
-            .next_power_of_two()
-            .max(256);
+        let depth = buffers.map_or(iodepth.max(PREFILL_DEPTH), |(slots, _)| slots);
+        let want = (3 * depth).next_power_of_two().max(256);
         if want > 256 {
             b.set_i32("queue-size", want.min(1024) as i32)?;
         }
@@ -83,8 +100,8 @@ impl Conn {
         }
         let out = b.start()?;
         let qs = if poll { out.poll_queues } else { out.queues };
-        let slots_per_queue = iodepth.max(PREFILL_DEPTH);
-        let slot_bytes = prefill_chunk.max(bs) as usize;
+        let (slots_per_queue, slot_bytes) =
+            buffers.unwrap_or((iodepth.max(PREFILL_DEPTH), prefill_chunk.max(bs) as usize));
         let align = b.get_u64("mem-region-alignment")?.max(PAGE as u64) as usize;
         let len = (slot_bytes * slots_per_queue as usize * queues as usize).div_ceil(align) * align;
         let region = b.alloc_mem_region(len)?;
@@ -299,26 +316,47 @@ impl Bitmap {
     }
 }
 
-/// Connect, read the first 4 KiB, disconnect: proves a device is actually served.
-pub fn probe(socket: &Path) -> Result<()> {
-    let mut conn = Conn::connect(socket, 1, 1, PAGE as u64, false)?;
+/// One 4 KiB request on queue 0 through slot 0's buffer, waited for: a write of
+/// `data` or a read into it.
+pub fn page_io(conn: &mut Conn, write: bool, offset: u64, data: &mut [u8; PAGE]) -> Result<()> {
+    if conn.slot_bytes < PAGE || conn.queues.is_empty() {
+        bail!("page_io: the connection has no 4 KiB buffer");
+    }
     let ptr = conn.buffers().base as *mut u8;
     let q = &mut conn.queues[0];
-    q.read(0, ptr, PAGE, 0, ReqFlags::empty());
+    if write {
+        // SAFETY: slot 0 is at least PAGE bytes of the mapped region and no request is
+        // in flight on this connection (every request here is waited for).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, PAGE) };
+        q.write(offset, ptr, PAGE, 0, ReqFlags::empty());
+    } else {
+        q.read(offset, ptr, PAGE, 0, ReqFlags::empty());
+    }
     let mut c = [MaybeUninit::<Completion>::uninit()];
     let mut timeout = Duration::from_secs(10);
     let n = q.do_io(&mut c, 1, Some(&mut timeout), None)?;
     if n != 1 {
-        bail!("probe of {}: no completion", socket.display());
+        bail!("no completion within 10 s");
     }
     // SAFETY: do_io returned 1, so the first completion is initialised.
     let ret = unsafe { c[0].assume_init_ref() }.ret;
     if ret != 0 {
         bail!(
-            "probe of {}: read failed: {}",
-            socket.display(),
+            "{} at {offset} failed: {}",
+            if write { "write" } else { "read" },
             Errno::from_raw_os_error(-ret)
         );
     }
+    if !write {
+        // SAFETY: the read into slot 0 (PAGE bytes) has completed.
+        unsafe { std::ptr::copy_nonoverlapping(ptr, data.as_mut_ptr(), PAGE) };
+    }
     Ok(())
+}
+
+/// Connect, read the first 4 KiB, disconnect: proves a device is actually served.
+pub fn probe(socket: &Path) -> Result<()> {
+    let mut conn = Conn::connect(socket, 1, 1, PAGE as u64, false)?;
+    let mut buf = [0u8; PAGE];
+    page_io(&mut conn, false, 0, &mut buf).context(format!("probe of {}", socket.display()))
 }

@@ -14,6 +14,7 @@ mod job;
 mod measure;
 mod plot;
 mod report;
+mod restart;
 mod rng;
 mod sys;
 mod targets;
@@ -93,7 +94,7 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             for algo in a.mem_algos.split(',').filter(|s| !s.is_empty()) {
                 let algo: Algo = algo.trim().parse()?;
-                for kind in [Kind::Vzram, Kind::Codec] {
+                for kind in [Kind::VzramBase, Kind::Vzram, Kind::Codec] {
                     if targets.iter().any(|t| t.kind == kind) {
                         fill_targets.push(TargetSpec { kind, algo });
                     }
@@ -130,6 +131,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 work_dir: work.path.clone(),
                 shm_dir: "/dev/shm".into(),
                 vzram_bin: vzram_bin(a.vzram_bin.clone()),
+                vzram_base_bin: None,
                 qsd_bin: "qemu-storage-daemon".into(),
                 corpus: Corpus::synthetic(1, 0),
             };
@@ -143,6 +145,29 @@ fn real_main(cli: Cli) -> Result<()> {
                     "density: some devices did not answer or the daemon logged errors (see the table)"
                 );
             }
+            Ok(())
+        }
+        Cmd::Restart(a) => {
+            let work = WorkDir::new(a.work_dir.clone())?;
+            let env = Env {
+                work_dir: work.path.clone(),
+                shm_dir: "/dev/shm".into(),
+                vzram_bin: vzram_bin(a.vzram_bin.clone()),
+                vzram_base_bin: None,
+                qsd_bin: "qemu-storage-daemon".into(),
+                corpus: Corpus::resolve(a.corpus.as_deref(), a.synthetic)?,
+            };
+            env.check(&[TargetSpec::parse("vzram", Algo::Lz4)?])?;
+            let json = a.json.as_deref().map(JsonOut::open).transpose()?;
+            let rs = restart::run(&env, &a, json);
+            let rs = work.finish(rs)?;
+            println!(
+                "Data: {} ({} pages), {} CPUs.\n",
+                env.corpus.name,
+                env.corpus.len(),
+                sys::nproc()
+            );
+            restart::print_table(&rs);
             Ok(())
         }
         Cmd::Report(a) => {
@@ -257,6 +282,7 @@ fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
         work_dir: work.path.clone(),
         shm_dir: c.shm_dir.clone(),
         vzram_bin: vzram_bin(c.vzram_bin.clone()),
+        vzram_base_bin: c.vzram_base_bin.clone(),
         qsd_bin: c.qsd_bin.clone(),
         corpus: Corpus::resolve(c.data.as_deref(), c.synthetic)?,
     };

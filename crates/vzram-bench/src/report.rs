@@ -271,6 +271,66 @@ pub fn print_table(results: &[RunResult]) {
     }
     println!();
     print_ratios(results, &s);
+    print_before_after(results, &s);
+}
+
+/// `vzram/A` against `vzram-base/A` (another build), per configuration: IOPS ratios
+/// per repeat (paired by repeat index, same run), and the ratios of the medians of
+/// latency, CPU and memory. Above 1 means the `vzram` build has more of it.
+fn print_before_after(results: &[RunResult], s: &[Summary]) {
+    let mut rows = Vec::new();
+    for base in s.iter().filter(|x| x.target_kind == "vzram-base") {
+        let Some(algo) = base.target.strip_prefix("vzram-base/") else {
+            continue;
+        };
+        let target = format!("vzram/{algo}");
+        let cfg = base.config_key();
+        let Some(new) = s
+            .iter()
+            .find(|x| x.target == target && x.config_key() == cfg)
+        else {
+            continue;
+        };
+        let per_rep: Vec<f64> = results
+            .iter()
+            .filter(|r| r.target == target && r.config_key() == cfg)
+            .filter_map(|r| {
+                results
+                    .iter()
+                    .find(|b| b.target == base.target && b.config_key() == cfg && b.rep == r.rep)
+                    .map(|b| r.iops / b.iops)
+            })
+            .collect();
+        if per_rep.is_empty() {
+            continue;
+        }
+        let lo = per_rep.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = per_rep.iter().cloned().fold(0.0, f64::max);
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.3}×", a / b),
+            _ => "-".into(),
+        };
+        rows.push(format!(
+            "| {cfg} | {target} | {} | {} | {:.3}× ({lo:.2}–{hi:.2}) | {} | {} | {} | {} |",
+            kilo(base.iops),
+            kilo(new.iops),
+            median(per_rep.clone()),
+            ratio(Some(new.p50), Some(base.p50)),
+            ratio(Some(new.p99), Some(base.p99)),
+            ratio(new.server_cpu_pct, base.server_cpu_pct),
+            ratio(new.mem_per_byte, base.mem_per_byte),
+        ));
+    }
+    if rows.is_empty() {
+        return;
+    }
+    println!("vzram against vzram-base (--vzram-base-bin), same run, interleaved:\n");
+    println!("| config | target | base IOPS | IOPS | IOPS / base (median, min–max of runs) | p50 / base | p99 / base | server CPU / base | memory / base |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!("{r}");
+    }
+    println!();
 }
 
 /// vzram against qsd (per repeat, same run, then the median) and against the codec.

@@ -2,6 +2,7 @@
 
 use crate::bail;
 use crate::error::{Context, Result};
+use std::collections::HashSet;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -90,6 +91,11 @@ pub fn proc_mem(pid: u32) -> Result<ProcMem> {
     })
 }
 
+/// A `kB` field of /proc/PID/status in bytes (VmPTE, RssFile...).
+pub fn proc_status_bytes(pid: u32, key: &str) -> Result<u64> {
+    status_field(pid, key)
+}
+
 pub fn proc_threads(pid: u32) -> Result<u64> {
     status_field(pid, "Threads")
 }
@@ -109,6 +115,230 @@ pub fn proc_fd_limit(pid: u32) -> Option<u64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// The parent pid of a process (field 4 of /proc/PID/stat), None when it is gone.
+pub fn proc_ppid(pid: u32) -> Option<u32> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses; fields resume after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `pid` and every process below it (children, their children...), `pid` first.
+/// Read from each process's parent in /proc/*/stat, so it sees processes whose parent
+/// is not us (the daemon's launcher and workers).
+pub fn proc_tree(pid: u32) -> Vec<u32> {
+    let mut all: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(pp) = proc_ppid(p) {
+                all.push((p, pp));
+            }
+        }
+    }
+    tree_from(pid, &all)
+}
+
+/// The descendants of `root` (with it first) in a list of (pid, parent pid).
+fn tree_from(root: u32, all: &[(u32, u32)]) -> Vec<u32> {
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        let mut kids: Vec<u32> = all
+            .iter()
+            .filter(|&&(p, pp)| pp == parent && p != root)
+            .map(|&(p, _)| p)
+            .collect();
+        kids.sort_unstable();
+        out.extend(kids);
+        i += 1;
+    }
+    out
+}
+
+/// The name a process gave itself (/proc/PID/comm).
+pub fn proc_comm(pid: u32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// RSS, threads and fds summed over a set of processes. Pages shared between them
+/// (the binary's text, shared memory) count once per process, as RSS does.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct TreeUse {
+    pub processes: u64,
+    pub rss_bytes: u64,
+    pub rss_anon_bytes: u64,
+    pub rss_file_bytes: u64,
+    pub rss_shmem_bytes: u64,
+    pub threads: u64,
+    pub fds: u64,
+}
+
+/// Sums over `pids`; a process that exits meanwhile is skipped.
+pub fn tree_use(pids: &[u32]) -> TreeUse {
+    let mut t = TreeUse::default();
+    for &p in pids {
+        let (Ok(m), Ok(th), Ok(fd)) = (proc_mem(p), proc_threads(p), proc_fds(p)) else {
+            continue;
+        };
+        t.processes += 1;
+        t.rss_bytes += m.rss;
+        t.rss_anon_bytes += m.rss_anon;
+        t.rss_file_bytes += m.rss_file;
+        t.rss_shmem_bytes += m.rss_shmem;
+        t.threads += th;
+        t.fds += fd;
+    }
+    t
+}
+
+/// One mapping of /proc/PID/smaps: what backs it and how much of it is resident.
+#[derive(Clone, Debug, Default)]
+pub struct Mapping {
+    pub shared: bool,
+    /// (device "maj:min", inode); inode 0 for anonymous memory.
+    pub dev: String,
+    pub inode: u64,
+    pub path: String,
+    pub rss: u64,
+    pub pss: u64,
+    pub private: u64,
+    pub anon: u64,
+}
+
+pub fn proc_smaps(pid: u32) -> Result<Vec<Mapping>> {
+    let s = fs::read_to_string(format!("/proc/{pid}/smaps"))
+        .context(format!("reading /proc/{pid}/smaps"))?;
+    Ok(parse_smaps(&s))
+}
+
+fn parse_smaps(s: &str) -> Vec<Mapping> {
+    let mut out: Vec<Mapping> = Vec::new();
+    for line in s.lines() {
+        let mut it = line.split_whitespace();
+        let Some(first) = it.next() else { continue };
+        if let Some(key) = first.strip_suffix(':') {
+            // "Key:   N kB"
+            let Some(m) = out.last_mut() else { continue };
+            let kb: u64 = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            let bytes = kb * 1024;
+            match key {
+                "Rss" => m.rss = bytes,
+                "Pss" => m.pss = bytes,
+                "Private_Clean" | "Private_Dirty" => m.private += bytes,
+                "Anonymous" => m.anon = bytes,
+                _ => {}
+            }
+            continue;
+        }
+        // A header: "start-end perms offset dev inode [path]".
+        if !first.contains('-') {
+            continue;
+        }
+        let perms = it.next().unwrap_or("");
+        let _offset = it.next();
+        let dev = it.next().unwrap_or("").to_string();
+        let inode: u64 = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let path = it.collect::<Vec<_>>().join(" ");
+        out.push(Mapping {
+            shared: perms.ends_with('s'),
+            dev,
+            inode,
+            path,
+            ..Mapping::default()
+        });
+    }
+    out
+}
+
+/// (device, inode) of every file this process maps shared: the client's memory
+/// regions (libblkio's memfds: its buffers and rings), which a vhost-user daemon maps
+/// as guest RAM.
+pub fn client_shared_files() -> Result<HashSet<(String, u64)>> {
+    Ok(proc_smaps(std::process::id())?
+        .into_iter()
+        .filter(|m| m.shared && m.inode != 0)
+        .map(|m| (m.dev, m.inode))
+        .collect())
+}
+
+/// Whether a mapping of a daemon's is guest RAM (a file the client maps shared).
+pub fn is_guest(m: &Mapping, guest: &HashSet<(String, u64)>) -> bool {
+    m.shared && m.inode != 0 && guest.contains(&(m.dev.clone(), m.inode))
+}
+
+/// Resident memory of a daemon's processes (it and everything under it), from smaps.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct DaemonRss {
+    pub processes: u64,
+    pub rss: u64,
+    /// The part of `rss` that is the client's memory (guest RAM) mapped by the daemon.
+    pub guest_rss: u64,
+}
+
+impl DaemonRss {
+    /// The daemon's own memory: RSS of its processes without guest RAM.
+    pub fn own(&self) -> u64 {
+        self.rss - self.guest_rss
+    }
+}
+
+pub fn daemon_rss(pid: u32) -> Result<DaemonRss> {
+    let guest = client_shared_files()?;
+    let mut r = DaemonRss::default();
+    for p in proc_tree(pid) {
+        // A process that has just exited is skipped, unless it is the daemon itself.
+        let maps = match proc_smaps(p) {
+            Ok(m) => m,
+            Err(e) if p == pid => return Err(e),
+            Err(_) => continue,
+        };
+        r.processes += 1;
+        for m in &maps {
+            r.rss += m.rss;
+            if is_guest(m, &guest) {
+                r.guest_rss += m.rss;
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// CPU time of a daemon and every process under it (its workers).
+pub fn tree_cpu(pid: u32) -> Result<Duration> {
+    let mut t = proc_cpu(pid)?;
+    for p in proc_tree(pid).into_iter().skip(1) {
+        t += proc_cpu(p).unwrap_or_default();
+    }
+    Ok(t)
+}
+
+/// Lift this process's soft open-file limit to its hard limit; returns (soft, hard).
+pub fn raise_nofile() -> (u64, u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid, writable rlimit struct of ours.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r = want;
+            }
+        }
+    }
+    (r.rlim_cur, r.rlim_max)
 }
 
 /// utime+stime of the whole process (all threads), from /proc/PID/stat.
@@ -260,6 +490,51 @@ mod tests {
         assert_eq!(
             super::strip_ansi("\x1b[2mts\x1b[0m \x1b[31mERROR\x1b[0m x"),
             "ts ERROR x"
+        );
+    }
+
+    #[test]
+    fn process_tree_walks_grandchildren() {
+        // 1 -> 10 -> {20, 21}; 21 -> 30; 40 elsewhere.
+        let all = [(10, 1), (20, 10), (21, 10), (30, 21), (40, 2), (1, 0)];
+        assert_eq!(super::tree_from(10, &all), vec![10, 20, 21, 30]);
+        assert_eq!(super::tree_from(40, &all), vec![40]);
+    }
+
+    #[test]
+    fn parses_smaps() {
+        let s = "\
+7f00-7f10 rw-s 00000000 00:01 1234                       /memfd:libblkio-buf (deleted)
+Size:                 64 kB
+Rss:                   8 kB
+Pss:                   4 kB
+Private_Clean:         0 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+VmFlags: rd wr sh mr mw me ms sd
+7f20-7f30 rw-p 00000000 00:00 0 
+Rss:                  12 kB
+Pss:                  12 kB
+Private_Clean:         4 kB
+Private_Dirty:         8 kB
+Anonymous:            12 kB
+";
+        let m = super::parse_smaps(s);
+        assert_eq!(m.len(), 2);
+        assert!(m[0].shared && m[0].inode == 1234 && m[0].dev == "00:01");
+        assert_eq!(m[0].path, "/memfd:libblkio-buf (deleted)");
+        assert_eq!((m[0].rss, m[0].pss, m[0].private), (8192, 4096, 0));
+        assert!(!m[1].shared && m[1].inode == 0 && m[1].path.is_empty());
+        assert_eq!((m[1].rss, m[1].private, m[1].anon), (12288, 12288, 12288));
+    }
+
+    #[test]
+    fn own_process_is_its_own_tree() {
+        let me = std::process::id();
+        assert_eq!(super::proc_tree(me)[0], me);
+        assert_eq!(
+            super::proc_ppid(me),
+            Some(std::os::unix::process::parent_id())
         );
     }
 }

@@ -7,7 +7,7 @@ pub mod vzram;
 use crate::bail;
 use crate::data::Corpus;
 use crate::error::Result;
-use crate::sys::{Daemon, ProcMem};
+use crate::sys::{Daemon, DaemonRss, ProcMem};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -51,11 +51,13 @@ impl FromStr for Algo {
 pub enum Kind {
     Qsd,
     Vzram,
+    /// vzram from another binary (`--vzram-base-bin`): a build to compare against.
+    VzramBase,
     Codec,
 }
 
-/// A target as named on the command line: `qsd`, `vzram`, `codec`, optionally with
-/// its own algorithm: `vzram@zstd:3`.
+/// A target as named on the command line: `qsd`, `vzram`, `vzram-base`, `codec`,
+/// optionally with its own algorithm: `vzram@zstd:3`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TargetSpec {
     pub kind: Kind,
@@ -71,10 +73,11 @@ impl TargetSpec {
         let kind = match name {
             "qsd" => Kind::Qsd,
             "vzram" => Kind::Vzram,
+            "vzram-base" => Kind::VzramBase,
             "codec" => Kind::Codec,
             _ => {
                 return Err(format!(
-                    "unknown target {name:?} (want qsd, vzram or codec)"
+                    "unknown target {name:?} (want qsd, vzram, vzram-base or codec)"
                 ))
             }
         };
@@ -85,6 +88,7 @@ impl TargetSpec {
         match self.kind {
             Kind::Qsd => "qsd".into(),
             Kind::Vzram => format!("vzram/{}", self.algo),
+            Kind::VzramBase => format!("vzram-base/{}", self.algo),
             Kind::Codec => format!("codec/{}", self.algo),
         }
     }
@@ -95,6 +99,8 @@ pub struct Env {
     pub work_dir: PathBuf,
     pub shm_dir: PathBuf,
     pub vzram_bin: PathBuf,
+    /// The `vzram-base` target's binary, if any.
+    pub vzram_base_bin: Option<PathBuf>,
     pub qsd_bin: PathBuf,
     pub corpus: Corpus,
 }
@@ -108,6 +114,13 @@ impl Env {
                     "{} not found (pass --qsd-bin, or leave qsd out of --targets)",
                     self.qsd_bin.display()
                 ),
+                Kind::VzramBase => match &self.vzram_base_bin {
+                    None => bail!("target vzram-base needs --vzram-base-bin"),
+                    Some(b) if !b.is_file() => {
+                        bail!("--vzram-base-bin {} not found", b.display())
+                    }
+                    Some(_) => {}
+                },
                 Kind::Vzram if !self.vzram_bin.is_file() => bail!(
                     "vzram binary {} not found (build it with `cargo build --release -p vzram`, \
                      pass --vzram-bin, or leave vzram out of --targets)",
@@ -123,11 +136,15 @@ impl Env {
 /// Host memory attributed to a target.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Memory {
-    /// What the host pays: RSS, plus the tmpfs file for qsd.
+    /// What the host pays: RSS of the daemon's processes without the guest RAM they
+    /// map, plus the tmpfs file for qsd.
     pub host_bytes: u64,
     pub proc: ProcMem,
     /// Memory outside the process (the tmpfs image for qsd).
     pub extra_bytes: u64,
+    /// Every process of the daemon (vzram: supervisor, launcher, workers), with the
+    /// guest RAM they map, which `host_bytes` leaves out.
+    pub tree: DaemonRss,
     /// Target-specific numbers (vzram's own stats).
     pub details: serde_json::Value,
 }
@@ -150,7 +167,18 @@ pub fn start_block(
 ) -> Result<Box<dyn BlockTarget>> {
     Ok(match spec.kind {
         Kind::Qsd => Box::new(qsd::Qsd::start(env, queues, size, seq)?),
-        Kind::Vzram => Box::new(vzram::Vzram::start(env, spec.algo, queues, size, seq)?),
+        Kind::Vzram => Box::new(vzram::Vzram::start(
+            env,
+            &env.vzram_bin,
+            spec.algo,
+            queues,
+            size,
+            seq,
+        )?),
+        Kind::VzramBase => match &env.vzram_base_bin {
+            Some(bin) => Box::new(vzram::Vzram::start(env, bin, spec.algo, queues, size, seq)?),
+            None => bail!("target vzram-base needs --vzram-base-bin"),
+        },
         Kind::Codec => bail!("codec is not a block target"),
     })
 }
@@ -168,5 +196,10 @@ mod tests {
         assert_eq!("zstd".parse::<Algo>().unwrap(), Algo::Zstd(1));
         assert!("zstd:99".parse::<Algo>().is_err());
         assert!(TargetSpec::parse("nbd", Algo::Lz4).is_err());
+        let b = TargetSpec::parse("vzram-base", Algo::Lz4).unwrap();
+        assert_eq!(
+            (b.kind, b.label()),
+            (Kind::VzramBase, "vzram-base/lz4".into())
+        );
     }
 }

@@ -6,7 +6,7 @@
 
 use super::{BlockTarget, Env, Memory};
 use crate::error::{Context, Result};
-use crate::sys::{proc_mem, Daemon};
+use crate::sys::{daemon_rss, proc_mem, Daemon};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,12 +67,14 @@ impl BlockTarget for Qsd {
 
     fn memory(&mut self) -> Result<Memory> {
         let proc = proc_mem(self.daemon.pid())?;
+        let tree = daemon_rss(self.daemon.pid())?;
         // Allocated tmpfs pages, not the apparent (sparse) size.
         let extra = std::fs::metadata(&self.image)?.blocks() * 512;
         Ok(Memory {
-            host_bytes: proc.rss + extra,
+            host_bytes: tree.own() + extra,
             proc,
             extra_bytes: extra,
+            tree,
             details: serde_json::json!({ "tmpfs_bytes": extra }),
         })
     }

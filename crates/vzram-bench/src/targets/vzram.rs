@@ -5,7 +5,7 @@ use super::{Algo, BlockTarget, Env, Memory};
 use crate::bail;
 use crate::cli::format_size;
 use crate::error::{Context, Result};
-use crate::sys::{proc_mem, Daemon};
+use crate::sys::{daemon_rss, proc_mem, Daemon};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -115,6 +115,34 @@ pub fn stat(bin: &Path, control: &Path) -> Result<Value> {
     Ok(Value::Object(summary))
 }
 
+/// In `stat`'s summary (its `raw` output): each device's `worker`, `{"state", "pid",
+/// "started", "failures", "failing", "last_failure"}`, in configuration order.
+pub fn worker_status(summary: &Value, device: usize) -> Option<&Value> {
+    summary
+        .get("raw")?
+        .get("devices")?
+        .get(device)?
+        .get("worker")
+}
+
+/// The pid of each device's worker while its state is `running` (None otherwise).
+pub fn worker_pids(summary: &Value) -> Vec<Option<u32>> {
+    let n = summary
+        .get("raw")
+        .and_then(|r| r.get("devices"))
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    (0..n)
+        .map(|i| {
+            let w = worker_status(summary, i)?;
+            if w.get("state")?.as_str()? != "running" {
+                return None;
+            }
+            w.get("pid")?.as_u64().map(|p| p as u32)
+        })
+        .collect()
+}
+
 // ---- end of contract ------------------------------------------------------------------
 
 fn sum_key(v: &Value, key: &str) -> u64 {
@@ -142,12 +170,19 @@ pub struct Vzram {
 }
 
 impl Vzram {
-    pub fn start(env: &Env, algo: Algo, queues: u32, size: u64, seq: usize) -> Result<Vzram> {
+    pub fn start(
+        env: &Env,
+        bin: &Path,
+        algo: Algo,
+        queues: u32,
+        size: u64,
+        seq: usize,
+    ) -> Result<Vzram> {
         let socket = env.work_dir.join(format!("vzram-{seq}.sock"));
         let control = env.work_dir.join(format!("vzram-{seq}.ctl"));
         let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(&control);
-        let mut cmd = serve_one(&env.vzram_bin, &socket, size, queues, algo, &control);
+        let mut cmd = serve_one(bin, &socket, size, queues, algo, &control);
         let mut v = Vzram {
             daemon: Daemon::spawn(
                 "vzram",
@@ -156,7 +191,7 @@ impl Vzram {
             )?,
             socket,
             control,
-            bin: env.vzram_bin.clone(),
+            bin: bin.to_path_buf(),
         };
         v.daemon
             .wait_for_paths(std::slice::from_ref(&v.socket), Duration::from_secs(15))?;
@@ -175,17 +210,21 @@ impl BlockTarget for Vzram {
 
     fn memory(&mut self) -> Result<Memory> {
         let proc = proc_mem(self.daemon.pid())?;
-        // The pool lives in the daemon, so RSS is the whole cost. The daemon's own view
-        // is kept alongside; a missing `stat` is not fatal to a benchmark.
+        // The pool lives in the daemon's processes (the worker maps the device's state
+        // files), so their RSS without the guest RAM they map is the whole cost while a
+        // client is connected. The daemon's own view is kept alongside; a missing `stat`
+        // is not fatal to a benchmark.
+        let tree = daemon_rss(self.daemon.pid())?;
         let details = if self.control.exists() {
             stat(&self.bin, &self.control).unwrap_or_else(|e| serde_json::json!({ "error": e.0 }))
         } else {
             serde_json::json!({ "error": "no control socket" })
         };
         Ok(Memory {
-            host_bytes: proc.rss,
+            host_bytes: tree.own(),
             proc,
             extra_bytes: 0,
+            tree,
             details,
         })
     }
@@ -204,7 +243,7 @@ pub struct Many {
     pub daemon: Daemon,
     pub sockets: Vec<PathBuf>,
     pub control: PathBuf,
-    /// From spawn until every socket exists.
+    /// From spawn until every socket and the control socket exist.
     pub startup: Duration,
 }
 
@@ -221,13 +260,17 @@ impl Many {
         let control = dir.join("ctl");
         let config = use_config.then(|| dir.join("devices.toml"));
         let sockets: Vec<PathBuf> = devices.iter().map(|d| d.socket.clone()).collect();
-        for s in &sockets {
+        for s in sockets.iter().chain([&control]) {
             let _ = std::fs::remove_file(s);
         }
         let mut cmd = serve_many(&env.vzram_bin, &devices, &control, config.as_deref())?;
         let t0 = std::time::Instant::now();
         let mut daemon = Daemon::spawn("vzram", &mut cmd, dir.join("vzram.log"))?;
-        daemon.wait_for_paths(&sockets, timeout)?;
+        // The daemon binds every device socket first, then opens each device's state,
+        // then binds the control socket: it is ready once that exists.
+        let mut paths = sockets.clone();
+        paths.push(control.clone());
+        daemon.wait_for_paths(&paths, timeout)?;
         let startup = t0.elapsed();
         Ok(Many {
             daemon,
@@ -283,6 +326,19 @@ mod tests {
         assert_eq!(v["mem_used_total"], 7);
         assert_eq!(v["orig_data_size"], 30);
         assert_eq!(v["compr_data_size"], 9);
+    }
+
+    #[test]
+    fn reads_worker_pids() {
+        let v = serde_json::json!({ "raw": { "devices": [
+            { "worker": { "state": "running", "pid": 42, "failing": 0 } },
+            { "worker": { "state": "idle", "pid": null, "failing": 0 } },
+            { "worker": { "state": "running", "pid": null } },
+        ]}});
+        assert_eq!(worker_pids(&v), vec![Some(42), None, None]);
+        assert_eq!(worker_status(&v, 1).unwrap()["state"], "idle");
+        assert!(worker_status(&v, 3).is_none());
+        assert!(worker_pids(&serde_json::json!({ "raw": {} })).is_empty());
     }
 
     #[test]

@@ -203,21 +203,22 @@ fn a_device_whose_workers_keep_dying_is_backed_off() {
     let w = worker_of(&d, "a");
     assert_eq!(w["failing"], 4, "{w}");
     assert_eq!(w["state"], "failing", "{w}");
-    // The waits double: 100, 200, 400 ms before the 2nd, 3rd, 4th worker
-    // (less the few ms the test took to see each death).
+    // No wait after the first death; then 100, 200 ms before the 3rd and
+    // 4th worker (less the few ms the test took to see each death).
     let waits: Vec<Duration> = (0..3).map(|k| served[k + 1] - failed[k]).collect();
     eprintln!("waits before the next worker: {waits:?}");
-    for (k, w) in waits.iter().enumerate() {
-        let backoff = Duration::from_millis(100 << k);
+    assert!(waits[0] < Duration::from_millis(100), "{waits:?}");
+    for (k, w) in waits.iter().enumerate().skip(1) {
+        let backoff = Duration::from_millis(100 << (k - 1));
         assert!(
             *w + Duration::from_millis(30) >= backoff && *w < backoff * 3,
             "{waits:?}"
         );
     }
     let log = d.log_text();
-    assert!(log.contains("next worker in 800ms"), "{log}");
+    assert!(log.contains("next worker in 400ms"), "{log}");
     // After a clean connection the device is healthy again.
-    std::thread::sleep(Duration::from_millis(900));
+    std::thread::sleep(Duration::from_millis(500));
     let mut ca = Client::connect(&a, 1).unwrap();
     ca.q(0).write(0, &[7u8; 4096]).unwrap();
     drop(ca);
@@ -268,4 +269,24 @@ fn no_process_maps_two_guests_memory() {
             assert!(m.is_empty(), "process {p} maps guest memory {m:?}");
         }
     }
+}
+
+/// SIGTERM with a frontend connected: the worker is told to go and the
+/// daemon exits as soon as it has, not after a timeout.
+#[test]
+fn stopping_with_a_connected_worker_is_prompt() {
+    let dir = TempDir::new("cd-stop");
+    let (mut d, a, _b) = two_devices(&dir);
+    let mut ca = Client::connect(&a, 1).unwrap();
+    ca.q(0).write(0, &[3u8; 4096]).unwrap();
+    let worker = worker_of(&d, "a")["pid"].as_u64().expect("a worker") as u32;
+    let t = Instant::now();
+    assert!(d.terminate().success(), "{}", d.log_text());
+    let took = t.elapsed();
+    eprintln!("stopped in {took:?}");
+    assert!(took < Duration::from_secs(2), "stopping took {took:?}");
+    assert!(
+        proc_status_field(worker, "State").is_none_or(|s| s.starts_with('Z')),
+        "worker {worker} outlived the daemon"
+    );
 }

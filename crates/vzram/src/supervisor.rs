@@ -25,8 +25,9 @@ use crate::worker::{self, Answer, Order, Spec};
 
 /// How long a client may take to send its first message.
 pub const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(10);
-/// Waits before the next worker of a device whose workers keep failing:
-/// doubling from the first, up to the last.
+/// Waits before the next worker of a device whose workers keep failing
+/// (from the second failure in a row): doubling from the first, up to the
+/// last.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A worker that served this long before failing starts the count afresh.
@@ -516,8 +517,13 @@ impl Supervisor {
         let mut watch = Watch::default();
         self.sync_devices(&ep, &mut watch)?;
         let mut events = vec![epoll::Event::new(epoll::Events::empty(), 0); 64];
+        let mut stop_seen: Option<Instant> = None;
         loop {
-            let timeout = self.next_deadline();
+            let timeout = if self.stopping.load(Relaxed) {
+                50
+            } else {
+                self.next_deadline()
+            };
             let n = ep.wait(&mut events, timeout)?;
             for ev in &events[..n] {
                 let token = ev.data;
@@ -542,7 +548,16 @@ impl Supervisor {
             }
             self.on_timers(&ep)?;
             if self.stopping.load(Relaxed) {
-                return Ok(());
+                // Stay to hear the workers' exits (stop() waits on them),
+                // but not for ever.
+                let since = *stop_seen.get_or_insert_with(Instant::now);
+                let running = self
+                    .devices()
+                    .iter()
+                    .any(|(_, d)| matches!(*d.phase(), Phase::Running { .. }));
+                if !running || since.elapsed() > STOP_WAIT {
+                    return Ok(());
+                }
             }
         }
     }
@@ -604,7 +619,7 @@ impl Supervisor {
     }
 
     fn on_listener(&self, ep: &Epoll, i: usize, d: &Served, watch: &mut Watch) -> io::Result<()> {
-        if d.removing.load(Relaxed) {
+        if d.removing.load(Relaxed) || self.stopping.load(Relaxed) {
             return Ok(());
         }
         let mut ph = d.phase();
@@ -907,9 +922,14 @@ fn failed(d: &Served, why: String, ran: Duration) {
         Some((n, _)) if ran < HEALTHY_AFTER => n + 1,
         _ => 1,
     };
-    let wait = BACKOFF_FIRST
-        .saturating_mul(1 << (n - 1).min(16))
-        .min(BACKOFF_MAX);
+    // A first failure costs only the reconnect; repeats wait, doubling.
+    let wait = if n == 1 {
+        Duration::ZERO
+    } else {
+        BACKOFF_FIRST
+            .saturating_mul(1 << (n - 2).min(16))
+            .min(BACKOFF_MAX)
+    };
     tracing::warn!(device = %d.spec.name, failures = n, "next worker in {wait:?}");
     *b = Some((n, Instant::now() + wait));
 }

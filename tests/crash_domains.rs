@@ -79,12 +79,7 @@ fn wait_for(d: &Daemon, what: &str, mut ok: impl FnMut(&serde_json::Value) -> bo
 /// socket closing is not what ends the worker.
 fn sigbus_frontend(sock: &Path) -> RawDev {
     let mut v = RawDev::connect(sock);
-    v.ram.regions[1].file.set_len(0).unwrap();
-    v.header(HDR, T_OUT, 0);
-    v.ram.write(STATUS, &[UNTOUCHED]);
-    let head = v.chain(0, &[d(HDR, 16, 0), d(DATA, 4096, 0), d(STATUS, 1, F_WRITE)]);
-    v.publish(head);
-    v.kick();
+    v.truncate_memory_and_kick();
     v
 }
 

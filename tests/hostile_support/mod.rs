@@ -508,6 +508,18 @@ impl RawDev {
         (st, self.ram.read(DATA, len))
     }
 
+    /// Shrinks the high memory region's file to nothing (after the daemon
+    /// checked and mapped it) and kicks a write whose data lies there: the
+    /// daemon's next access to it faults with SIGBUS.
+    pub fn truncate_memory_and_kick(&mut self) {
+        self.ram.regions[1].file.set_len(0).unwrap();
+        self.header(HDR, T_OUT, 0);
+        self.ram.write(STATUS, &[UNTOUCHED]);
+        let head = self.chain(0, &[d(HDR, 16, 0), d(DATA, 4096, 0), d(STATUS, 1, F_WRITE)]);
+        self.publish(head);
+        self.kick();
+    }
+
     /// Reads `len` bytes at byte offset `off`, in chunks, asserting OK.
     pub fn read_all(&mut self, off: u64, len: usize) -> Vec<u8> {
         const CHUNK: usize = 1 << 20;

@@ -127,6 +127,9 @@ pub struct DeviceCells {
     /// store keeps them with the device's other counters.
     pub latency: [Latency; 3],
     pub(crate) counters: [Counters; MAX_SHARDS],
+    // Added after the shard counters so older stats files keep their layout
+    // (a shorter file is grown with zeros).
+    pub(crate) spills: AtomicU64,
 }
 
 impl DeviceCells {
@@ -143,6 +146,7 @@ impl DeviceCells {
             + self.spans.load(Relaxed)
                 * std::mem::size_of::<crate::pool::arena::SpanHeader>() as u64;
         s.size_bytes = size_bytes;
+        s.spills = self.spills.load(Relaxed);
         s
     }
 

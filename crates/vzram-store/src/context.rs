@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use crate::backing::AlignedPages;
 use crate::codec::{CodecState, MAX_COMPRESSED};
 use crate::{Page, PAGE_SIZE};
 
@@ -25,6 +26,8 @@ pub struct Context {
 pub(crate) struct Work {
     pub(crate) cbuf: Box<[u8; MAX_COMPRESSED]>,
     pub(crate) codec: CodecState,
+    /// A page-aligned page for backing-file reads, made on the first one.
+    pub(crate) io: Option<AlignedPages>,
 }
 
 impl Context {
@@ -38,6 +41,7 @@ impl Context {
             work: Work {
                 cbuf: Box::new([0; MAX_COMPRESSED]),
                 codec: CodecState::default(),
+                io: None,
             },
         }
     }

@@ -10,14 +10,15 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use crate::backing::{AlignedPages, Backing, BackingSpec};
 use crate::cells::{Cells, DeviceCells, MAX_SHARDS};
-use crate::codec::Codec;
+use crate::codec::{Codec, CodecState, MAX_COMPRESSED};
 use crate::context::{Context, Work};
 use crate::error::{Result, StoreError};
 use crate::limits::Budget;
 use crate::pool::arena::Arena;
 use crate::pool::class::{class_of, BLOCK_BYTES, NUM_CLASSES};
-use crate::pool::heap::Heap;
+use crate::pool::heap::{AllocError, Heap};
 use crate::pool::Shared;
 use crate::slot::{self, Slot, SlotGuard};
 use crate::state::{self, StateFiles, StateSpec};
@@ -44,6 +45,9 @@ pub struct DeviceConfig {
     /// Keep the device's state in files there, so it outlives the process;
     /// None keeps it in anonymous memory.
     pub state: Option<StateSpec>,
+    /// A file or block device that written-back pages move to, and that a
+    /// write spills to when a memory limit is reached.
+    pub backing: Option<BackingSpec>,
 }
 
 impl DeviceConfig {
@@ -55,8 +59,75 @@ impl DeviceConfig {
             huge_threshold: DEFAULT_HUGE_THRESHOLD,
             shards: 0,
             state: None,
+            backing: None,
         }
     }
+}
+
+/// Which stored pages a tiering pass (writeback, recompression) takes; every
+/// condition set must hold. All false: every page in the pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Marked idle and not accessed since.
+    pub idle: bool,
+    /// Idle for at least [`slot::MAX_AGE`] ager passes (`--idle-after`).
+    pub cold: bool,
+    /// Stored raw: the codec could not shrink them below the threshold.
+    pub huge: bool,
+    /// Huge, and recompression could not shrink them either.
+    pub incompressible: bool,
+}
+
+impl Filter {
+    fn matches(self, word: u64) -> bool {
+        let Slot::Object { huge, .. } = Slot::decode(word) else {
+            return false;
+        };
+        (!self.idle || word & slot::IDLE != 0)
+            && (!self.cold || slot::age(word) >= slot::MAX_AGE)
+            && (!self.huge || huge)
+            && (!self.incompressible || (huge && word & slot::TRIED != 0))
+    }
+}
+
+/// What a writeback pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WritebackReport {
+    /// Pages moved to the backing file.
+    pub pages: u64,
+    /// Pool memory given back afterwards (bytes).
+    pub freed_bytes: u64,
+}
+
+/// What a recompression pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RecompressReport {
+    /// Pages that matched and were tried.
+    pub tried: u64,
+    /// Pages the second codec stored smaller.
+    pub pages: u64,
+    /// Compressed bytes saved (object sizes, before and after).
+    pub saved_bytes: u64,
+    /// Pool memory given back afterwards (bytes).
+    pub freed_bytes: u64,
+}
+
+/// Pages a writeback writes with one call.
+const BATCH: usize = 32;
+/// Bounds on the pages one spill moves out: enough to get below the low
+/// watermark in one go, few enough that one guest write never waits long.
+const SPILL_MIN: usize = 64;
+const SPILL_MAX: usize = 1024;
+/// Spill rounds a write tries before its page goes to the backing file itself.
+const SPILL_ROUNDS: usize = 3;
+
+/// The tiering passes' working memory; one pass at a time holds it.
+struct Tier {
+    pages: AlignedPages,
+    cbuf: Box<[u8; MAX_COMPRESSED]>,
+    codec: CodecState,
+    /// Where the next spill scan starts (a clock hand over the slots).
+    hand: u64,
 }
 
 pub struct Device {
@@ -74,6 +145,8 @@ pub struct Device {
     /// The state files (held open and locked), when the device has them.
     state: Option<StateFiles>,
     recovery: Option<Recovery>,
+    backing: Option<Backing>,
+    tier: Mutex<Option<Tier>>,
 }
 
 /// What recovering a device from its state found.
@@ -86,6 +159,8 @@ pub struct Recovery {
     /// Slot words found locked (a write or move cut short): unlocked, with
     /// the content they had.
     pub unlocked: u64,
+    /// Slots whose page is in the backing file.
+    pub backed: u64,
     pub micros: u64,
 }
 
@@ -155,6 +230,25 @@ fn geometry(pool: &Shared, cfg: &DeviceConfig) -> (usize, u64) {
     (shards, arena)
 }
 
+/// What a spill made: room for the object, or the page went to the
+/// backing file itself (its slot word).
+enum Spilled {
+    Room(crate::pool::heap::NewObject),
+    Direct(u64),
+}
+
+/// Changes the bits of an unlocked object word with one compare-and-swap,
+/// as a locked update would; a locked or changing word is left alone.
+/// Returns whether the word changed.
+fn set_bits(w: &AtomicU64, f: impl FnOnce(u64) -> u64) -> bool {
+    let cur = w.load(Relaxed);
+    if cur & slot::LOCK != 0 || !slot::is_object(cur) {
+        return false;
+    }
+    let next = f(cur);
+    next != cur && w.compare_exchange(cur, next, Relaxed, Relaxed).is_ok()
+}
+
 fn footprint(word: u64) -> Footprint {
     match Slot::decode(word) {
         Slot::Empty => Footprint::default(),
@@ -169,6 +263,11 @@ fn footprint(word: u64) -> Footprint {
             huge: i64::from(huge),
             ..Default::default()
         },
+        Slot::Backed { .. } => Footprint {
+            stored: 1,
+            backed: 1,
+            ..Default::default()
+        },
     }
 }
 
@@ -180,7 +279,8 @@ impl Device {
             Some(spec) => Some(state::open(spec, cfg.size_bytes, arena_bytes, cfg.codec)?),
             None => None,
         };
-        Device::with_state(pool, cfg, state)
+        let backing = cfg.backing.as_ref().map(Backing::open).transpose()?;
+        Device::with_state(pool, cfg, state, backing)
     }
 
     /// A device over `state` (opened here or handed over by another
@@ -189,6 +289,7 @@ impl Device {
         pool: Arc<Shared>,
         cfg: DeviceConfig,
         state: Option<StateFiles>,
+        backing: Option<Backing>,
     ) -> Result<Device> {
         validate(&cfg)?;
         let (shards, arena_bytes) = geometry(&pool, &cfg);
@@ -213,6 +314,8 @@ impl Device {
             pool,
             state: None,
             recovery: None,
+            backing,
+            tier: Mutex::new(None),
         };
         match &state {
             Some(st) if st.existing => dev.recovery = Some(dev.recover(st)?),
@@ -226,6 +329,14 @@ impl Device {
             }
         }
         dev.budget().set_limit(cfg.mem_limit);
+        if let Some(b) = &dev.backing {
+            // Recovery checked that pages on it are this device's; from now
+            // on the file says so too.
+            let owner = state
+                .as_ref()
+                .map_or_else(state::random_id, |s| s.header.creation_id);
+            b.claim(owner)?;
+        }
         dev.state = state;
         Ok(dev)
     }
@@ -270,8 +381,13 @@ impl Device {
             slots: 0,
             spans: 0,
             unlocked: 0,
+            backed: 0,
             micros: 0,
         };
+        if let Some(b) = &self.backing {
+            b.clear();
+        }
+        let mut owner_checked = false;
         let ctr = &self.counters()[0];
         for range in state::data_ranges(&st.table) {
             let first = range.start / 8;
@@ -290,6 +406,31 @@ impl Device {
                 self.table.mark(s)?;
                 rec.slots += 1;
                 ctr.apply(Footprint::default(), footprint(word));
+                if let Slot::Backed { block } = Slot::decode(word) {
+                    let Some(b) = &self.backing else {
+                        return Err(StoreError::State(format!(
+                            "{}: slot {s} is in a backing file, but the device has none                              (give it its --backing-file, or start with --fresh to discard the state)",
+                            st.dir.join("table").display()
+                        )));
+                    };
+                    if !owner_checked {
+                        b.check_owner(st.header.creation_id).map_err(|e| {
+                            StoreError::State(format!(
+                                "{}: {e} (start with --fresh to discard the state)",
+                                st.dir.display()
+                            ))
+                        })?;
+                        owner_checked = true;
+                    }
+                    if !b.mark(block) {
+                        return Err(corrupt(
+                            s,
+                            "names a backing block outside the file or another slot's",
+                        ));
+                    }
+                    rec.backed += 1;
+                    continue;
+                }
                 let Slot::Object { offset, len, .. } = Slot::decode(word) else {
                     continue;
                 };
@@ -347,6 +488,11 @@ impl Device {
     /// The state's files, for handing the device to another process.
     pub fn state_files(&self) -> Option<&StateFiles> {
         self.state.as_ref()
+    }
+
+    /// The backing file, if the device has one.
+    pub fn backing(&self) -> Option<&Backing> {
+        self.backing.as_ref()
     }
 
     /// What recovery found, if the device was recovered from its state.
@@ -423,34 +569,51 @@ impl Device {
                     fill(out, v);
                     return Ok(());
                 }
-                Slot::Object { .. } => {}
+                Slot::Object { .. } | Slot::Backed { .. } => {}
             }
         }
-        let g = SlotGuard::lock(w);
-        let ok = self.load(work, &g, out);
-        drop(g);
-        if ok {
-            Ok(())
-        } else {
-            Err(StoreError::Corrupt { slot })
-        }
+        let mut g = SlotGuard::lock(w);
+        g.touch();
+        self.load(&mut work.codec, &mut work.io, slot, &g, out)
     }
 
     /// Expands a slot word into a page; the caller holds the slot lock.
-    fn load(&self, work: &mut Work, g: &SlotGuard<'_>, out: &mut Page) -> bool {
+    /// `io` is a page-aligned buffer for backing-file reads, made on first use.
+    fn load(
+        &self,
+        codec: &mut CodecState,
+        io: &mut Option<AlignedPages>,
+        slot: u64,
+        g: &SlotGuard<'_>,
+        out: &mut Page,
+    ) -> Result<()> {
         match Slot::decode(g.old()) {
             Slot::Empty => out.fill(0),
             Slot::Same(v) => fill(out, v),
-            Slot::Object { huge, codec, .. } => {
+            Slot::Object {
+                huge, codec: id, ..
+            } => {
                 let src = self.heap.bytes(g);
                 if huge {
                     out.copy_from_slice(src);
-                } else {
-                    return Codec::from_id(codec).decompress(src, out, &mut work.codec);
+                } else if !Codec::from_id(id).decompress(src, out, codec) {
+                    return Err(StoreError::Corrupt { slot });
                 }
             }
+            Slot::Backed { block } => {
+                let Some(b) = &self.backing else {
+                    return Err(StoreError::Corrupt { slot });
+                };
+                let buf = match io {
+                    Some(p) => p,
+                    None => io.insert(AlignedPages::new(1)?),
+                };
+                b.read(block, buf.page_mut(0))?;
+                out.copy_from_slice(buf.page_mut(0));
+                self.counters()[0].backed_reads.fetch_add(1, Relaxed);
+            }
         }
-        true
+        Ok(())
     }
 
     /// Stores a whole page. On any error the slot keeps its old content.
@@ -492,9 +655,7 @@ impl Device {
             let page = &mut **page;
             let g = SlotGuard::lock(self.table.word(slot));
             let old = g.old();
-            if !self.load(work, &g, page) {
-                return Err(StoreError::Corrupt { slot });
-            }
+            self.load(&mut work.codec, &mut work.io, slot, &g, page)?;
             f(page);
             // A partial write or zeroing that leaves nothing but zeros
             // frees the slot, as a discard would. On an error the guard
@@ -583,15 +744,22 @@ impl Device {
         if let Some(w) = same_filled(data).and_then(|v| Slot::Same(v).encode()) {
             return Ok(w);
         }
-        let Work { cbuf, codec } = work;
+        let Work { cbuf, codec, .. } = work;
         let (src, huge): (&[u8], bool) =
             match self.codec.compress(data, cbuf, self.huge_threshold, codec) {
                 Some(n) => (&cbuf[..n], false),
                 None => (&data[..], true),
             };
-        let mut obj = self
-            .heap
-            .alloc(&self.pool, self.budget(), src.len(), shard)?;
+        let mut obj = match self.heap.alloc(&self.pool, self.budget(), src.len(), shard) {
+            Ok(obj) => obj,
+            Err(AllocError::Device | AllocError::Host) if self.backing.is_some() => {
+                match self.spill(src.len(), shard, data)? {
+                    Spilled::Room(obj) => obj,
+                    Spilled::Direct(word) => return Ok(word),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.heap.write(&mut obj, src);
         let word = Slot::Object {
             offset: obj.offset(),
@@ -604,10 +772,405 @@ impl Device {
 
     /// Accounts for a slot going from `old` to `new` and frees the old object.
     fn retire(&self, old: u64, new: u64, shard: usize) {
-        if let Slot::Object { offset, .. } = Slot::decode(old) {
-            self.heap.free(&self.pool, self.budget(), offset);
+        match Slot::decode(old) {
+            Slot::Object { offset, .. } => self.heap.free(&self.pool, self.budget(), offset),
+            Slot::Backed { block } => {
+                if let Some(b) = &self.backing {
+                    b.free(block);
+                }
+            }
+            _ => {}
         }
         self.counters()[shard].apply(footprint(old), footprint(new));
+    }
+
+    /// Marks every stored object idle (zram's `echo all > idle`). A read
+    /// or write of the page clears the mark. Returns the pages marked.
+    pub fn mark_idle(&self) -> u64 {
+        let mut n = 0;
+        self.for_each_object(|_, w| {
+            if set_bits(w, |cur| cur | slot::IDLE) {
+                n += 1;
+            }
+        });
+        n
+    }
+
+    /// One pass of the ager: pages not accessed since the last pass grow a
+    /// step older, the rest are marked idle. Run every `idle_after / 3`, a
+    /// page counts as cold ([`Filter::cold`]) once idle for `idle_after`.
+    /// Returns the pages that are cold now.
+    pub fn age(&self) -> u64 {
+        let mut cold = 0;
+        self.for_each_object(|_, w| {
+            let mut now_cold = false;
+            set_bits(w, |cur| {
+                let next = if cur & slot::IDLE == 0 {
+                    cur | slot::IDLE
+                } else {
+                    slot::with_age(cur, slot::age(cur).saturating_add(1))
+                };
+                now_cold = next & slot::IDLE != 0 && slot::age(next) >= slot::MAX_AGE;
+                next
+            });
+            cold += u64::from(now_cold);
+        });
+        cold
+    }
+
+    /// The tiering passes' memory, made on first use (most devices never
+    /// tier).
+    fn tier(&self) -> Result<std::sync::MutexGuard<'_, Option<Tier>>> {
+        let mut t = self.tier.lock().unwrap_or_else(|e| e.into_inner());
+        if t.is_none() {
+            *t = Some(Tier {
+                pages: AlignedPages::new(BATCH)?,
+                cbuf: Box::new([0; MAX_COMPRESSED]),
+                codec: CodecState::default(),
+                hand: 0,
+            });
+        }
+        Ok(t)
+    }
+
+    /// Moves the stored pages `filter` takes to the backing file, at most
+    /// `max_pages` of them, then compacts so their memory goes back.
+    pub fn writeback(&self, filter: Filter, max_pages: Option<u64>) -> Result<WritebackReport> {
+        if self.backing.is_none() {
+            return Err(StoreError::InvalidConfig(
+                "the device has no backing file".into(),
+            ));
+        }
+        let before = self.budget().used();
+        let mut t = self.tier()?;
+        let tier = t.as_mut().expect("made above");
+        let mut left = max_pages.unwrap_or(u64::MAX);
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut moved = 0;
+        let mut result = Ok(());
+        for slots in self.table.touched().collect::<Vec<_>>() {
+            for s in slots {
+                if left == 0 || result.is_err() {
+                    break;
+                }
+                let word = self.table.word(s).load(Relaxed);
+                if !filter.matches(word) {
+                    continue;
+                }
+                batch.push(s);
+                left -= 1;
+                if batch.len() == BATCH {
+                    result = self.write_batch(tier, &batch).map(|n| moved += n);
+                    batch.clear();
+                }
+            }
+        }
+        if result.is_ok() && !batch.is_empty() {
+            result = self.write_batch(tier, &batch).map(|n| moved += n);
+        }
+        drop(t);
+        self.compact();
+        result?;
+        Ok(WritebackReport {
+            pages: moved as u64,
+            freed_bytes: before.saturating_sub(self.budget().used()),
+        })
+    }
+
+    /// Writes the objects of `slots` to the backing file and points their
+    /// words at the blocks. A slot that is locked, or changes while its
+    /// page is being written, keeps its object and the block goes back:
+    /// every slot holds its old content or the same content on disk, never
+    /// a block that was not fully written. Returns the pages moved.
+    fn write_batch(&self, tier: &mut Tier, slots: &[u64]) -> Result<usize> {
+        let b = self.backing.as_ref().expect("callers check");
+        // Expand each page under its lock, without waiting for any: the
+        // caller may hold a slot lock itself (a partial write that spills).
+        let mut taken: Vec<(u64, u64)> = Vec::with_capacity(slots.len());
+        for &s in slots {
+            let w = self.table.word(s);
+            let Some(g) = SlotGuard::try_lock(w) else {
+                continue;
+            };
+            if !slot::is_object(g.old()) {
+                continue;
+            }
+            let page = tier.pages.page_mut(taken.len());
+            let mut none = None;
+            if self.load(&mut tier.codec, &mut none, s, &g, page).is_err() {
+                continue;
+            }
+            taken.push((s, slot::content(g.old())));
+        }
+        if taken.is_empty() {
+            return Ok(0);
+        }
+        let blocks = b.alloc(taken.len());
+        if blocks.is_empty() {
+            return Err(StoreError::BackingFull);
+        }
+        taken.truncate(blocks.len());
+        // One write per run of consecutive blocks.
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 {
+                j += 1;
+            }
+            if let Err(e) = b.write(blocks[i], tier.pages.bytes(i, j - i)) {
+                for &blk in &blocks {
+                    b.free(blk);
+                }
+                tracing::warn!("writeback failed, pages stay in memory: {e}");
+                return Err(e);
+            }
+            i = j;
+        }
+        let ctr = &self.counters()[0];
+        ctr.backed_writes.fetch_add(blocks.len() as u64, Relaxed);
+        let mut moved = 0;
+        for (&(s, seen), &blk) in taken.iter().zip(&blocks) {
+            let g = SlotGuard::try_lock(self.table.word(s));
+            match g {
+                Some(g) if slot::content(g.old()) == seen => {
+                    let old = g.old();
+                    let new = Slot::Backed { block: blk }.encode().expect("blocks encode");
+                    g.publish(new);
+                    self.retire(old, new, 0);
+                    moved += 1;
+                }
+                _ => b.free(blk),
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Makes room for an object of `len` bytes when a limit refused it:
+    /// writes back the coldest pages (idle longest first, then those the
+    /// clock hand finds untouched since it last passed), compacts, and
+    /// tries again. If that cannot make room, the page itself goes to the
+    /// backing file. Fails only when the backing file is full too.
+    fn spill(&self, len: usize, shard: usize, data: &Page) -> Result<Spilled> {
+        let mut t = self.tier()?;
+        let tier = t.as_mut().expect("made above");
+        for _ in 0..SPILL_ROUNDS {
+            // Another writer may have made room while this one waited.
+            match self.heap.alloc(&self.pool, self.budget(), len, shard) {
+                Ok(obj) => return Ok(Spilled::Room(obj)),
+                Err(AllocError::Device | AllocError::Host) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let victims = self.pick_victims(tier, self.spill_pages());
+            if victims.is_empty() {
+                break;
+            }
+            let mut moved = 0;
+            for chunk in victims.chunks(BATCH) {
+                match self.write_batch(tier, chunk) {
+                    Ok(n) => moved += n,
+                    Err(StoreError::BackingFull) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            self.cells.spills.fetch_add(1, Relaxed);
+            // Compaction that is already running elsewhere will do; waiting
+            // for it could deadlock with a slot this writer holds.
+            self.compact_with(false);
+            if moved == 0 {
+                break;
+            }
+        }
+        match self.heap.alloc(&self.pool, self.budget(), len, shard) {
+            Ok(obj) => return Ok(Spilled::Room(obj)),
+            Err(AllocError::Device | AllocError::Host) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // No room could be made: this page goes to disk itself.
+        let b = self.backing.as_ref().expect("callers check");
+        let Some(&blk) = b.alloc(1).first() else {
+            return Err(StoreError::BackingFull);
+        };
+        tier.pages.page_mut(0).copy_from_slice(data);
+        if let Err(e) = b.write(blk, tier.pages.bytes(0, 1)) {
+            b.free(blk);
+            return Err(e);
+        }
+        self.counters()[shard].backed_writes.fetch_add(1, Relaxed);
+        Ok(Spilled::Direct(
+            Slot::Backed { block: blk }.encode().expect("blocks encode"),
+        ))
+    }
+
+    /// How many pages one spill moves: enough to bring the device down to
+    /// 15/16 of its limit (or its share of the host's) at the current
+    /// average object size.
+    fn spill_pages(&self) -> usize {
+        let st = self.cells.stats(self.size_bytes);
+        let in_mem = st
+            .orig_data_size
+            .div_ceil(PAGE_SIZE as u64)
+            .saturating_sub(st.same_pages + st.backed_pages)
+            .max(1);
+        let avg = (st.compr_data_size / in_mem).max(64);
+        let limit = match self.budget().limit() {
+            0 => st.mem_used_total,
+            l => l,
+        };
+        let over = st.mem_used_total.saturating_sub(limit - limit / 16);
+        ((over / avg) as usize).clamp(SPILL_MIN, SPILL_MAX)
+    }
+
+    /// Up to `n` stored objects, coldest first: idle with the highest age,
+    /// then idle, then (second chance) pages the scan marks idle now.
+    /// The scan starts where the last one stopped.
+    fn pick_victims(&self, tier: &mut Tier, n: usize) -> Vec<u64> {
+        const RANKS: usize = slot::MAX_AGE as usize + 2;
+        let mut by_rank: [Vec<u64>; RANKS] = Default::default();
+        let ranges: Vec<Range<u64>> = self.table.touched().collect();
+        let start = ranges.iter().position(|r| r.end > tier.hand).unwrap_or(0);
+        let mut last = tier.hand;
+        'scan: for (k, r) in ranges[start..].iter().chain(&ranges[..start]).enumerate() {
+            let from = if k == 0 {
+                r.start.max(tier.hand)
+            } else {
+                r.start
+            };
+            for s in from..r.end {
+                let w = self.table.word(s);
+                let cur = w.load(Relaxed);
+                if cur & slot::LOCK != 0 || !slot::is_object(cur) {
+                    continue;
+                }
+                let rank = if cur & slot::IDLE == 0 {
+                    // Second chance: untouched until the hand comes back, it
+                    // ranks as idle then.
+                    let _ = w.compare_exchange(cur, cur | slot::IDLE, Relaxed, Relaxed);
+                    0
+                } else {
+                    1 + slot::age(cur) as usize
+                };
+                if by_rank[rank].len() < n {
+                    by_rank[rank].push(s);
+                }
+                last = s + 1;
+                if by_rank[RANKS - 1].len() >= n {
+                    break 'scan;
+                }
+            }
+        }
+        tier.hand = if last >= self.table.len() { 0 } else { last };
+        by_rank.into_iter().rev().flatten().take(n).collect()
+    }
+
+    /// Recompresses the stored objects `filter` takes with `codec`, keeping
+    /// the result only where it needs a smaller object. Objects already in
+    /// `codec` (and not huge), or that recompression failed to shrink
+    /// before, are skipped. Compacts afterwards so the savings show.
+    pub fn recompress(&self, filter: Filter, codec: Codec) -> Result<RecompressReport> {
+        let before = self.budget().used();
+        let mut rep = RecompressReport::default();
+        let mut t = self.tier()?;
+        let tier = t.as_mut().expect("made above");
+        let ctr = &self.counters()[0];
+        let mut result = Ok(());
+        for slots in self.table.touched().collect::<Vec<_>>() {
+            for s in slots {
+                let w = self.table.word(s);
+                let word = w.load(Relaxed);
+                if !filter.matches(word) || word & slot::TRIED != 0 {
+                    continue;
+                }
+                let Slot::Object {
+                    len,
+                    huge,
+                    codec: id,
+                    ..
+                } = Slot::decode(word)
+                else {
+                    continue;
+                };
+                if !huge && id == codec.id() {
+                    continue;
+                }
+                // Expand under the lock, compress without it.
+                let Some(g) = SlotGuard::try_lock(w) else {
+                    continue;
+                };
+                let seen = slot::content(g.old());
+                if seen != slot::content(word) {
+                    continue;
+                }
+                let page = tier.pages.page_mut(0);
+                let mut none = None;
+                if self.load(&mut tier.codec, &mut none, s, &g, page).is_err() {
+                    continue;
+                }
+                drop(g);
+                rep.tried += 1;
+                let limit = if huge {
+                    self.huge_threshold
+                } else {
+                    len as usize
+                };
+                let class_bytes = |n: usize| self.pool.classes[class_of(n)].size;
+                let smaller = codec
+                    .compress(
+                        tier.pages.page_mut(0),
+                        &mut tier.cbuf,
+                        limit,
+                        &mut tier.codec,
+                    )
+                    .filter(|&n| class_bytes(n) < class_bytes(len as usize));
+                let Some(n) = smaller else {
+                    // Not worth it: remember, so the next pass skips it.
+                    set_bits(w, |cur| {
+                        if slot::content(cur) == seen {
+                            cur | slot::TRIED
+                        } else {
+                            cur
+                        }
+                    });
+                    continue;
+                };
+                let mut obj = match self.heap.alloc(&self.pool, self.budget(), n, 0) {
+                    Ok(obj) => obj,
+                    Err(e) => {
+                        // A full pool: stop here, what is done stays done.
+                        result = Err(StoreError::from(e));
+                        break;
+                    }
+                };
+                self.heap.write(&mut obj, &tier.cbuf[..n]);
+                let new = Slot::Object {
+                    offset: obj.offset(),
+                    len: n as u32,
+                    huge: false,
+                    codec: codec.id(),
+                }
+                .encode()
+                .expect("objects encode");
+                match SlotGuard::try_lock(w) {
+                    Some(g) if slot::content(g.old()) == seen => {
+                        let old = g.old();
+                        // Keep the page's idleness: recompressing is not an access.
+                        g.publish(new | (old & slot::ACCESS));
+                        self.retire(old, new, 0);
+                        rep.pages += 1;
+                        rep.saved_bytes += u64::from(len) - n as u64;
+                    }
+                    _ => self.heap.free(&self.pool, self.budget(), obj.offset()),
+                }
+            }
+            if result.is_err() {
+                break;
+            }
+        }
+        drop(t);
+        ctr.recompressed.fetch_add(rep.pages, Relaxed);
+        ctr.recompress_saved.fetch_add(rep.saved_bytes, Relaxed);
+        self.compact();
+        rep.freed_bytes = before.saturating_sub(self.budget().used());
+        result.map(|()| rep)
     }
 
     /// Moves objects out of sparse spans and gives emptied spans back to the
@@ -618,12 +1181,27 @@ impl Device {
     /// decoding them, and allocates in each object's own shard. Its one
     /// count per pass goes to shard 0's counters.
     pub fn compact(&self) -> u64 {
-        let _one_at_a_time = self.compacting.lock().unwrap_or_else(|e| e.into_inner());
+        self.compact_with(true)
+    }
+
+    /// `wait`: wait for another compaction to finish, and for each slot to
+    /// be free to move. Without it a busy compaction or slot is skipped:
+    /// for a writer that holds a slot lock of its own.
+    fn compact_with(&self, wait: bool) -> u64 {
+        let _one_at_a_time = if wait {
+            self.compacting.lock().unwrap_or_else(|e| e.into_inner())
+        } else {
+            match self.compacting.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return 0,
+            }
+        };
         let blocks = self.heap.plan_compaction(&self.pool);
         if blocks.is_empty() {
             return 0;
         }
-        self.for_each_object(|s, w| self.relocate(s, w, &blocks));
+        self.for_each_object(|s, w| self.relocate(s, w, &blocks, wait));
         let pages = self
             .heap
             .finish_compaction(&self.pool, self.budget(), &blocks);
@@ -631,7 +1209,7 @@ impl Device {
         pages
     }
 
-    fn relocate(&self, slot: u64, w: &AtomicU64, blocks: &HashSet<u32>) {
+    fn relocate(&self, slot: u64, w: &AtomicU64, blocks: &HashSet<u32>, wait: bool) {
         let in_set = |word: u64| match Slot::decode(word) {
             Slot::Object { offset, len, .. } => blocks
                 .contains(&((offset / BLOCK_BYTES as u64) as u32))
@@ -641,7 +1219,14 @@ impl Device {
         if in_set(w.load(Relaxed)).is_none() {
             return;
         }
-        let g = SlotGuard::lock(w);
+        let g = if wait {
+            SlotGuard::lock(w)
+        } else {
+            match SlotGuard::try_lock(w) {
+                Some(g) => g,
+                None => return,
+            }
+        };
         let cur = g.old();
         let Some((offset, len)) = in_set(cur) else {
             return;
@@ -667,7 +1252,8 @@ impl Device {
             codec,
         }
         .encode()
-        .expect("objects encode");
+        .expect("objects encode")
+            | (cur & (slot::ACCESS | slot::TRIED));
         // No mark needed: for_each_object found this slot on a marked page.
         g.publish(new);
         self.heap.free(&self.pool, self.budget(), offset);

@@ -23,6 +23,14 @@ pub enum StoreError {
     StateFull,
     #[error("pool arena exhausted")]
     ArenaFull,
+    /// A memory limit was reached and the backing file has no free block
+    /// to spill to. Guest sees IOERR; the slot keeps its old content.
+    #[error("memory limit reached and the backing file is full")]
+    BackingFull,
+    /// Reading or writing the backing file failed. Guest sees IOERR; a
+    /// failed writeback leaves the page in memory.
+    #[error("backing file {0}")]
+    Backing(String),
     /// A stored object failed to decompress. This is a bug, never guest input.
     #[error("stored page in slot {slot} is corrupt")]
     Corrupt { slot: u64 },

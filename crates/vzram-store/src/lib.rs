@@ -3,6 +3,7 @@
 //! A [`Pool`] owns the memory; each [`Device`] has a fixed number of slots
 //! and a per-slot-locked table. Nothing here knows about virtio.
 
+pub mod backing;
 pub mod cells;
 pub mod codec;
 mod context;
@@ -17,10 +18,11 @@ pub mod stats;
 mod store;
 pub(crate) mod table;
 
+pub use backing::{Backing, BackingSpec};
 pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, Op};
 pub use codec::Codec;
 pub use context::Context;
-pub use device::{Device, DeviceConfig, Recovery};
+pub use device::{Device, DeviceConfig, Filter, RecompressReport, Recovery, WritebackReport};
 pub use error::{Result, StoreError};
 pub use pool::PoolConfig;
 pub use slot::encode_fill;

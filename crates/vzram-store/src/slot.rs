@@ -2,32 +2,47 @@
 //! including its lock bit, so a slot costs exactly 8 bytes of table.
 //!
 //! ```text
-//!  63   62   61   60   59   58..57  56 ........ 44  43 ............ 0
-//! LOCK SAME HUGE IDLE  WB   CODEC   length (13 b)   location / 16 (44 b)
+//!  63   62   61   60   59   58..57  56 ....... 44  43     42..41  40 ......... 0
+//! LOCK SAME HUGE IDLE  WB   CODEC   length (13 b)  TRIED  AGE     location / 16 (41 b)
 //! ```
-//! A same-filled slot reuses bits 0..=56 for its fill pattern. A word of 0 is
-//! an empty slot (never written or discarded): it reads as zeros.
+//! A same-filled slot reuses bits 0..=56 for its fill pattern. A written-back
+//! slot (WB) keeps its backing-file block in bits 0..=40. A word of 0 is an
+//! empty slot (never written or discarded): it reads as zeros.
+//!
+//! IDLE and AGE are access bits of stored objects (zram's `ZRAM_IDLE`, plus
+//! a coarse age the ager raises while a page stays idle); any access clears
+//! them. TRIED says recompression could not shrink the object, so it is not
+//! tried again (with HUGE: zram's `ZRAM_INCOMPRESSIBLE`). None of the three
+//! changes what the slot holds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const LOCK: u64 = 1 << 63;
 pub const SAME: u64 = 1 << 62;
 pub const HUGE: u64 = 1 << 61;
-/// Reserved for idle tracking (zram's `ZRAM_IDLE`), issue: tiering.
-#[allow(dead_code)]
+/// Not accessed since it was marked idle (by `mark_idle` or the ager).
 pub const IDLE: u64 = 1 << 60;
-/// Reserved for written-back pages, issue: tiering.
-#[allow(dead_code)]
+/// The page lives in a block of the backing file, not in the pool.
 pub const WRITTEN_BACK: u64 = 1 << 59;
 const CODEC_SHIFT: u32 = 57;
 
 const LEN_SHIFT: u32 = 44;
 const LEN_MASK: u64 = (1 << 13) - 1;
-const LOC_MASK: u64 = (1 << LEN_SHIFT) - 1;
+/// Recompression was tried and did not shrink the object.
+pub const TRIED: u64 = 1 << 43;
+const AGE_SHIFT: u32 = 41;
+/// Ager passes the page stayed idle through, saturating at [`MAX_AGE`].
+pub const AGE_MASK: u64 = 3 << AGE_SHIFT;
+pub const MAX_AGE: u8 = 3;
+/// The bits an access clears.
+pub const ACCESS: u64 = IDLE | AGE_MASK;
+const LOC_MASK: u64 = (1 << AGE_SHIFT) - 1;
 /// Objects are 16-byte aligned; storing offset / 16 buys 4 bits of range.
 pub const LOC_ALIGN: u64 = 16;
-/// Largest arena the location field can address (256 TiB).
+/// Largest arena the location field can address (32 TiB: devices up to 4 TiB).
 pub const MAX_ARENA_BYTES: u64 = (LOC_MASK + 1) * LOC_ALIGN;
+/// Blocks a written-back word can name.
+pub const MAX_BLOCKS: u64 = LOC_MASK + 1;
 
 const FILL_MASK: u64 = (1 << 57) - 1;
 const FILL_WIDE: u64 = 1 << 56;
@@ -46,6 +61,10 @@ pub enum Slot {
         huge: bool,
         codec: u8,
     },
+    /// The raw page, in block `block` of the device's backing file.
+    Backed {
+        block: u64,
+    },
 }
 
 impl Slot {
@@ -57,6 +76,10 @@ impl Slot {
             Slot::Empty
         } else if word & SAME != 0 {
             Slot::Same(decode_fill(word & FILL_MASK))
+        } else if word & WRITTEN_BACK != 0 {
+            Slot::Backed {
+                block: word & LOC_MASK,
+            }
         } else {
             Slot::Object {
                 offset: (word & LOC_MASK) * LOC_ALIGN,
@@ -89,8 +112,43 @@ impl Slot {
                 }
                 Some(w)
             }
+            Slot::Backed { block } => {
+                debug_assert!(block < MAX_BLOCKS);
+                Some(WRITTEN_BACK | block)
+            }
         }
     }
+}
+
+/// Whether a word (lock bit ignored) is a stored object in the pool: the
+/// only kind that carries access bits.
+#[inline]
+pub fn is_object(word: u64) -> bool {
+    let w = word & !LOCK;
+    w != 0 && w & (SAME | WRITTEN_BACK) == 0
+}
+
+/// What a word says the slot holds, without lock or access bits: two words
+/// with the same content name the same object.
+#[inline]
+pub fn content(word: u64) -> u64 {
+    if is_object(word) {
+        word & !(LOCK | ACCESS)
+    } else {
+        word & !LOCK
+    }
+}
+
+/// The ager's count for an object word.
+#[inline]
+pub fn age(word: u64) -> u8 {
+    ((word & AGE_MASK) >> AGE_SHIFT) as u8
+}
+
+/// An object word with its age set to `age` (and IDLE kept).
+#[inline]
+pub fn with_age(word: u64, age: u8) -> u64 {
+    (word & !AGE_MASK) | (u64::from(age.min(MAX_AGE)) << AGE_SHIFT)
 }
 
 /// Packs an 8-byte fill value into 57 bits. Two shapes fit: a 4-byte value
@@ -142,10 +200,32 @@ impl<'a> SlotGuard<'a> {
         }
     }
 
+    /// Takes the lock only if it is free right now: for background work
+    /// that must never wait on a slot (its caller may hold another lock).
+    #[inline]
+    pub fn try_lock(word: &'a AtomicU64) -> Option<SlotGuard<'a>> {
+        let cur = word.load(Ordering::Relaxed);
+        if cur & LOCK != 0 {
+            return None;
+        }
+        word.compare_exchange(cur, cur | LOCK, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|old| SlotGuard { word, old })
+    }
+
     /// The word as it was when locked (without the lock bit).
     #[inline]
     pub fn old(&self) -> u64 {
         self.old
+    }
+
+    /// Records an access: the word is put back without its access bits
+    /// when the guard is dropped.
+    #[inline]
+    pub fn touch(&mut self) {
+        if is_object(self.old) {
+            self.old &= !ACCESS;
+        }
     }
 
     /// Makes `new` the slot's word and unlocks.
@@ -206,6 +286,7 @@ mod tests {
             (16, 4095, false, 1),
             (MAX_ARENA_BYTES - 16, 4096, true, 3),
             (1 << 40, 1234, false, 2),
+            (1 << 44, 77, false, 1),
         ] {
             let s = Slot::Object {
                 offset,
@@ -218,7 +299,32 @@ mod tests {
             assert_ne!(w, 0);
             assert_eq!(Slot::decode(w), s);
             assert_eq!(Slot::decode(w | LOCK), s);
+            // Access and TRIED bits change nothing about the content.
+            let marked = with_age(w | IDLE | TRIED, 3);
+            assert_eq!(Slot::decode(marked), s);
+            assert_eq!(content(marked | LOCK), w | TRIED);
+            assert_eq!(age(marked), 3);
+            assert!(is_object(marked));
         }
+    }
+
+    #[test]
+    fn backed_round_trip() {
+        for block in [0u64, 1, 12345, MAX_BLOCKS - 1] {
+            let w = Slot::Backed { block }.encode().unwrap();
+            assert_eq!(Slot::decode(w), Slot::Backed { block });
+            assert!(!is_object(w));
+            assert_eq!(content(w | LOCK), w);
+        }
+    }
+
+    #[test]
+    fn fills_keep_bits_that_objects_use_for_access() {
+        // A fill pattern may set bits 41..=43 and 60 is never set: content()
+        // must not strip them from a same-filled word.
+        let w = Slot::Same(0x0000_0e00_0000_0000).encode().unwrap();
+        assert_eq!(content(w), w);
+        assert!(!is_object(w));
     }
 
     #[test]
@@ -244,6 +350,16 @@ mod tests {
     fn fills_that_do_not_fit_are_refused() {
         assert_eq!(encode_fill(0x0123_4567_89ab_cdef), None);
         assert_eq!(encode_fill(0x8000_0000_0000_0001), None);
+    }
+
+    #[test]
+    fn try_lock_never_waits_and_touch_clears_access_bits() {
+        let w = AtomicU64::new(with_age(0x1234 | IDLE, 2));
+        let mut g = SlotGuard::try_lock(&w).unwrap();
+        assert!(SlotGuard::try_lock(&w).is_none());
+        g.touch();
+        drop(g);
+        assert_eq!(w.load(Ordering::Relaxed), 0x1234);
     }
 
     #[test]

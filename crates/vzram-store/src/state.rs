@@ -27,8 +27,11 @@ use crate::error::{Result, StoreError};
 use crate::Codec;
 
 const MAGIC: [u8; 8] = *b"VZRAMST\0";
-/// Bumped when the layout of the files changes incompatibly.
-pub const VERSION: u32 = 1;
+/// Bumped when the layout of the files changes incompatibly. Version 2
+/// added written-back slots and access bits to the slot word; a version 1
+/// state is read as is and marked version 2, so an older vzram refuses it.
+pub const VERSION: u32 = 2;
+const OLDEST_VERSION: u32 = 1;
 const HEADER_LEN: usize = 128;
 const NAME_LEN: usize = 64;
 const CODEC_LEN: usize = 16;
@@ -76,7 +79,7 @@ impl Header {
             return Err("not a vzram device state (bad magic)".into());
         }
         let version = u32_at(8);
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(format!(
                 "state format version {version}, this vzram reads version {VERSION}"
             ));
@@ -310,6 +313,21 @@ fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {
         .read_exact(&mut raw)
         .map_err(|e| err(&hpath, format!("cannot read the header: {e}")))?;
     let header = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
+    if header.arena_bytes > crate::slot::MAX_ARENA_BYTES {
+        return Err(err(
+            &hpath,
+            format!(
+                "arena of {} bytes is larger than this vzram can address",
+                header.arena_bytes
+            ),
+        ));
+    }
+    if raw[8..12] != VERSION.to_le_bytes() {
+        use std::os::unix::fs::FileExt;
+        hfile
+            .write_all_at(&header.encode(), 0)
+            .map_err(|e| err(&hpath, format!("cannot update the header: {e}")))?;
+    }
     let st = StateFiles {
         table: open_rw(&dir.join("table"), false)?,
         arena: open_rw(&dir.join("arena"), false)?,
@@ -474,8 +492,11 @@ mod tests {
         bad[0] = b'X';
         assert!(Header::decode(&bad).unwrap_err().contains("magic"));
         let mut newer = b;
-        newer[8] = 2;
-        assert!(Header::decode(&newer).unwrap_err().contains("version 2"));
+        newer[8] = 3;
+        assert!(Header::decode(&newer).unwrap_err().contains("version 3"));
+        let mut older = b;
+        older[8] = 1;
+        assert_eq!(Header::decode(&older).unwrap(), h);
     }
 
     #[test]

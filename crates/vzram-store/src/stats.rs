@@ -23,6 +23,16 @@ pub struct DeviceStats {
     pub reads: u64,
     pub writes: u64,
     pub discards: u64,
+    /// Pages in the backing file (zram `bd_stat` `bd_count`, in pages).
+    pub backed_pages: u64,
+    /// Pages read from and written to the backing file (`bd_reads`, `bd_writes`).
+    pub backed_reads: u64,
+    pub backed_writes: u64,
+    /// Times a write found a limit reached and moved cold pages out.
+    pub spills: u64,
+    /// Pages a second codec made smaller, and the bytes that saved.
+    pub pages_recompressed: u64,
+    pub recompress_saved_bytes: u64,
     /// Bytes of slot table currently backed by RAM.
     pub table_bytes: u64,
     /// All metadata outside the pool: resident table plus span headers.
@@ -48,10 +58,17 @@ pub struct PoolStats {
     pub reads: u64,
     pub writes: u64,
     pub discards: u64,
+    pub backed_pages: u64,
+    pub backed_reads: u64,
+    pub backed_writes: u64,
+    pub spills: u64,
+    pub pages_recompressed: u64,
+    pub recompress_saved_bytes: u64,
     pub table_bytes: u64,
     pub meta_bytes: u64,
 }
 
+// Exactly one 128-byte line per shard: the stats file's layout depends on it.
 #[derive(Default)]
 #[repr(C, align(128))]
 pub(crate) struct Counters {
@@ -62,13 +79,20 @@ pub(crate) struct Counters {
     pub failed_writes: AtomicU64,
     pub limit_hits: AtomicU64,
     pub pages_compacted: AtomicU64,
+    pub backed_reads: AtomicU64,
+    pub backed_writes: AtomicU64,
+    pub recompressed: AtomicU64,
+    pub recompress_saved: AtomicU64,
     // Gauges move both ways; a shard may go negative when another shard
     // stored what this one frees. Only the sum means anything.
     pub stored: AtomicI64,
     pub compr: AtomicI64,
     pub same: AtomicI64,
     pub huge: AtomicI64,
+    pub backed: AtomicI64,
 }
+
+const _: () = assert!(std::mem::size_of::<Counters>() == 128);
 
 /// A slot's contribution to the gauges.
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,6 +101,7 @@ pub(crate) struct Footprint {
     pub compr: i64,
     pub same: i64,
     pub huge: i64,
+    pub backed: i64,
 }
 
 impl Counters {
@@ -93,7 +118,13 @@ impl Counters {
 
     /// Zeroes the gauges, which recovery recomputes; counts stay.
     pub fn clear_gauges(&self) {
-        for g in [&self.stored, &self.compr, &self.same, &self.huge] {
+        for g in [
+            &self.stored,
+            &self.compr,
+            &self.same,
+            &self.huge,
+            &self.backed,
+        ] {
             g.store(0, Relaxed);
         }
     }
@@ -104,6 +135,7 @@ impl Counters {
             (&self.compr, new.compr - old.compr),
             (&self.same, new.same - old.same),
             (&self.huge, new.huge - old.huge),
+            (&self.backed, new.backed - old.backed),
         ] {
             if d != 0 {
                 g.fetch_add(d, Relaxed);
@@ -132,6 +164,11 @@ pub(crate) fn sum(shards: &[Counters], out: &mut DeviceStats) {
     out.compr_data_size = g(|c| &c.compr);
     out.same_pages = g(|c| &c.same);
     out.huge_pages = g(|c| &c.huge);
+    out.backed_pages = g(|c| &c.backed);
+    out.backed_reads = s(|c| &c.backed_reads);
+    out.backed_writes = s(|c| &c.backed_writes);
+    out.pages_recompressed = s(|c| &c.recompressed);
+    out.recompress_saved_bytes = s(|c| &c.recompress_saved);
 }
 
 impl PoolStats {
@@ -148,6 +185,12 @@ impl PoolStats {
         self.reads += d.reads;
         self.writes += d.writes;
         self.discards += d.discards;
+        self.backed_pages += d.backed_pages;
+        self.backed_reads += d.backed_reads;
+        self.backed_writes += d.backed_writes;
+        self.spills += d.spills;
+        self.pages_recompressed += d.pages_recompressed;
+        self.recompress_saved_bytes += d.recompress_saved_bytes;
         self.table_bytes += d.table_bytes;
         self.meta_bytes += d.meta_bytes;
     }

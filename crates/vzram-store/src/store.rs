@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::backing::Backing;
 use crate::cells::HostCells;
 use crate::device::{Device, DeviceConfig};
 use crate::error::Result;
@@ -43,10 +44,11 @@ impl Pool {
         self: &Arc<Self>,
         cfg: DeviceConfig,
         mut files: StateFiles,
+        backing: Option<Backing>,
     ) -> Result<Arc<Device>> {
         // Whoever opened it, a handed-over state may hold data by now.
         files.existing = true;
-        let dev = Device::with_state(self.shared.clone(), cfg, Some(files))?;
+        let dev = Device::with_state(self.shared.clone(), cfg, Some(files), backing)?;
         Ok(self.register(dev))
     }
 

@@ -43,7 +43,7 @@ fn attach_write_detach_attach_discard() {
     // A worker: its own pool over the same host file.
     let worker = Pool::with_host_file(PoolConfig::default(), &host).unwrap();
     let dev = worker
-        .attach_device(dc.clone(), files.try_clone().unwrap())
+        .attach_device(dc.clone(), files.try_clone().unwrap(), None)
         .unwrap();
     for s in 0..512 {
         dev.write_page(&mut cx, s, &noise(s)).unwrap();
@@ -56,7 +56,7 @@ fn attach_write_detach_attach_discard() {
 
     // Back in the supervisor: recovered, then every page dropped.
     let dev = sup
-        .attach_device(dc.clone(), files.try_clone().unwrap())
+        .attach_device(dc.clone(), files.try_clone().unwrap(), None)
         .unwrap();
     assert_eq!(dev.recovery().unwrap().slots, 512);
     for s in (0..512).step_by(97) {

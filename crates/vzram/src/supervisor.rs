@@ -946,7 +946,8 @@ fn attach(
     let mut dc = DeviceConfig::new(spec.size, spec.algo);
     dc.mem_limit = limit;
     dc.shards = usize::from(spec.queues);
-    pool.attach_device(dc, files).map_err(|e| e.to_string())
+    pool.attach_device(dc, files, None)
+        .map_err(|e| e.to_string())
 }
 
 fn order_compact(c: &UnixStream) -> Result<u64, String> {

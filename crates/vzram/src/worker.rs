@@ -159,7 +159,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     let mut dc = DeviceConfig::new(spec.size, codec);
     dc.mem_limit = spec.mem_limit;
     dc.shards = usize::from(spec.queues);
-    let store = pool.attach_device(dc, files)?;
+    let store = pool.attach_device(dc, files, None)?;
     if let Some(r) = store.recovery() {
         tracing::info!(
             pages = r.slots,

@@ -392,17 +392,23 @@ impl Daemon {
 
     /// `vzram compact`; returns its output line.
     pub fn compact(&mut self) -> String {
+        self.cli(&["compact"])
+    }
+
+    /// `vzram ARGS --control CTL`, which must succeed; returns its output.
+    pub fn cli(&mut self, args: &[&str]) -> String {
         self.assert_alive();
         let out = Command::new(&self.bin)
-            .args(["compact", "--control"])
+            .args(args)
+            .arg("--control")
             .arg(&self.control)
             .stdin(Stdio::null())
             .output()
-            .expect("run vzram compact");
+            .unwrap_or_else(|e| panic!("run vzram {args:?}: {e}"));
         let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
         ensure!(
             out.status.success(),
-            "vzram compact failed ({}): {text}{}",
+            "vzram {args:?} failed ({}): {text}{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );

@@ -8,12 +8,20 @@
 //!     [--state DIR]          devices keep their state in files under DIR (tmpfs)
 //!     [--recovery GIB:SIZE]  instead: store GIB GiB in a SIZE GiB device with
 //!                            state under --state DIR, then time its recovery
+//!     [--tier DIR [--hot PCT] [--recompress-algo zstd:L]]
+//!                            instead: tiering. Memory per GiB stored with lz4
+//!                            for every page, with the idle (100 - PCT)% moved
+//!                            to the second codec, and with the second codec
+//!                            for all; then the read latency of pages in memory
+//!                            against pages written back to a file in DIR
 
 use std::time::Instant;
 
 use vzram_store::codec::{CodecState, MAX_COMPRESSED};
 use vzram_store::device::same_filled;
-use vzram_store::{Codec, Context, DeviceConfig, Page, Pool, PoolConfig, StateSpec, PAGE_SIZE};
+use vzram_store::{
+    BackingSpec, Codec, Context, DeviceConfig, Filter, Page, Pool, PoolConfig, StateSpec, PAGE_SIZE,
+};
 
 /// The clock the throughput figures use.
 #[derive(Clone, Copy)]
@@ -220,6 +228,130 @@ fn bench(
     }
 }
 
+/// Memory per GiB stored, three ways in one run, then read latency from
+/// memory and from the backing file. Pages are written as a guest swaps them
+/// out; the last `hot`% written are read back (the guest touching them), the
+/// rest stay idle.
+fn tier(
+    pages: &[Page],
+    copies: usize,
+    reps: usize,
+    hot: u64,
+    second: Codec,
+    dir: &std::path::Path,
+) {
+    std::fs::create_dir_all(dir).unwrap();
+    let n = pages.len() * copies;
+    let gib = |bytes: u64| bytes as f64 / (n * PAGE_SIZE) as f64;
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let mut cx = Context::new(0);
+    let mut out = Box::new([0u8; PAGE_SIZE]);
+    let backing = dir.join("vzram-bench-backing");
+    let device = |codec: Codec, with_backing: bool| {
+        if with_backing {
+            let f = std::fs::File::create(&backing).unwrap();
+            f.set_len(((n + 1) * PAGE_SIZE) as u64).unwrap();
+        }
+        let mut cfg = DeviceConfig::new((n * PAGE_SIZE) as u64, codec);
+        cfg.shards = 1;
+        cfg.backing = with_backing.then(|| BackingSpec {
+            path: backing.clone(),
+        });
+        pool.create_device(cfg).unwrap()
+    };
+    let fill = |dev: &vzram_store::Device, cx: &mut Context| {
+        for (i, p) in pages.iter().cycle().take(n).enumerate() {
+            dev.write_page(cx, i as u64, p).unwrap();
+        }
+    };
+    println!(
+        "data: {n} pages ({} MiB); hot = last {hot}% written; second codec {second}",
+        n * PAGE_SIZE >> 20
+    );
+    println!();
+    println!(
+        "| layout | mem_used_total / stored bytes | compr / stored | recompress µs/page (wall) |"
+    );
+    println!("|---|---|---|---|");
+    for codec in [Codec::Lz4, second] {
+        let dev = device(codec, false);
+        fill(&dev, &mut cx);
+        let s = dev.stats();
+        println!(
+            "| {codec} for every page | {:.3} | {:.3} | |",
+            gib(s.mem_used_total),
+            gib(s.compr_data_size)
+        );
+    }
+    let dev = device(Codec::Lz4, false);
+    fill(&dev, &mut cx);
+    dev.mark_idle();
+    let hot_from = n as u64 * (100 - hot) / 100;
+    for i in hot_from..n as u64 {
+        dev.read_page(&mut cx, i, &mut out).unwrap();
+    }
+    let t = Instant::now();
+    let rep = dev
+        .recompress(
+            Filter {
+                idle: true,
+                ..Default::default()
+            },
+            second,
+        )
+        .unwrap();
+    let per_page = t.elapsed().as_secs_f64() * 1e6 / rep.tried.max(1) as f64;
+    let s = dev.stats();
+    println!(
+        "| lz4 hot, {second} idle ({} of {} idle pages recompressed) | {:.3} | {:.3} | {per_page:.1} |",
+        rep.pages,
+        rep.tried,
+        gib(s.mem_used_total),
+        gib(s.compr_data_size)
+    );
+    for (i, p) in pages.iter().cycle().take(n).enumerate() {
+        dev.read_page(&mut cx, i as u64, &mut out).unwrap();
+        assert!(*out == *p, "page {i} differs after recompression");
+    }
+    drop(dev);
+
+    // Read latency: the same pages from memory and from the backing file,
+    // interleaved round by round, in a scattered order as swap-ins come.
+    let dev = device(Codec::Lz4, true);
+    fill(&dev, &mut cx);
+    let half = n as u64 / 2;
+    dev.writeback(Filter::default(), Some(half)).unwrap();
+    let backed = dev.stats().backed_pages;
+    let order: Vec<u64> = (0..n as u64).map(|i| (i * 7919) % n as u64).collect();
+    let is_backed = |i: u64| i < half;
+    let (mut mem_us, mut disk_us) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let (mut m, mut d) = (Vec::new(), Vec::new());
+        for &i in &order {
+            let t = Instant::now();
+            dev.read_page(&mut cx, i, &mut out).unwrap();
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            if is_backed(i) {
+                d.push(us)
+            } else {
+                m.push(us)
+            }
+        }
+        mem_us.push(median(m));
+        disk_us.push(median(d));
+    }
+    let (m, d) = (median(mem_us), median(disk_us));
+    println!();
+    println!(
+        "read latency, median over {reps} rounds of per-read medians: in memory (lz4) {m:.2} µs, \
+         written back ({backed} pages, O_DIRECT {}) {d:.1} µs, ratio {:.0}×",
+        dev.backing().unwrap().direct(),
+        d / m
+    );
+    drop(dev);
+    let _ = std::fs::remove_file(&backing);
+}
+
 /// Stores `gib` GiB of `pages` (cycled, each copy as written by a guest) in a
 /// `size_gib` GiB device with state under `root`, drops it as a crash would
 /// leave it (no cleanup runs for the files), and times opening it again.
@@ -306,6 +438,20 @@ fn main() {
     let clock = Clock {
         cpu: args.iter().any(|a| a == "--cpu-time"),
     };
+    if let Some(dir) = arg("--tier") {
+        let hot: u64 = arg("--hot").map_or(20, |s| s.parse().unwrap());
+        let second: Codec =
+            arg("--recompress-algo").map_or(Codec::Zstd { level: 3 }, |s| s.parse().unwrap());
+        tier(
+            &pages,
+            copies,
+            reps,
+            hot,
+            second,
+            std::path::Path::new(&dir),
+        );
+        return;
+    }
     if let Some(spec) = arg("--recovery") {
         let (gib, size) = spec.split_once(':').expect("--recovery GIB:SIZE_GIB");
         let root = state.expect("--recovery needs --state DIR");

@@ -266,7 +266,7 @@ fn tier(
     };
     println!(
         "data: {n} pages ({} MiB); hot = last {hot}% written; second codec {second}",
-        n * PAGE_SIZE >> 20
+        (n * PAGE_SIZE) >> 20
     );
     println!();
     println!(

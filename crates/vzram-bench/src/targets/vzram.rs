@@ -22,6 +22,27 @@ fn serve_one(
     algo: Algo,
     control: &Path,
 ) -> Command {
+    serve_one_with(bin, socket, size, queues, algo, control, knows_fresh(bin))
+}
+
+/// Whether `bin serve` takes `--fresh`: a build from before durable state
+/// (a `vzram-base` binary) has no state to discard and no such flag.
+fn knows_fresh(bin: &Path) -> bool {
+    Command::new(bin)
+        .args(["serve", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--fresh"))
+}
+
+fn serve_one_with(
+    bin: &Path,
+    socket: &Path,
+    size: u64,
+    queues: u32,
+    algo: Algo,
+    control: &Path,
+    fresh: bool,
+) -> Command {
     let mut c = Command::new(bin);
     c.arg("serve")
         .arg("--socket")
@@ -30,9 +51,11 @@ fn serve_one(
         .args(["--queues", &queues.to_string()])
         .args(["--algo", &algo.to_string()])
         .arg("--control")
-        .arg(control)
+        .arg(control);
+    if fresh {
         // Every run starts empty, as a guest's swap does at boot.
-        .arg("--fresh");
+        c.arg("--fresh");
+    }
     c
 }
 
@@ -343,13 +366,15 @@ mod tests {
 
     #[test]
     fn serve_command_follows_contract() {
-        let c = serve_one(
+        assert!(!knows_fresh(Path::new("/nonexistent/vzram")));
+        let c = serve_one_with(
             Path::new("vz"),
             Path::new("/s"),
             1 << 30,
             2,
             Algo::Zstd(1),
             Path::new("/c"),
+            true,
         );
         let args: Vec<_> = c
             .get_args()

@@ -227,7 +227,7 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     // Descriptors: eventfds (kick, call, worker exit), epoll in every
     // worker, plain I/O on sockets and eventfds, logs on stderr; pread of
     // a device state's header handed over as a descriptor (a device added
-    // at run time).
+    // at run time) and of a backing file.
     r.allow(&[
         SYS_read,
         SYS_pread64,
@@ -253,6 +253,14 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     // file before storing there: a full tmpfs fails the write instead of
     // raising SIGBUS. Only files this process holds; it opens none.
     r.allow(&[SYS_fallocate]);
+    // The backing file, handed over already open: pages written back and
+    // read in at offsets (pwrite64, pread64 above), its header made durable
+    // when a device first claims it (fdatasync), the page cache dropped
+    // behind writes where O_DIRECT is refused (fadvise64), and its lock
+    // taken again on the descriptor that already holds it: flock only as
+    // LOCK_EX|LOCK_NB, never LOCK_UN or a blocking wait.
+    r.allow(&[SYS_pwrite64, SYS_fdatasync, SYS_fadvise64]);
+    r.allow_if(SYS_flock, vec![all_eq(&[(1, (LOCK_EX | LOCK_NB) as u64)])?]);
     // fcntl: descriptor and status flags, and duplicating (try_clone).
     r.allow_if(
         SYS_fcntl,

@@ -628,6 +628,57 @@ mod tests {
         assert!(err.contains("test panic") && err.contains("0: "), "{err}");
     }
 
+    /// A file the children of [`backing_file_calls`] inherit (a plain
+    /// `fn` cannot capture it).
+    static BACKING_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+    #[test]
+    fn backing_file_calls() {
+        let path = std::env::temp_dir().join(format!("vzram-seccomp-{}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        BACKING_FD.store(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // Writeback and its header (pwrite64, fdatasync), dropping cached
+        // pages where O_DIRECT is refused (fadvise64), re-taking the lock.
+        let (st, err) = in_child(|| {
+            let fd = BACKING_FD.load(std::sync::atomic::Ordering::Relaxed);
+            let page = [7u8; 64];
+            // SAFETY: plain calls on a descriptor the child inherited.
+            let ok = unsafe {
+                libc::pwrite(fd, page.as_ptr().cast(), page.len(), 4096) == 64
+                    && libc::fdatasync(fd) == 0
+                    && libc::posix_fadvise(fd, 0, 8192, libc::POSIX_FADV_DONTNEED) == 0
+                    && libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0
+            };
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(if ok { 7 } else { 8 }) };
+        });
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 7,
+            "status {st:#x}: {err}"
+        );
+        // Letting go of the lock, or waiting for one, is not needed: refused.
+        for f in [
+            (|| {
+                let fd = BACKING_FD.load(std::sync::atomic::Ordering::Relaxed);
+                // SAFETY: a refused call never runs.
+                unsafe { libc::flock(fd, libc::LOCK_UN) };
+            }) as fn(),
+            || {
+                let fd = BACKING_FD.load(std::sync::atomic::Ordering::Relaxed);
+                // SAFETY: as above.
+                unsafe { libc::flock(fd, libc::LOCK_EX) };
+            },
+        ] {
+            let (st, err) = in_child(f);
+            assert!(killed_by_sigsys(st), "status {st:#x}: {err}");
+        }
+        drop(f);
+    }
+
     #[test]
     fn allowed_calls_run_and_others_kill() {
         // Allowed: eventfd, write, an anonymous mapping, a thread clone;

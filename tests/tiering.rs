@@ -681,9 +681,12 @@ fn the_ager_writes_back_and_recompresses_cold_pages_by_itself() {
     let t = Instant::now();
     // The ager runs every second; a page is cold after four passes.
     let deadline = t + Duration::from_secs(30);
+    let mut slowest = Duration::ZERO;
     let (wb, rc) = loop {
         // Page 0 of `wb` stays in use: read every 300 ms, never cold.
+        let r = Instant::now();
         assert_eq!(ca.q(0).read(0, PAGE).unwrap(), page(0, 1));
+        slowest = slowest.max(r.elapsed());
         let (wb, rc) = (stat_dev(&d, "wb"), stat_dev(&d, "rc"));
         if n(&wb, "backed_pages") >= PAGES - 1 - 16 && n(&rc, "pages_recompressed") > PAGES / 2 {
             break (wb, rc);
@@ -696,7 +699,8 @@ fn the_ager_writes_back_and_recompresses_cold_pages_by_itself() {
         std::thread::sleep(Duration::from_millis(300));
     };
     eprintln!(
-        "after {:.1?}: wb backed_pages {} (mem_used_total {} KiB), rc pages_recompressed {}, saved {} KiB",
+        "after {:.1?}: wb backed_pages {} (mem_used_total {} KiB), rc pages_recompressed {}, saved {} KiB; \
+         slowest read of the page in use meanwhile {slowest:.1?}",
         t.elapsed(),
         n(&wb, "backed_pages"),
         n(&wb, "mem_used_total") / 1024,
@@ -706,6 +710,10 @@ fn the_ager_writes_back_and_recompresses_cold_pages_by_itself() {
     assert!(
         t.elapsed() >= Duration::from_secs(3),
         "cold before idle-after"
+    );
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a read waited {slowest:?} behind the background passes"
     );
     assert!(
         n(&wb, "backed_pages") < PAGES,

@@ -86,9 +86,11 @@ pub enum Command {
     /// read or write of a page clears its mark.
     MarkIdle(DeviceArgs),
     /// Recompress a device's pages with a second codec, keeping the result
-    /// where it is smaller (zram's recompress).
+    /// where it is smaller (zram's recompress): every page in memory, or
+    /// those all the given filters pick.
     Recompress(RecompressArgs),
-    /// Move a device's pages to its backing file (zram's writeback).
+    /// Move a device's pages to its backing file (zram's writeback): every
+    /// page in memory, or those all the given filters pick.
     Writeback(WritebackArgs),
 }
 
@@ -111,7 +113,8 @@ pub struct ServeArgs {
     /// Cap on the memory of all devices together (0 = none).
     #[arg(long, value_parser = config::parse_size)]
     pub host_mem_limit: Option<u64>,
-    /// Control socket for `vzram stat`, `set-limit` and `compact`.
+    /// Control socket for `vzram stat`, `set-limit`, `compact` and the
+    /// other client commands.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any

@@ -197,7 +197,8 @@ pub struct DeviceDraft {
     pub state_dir: Option<PathBuf>,
     /// A file or block device on host storage that written-back pages go
     /// to, and that writes past a memory limit spill to (it must exist and
-    /// hold at least 8 KiB: a header block and one page; opened O_DIRECT).
+    /// hold at least 8 KiB: a header block and one page; opened with
+    /// O_DIRECT where the file system takes it).
     #[arg(long, value_name = "PATH")]
     #[serde(alias = "backing-file")]
     pub backing_file: Option<PathBuf>,

@@ -106,8 +106,13 @@ pub struct Served {
     phase: Mutex<Phase>,
     /// Last abnormal end of a worker, for `vzram stat`.
     last_failure: Mutex<Option<String>>,
-    /// The control channel of the running worker, for orders.
-    control: Mutex<Option<UnixStream>>,
+    /// The control channel of the running worker, for orders. Dropping it
+    /// (once no order holds a reference) ends the worker. An order holds
+    /// its own reference and not this lock, so that the loop, `remove` and
+    /// `stop` never wait for a long writeback.
+    control: Mutex<Option<Arc<UnixStream>>>,
+    /// One order at a time on the channel, so answers match their orders.
+    ordering: Mutex<()>,
     /// Consecutive failures and when the next worker may start.
     backoff: Mutex<Option<(u32, Instant)>>,
     /// Added at run time (`vzram add`): its socket is the launcher's to remove.
@@ -170,6 +175,7 @@ impl Served {
             phase: Mutex::new(Phase::Idle),
             last_failure: Mutex::new(None),
             control: Mutex::new(None),
+            ordering: Mutex::new(()),
             backoff: Mutex::new(None),
             added: false,
             removing: AtomicBool::new(false),
@@ -410,11 +416,19 @@ impl Supervisor {
         order: &Order,
         wait: Duration,
     ) -> Option<Result<Answer, String>> {
-        let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
-        let c = ctl.as_ref()?;
-        let r = ask_worker(c, order, wait);
+        let _one = d.ordering.lock().unwrap_or_else(|e| e.into_inner());
+        let c = d
+            .control
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let r = ask_worker(&c, order, wait);
         if r.is_err() {
-            *ctl = None;
+            let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
+            // Unless a new worker took over meanwhile.
+            if ctl.as_ref().is_some_and(|now| Arc::ptr_eq(now, &c)) {
+                *ctl = None;
+            }
         }
         Some(r)
     }
@@ -858,7 +872,7 @@ impl Supervisor {
         let id = self.next_id.fetch_add(1, Relaxed);
         match self.spawn(d, id, &conn) {
             Ok(control) => {
-                *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(control);
+                *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(control));
                 d.workers.fetch_add(1, Relaxed);
                 d.connected.store(true, Relaxed);
                 *ph = Phase::Running {

@@ -395,7 +395,7 @@ impl Supervisor {
             // A worker is being started or is going: ask again soon.
             if Instant::now() > deadline {
                 return Err(format!(
-                    "device {} is busy (a frontend is connecting); try again",
+                    "device {} is busy (a frontend is connecting, or another command holds it); try again",
                     d.spec.name
                 ));
             }

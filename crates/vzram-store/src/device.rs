@@ -1067,14 +1067,31 @@ impl Device {
     /// `codec` (and not huge), or that recompression failed to shrink
     /// before, are skipped. Compacts afterwards so the savings show.
     pub fn recompress(&self, filter: Filter, codec: Codec) -> Result<RecompressReport> {
+        self.recompress_some(filter, codec, None)
+    }
+
+    /// [`Device::recompress`], trying at most `max_pages` pages: a caller
+    /// that paces itself (a background pass) does a batch at a time. Pages
+    /// a batch tried are skipped by the next (recompressed, or marked as
+    /// not worth it), so batches make progress.
+    pub fn recompress_some(
+        &self,
+        filter: Filter,
+        codec: Codec,
+        max_pages: Option<u64>,
+    ) -> Result<RecompressReport> {
         let before = self.budget().used();
         let mut rep = RecompressReport::default();
         let mut t = self.tier()?;
         let tier = t.as_mut().expect("made above");
         let ctr = &self.counters()[0];
         let mut result = Ok(());
-        for slots in self.table.touched().collect::<Vec<_>>() {
+        let max = max_pages.unwrap_or(u64::MAX);
+        'scan: for slots in self.table.touched().collect::<Vec<_>>() {
             for s in slots {
+                if rep.tried >= max {
+                    break 'scan;
+                }
                 let w = self.table.word(s);
                 let word = w.load(Relaxed);
                 if !filter.matches(word) || word & slot::TRIED != 0 {

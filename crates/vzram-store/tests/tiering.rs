@@ -392,3 +392,38 @@ fn written_back_pages_survive_a_restart_and_need_their_own_file() {
         .to_string();
     assert!(e.contains("resized"), "{e}");
 }
+
+#[test]
+fn recompression_in_batches_tries_each_page_once() {
+    let d = Dir::new("recomp-batches");
+    let pool = pool();
+    let dev = pool
+        .create_device(config(512, Codec::Lz4, Some(d.backing(64))))
+        .unwrap();
+    let cx = &mut Context::new(0);
+    for s in 0..512 {
+        let p = if s % 4 == 0 { noise(s) } else { text(s) };
+        dev.write_page(cx, s, &p).unwrap();
+    }
+    let zstd = Codec::Zstd { level: 3 };
+    let all = Filter::default();
+    let (mut tried, mut pages, mut batches) = (0, 0, 0);
+    loop {
+        let rep = dev.recompress_some(all, zstd, Some(100)).unwrap();
+        assert!(rep.tried <= 100, "{rep:?}");
+        if rep.tried == 0 {
+            break;
+        }
+        tried += rep.tried;
+        pages += rep.pages;
+        batches += 1;
+        assert!(batches <= 6, "batches do not make progress");
+    }
+    // Every page once: text recompressed, noise marked as not worth it.
+    assert_eq!((tried, pages, batches), (512, 384, 6));
+    assert_eq!(dev.stats().pages_recompressed, 384);
+    for s in 0..512 {
+        let want = if s % 4 == 0 { noise(s) } else { text(s) };
+        assert!(read(&dev, cx, s) == want, "slot {s}");
+    }
+}

@@ -1,4 +1,6 @@
-//! Command line: `vzram serve`, `vzram stat`, `vzram set-limit`, `vzram compact`.
+//! Command line: `vzram serve`, and the commands that talk to a running
+//! daemon (`stat`, `set-limit`, `compact`, `add`, ..., `mark-idle`,
+//! `recompress`, `writeback`).
 
 use std::path::PathBuf;
 
@@ -80,6 +82,16 @@ pub enum Command {
     Reset(DeviceArgs),
     /// Restart mem_used_max from the current use (one device, or all and the host).
     ResetMax(CompactArgs),
+    /// Mark every page a device stores idle (zram's `echo all > idle`); a
+    /// read or write of a page clears its mark.
+    MarkIdle(DeviceArgs),
+    /// Recompress a device's pages with a second codec, keeping the result
+    /// where it is smaller (zram's recompress): every page in memory, or
+    /// those all the given filters pick.
+    Recompress(RecompressArgs),
+    /// Move a device's pages to its backing file (zram's writeback): every
+    /// page in memory, or those all the given filters pick.
+    Writeback(WritebackArgs),
 }
 
 #[derive(Debug, Args)]
@@ -91,7 +103,8 @@ pub struct ServeArgs {
     /// descriptor (QEMU's `--fd` convention) instead of bound by vzram.
     #[arg(long, value_name = "N", conflicts_with = "socket")]
     pub fd: Option<i32>,
-    /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N].
+    /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N,
+    /// backing-file=PATH,recompress-algo=A,idle-after=10m,auto-writeback=true,auto-recompress=true].
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
     /// TOML file with host_mem_limit, control, metrics, socket_mode, control_mode, seccomp and [[device]] tables.
@@ -100,7 +113,8 @@ pub struct ServeArgs {
     /// Cap on the memory of all devices together (0 = none).
     #[arg(long, value_parser = config::parse_size)]
     pub host_mem_limit: Option<u64>,
-    /// Control socket for `vzram stat`, `set-limit` and `compact`.
+    /// Control socket for `vzram stat`, `set-limit`, `compact` and the
+    /// other client commands.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any
@@ -184,7 +198,7 @@ impl ServeArgs {
             drafts.push(single);
         } else if single != DeviceDraft::default() {
             return Err(ConfigError(
-                "--size, --queues, --algo, --mem-limit, --serial, --readonly and --name need --socket".into(),
+                "--size, --queues, --algo, --mem-limit, --serial, --readonly, --name and the tiering flags (--backing-file, --idle-after, ...) need --socket".into(),
             ));
         }
         let mut cfg = DaemonConfig::build(
@@ -254,7 +268,8 @@ pub struct AddArgs {
     #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// The device, with the keys of `serve --device`:
-    /// socket=PATH,size=SIZE[,name=N,queues=N,mem-limit=M,algo=A,serial=S,readonly=true,state-dir=D].
+    /// socket=PATH,size=SIZE[,name=N,queues=N,mem-limit=M,algo=A,serial=S,readonly=true,state-dir=D,
+    /// backing-file=PATH,recompress-algo=A,idle-after=T,auto-writeback=B,auto-recompress=B].
     /// A state of that name that exists is recovered.
     #[arg(long, value_name = "SPEC")]
     pub device: String,
@@ -269,6 +284,52 @@ pub struct DeviceArgs {
     /// Device name or index.
     #[arg(long)]
     pub device: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RecompressArgs {
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    pub control: PathBuf,
+    /// Device name or index.
+    #[arg(long)]
+    pub device: String,
+    /// Only pages marked idle (and not read or written since).
+    #[arg(long)]
+    pub idle: bool,
+    /// Only huge pages (stored uncompressed).
+    #[arg(long)]
+    pub huge: bool,
+    /// The codec to try [default: the device's recompress-algo].
+    #[arg(long, value_parser = config::parse_codec, value_name = "ALGO")]
+    pub algo: Option<vzram_store::Codec>,
+}
+
+#[derive(Debug, Args)]
+pub struct WritebackArgs {
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    pub control: PathBuf,
+    /// Device name or index.
+    #[arg(long)]
+    pub device: String,
+    /// Only pages marked idle (and not read or written since).
+    #[arg(long)]
+    pub idle: bool,
+    /// Only cold pages (idle for the device's --idle-after, by the ager).
+    #[arg(long)]
+    pub cold: bool,
+    /// Only huge pages (stored uncompressed).
+    #[arg(long)]
+    pub huge: bool,
+    /// Only huge pages that recompression could not shrink either.
+    #[arg(long)]
+    pub incompressible: bool,
+    /// Move at most this many pages.
+    #[arg(long, value_name = "N")]
+    pub max_pages: Option<u64>,
 }
 
 #[cfg(test)]

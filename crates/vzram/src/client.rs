@@ -1,14 +1,16 @@
 //! Client commands that talk to a running daemon over its control socket:
 //! `vzram stat`, `set-limit`, `compact`, `add`, `remove`, `reset`,
-//! `reset-max`. Requests are [`control::Request`], the type the daemon
-//! parses.
+//! `reset-max`, `mark-idle`, `recompress`, `writeback`. Requests are
+//! [`control::Request`], the type the daemon parses.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::cli::{AddArgs, CompactArgs, DeviceArgs, SetLimitArgs, StatArgs};
+use crate::cli::{
+    AddArgs, CompactArgs, DeviceArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+};
 use crate::control::{self, DeviceRef, Request};
 
 /// An error for the user, and the exit code it deserves.
@@ -18,11 +20,20 @@ pub struct ClientError {
 }
 
 fn call(path: &Path, req: Request) -> Result<Value, ClientError> {
+    call_waiting(path, req, control::CLIENT_TIMEOUT)
+}
+
+/// [`call`] for a request that may take up to `wait`.
+fn call_waiting(
+    path: &Path,
+    req: Request,
+    wait: std::time::Duration,
+) -> Result<Value, ClientError> {
     let req = serde_json::to_value(&req).map_err(|e| ClientError {
         message: format!("cannot encode the request: {e}"),
         code: 1,
     })?;
-    let reply = control::request(path, &req).map_err(|e| ClientError {
+    let reply = control::request_waiting(path, &req, wait).map_err(|e| ClientError {
         message: format!("cannot talk to the daemon at {}: {e}", path.display()),
         code: 1,
     })?;
@@ -130,6 +141,62 @@ pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
     Ok(format!(
         "compacted: {pages} pages ({}) given back\n",
         human(pages * 4096)
+    ))
+}
+
+/// How long the tiering commands wait for the daemon: as long as the
+/// daemon lets an order run, and a little more for the reply.
+const TIER_WAIT: std::time::Duration =
+    crate::supervisor::TIER_WAIT.saturating_add(std::time::Duration::from_secs(10));
+
+pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
+    let req = Request::MarkIdle {
+        device: DeviceRef::named(&args.device),
+    };
+    let reply = call_waiting(&args.control, req, TIER_WAIT)?;
+    Ok(format!(
+        "device {}: {} pages marked idle\n",
+        args.device,
+        reply["pages_marked"].as_u64().unwrap_or(0)
+    ))
+}
+
+pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
+    let req = Request::Recompress {
+        device: DeviceRef::named(&args.device),
+        idle: args.idle,
+        huge: args.huge,
+        algo: args.algo.map(|a| a.to_string()),
+    };
+    let r = call_waiting(&args.control, req, TIER_WAIT)?;
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    Ok(format!(
+        "device {}: recompressed {} of {} pages tried with {}, {} smaller; {} of memory given back\n",
+        args.device,
+        n("pages_recompressed"),
+        n("pages_tried"),
+        r["algo"].as_str().unwrap_or("?"),
+        human(n("saved_bytes")),
+        human(n("freed_bytes")),
+    ))
+}
+
+pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
+    let req = Request::Writeback {
+        device: DeviceRef::named(&args.device),
+        idle: args.idle,
+        cold: args.cold,
+        huge: args.huge,
+        incompressible: args.incompressible,
+        max_pages: args.max_pages,
+    };
+    let r = call_waiting(&args.control, req, TIER_WAIT)?;
+    let pages = r["pages_written"].as_u64().unwrap_or(0);
+    Ok(format!(
+        "device {}: wrote {pages} pages ({}) to the backing file; {} of memory given back\n",
+        args.device,
+        human(pages * 4096),
+        human(r["freed_bytes"].as_u64().unwrap_or(0)),
     ))
 }
 
@@ -276,12 +343,66 @@ pub fn render(reply: &Value) -> String {
         ],
         &io,
     );
+    // zram's bd_stat and the recompression counters, for the devices that
+    // tier (a backing file, or pages recompressed).
+    let tiering: Vec<&Value> = devices
+        .iter()
+        .filter(|d| !d["tier"]["backing"].is_null() || u(&d["stats"], "pages_recompressed") > 0)
+        .collect();
+    if !tiering.is_empty() {
+        let rows: Vec<Vec<String>> = tiering
+            .iter()
+            .map(|d| {
+                let s = &d["stats"];
+                let b = &d["tier"]["backing"];
+                let blocks = if b.is_null() {
+                    "-".to_string()
+                } else {
+                    u(b, "blocks").to_string()
+                };
+                let direct = match b["direct_io"].as_bool() {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "-",
+                };
+                vec![
+                    d["name"].as_str().unwrap_or("?").to_string(),
+                    blocks,
+                    u(s, "backed_pages").to_string(),
+                    direct.to_string(),
+                    u(s, "backed_reads").to_string(),
+                    u(s, "backed_writes").to_string(),
+                    u(s, "spills").to_string(),
+                    u(s, "pages_recompressed").to_string(),
+                    human(u(s, "recompress_saved_bytes")),
+                ]
+            })
+            .collect();
+        out += "\nbd_stat\n";
+        out += &table(
+            &[
+                "NAME",
+                "BLOCKS",
+                "USED",
+                "DIRECT_IO",
+                "BD_READS",
+                "BD_WRITES",
+                "SPILLS",
+                "RECOMPRESSED",
+                "RECOMP_SAVED",
+            ],
+            &rows,
+        );
+    }
     for d in devices {
         out += &format!(
             "\n{}: {}",
             d["name"].as_str().unwrap_or("?"),
             d["socket"].as_str().unwrap_or("?")
         );
+        if let Some(path) = d["tier"]["backing"]["path"].as_str() {
+            out += &format!(", backing file {path}");
+        }
         if let Some(state) = d["state"].as_str() {
             out += &format!(", state {state} ({})", human(u(d, "state_bytes")));
         }
@@ -329,5 +450,48 @@ mod tests {
         assert!(t
             .lines()
             .any(|l| l.starts_with("vm1") && l.contains("1.0 GiB") && l.contains("yes")));
+        assert!(!t.contains("bd_stat"), "no device tiers: {t}");
+    }
+
+    #[test]
+    fn renders_tiering() {
+        let reply = json!({
+            "ok": true,
+            "pool": {},
+            "devices": [
+                {"name": "vm1", "socket": "/s1", "stats": {"backed_pages": 12, "backed_reads": 3,
+                  "backed_writes": 20, "spills": 2, "pages_recompressed": 5, "recompress_saved_bytes": 2048},
+                 "tier": {"backing": {"path": "/var/vz/vm1.img", "blocks": 1000, "used_blocks": 12, "direct_io": true}}},
+                {"name": "vm2", "socket": "/s2", "stats": {}, "tier": {"backing": null}}
+            ]
+        });
+        let t = render(&reply);
+        assert!(t.contains("bd_stat"), "{t}");
+        let head = t
+            .lines()
+            .find(|l| l.starts_with("NAME") && l.contains("BD_READS"))
+            .unwrap();
+        assert!(
+            head.contains("SPILLS") && head.contains("RECOMPRESSED"),
+            "{head}"
+        );
+        let row: Vec<&str> = t
+            .lines()
+            .skip_while(|l| !l.starts_with("bd_stat"))
+            .find(|l| l.starts_with("vm1 "))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            row,
+            ["vm1", "1000", "12", "yes", "3", "20", "2", "5", "2.0", "KiB"]
+        );
+        assert!(
+            !t.lines()
+                .skip_while(|l| !l.starts_with("bd_stat"))
+                .any(|l| l.starts_with("vm2 ")),
+            "vm2 does not tier: {t}"
+        );
+        assert!(t.contains("vm1: /s1, backing file /var/vz/vm1.img"), "{t}");
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 use thiserror::Error;
@@ -15,6 +16,9 @@ pub use crate::seccomp::Mode as SeccompMode;
 
 pub const DEFAULT_QUEUES: u16 = 4;
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
+/// The ager runs every third of `idle-after`; below this it would scan the
+/// slot table more than once a second for little gain.
+pub const MIN_IDLE_AFTER: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("{0}")]
@@ -97,6 +101,41 @@ pub fn parse_codec(s: &str) -> Result<Codec, String> {
     s.parse::<Codec>()
 }
 
+/// Parses a duration: a whole number with `s`, `m` or `h` (`90s`, `10m`, `1h`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let bad = || format!("bad duration {s:?}: expected a whole number with s, m or h, such as 10m");
+    let (number, unit) = t.split_at(t.len().saturating_sub(1));
+    let secs_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(bad()),
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(secs_per))
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("bad duration {s:?}: too long"))
+}
+
+/// The codec a device recompresses with unless told: zstd:3 for an lz4
+/// device. A zstd device gets zstd:9 (or its own level, if higher): its
+/// compressed pages already are zstd (a slot records the codec, not its
+/// level), so only its huge pages are tried, and those deserve a strong level.
+pub fn default_recompress_algo(algo: Codec) -> Codec {
+    match algo {
+        Codec::Lz4 => Codec::Zstd { level: 3 },
+        Codec::Zstd { level } => Codec::Zstd {
+            level: level.max(9),
+        },
+    }
+}
+
 pub fn parse_bool(s: &str) -> Result<bool, String> {
     match s {
         "true" | "yes" | "on" | "1" => Ok(true),
@@ -156,6 +195,35 @@ pub struct DeviceDraft {
     #[arg(skip)]
     #[serde(alias = "state-dir")]
     pub state_dir: Option<PathBuf>,
+    /// A file or block device on host storage that written-back pages go
+    /// to, and that writes past a memory limit spill to (it must exist and
+    /// hold at least 8 KiB: a header block and one page; opened with
+    /// O_DIRECT where the file system takes it).
+    #[arg(long, value_name = "PATH")]
+    #[serde(alias = "backing-file")]
+    pub backing_file: Option<PathBuf>,
+    /// Codec `vzram recompress` and --auto-recompress use [default: zstd:3
+    /// for an lz4 device, zstd:9 for a zstd one].
+    #[arg(long, value_parser = parse_codec, value_name = "ALGO")]
+    #[serde(default, alias = "recompress-algo", deserialize_with = "de::codec")]
+    pub recompress_algo: Option<Codec>,
+    /// Pages not read or written for this long count as cold (90s, 10m,
+    /// 1h; at least 3s): runs the ager every third of it while a frontend
+    /// is connected.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, alias = "idle-after", deserialize_with = "de::duration")]
+    pub idle_after: Option<Duration>,
+    /// After each ager pass, move cold pages to the backing file, paced
+    /// (needs --backing-file and --idle-after).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
+    #[serde(default, alias = "auto-writeback", deserialize_with = "de::boolean")]
+    pub auto_writeback: Option<bool>,
+    /// After each ager pass, recompress cold pages with the recompress
+    /// codec, paced (needs --idle-after). With --auto-writeback too, only
+    /// the cold pages recompression cannot shrink go to the backing file.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
+    #[serde(default, alias = "auto-recompress", deserialize_with = "de::boolean")]
+    pub auto_recompress: Option<bool>,
 }
 
 /// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`, with the
@@ -225,6 +293,17 @@ mod de {
             Raw::Bool(b) => Ok(Some(b)),
             Raw::Text(t) => parse_bool(&t).map(Some).map_err(serde::de::Error::custom),
             Raw::Int(_) => Err(serde::de::Error::custom("true or false")),
+        }
+    }
+
+    pub fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        match raw(d)? {
+            Raw::Text(t) => parse_duration(&t)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+            _ => Err(serde::de::Error::custom(
+                "a duration with its unit, such as \"10m\"",
+            )),
         }
     }
 }
@@ -414,6 +493,32 @@ pub struct DeviceSpec {
     pub readonly: bool,
     /// Where this device keeps its state, if not in the daemon's directory.
     pub state_dir: Option<PathBuf>,
+    /// Tiering: the backing file, the recompression codec, the ager.
+    pub tier: TierSpec,
+}
+
+/// A device's tiering settings, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierSpec {
+    pub backing_file: Option<PathBuf>,
+    pub recompress_algo: Codec,
+    /// Run the ager (every third of this) while a frontend is connected.
+    pub idle_after: Option<Duration>,
+    pub auto_writeback: bool,
+    pub auto_recompress: bool,
+}
+
+impl TierSpec {
+    /// No backing file, no ager; recompression on request only.
+    pub fn none(algo: Codec) -> TierSpec {
+        TierSpec {
+            backing_file: None,
+            recompress_algo: default_recompress_algo(algo),
+            idle_after: None,
+            auto_writeback: false,
+            auto_recompress: false,
+        }
+    }
 }
 
 impl DeviceSpec {
@@ -500,8 +605,9 @@ impl DaemonConfig {
         let mut devices = Vec::with_capacity(drafts.len());
         let mut sockets = HashSet::new();
         let mut names = HashSet::new();
+        let mut backing: Vec<(PathBuf, String)> = Vec::new();
         for (i, d) in drafts.into_iter().enumerate() {
-            let name = d.name.unwrap_or_else(|| format!("vzram{i}"));
+            let name = d.name.clone().unwrap_or_else(|| format!("vzram{i}"));
             // The name is also the state directory's name.
             if name.is_empty()
                 || name.len() > 64
@@ -513,6 +619,8 @@ impl DaemonConfig {
                     "device {i}: bad name {name:?} (1 to 64 bytes, no spaces or '/', not starting with '.')"
                 ));
             }
+            let algo = d.algo.unwrap_or(Codec::Lz4);
+            let tier = tier_spec(&name, algo, &d, &mut backing)?;
             let Some(socket) = d.socket else {
                 return err(format!("device {name}: no socket path"));
             };
@@ -567,11 +675,12 @@ impl DaemonConfig {
                 socket,
                 size,
                 queues,
-                algo: d.algo.unwrap_or(Codec::Lz4),
+                algo,
                 mem_limit,
                 serial,
                 readonly: d.readonly.unwrap_or(false),
                 state_dir: d.state_dir,
+                tier,
             });
         }
         if let Some(c) = &control {
@@ -595,6 +704,70 @@ impl DaemonConfig {
             devices,
         })
     }
+}
+
+/// Checks a draft's tiering keys. `taken` holds the backing files of the
+/// devices checked so far (path, device): two devices may not share one.
+fn tier_spec(
+    name: &str,
+    algo: Codec,
+    d: &DeviceDraft,
+    taken: &mut Vec<(PathBuf, String)>,
+) -> Result<TierSpec, ConfigError> {
+    let backing_file = d.backing_file.clone();
+    if let Some(p) = &backing_file {
+        if p.as_os_str().is_empty() {
+            return err(format!("device {name}: empty backing-file path"));
+        }
+        if let Some((_, other)) = taken.iter().find(|(q, _)| q == p) {
+            return err(format!(
+                "backing file {} is given to devices {other} and {name}; each device needs its own",
+                p.display()
+            ));
+        }
+        taken.push((p.clone(), name.to_string()));
+    }
+    let recompress_algo = d
+        .recompress_algo
+        .unwrap_or_else(|| default_recompress_algo(algo));
+    if d.recompress_algo == Some(algo) {
+        return err(format!(
+            "device {name}: recompress-algo {recompress_algo} is the device's own algo; recompression needs another (such as zstd:3 for lz4)"
+        ));
+    }
+    if let Some(t) = d.idle_after {
+        if t < MIN_IDLE_AFTER {
+            return err(format!(
+                "device {name}: idle-after {}s is below the least, {}s",
+                t.as_secs(),
+                MIN_IDLE_AFTER.as_secs()
+            ));
+        }
+    }
+    let auto_writeback = d.auto_writeback.unwrap_or(false);
+    let auto_recompress = d.auto_recompress.unwrap_or(false);
+    if auto_writeback && backing_file.is_none() {
+        return err(format!(
+            "device {name}: auto-writeback needs a backing-file to write to"
+        ));
+    }
+    if (auto_writeback || auto_recompress) && d.idle_after.is_none() {
+        let which = if auto_writeback {
+            "auto-writeback"
+        } else {
+            "auto-recompress"
+        };
+        return err(format!(
+            "device {name}: {which} needs idle-after (how long a page must go unread before it counts as cold)"
+        ));
+    }
+    Ok(TierSpec {
+        backing_file,
+        recompress_algo,
+        idle_after: d.idle_after,
+        auto_writeback,
+        auto_recompress,
+    })
 }
 
 #[cfg(test)]
@@ -766,6 +939,118 @@ mod tests {
             }]
         )
         .is_ok());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in [
+            "",
+            "10",
+            "m",
+            "1.5m",
+            "-1m",
+            "10d",
+            "10 m",
+            "99999999999999999999h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn tiering_keys() {
+        let d = parse_device_spec(
+            "socket=/a,size=1G,backing-file=/var/lib/vz/a.img,recompress-algo=zstd:5,idle-after=10m,auto-writeback=true,auto-recompress=yes",
+        )
+        .unwrap();
+        assert_eq!(d.backing_file, Some(PathBuf::from("/var/lib/vz/a.img")));
+        assert_eq!(d.recompress_algo, Some(Codec::Zstd { level: 5 }));
+        assert_eq!(d.idle_after, Some(Duration::from_secs(600)));
+        assert_eq!(
+            (d.auto_writeback, d.auto_recompress),
+            (Some(true), Some(true))
+        );
+        let c = DaemonConfig::build(None, None, None, vec![d]).unwrap();
+        let t = &c.devices[0].tier;
+        assert!(t.auto_writeback && t.auto_recompress);
+        assert_eq!(t.recompress_algo, Codec::Zstd { level: 5 });
+
+        // Defaults: zstd:3 for lz4, zstd:9 (or its own, higher) for zstd.
+        let plain = DaemonConfig::build(None, None, None, vec![draft("/a", 4096)]).unwrap();
+        assert_eq!(plain.devices[0].tier, TierSpec::none(Codec::Lz4));
+        assert_eq!(
+            plain.devices[0].tier.recompress_algo,
+            Codec::Zstd { level: 3 }
+        );
+        assert_eq!(
+            default_recompress_algo(Codec::Zstd { level: 1 }),
+            Codec::Zstd { level: 9 }
+        );
+        assert_eq!(
+            default_recompress_algo(Codec::Zstd { level: 15 }),
+            Codec::Zstd { level: 15 }
+        );
+
+        let bad =
+            |drafts: Vec<DeviceDraft>| DaemonConfig::build(None, None, None, drafts).unwrap_err().0;
+        let with = |f: fn(&mut DeviceDraft)| {
+            let mut d = draft("/a", 4096);
+            d.name = Some("vm1".into());
+            f(&mut d);
+            d
+        };
+        let e = bad(vec![with(|d| d.auto_writeback = Some(true))]);
+        assert!(e.contains("vm1") && e.contains("backing-file"), "{e}");
+        let e = bad(vec![with(|d| {
+            d.auto_writeback = Some(true);
+            d.backing_file = Some("/b".into());
+        })]);
+        assert!(e.contains("idle-after"), "{e}");
+        let e = bad(vec![with(|d| d.auto_recompress = Some(true))]);
+        assert!(e.contains("auto-recompress needs idle-after"), "{e}");
+        // Recompression alone needs no backing file.
+        assert!(DaemonConfig::build(
+            None,
+            None,
+            None,
+            vec![with(|d| {
+                d.auto_recompress = Some(true);
+                d.idle_after = Some(Duration::from_secs(60));
+            })]
+        )
+        .is_ok());
+        let e = bad(vec![with(|d| d.idle_after = Some(Duration::from_secs(2)))]);
+        assert!(e.contains("idle-after 2s"), "{e}");
+        let e = bad(vec![with(|d| d.recompress_algo = Some(Codec::Lz4))]);
+        assert!(e.contains("own algo"), "{e}");
+        let e = bad(vec![
+            with(|d| d.backing_file = Some("/b".into())),
+            DeviceDraft {
+                backing_file: Some("/b".into()),
+                ..draft("/c", 4096)
+            },
+        ]);
+        assert!(
+            e.contains("backing file /b") && e.contains("vm1") && e.contains("vzram1"),
+            "{e}"
+        );
+        assert!(parse_device_spec("socket=/a,idle-after=10").is_err());
+        assert!(parse_device_spec("socket=/a,auto-writeback=maybe").is_err());
+        assert!(parse_device_spec("socket=/a,recompress-algo=gzip").is_err());
+
+        let f = parse_file(
+            "[[device]]\nsocket = \"/a\"\nsize = \"1G\"\nbacking_file = \"/b\"\nidle_after = \"1h\"\nauto_writeback = true\nrecompress_algo = \"zstd:7\"\n",
+        )
+        .unwrap();
+        let d = &f.devices[0];
+        assert_eq!(d.backing_file, Some(PathBuf::from("/b")));
+        assert_eq!(d.idle_after, Some(Duration::from_secs(3600)));
+        assert_eq!(d.auto_writeback, Some(true));
+        let e = parse_file("[[device]]\nidle_after = 600\n").unwrap_err().0;
+        assert!(e.contains("duration"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! {"cmd":"set-limit","device":"vm1","bytes":1073741824}    device by name or index
 //! {"cmd":"set-limit","host":true,"bytes":0}                 0 = no limit
 //! {"cmd":"compact"}                                         or with "device"
+//! {"cmd":"mark-idle","device":"vm1"}
+//! {"cmd":"recompress","device":"vm1","idle":true,"algo":"zstd:3"}   huge, algo optional
+//! {"cmd":"writeback","device":"vm1","cold":true,"max_pages":1000}    idle, huge, incompressible
 //! ```
 //! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`.
 
@@ -21,6 +24,7 @@ use vzram_store::PoolStats;
 use crate::config::DeviceSpec;
 use crate::metrics::{DeviceSample, Sample};
 use crate::supervisor::{Served, Supervisor};
+use crate::worker::{Answer, Order, TierFilter};
 
 /// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: u64 = 64 * 1024;
@@ -63,6 +67,32 @@ pub enum Request {
     ResetMax {
         #[serde(skip_serializing_if = "Option::is_none")]
         device: Option<DeviceRef>,
+    },
+    MarkIdle {
+        device: DeviceRef,
+    },
+    Recompress {
+        device: DeviceRef,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        idle: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        huge: bool,
+        /// `zstd:LEVEL`; the device's recompress-algo when absent.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        algo: Option<String>,
+    },
+    Writeback {
+        device: DeviceRef,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        idle: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cold: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        huge: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        incompressible: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_pages: Option<u64>,
     },
 }
 
@@ -120,6 +150,7 @@ impl Control {
                     connected: d.connected.load(Ordering::Relaxed),
                     stats: d.cells.stats(d.spec.size),
                     latency: d.cells.latencies(),
+                    backing_blocks: d.backing.as_ref().map_or(0, |b| b.blocks),
                 })
                 .collect(),
         }
@@ -263,6 +294,87 @@ impl Control {
                 }
                 Ok(json!({}))
             }
+            Request::MarkIdle { device } => {
+                let (_, d) = self.find(&device)?;
+                let pages = match self.sup.tier(&d, &Order::MarkIdle)? {
+                    Answer::MarkedIdle { pages } => pages,
+                    a => return Err(format!("unexpected answer: {a:?}")),
+                };
+                tracing::info!(device = %d.spec.name, pages, "marked idle");
+                Ok(json!({"device": d.spec.name, "pages_marked": pages}))
+            }
+            Request::Recompress {
+                device,
+                idle,
+                huge,
+                algo,
+            } => {
+                let (_, d) = self.find(&device)?;
+                let codec = match algo {
+                    Some(a) => crate::config::parse_codec(&a)?,
+                    None => d.spec.tier.recompress_algo,
+                };
+                if codec == d.spec.algo {
+                    return Err(format!(
+                        "device {} already stores with {codec}; recompression needs another codec (such as zstd:3)",
+                        d.spec.name
+                    ));
+                }
+                let filter = TierFilter {
+                    idle,
+                    huge,
+                    ..TierFilter::default()
+                };
+                let order = Order::Recompress {
+                    filter,
+                    algo: codec.to_string(),
+                };
+                let Answer::Recompressed {
+                    tried,
+                    pages,
+                    saved_bytes,
+                    freed_bytes,
+                } = self.sup.tier(&d, &order)?
+                else {
+                    return Err("unexpected answer from the device".into());
+                };
+                tracing::info!(device = %d.spec.name, algo = %codec, tried, pages, saved_bytes, freed_bytes, "recompressed");
+                Ok(json!({
+                    "device": d.spec.name,
+                    "algo": codec.to_string(),
+                    "pages_tried": tried,
+                    "pages_recompressed": pages,
+                    "saved_bytes": saved_bytes,
+                    "freed_bytes": freed_bytes,
+                }))
+            }
+            Request::Writeback {
+                device,
+                idle,
+                cold,
+                huge,
+                incompressible,
+                max_pages,
+            } => {
+                let (_, d) = self.find(&device)?;
+                let filter = TierFilter {
+                    idle,
+                    cold,
+                    huge,
+                    incompressible,
+                };
+                let Answer::WrittenBack { pages, freed_bytes } =
+                    self.sup.tier(&d, &Order::Writeback { filter, max_pages })?
+                else {
+                    return Err("unexpected answer from the device".into());
+                };
+                tracing::info!(device = %d.spec.name, pages, freed_bytes, "wrote pages back");
+                Ok(json!({
+                    "device": d.spec.name,
+                    "pages_written": pages,
+                    "freed_bytes": freed_bytes,
+                }))
+            }
         }
     }
 
@@ -294,6 +406,21 @@ impl Control {
             .devices()
             .iter()
             .map(|(i, d)| {
+                let stats = d.cells.stats(d.spec.size);
+                let t = &d.spec.tier;
+                let tier = json!({
+                    // Blocks in use are the written-back pages: each holds one.
+                    "backing": d.backing.as_ref().map(|b| json!({
+                        "path": b.path.display().to_string(),
+                        "blocks": b.blocks,
+                        "used_blocks": stats.backed_pages,
+                        "direct_io": b.direct,
+                    })),
+                    "recompress_algo": t.recompress_algo.to_string(),
+                    "idle_after_secs": t.idle_after.map(|d| d.as_secs()),
+                    "auto_writeback": t.auto_writeback,
+                    "auto_recompress": t.auto_recompress,
+                });
                 json!({
                     "index": i,
                     "name": d.spec.name,
@@ -308,7 +435,8 @@ impl Control {
                     "state_bytes": d.state_bytes(),
                     "connections": d.cells.connections.load(Ordering::Relaxed),
                     "worker": self.sup.worker_status(d),
-                    "stats": d.cells.stats(d.spec.size),
+                    "stats": stats,
+                    "tier": tier,
                 })
             })
             .collect();
@@ -380,6 +508,16 @@ pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1
 /// Gives up after [`CLIENT_TIMEOUT`] without a reply: a socket that is not
 /// a control socket (a device's, say) must not hang the command.
 pub fn request(path: &std::path::Path, req: &Value) -> io::Result<Value> {
+    request_waiting(path, req, CLIENT_TIMEOUT)
+}
+
+/// [`request`] for a request that may take up to `wait` to carry out (a
+/// writeback through a slow disk).
+pub fn request_waiting(
+    path: &std::path::Path,
+    req: &Value,
+    wait: std::time::Duration,
+) -> io::Result<Value> {
     let hint = |e: io::Error| match e.kind() {
         io::ErrorKind::BrokenPipe
         | io::ErrorKind::ConnectionReset
@@ -389,12 +527,12 @@ pub fn request(path: &std::path::Path, req: &Value) -> io::Result<Value> {
         }
         _ => e,
     };
-    exchange(path, req).map_err(hint)
+    exchange(path, req, wait).map_err(hint)
 }
 
-fn exchange(path: &std::path::Path, req: &Value) -> io::Result<Value> {
+fn exchange(path: &std::path::Path, req: &Value, wait: std::time::Duration) -> io::Result<Value> {
     let mut stream = UnixStream::connect(path)?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_read_timeout(Some(wait))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     writeln!(stream, "{req}")?;
     let mut line = String::new();
@@ -456,8 +594,9 @@ mod tests {
                     serial: n.to_string(),
                     readonly: false,
                     state_dir: None,
+                    tier: crate::config::TierSpec::none(Codec::Lz4),
                 };
-                Arc::new(Served::new(spec, listener, files).unwrap())
+                Arc::new(Served::new(spec, listener, files, None).unwrap())
             })
             .collect();
         let (launcher, _) = crate::launcher::seqpacket_pair().unwrap();
@@ -525,6 +664,32 @@ mod tests {
                 },
                 r#"{"cmd":"add","device":"socket=/a,size=1M"}"#,
             ),
+            (
+                Request::MarkIdle {
+                    device: DeviceRef::named("vm1"),
+                },
+                r#"{"cmd":"mark-idle","device":"vm1"}"#,
+            ),
+            (
+                Request::Recompress {
+                    device: DeviceRef::named("vm1"),
+                    idle: true,
+                    huge: false,
+                    algo: Some("zstd:3".into()),
+                },
+                r#"{"cmd":"recompress","device":"vm1","idle":true,"algo":"zstd:3"}"#,
+            ),
+            (
+                Request::Writeback {
+                    device: DeviceRef::Index(0),
+                    idle: false,
+                    cold: true,
+                    huge: false,
+                    incompressible: true,
+                    max_pages: Some(10),
+                },
+                r#"{"cmd":"writeback","device":0,"cold":true,"incompressible":true,"max_pages":10}"#,
+            ),
         ];
         for (req, wire) in cases {
             assert_eq!(serde_json::to_string(&req).unwrap(), wire);
@@ -566,6 +731,31 @@ mod tests {
         assert_eq!(c.sup.pool.host_mem_limit(), 1 << 20);
         let r = c.handle_line(r#"{"cmd":"compact"}"#);
         assert_eq!(r["ok"], true, "{r}");
+        // Tiering on a device no worker serves: done here.
+        let r = c.handle_line(r#"{"cmd":"mark-idle","device":"a"}"#);
+        assert_eq!(
+            (&r["ok"], &r["pages_marked"]),
+            (&json!(true), &json!(0)),
+            "{r}"
+        );
+        let r = c.handle_line(r#"{"cmd":"recompress","device":"a","idle":true}"#);
+        assert_eq!(r["ok"], true, "{r}");
+        assert_eq!(r["algo"], "zstd:3", "the default for an lz4 device: {r}");
+        let r = c.handle_line(r#"{"cmd":"recompress","device":"a","algo":"lz4"}"#);
+        assert!(
+            r["error"].as_str().unwrap().contains("another codec"),
+            "{r}"
+        );
+        let r = c.handle_line(r#"{"cmd":"recompress","device":"a","algo":"gzip"}"#);
+        assert!(r["error"].as_str().unwrap().contains("gzip"), "{r}");
+        let r = c.handle_line(r#"{"cmd":"writeback","device":"b","idle":true}"#);
+        assert_eq!(
+            r["error"], "device b has no backing file (give it backing-file=PATH)",
+            "{r}"
+        );
+        let s = c.handle_line(r#"{"cmd":"stat"}"#);
+        assert_eq!(s["devices"][0]["tier"]["backing"], Value::Null, "{s}");
+        assert_eq!(s["devices"][0]["stats"]["backed_pages"], 0, "{s}");
 
         for bad in [
             "",

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use thiserror::Error;
-use vzram_store::{DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
+use vzram_store::{BackingSpec, DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::control::{self, Control};
@@ -24,12 +24,15 @@ use crate::listen;
 use crate::metrics;
 use crate::notify::Notifier;
 use crate::seccomp;
-use crate::supervisor::{Served, Supervisor, WorkerEnv};
+use crate::supervisor::{BackingFile, Served, Supervisor, WorkerEnv};
 
 #[derive(Debug, Error)]
 pub enum Error {
     #[error("cannot create the page store: {0}")]
     Store(#[from] StoreError),
+    /// A device that cannot start: its state or its backing file.
+    #[error("device {name}: {source}")]
+    Device { name: String, source: StoreError },
     #[error("socket {path}: {source}")]
     Socket { path: PathBuf, source: io::Error },
     #[error("cannot start a thread: {0}")]
@@ -177,12 +180,40 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             name: spec.name.clone(),
             fresh: cfg.fresh,
         });
-        let store = pool.create_device(dc)?;
+        // Opened (and locked) here, before the filter, with the state: a
+        // missing, small or taken file stops the start.
+        dc.backing = spec
+            .tier
+            .backing_file
+            .clone()
+            .map(|path| BackingSpec { path });
+        let device_error = |source| Error::Device {
+            name: spec.name.clone(),
+            source,
+        };
+        let store = pool.create_device(dc).map_err(device_error)?;
         store.stats();
         let Some(state) = store.state_files() else {
             unreachable!("a daemon's device always has state");
         };
-        let state_files = state.try_clone()?;
+        let state_files = state.try_clone().map_err(device_error)?;
+        let backing = match store.backing() {
+            Some(b) => {
+                let kept = BackingFile::of(b).map_err(|e| {
+                    device_error(StoreError::Backing(format!("{}: {e}", b.path().display())))
+                })?;
+                tracing::info!(
+                    device = %spec.name,
+                    backing = %kept.path.display(),
+                    blocks = kept.blocks,
+                    used = b.used(),
+                    direct_io = kept.direct,
+                    "backing file ready"
+                );
+                Some(kept)
+            }
+            None => None,
+        };
         let dir = state_files.dir.display().to_string();
         match store.recovery() {
             Some(r) => tracing::info!(
@@ -197,7 +228,12 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             None => tracing::info!(device = %spec.name, state = %dir, "new device state"),
         }
         drop(store);
-        devices.push(Arc::new(Served::new(spec.clone(), listener, state_files)?));
+        devices.push(Arc::new(Served::new(
+            spec.clone(),
+            listener,
+            state_files,
+            backing,
+        )?));
     }
 
     let control_listener = match &cfg.control {
@@ -379,7 +415,7 @@ pub(crate) fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, Error>
 
 /// Lifts the soft open-file limit to the hard one. Each device holds a
 /// listening socket, the guard's private listener and its handle, its
-/// state's locked header, and,
+/// state's locked header, its backing file if any, and,
 /// while connected, two connections, guest memory files and three eventfds
 /// plus an epoll per queue; the usual soft limit of 1024 runs out near 170
 /// connected devices.
@@ -387,7 +423,7 @@ fn raise_fd_limit(devices: &[DeviceSpec]) {
     let need: u64 = 64
         + devices
             .iter()
-            .map(|d| 5 + 8 + 5 * u64::from(d.queues))
+            .map(|d| 5 + 8 + 5 * u64::from(d.queues) + u64::from(d.tier.backing_file.is_some()))
             .sum::<u64>();
     let mut lim = libc::rlimit {
         rlim_cur: 0,

@@ -29,9 +29,10 @@ const MAX_MESSAGE: usize = 64 << 10;
 pub enum Request {
     /// Start `vzram <args>` with the descriptors sent along placed at 3, 4, …
     Spawn { id: u64, args: Vec<String> },
-    /// Bind a device socket and open (or make) its state, for a device
-    /// added at run time: the supervisor may do neither under its filter.
-    /// The reply carries the listener and the state's four files.
+    /// Bind a device socket and open (or make) its state, and open and
+    /// lock its backing file if it has one, for a device added at run
+    /// time: the supervisor may do none of it under its filter. The reply
+    /// carries the listener, the state's four files and the backing file.
     Prepare {
         id: u64,
         socket: PathBuf,
@@ -41,6 +42,7 @@ pub enum Request {
         size: u64,
         algo: String,
         shards: usize,
+        backing: Option<PathBuf>,
     },
     /// Remove a device's socket file (only if it is a socket) and its state
     /// directory (only if it holds a vzram state nobody has locked).
@@ -67,15 +69,24 @@ pub enum Report {
         code: Option<i32>,
         signal: Option<i32>,
     },
-    /// Descriptors: listener, state lock (header), table, arena, stats.
+    /// Descriptors: listener, state lock (header), table, arena, stats,
+    /// and the backing file when there is one.
     Prepared {
         id: u64,
         dir: PathBuf,
         existing: bool,
+        backing: Option<PreparedBacking>,
     },
     Removed {
         id: u64,
     },
+}
+
+/// What opening a backing file found.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct PreparedBacking {
+    pub direct: bool,
+    pub blocks: u64,
 }
 
 impl Report {
@@ -226,21 +237,27 @@ pub fn run() -> io::Result<()> {
                         size,
                         algo,
                         shards,
+                        backing,
                     },
                     _,
-                )) => match prepare(&socket, mode, root, name, size, &algo, shards) {
-                    Ok((listener, st)) => {
-                        let fds = [
+                )) => match prepare(&socket, mode, root, name, size, &algo, shards, backing) {
+                    Ok((listener, st, backing)) => {
+                        let mut fds = vec![
                             listener.as_raw_fd(),
                             st.lock.as_raw_fd(),
                             st.table.as_raw_fd(),
                             st.arena.as_raw_fd(),
                             st.stats.as_raw_fd(),
                         ];
+                        fds.extend(backing.as_ref().map(|b| b.file().as_raw_fd()));
                         let r = Report::Prepared {
                             id,
                             dir: st.dir.clone(),
                             existing: st.existing,
+                            backing: backing.as_ref().map(|b| PreparedBacking {
+                                direct: b.direct(),
+                                blocks: b.blocks(),
+                            }),
                         };
                         send(&sock, &r, &fds)?;
                     }
@@ -258,6 +275,13 @@ pub fn run() -> io::Result<()> {
     }
 }
 
+type Prepared = (
+    std::os::unix::net::UnixListener,
+    vzram_store::StateFiles,
+    Option<vzram_store::Backing>,
+);
+
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     socket: &std::path::Path,
     mode: u32,
@@ -266,9 +290,23 @@ fn prepare(
     size: u64,
     algo: &str,
     shards: usize,
-) -> Result<(std::os::unix::net::UnixListener, vzram_store::StateFiles), String> {
+    backing: Option<PathBuf>,
+) -> Result<Prepared, String> {
     let codec = crate::config::parse_codec(algo)?;
     let listener = crate::daemon::bind_socket(socket, mode).map_err(|e| e.to_string())?;
+    // Before the state: a missing or locked backing file leaves nothing
+    // made behind but the socket, removed below.
+    let backing = match backing {
+        None => None,
+        Some(path) => match vzram_store::Backing::open(&vzram_store::BackingSpec { path }) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                drop(listener);
+                let _ = std::fs::remove_file(socket);
+                return Err(e.to_string());
+            }
+        },
+    };
     let mut dc = vzram_store::DeviceConfig::new(size, codec);
     dc.shards = shards;
     dc.state = Some(vzram_store::StateSpec {
@@ -277,7 +315,7 @@ fn prepare(
         fresh: false,
     });
     match vzram_store::device::open_state(&dc) {
-        Ok(st) => Ok((listener, st)),
+        Ok(st) => Ok((listener, st, backing)),
         Err(e) => {
             drop(listener);
             let _ = std::fs::remove_file(socket);

@@ -70,14 +70,22 @@ fn main() -> ExitCode {
                 Err(e) => {
                     // Once, on stderr (the log's stream too): not also as a log line.
                     eprintln!("error: {}", one_line(&e.to_string()));
-                    // State that does not match the configuration is a
-                    // configuration error: the fix is a flag (--fresh) or the
-                    // config, not a retry.
+                    // State that does not match the configuration, or a
+                    // backing file that is missing, too small or taken, is
+                    // a configuration error: the fix is a flag (--fresh) or
+                    // the config, not a retry.
+                    let store = match &e {
+                        daemon::Error::Store(s) | daemon::Error::Device { source: s, .. } => {
+                            Some(s)
+                        }
+                        _ => None,
+                    };
                     if matches!(
-                        e,
-                        daemon::Error::Store(
+                        store,
+                        Some(
                             vzram_store::StoreError::State(_)
                                 | vzram_store::StoreError::InvalidConfig(_)
+                                | vzram_store::StoreError::Backing(_)
                         )
                     ) {
                         ExitCode::from(EXIT_USAGE)
@@ -94,6 +102,9 @@ fn main() -> ExitCode {
         Command::Remove(a) => client(client::remove(&a)),
         Command::Reset(a) => client(client::reset(&a)),
         Command::ResetMax(a) => client(client::reset_max(&a)),
+        Command::MarkIdle(a) => client(client::mark_idle(&a)),
+        Command::Recompress(a) => client(client::recompress(&a)),
+        Command::Writeback(a) => client(client::writeback(&a)),
     }
 }
 

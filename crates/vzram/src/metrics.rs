@@ -35,6 +35,8 @@ pub struct DeviceSample {
     pub stats: DeviceStats,
     /// Request latencies by operation.
     pub latency: Vec<(Op, LatencySnapshot)>,
+    /// Page blocks in its backing file (0: none).
+    pub backing_blocks: u64,
 }
 
 /// Everything one scrape reports.
@@ -145,6 +147,48 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         "Pages moved by compaction",
         MetricType::Counter,
         |d| d.stats.pages_compacted,
+    ),
+    (
+        "vzram_backing_blocks",
+        "Page blocks in the device's backing file (0 = no backing file)",
+        MetricType::Gauge,
+        |d| d.backing_blocks,
+    ),
+    (
+        "vzram_backed_pages",
+        "Pages in the backing file (each holds one block)",
+        MetricType::Gauge,
+        |d| d.stats.backed_pages,
+    ),
+    (
+        "vzram_backed_reads",
+        "Pages read from the backing file",
+        MetricType::Counter,
+        |d| d.stats.backed_reads,
+    ),
+    (
+        "vzram_backed_writes",
+        "Pages written to the backing file",
+        MetricType::Counter,
+        |d| d.stats.backed_writes,
+    ),
+    (
+        "vzram_spills",
+        "Times a write found a memory limit reached and moved cold pages to the backing file",
+        MetricType::Counter,
+        |d| d.stats.spills,
+    ),
+    (
+        "vzram_recompressed_pages",
+        "Pages a second codec stored smaller",
+        MetricType::Counter,
+        |d| d.stats.pages_recompressed,
+    ),
+    (
+        "vzram_recompress_saved_bytes",
+        "Compressed bytes recompression saved",
+        MetricType::Counter,
+        |d| d.stats.recompress_saved_bytes,
     ),
 ];
 
@@ -422,8 +466,12 @@ mod tests {
                     orig_data_size: 12288,
                     reads: 7,
                     writes: 3,
+                    backed_pages: 4,
+                    spills: 2,
+                    pages_recompressed: 9,
                     ..DeviceStats::default()
                 },
+                backing_blocks: 100,
                 latency: vec![(
                     Op::Read,
                     LatencySnapshot {
@@ -444,6 +492,12 @@ mod tests {
             "vzram_reads_total{device=\"vm1\"} 7",
             "vzram_writes_total{device=\"vm1\"} 3",
             "vzram_connected{device=\"vm1\"} 1",
+            "vzram_backing_blocks{device=\"vm1\"} 100",
+            "vzram_backed_pages{device=\"vm1\"} 4",
+            "vzram_spills_total{device=\"vm1\"} 2",
+            "vzram_recompressed_pages_total{device=\"vm1\"} 9",
+            "vzram_backed_reads_total{device=\"vm1\"} 0",
+            "# TYPE vzram_recompress_saved_bytes_total counter",
             "# TYPE vzram_reads_total counter",
             "# TYPE vzram_mem_used_bytes gauge",
             "vzram_pool_mem_used_bytes 8192",

@@ -227,7 +227,7 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     // Descriptors: eventfds (kick, call, worker exit), epoll in every
     // worker, plain I/O on sockets and eventfds, logs on stderr; pread of
     // a device state's header handed over as a descriptor (a device added
-    // at run time).
+    // at run time) and of a backing file.
     r.allow(&[
         SYS_read,
         SYS_pread64,
@@ -253,6 +253,14 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     // file before storing there: a full tmpfs fails the write instead of
     // raising SIGBUS. Only files this process holds; it opens none.
     r.allow(&[SYS_fallocate]);
+    // The backing file, handed over already open: pages written back and
+    // read in at offsets (pwrite64, pread64 above), its header made durable
+    // when a device first claims it (fdatasync), the page cache dropped
+    // behind writes where O_DIRECT is refused (fadvise64), and its lock
+    // taken again on the descriptor that already holds it: flock only as
+    // LOCK_EX|LOCK_NB, never LOCK_UN or a blocking wait.
+    r.allow(&[SYS_pwrite64, SYS_fdatasync, SYS_fadvise64]);
+    r.allow_if(SYS_flock, vec![all_eq(&[(1, (LOCK_EX | LOCK_NB) as u64)])?]);
     // fcntl: descriptor and status flags, and duplicating (try_clone).
     r.allow_if(
         SYS_fcntl,
@@ -618,6 +626,57 @@ mod tests {
             "status {st:#x}: {err}"
         );
         assert!(err.contains("test panic") && err.contains("0: "), "{err}");
+    }
+
+    /// A file the children of [`backing_file_calls`] inherit (a plain
+    /// `fn` cannot capture it).
+    static BACKING_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+    #[test]
+    fn backing_file_calls() {
+        let path = std::env::temp_dir().join(format!("vzram-seccomp-{}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        BACKING_FD.store(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // Writeback and its header (pwrite64, fdatasync), dropping cached
+        // pages where O_DIRECT is refused (fadvise64), re-taking the lock.
+        let (st, err) = in_child(|| {
+            let fd = BACKING_FD.load(std::sync::atomic::Ordering::Relaxed);
+            let page = [7u8; 64];
+            // SAFETY: plain calls on a descriptor the child inherited.
+            let ok = unsafe {
+                libc::pwrite(fd, page.as_ptr().cast(), page.len(), 4096) == 64
+                    && libc::fdatasync(fd) == 0
+                    && libc::posix_fadvise(fd, 0, 8192, libc::POSIX_FADV_DONTNEED) == 0
+                    && libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0
+            };
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(if ok { 7 } else { 8 }) };
+        });
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 7,
+            "status {st:#x}: {err}"
+        );
+        // Letting go of the lock, or waiting for one, is not needed: refused.
+        for f in [
+            (|| {
+                let fd = BACKING_FD.load(std::sync::atomic::Ordering::Relaxed);
+                // SAFETY: a refused call never runs.
+                unsafe { libc::flock(fd, libc::LOCK_UN) };
+            }) as fn(),
+            || {
+                let fd = BACKING_FD.load(std::sync::atomic::Ordering::Relaxed);
+                // SAFETY: as above.
+                unsafe { libc::flock(fd, libc::LOCK_EX) };
+            },
+        ] {
+            let (st, err) = in_child(f);
+            assert!(killed_by_sigsys(st), "status {st:#x}: {err}");
+        }
+        drop(f);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use vzram_store::{Cells, Device, DeviceCells, DeviceConfig, Pool, StateFiles};
+use vzram_store::{Backing, Cells, Device, DeviceCells, DeviceConfig, Pool, StateFiles};
 
 use crate::config::DeviceSpec;
 use crate::launcher::{self, Report, Request};
@@ -34,6 +34,12 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// How long a compaction order may take.
 const COMPACT_WAIT: Duration = Duration::from_secs(120);
+/// How long a writeback or recompression order may take: a whole device
+/// through a slow disk or a strong codec.
+pub const TIER_WAIT: Duration = Duration::from_secs(1800);
+/// How long an order waits for a device that a worker is just taking over
+/// (or giving back) before it is refused as busy.
+const HOLD_WAIT: Duration = Duration::from_secs(5);
 /// How long stopping waits for workers to go.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
@@ -51,12 +57,47 @@ pub struct WorkerEnv {
 /// A launcher's answer and the descriptors that came with it.
 type Reply = (Report, Vec<OwnedFd>);
 
+/// A device's backing file as the supervisor keeps it open: holding the
+/// descriptor holds the file's lock (taken when it was opened) for as long
+/// as the device exists, and each worker gets a copy.
+pub struct BackingFile {
+    pub file: std::fs::File,
+    pub path: PathBuf,
+    /// Opened with O_DIRECT (false: a file system that refuses it, such as
+    /// tmpfs; buffered I/O with the cache dropped after each write).
+    pub direct: bool,
+    /// Page blocks (the header block not counted).
+    pub blocks: u64,
+}
+
+impl BackingFile {
+    /// Keeps `b`'s file (a second descriptor of the same open file, so the
+    /// lock stays with it when `b` goes).
+    pub fn of(b: &Backing) -> io::Result<BackingFile> {
+        Ok(BackingFile {
+            file: b.file().try_clone()?,
+            path: b.path().to_path_buf(),
+            direct: b.direct(),
+            blocks: b.blocks(),
+        })
+    }
+
+    /// A [`Backing`] over another descriptor of the same file, for a
+    /// device served in this process.
+    fn open(&self) -> Result<Backing, String> {
+        let file = self.file.try_clone().map_err(|e| e.to_string())?;
+        Backing::from_file(file, self.path.clone(), self.direct).map_err(|e| e.to_string())
+    }
+}
+
 /// A configured device as the supervisor holds it.
 pub struct Served {
     pub spec: DeviceSpec,
     listener: UnixListener,
     /// The state, opened and locked once; each worker gets clones.
     files: StateFiles,
+    /// The backing file, if the device has one.
+    pub backing: Option<BackingFile>,
     pub cells: Cells<DeviceCells>,
     /// Workers started so far, and those that ended badly.
     pub workers: AtomicU64,
@@ -65,8 +106,13 @@ pub struct Served {
     phase: Mutex<Phase>,
     /// Last abnormal end of a worker, for `vzram stat`.
     last_failure: Mutex<Option<String>>,
-    /// The control channel of the running worker, for orders.
-    control: Mutex<Option<UnixStream>>,
+    /// The control channel of the running worker, for orders. Dropping it
+    /// (once no order holds a reference) ends the worker. An order holds
+    /// its own reference and not this lock, so that the loop, `remove` and
+    /// `stop` never wait for a long writeback.
+    control: Mutex<Option<Arc<UnixStream>>>,
+    /// One order at a time on the channel, so answers match their orders.
+    ordering: Mutex<()>,
     /// Consecutive failures and when the next worker may start.
     backoff: Mutex<Option<(u32, Instant)>>,
     /// Added at run time (`vzram add`): its socket is the launcher's to remove.
@@ -90,7 +136,8 @@ enum Phase {
         frontend: Option<UnixStream>,
         started: Instant,
     },
-    /// The supervisor itself holds the device (compacting an idle one).
+    /// The supervisor itself holds the device (compacting, resetting or
+    /// tiering one that has no frontend).
     Busy,
 }
 
@@ -111,6 +158,7 @@ impl Served {
         spec: DeviceSpec,
         listener: UnixListener,
         files: StateFiles,
+        backing: Option<BackingFile>,
     ) -> Result<Served, vzram_store::StoreError> {
         let cells = Cells::<DeviceCells>::shared(&files.stats)?;
         // Counted per daemon run (the worker adds to it).
@@ -119,6 +167,7 @@ impl Served {
             spec,
             listener,
             files,
+            backing,
             cells,
             workers: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -126,6 +175,7 @@ impl Served {
             phase: Mutex::new(Phase::Idle),
             last_failure: Mutex::new(None),
             control: Mutex::new(None),
+            ordering: Mutex::new(()),
             backoff: Mutex::new(None),
             added: false,
             removing: AtomicBool::new(false),
@@ -287,7 +337,9 @@ impl Supervisor {
             Phase::Idle => ("idle", None),
             Phase::Pending { .. } => ("starting", None),
             Phase::Running { pid, .. } => ("running", *pid),
-            Phase::Busy => ("compacting", None),
+            // The supervisor itself holds the device: compacting, resetting
+            // or tiering it.
+            Phase::Busy => ("busy", None),
         };
         let failing = d.backoff().map_or(0, |b| u64::from(b.0));
         WorkerStatus {
@@ -311,18 +363,74 @@ impl Supervisor {
     /// Compacts device `d`: through its worker when it has one, else here,
     /// holding the device so that no worker starts meanwhile.
     pub fn compact(&self, d: &Served) -> Result<u64, String> {
-        {
-            let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(c) = ctl.as_ref() {
-                let r = order_compact(c);
-                if r.is_err() {
-                    *ctl = None;
-                }
-                return r;
-            }
+        if let Some(r) = self.order_worker(d, &Order::Compact, COMPACT_WAIT) {
+            return match r? {
+                Answer::Compacted { pages } => Ok(pages),
+                a => Err(unexpected(a)),
+            };
         }
         // A worker is starting: it will compact what it finds fragmented.
         Ok(self.hold(d, |dev| dev.compact())?.unwrap_or(0))
+    }
+
+    /// Carries out a tiering order on device `d`: through its worker when
+    /// it has one, else here, holding the device. A failure the order met
+    /// (a full backing file) is an error, with what was done kept.
+    pub fn tier(&self, d: &Served, order: &Order) -> Result<Answer, String> {
+        let needs_backing = matches!(order, Order::Writeback { .. });
+        if needs_backing && d.backing.is_none() {
+            return Err(format!(
+                "device {} has no backing file (give it backing-file=PATH)",
+                d.spec.name
+            ));
+        }
+        let deadline = Instant::now() + HOLD_WAIT;
+        let answer = loop {
+            if let Some(r) = self.order_worker(d, order, TIER_WAIT) {
+                break r?;
+            }
+            if let Some(a) = self.hold(d, |dev| worker::execute(dev, order))? {
+                break a;
+            }
+            // A worker is being started or is going: ask again soon.
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "device {} is busy (a frontend is connecting, or another command holds it); try again",
+                    d.spec.name
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        match answer {
+            Answer::Failed { error } => Err(format!("device {}: {error}", d.spec.name)),
+            a => Ok(a),
+        }
+    }
+
+    /// Sends `order` to `d`'s worker and waits for its answer; None if no
+    /// worker serves `d`. A worker that cannot be asked loses its channel,
+    /// which ends it (its frontend reconnects to a new one).
+    fn order_worker(
+        &self,
+        d: &Served,
+        order: &Order,
+        wait: Duration,
+    ) -> Option<Result<Answer, String>> {
+        let _one = d.ordering.lock().unwrap_or_else(|e| e.into_inner());
+        let c = d
+            .control
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let r = ask_worker(&c, order, wait);
+        if r.is_err() {
+            let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
+            // Unless a new worker took over meanwhile.
+            if ctl.as_ref().is_some_and(|now| Arc::ptr_eq(now, &c)) {
+                *ctl = None;
+            }
+        }
+        Some(r)
     }
 
     /// Drops every page of `d`; refused while a frontend is connected.
@@ -364,7 +472,13 @@ impl Supervisor {
 
     /// The device of `d`, recovered in this process from its state.
     fn attach(&self, d: &Served) -> Result<Arc<Device>, String> {
-        attach(&self.pool, &d.spec, &d.files, d.cells.budget().limit())
+        attach(
+            &self.pool,
+            &d.spec,
+            &d.files,
+            d.backing.as_ref(),
+            d.cells.budget().limit(),
+        )
     }
 
     /// Adds a device at run time; returns its index.
@@ -395,15 +509,34 @@ impl Supervisor {
             size: spec.size,
             algo: spec.algo.to_string(),
             shards: usize::from(spec.queues),
+            backing: spec.tier.backing_file.clone(),
         })?;
-        let (dir, existing) = match report {
-            Report::Prepared { dir, existing, .. } => (dir, existing),
+        let (dir, existing, prepared_backing) = match report {
+            Report::Prepared {
+                dir,
+                existing,
+                backing,
+                ..
+            } => (dir, existing, backing),
             Report::Failed { error, .. } => return Err(error),
             r => return Err(format!("unexpected answer from the launcher: {r:?}")),
         };
-        let [listener, lock, table, arena, stats]: [OwnedFd; 5] = fds
-            .try_into()
-            .map_err(|_| "the launcher sent the wrong descriptors".to_string())?;
+        let mut fds = fds.into_iter();
+        let mut next = || {
+            fds.next()
+                .ok_or_else(|| "the launcher sent the wrong descriptors".to_string())
+        };
+        let (listener, lock, table, arena, stats) = (next()?, next()?, next()?, next()?, next()?);
+        let backing = match (spec.tier.backing_file.clone(), prepared_backing) {
+            (Some(path), Some(b)) => Some(BackingFile {
+                file: next()?.into(),
+                path,
+                direct: b.direct,
+                blocks: b.blocks,
+            }),
+            (None, None) => None,
+            _ => return Err("the launcher sent the wrong descriptors".to_string()),
+        };
         let socket = spec.socket.clone();
         let undo = |e: String| {
             let _ = self.ask(|id| Request::Remove {
@@ -422,7 +555,8 @@ impl Supervisor {
             spec.size,
         )
         .map_err(|e| undo(e.to_string()))?;
-        let dev = attach(&self.pool, &spec, &files, spec.mem_limit).map_err(undo)?;
+        let dev =
+            attach(&self.pool, &spec, &files, backing.as_ref(), spec.mem_limit).map_err(undo)?;
         match dev.recovery() {
             Some(r) if existing => tracing::info!(
                 device = %spec.name,
@@ -434,7 +568,7 @@ impl Supervisor {
         }
         drop(dev);
         let mut served =
-            Served::new(spec, listener.into(), files).map_err(|e| undo(e.to_string()))?;
+            Served::new(spec, listener.into(), files, backing).map_err(|e| undo(e.to_string()))?;
         served.added = true;
         let i = {
             let mut list = self.devices.write().unwrap_or_else(|e| e.into_inner());
@@ -738,7 +872,7 @@ impl Supervisor {
         let id = self.next_id.fetch_add(1, Relaxed);
         match self.spawn(d, id, &conn) {
             Ok(control) => {
-                *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(control);
+                *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(control));
                 d.workers.fetch_add(1, Relaxed);
                 d.connected.store(true, Relaxed);
                 *ph = Phase::Running {
@@ -769,9 +903,20 @@ impl Supervisor {
             state_dir: d.files.dir.clone(),
             seccomp: self.env.seccomp.clone(),
             log_level: self.env.log_level.clone(),
+            backing: d.backing.as_ref().map(|b| worker::BackingSpec {
+                path: b.path.clone(),
+                direct: b.direct,
+            }),
+            tier: worker::TierSettings {
+                idle_after_ms: d.spec.tier.idle_after.map(|t| t.as_millis() as u64),
+                auto_writeback: d.spec.tier.auto_writeback,
+                auto_recompress: d.spec.tier.auto_recompress,
+                recompress_algo: d.spec.tier.recompress_algo.to_string(),
+            },
         };
         let (ours, theirs) = launcher::seqpacket_pair()?;
-        let fds: Vec<RawFd> = vec![
+        // In the order of `worker::Fds`.
+        let mut fds: Vec<RawFd> = vec![
             theirs.as_raw_fd(),
             self.host_file.as_raw_fd(),
             d.files.lock.as_raw_fd(),
@@ -780,6 +925,9 @@ impl Supervisor {
             d.files.stats.as_raw_fd(),
             conn.as_raw_fd(),
         ];
+        if let Some(b) = &d.backing {
+            fds.push(b.file.as_raw_fd());
+        }
         let args = vec![
             "__worker".to_string(),
             serde_json::to_string(&spec).map_err(io::Error::other)?,
@@ -934,34 +1082,41 @@ fn failed(d: &Served, why: String, ran: Duration) {
     *b = Some((n, Instant::now() + wait));
 }
 
-/// Recovers a device from `files` in this process (the state stays locked
-/// by the supervisor's own descriptors).
+/// Recovers a device from `files` (and its backing file) in this process
+/// (the state stays locked by the supervisor's own descriptors).
 fn attach(
     pool: &Arc<Pool>,
     spec: &DeviceSpec,
     files: &StateFiles,
+    backing: Option<&BackingFile>,
     limit: u64,
 ) -> Result<Arc<Device>, String> {
     let files = files.try_clone().map_err(|e| e.to_string())?;
+    let backing = backing.map(BackingFile::open).transpose()?;
     let mut dc = DeviceConfig::new(spec.size, spec.algo);
     dc.mem_limit = limit;
     dc.shards = usize::from(spec.queues);
-    pool.attach_device(dc, files, None)
+    pool.attach_device(dc, files, backing)
         .map_err(|e| e.to_string())
 }
 
-fn order_compact(c: &UnixStream) -> Result<u64, String> {
-    launcher::send(c, &Order::Compact, &[]).map_err(|e| format!("worker: {e}"))?;
-    match vzram_blk::guard::wait_fd(c.as_raw_fd(), libc::POLLIN, Some(COMPACT_WAIT)) {
+/// Sends a worker an order and waits up to `wait` for its answer.
+fn ask_worker(c: &UnixStream, order: &Order, wait: Duration) -> Result<Answer, String> {
+    launcher::send(c, order, &[]).map_err(|e| format!("worker: {e}"))?;
+    match vzram_blk::guard::wait_fd(c.as_raw_fd(), libc::POLLIN, Some(wait)) {
         Ok(true) => {}
         Ok(false) => return Err("the worker did not answer".into()),
         Err(e) => return Err(format!("worker: {e}")),
     }
     match launcher::recv::<Answer>(c) {
-        Ok(Some((Answer::Compacted { pages }, _))) => Ok(pages),
+        Ok(Some((a, _))) => Ok(a),
         Ok(None) => Err("the worker went away".into()),
         Err(e) => Err(format!("worker: {e}")),
     }
+}
+
+fn unexpected(a: Answer) -> String {
+    format!("unexpected answer from the worker: {a:?}")
 }
 
 /// Whether the peer of a stream socket has closed its end.

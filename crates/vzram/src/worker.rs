@@ -2,8 +2,9 @@
 //!
 //! The supervisor accepts the connection and has the launcher start
 //! `vzram __worker SPEC` with these descriptors (see [`Fds`]): its control
-//! channel, the host budget, the device's locked state files and the
-//! connection. Nothing is opened by path. The worker recovers the device
+//! channel, the host budget, the device's locked state files, the
+//! connection and, for a device with one, its backing file. Nothing is
+//! opened by path. The worker recovers the device
 //! from its slot table, installs its own seccomp filter, and relays the
 //! frontend's messages through the guard to the `vhost` crate until the
 //! frontend leaves; then it exits. It maps this one guest's memory and this
@@ -25,7 +26,9 @@ use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vzram_blk::guard::{self, Guard, Message, Received};
 use vzram_blk::{BlkBackend, BlkDevice};
-use vzram_store::{Device, DeviceConfig, Pool, PoolConfig, StateFiles, StoreError};
+use vzram_store::{
+    Backing, Device, DeviceConfig, Filter, Pool, PoolConfig, StateFiles, StoreError,
+};
 
 use crate::config::SeccompMode;
 use crate::launcher::{self, FIRST_FD};
@@ -39,6 +42,14 @@ const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 const COMPACT_INTERVAL: Duration = Duration::from_secs(10);
 pub const COMPACT_WASTE_RATIO: f64 = 0.25;
 pub const COMPACT_MIN_WASTE: u64 = 16 << 20;
+
+/// Background tiering (`--auto-writeback`, `--auto-recompress`) works in
+/// batches of this many pages with a pause after each: at most 4 MiB per
+/// 100 ms (40 MiB/s) of writeback or recompression, so the queues keep the
+/// CPU and the disk for the guest, and a write that must spill waits for
+/// one batch at most.
+pub const AUTO_BATCH_PAGES: u64 = 1024;
+pub const AUTO_PAUSE: Duration = Duration::from_millis(100);
 
 /// Exit codes the supervisor tells apart.
 pub const EXIT_DONE: i32 = 0;
@@ -60,6 +71,27 @@ pub struct Spec {
     pub state_dir: PathBuf,
     pub seccomp: String,
     pub log_level: String,
+    /// The backing file comes as descriptor [`Fds::Backing`] when set.
+    pub backing: Option<BackingSpec>,
+    pub tier: TierSettings,
+}
+
+/// The backing file handed over: its path (for messages and stats) and
+/// whether it was opened with O_DIRECT.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackingSpec {
+    pub path: PathBuf,
+    pub direct: bool,
+}
+
+/// The automatic tiering a worker runs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TierSettings {
+    /// The ager runs every third of this (milliseconds); None: no ager.
+    pub idle_after_ms: Option<u64>,
+    pub auto_writeback: bool,
+    pub auto_recompress: bool,
+    pub recompress_algo: String,
 }
 
 /// The order of the inherited descriptors, from [`FIRST_FD`].
@@ -71,18 +103,111 @@ pub enum Fds {
     Arena,
     Stats,
     Frontend,
+    /// Only when the spec names a backing file.
+    Backing,
 }
 
-/// Messages on the control channel, supervisor to worker.
-#[derive(Debug, Serialize, Deserialize)]
+/// Which pages a writeback or recompression takes ([`Filter`], as it
+/// travels).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierFilter {
+    pub idle: bool,
+    pub cold: bool,
+    pub huge: bool,
+    pub incompressible: bool,
+}
+
+impl From<TierFilter> for Filter {
+    fn from(f: TierFilter) -> Filter {
+        Filter {
+            idle: f.idle,
+            cold: f.cold,
+            huge: f.huge,
+            incompressible: f.incompressible,
+        }
+    }
+}
+
+/// Messages on the control channel, supervisor to worker. The supervisor
+/// runs the same orders itself ([`execute`]) on a device no worker serves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Order {
     Compact,
+    MarkIdle,
+    Recompress {
+        filter: TierFilter,
+        algo: String,
+    },
+    Writeback {
+        filter: TierFilter,
+        max_pages: Option<u64>,
+    },
 }
 
 /// And back.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Answer {
-    Compacted { pages: u64 },
+    Compacted {
+        pages: u64,
+    },
+    MarkedIdle {
+        pages: u64,
+    },
+    Recompressed {
+        tried: u64,
+        pages: u64,
+        saved_bytes: u64,
+        freed_bytes: u64,
+    },
+    WrittenBack {
+        pages: u64,
+        freed_bytes: u64,
+    },
+    /// The order was carried out as far as it went and failed there (a
+    /// full backing file, an I/O error): what was done stays done.
+    Failed {
+        error: String,
+    },
+}
+
+/// Carries out an order on `dev`, here.
+pub fn execute(dev: &Device, order: &Order) -> Answer {
+    let answer = match order {
+        Order::Compact => Answer::Compacted {
+            pages: dev.compact(),
+        },
+        Order::MarkIdle => Answer::MarkedIdle {
+            pages: dev.mark_idle(),
+        },
+        Order::Recompress { filter, algo } => match crate::config::parse_codec(algo) {
+            Err(e) => Answer::Failed { error: e },
+            Ok(codec) => match dev.recompress((*filter).into(), codec) {
+                Ok(r) => Answer::Recompressed {
+                    tried: r.tried,
+                    pages: r.pages,
+                    saved_bytes: r.saved_bytes,
+                    freed_bytes: r.freed_bytes,
+                },
+                Err(e) => Answer::Failed {
+                    error: e.to_string(),
+                },
+            },
+        },
+        Order::Writeback { filter, max_pages } => {
+            match dev.writeback((*filter).into(), *max_pages) {
+                Ok(r) => Answer::WrittenBack {
+                    pages: r.pages,
+                    freed_bytes: r.freed_bytes,
+                },
+                Err(e) => Answer::Failed {
+                    error: e.to_string(),
+                },
+            }
+        }
+    };
+    // The counters the supervisor shows are current once it answers.
+    dev.stats();
+    answer
 }
 
 fn take(fd: Fds) -> OwnedFd {
@@ -154,12 +279,20 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         take(Fds::Stats).into(),
         spec.size,
     )?;
+    let backing = match &spec.backing {
+        Some(b) => Some(Backing::from_file(
+            take(Fds::Backing).into(),
+            b.path.clone(),
+            b.direct,
+        )?),
+        None => None,
+    };
     let codec = crate::config::parse_codec(&spec.algo).map_err(WorkerError::Setup)?;
     let pool = Pool::with_host_file(PoolConfig::default(), &host)?;
     let mut dc = DeviceConfig::new(spec.size, codec);
     dc.mem_limit = spec.mem_limit;
     dc.shards = usize::from(spec.queues);
-    let store = pool.attach_device(dc, files, None)?;
+    let store = pool.attach_device(dc, files, backing)?;
     if let Some(r) = store.recovery() {
         tracing::info!(
             pages = r.slots,
@@ -196,6 +329,15 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || control_loop(control, store))
+            .map_err(setup("thread"))?;
+    }
+    if let Some(ms) = spec.tier.idle_after_ms {
+        let auto = AutoTier::new(&spec.tier).map_err(WorkerError::Setup)?;
+        let store = store.clone();
+        let every = Duration::from_millis(ms / 3);
+        std::thread::Builder::new()
+            .name("ager".into())
+            .spawn(move || auto.run(&store, every))
             .map_err(setup("thread"))?;
     }
 
@@ -243,10 +385,9 @@ fn control_loop(control: UnixStream, store: Arc<Device>) {
             Err(_) => std::process::exit(EXIT_DONE),
         }
         match launcher::recv::<Order>(&control) {
-            Ok(Some((Order::Compact, _))) => {
-                let pages = store.compact();
-                store.stats();
-                if launcher::send(&control, &Answer::Compacted { pages }, &[]).is_err() {
+            Ok(Some((order, _))) => {
+                let answer = execute(&store, &order);
+                if launcher::send(&control, &answer, &[]).is_err() {
                     std::process::exit(EXIT_DONE);
                 }
             }
@@ -256,6 +397,87 @@ fn control_loop(control: UnixStream, store: Arc<Device>) {
             }
         }
     }
+}
+
+/// The ager and what runs after each of its passes.
+struct AutoTier {
+    writeback: bool,
+    recompress: Option<vzram_store::Codec>,
+}
+
+impl AutoTier {
+    fn new(t: &TierSettings) -> Result<AutoTier, String> {
+        Ok(AutoTier {
+            writeback: t.auto_writeback,
+            recompress: if t.auto_recompress {
+                Some(crate::config::parse_codec(&t.recompress_algo)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Every `every`: one ager pass, then the paced passes over the pages
+    /// it found cold. Ends with the process.
+    fn run(&self, store: &Device, every: Duration) {
+        let cold = Filter {
+            cold: true,
+            ..Filter::default()
+        };
+        // With recompression on, cold pages stay in memory in the smaller
+        // codec; only those it cannot shrink go to disk.
+        let to_disk = Filter {
+            incompressible: self.recompress.is_some(),
+            ..cold
+        };
+        loop {
+            std::thread::sleep(every);
+            let n = store.age();
+            tracing::debug!(cold = n, "ager pass");
+            if n == 0 {
+                continue;
+            }
+            if let Some(codec) = self.recompress {
+                let (mut pages, mut saved) = (0, 0);
+                let done = paced(|| {
+                    let r = store.recompress_some(cold, codec, Some(AUTO_BATCH_PAGES))?;
+                    pages += r.pages;
+                    saved += r.saved_bytes;
+                    Ok(r.tried)
+                });
+                if pages > 0 {
+                    tracing::info!(pages, saved_bytes = saved, "recompressed cold pages");
+                }
+                if let Err(e) = done {
+                    tracing::warn!("background recompression stopped: {e}");
+                }
+            }
+            if self.writeback {
+                let mut pages = 0;
+                let done = paced(|| {
+                    let r = store.writeback(to_disk, Some(AUTO_BATCH_PAGES))?;
+                    pages += r.pages;
+                    Ok(r.pages)
+                });
+                if pages > 0 {
+                    tracing::info!(pages, "wrote cold pages back");
+                }
+                if let Err(e) = done {
+                    tracing::warn!("background writeback stopped: {e}");
+                }
+            }
+            store.stats();
+        }
+    }
+}
+
+/// Runs `batch` until it does nothing (returns 0) or fails, pausing after
+/// each batch that did something.
+fn paced(mut batch: impl FnMut() -> Result<u64, StoreError>) -> Result<(), StoreError> {
+    while batch()? > 0 {
+        std::thread::sleep(AUTO_PAUSE);
+    }
+    Ok(())
 }
 
 fn init_logging(level: &str) {

@@ -1,6 +1,7 @@
 //! A device whose state's file system fills up fails writes (StateFull,
 //! which the block layer turns into IOERR) instead of faulting, keeps what
-//! it stored, and takes writes again once space is freed.
+//! it stored, and takes writes again once space is freed. A backing file on
+//! a full file system fails writebacks and spills the same way.
 //!
 //! Needs a small tmpfs of its own: mounted here when the test may mount
 //! (root); otherwise it says so and checks nothing.
@@ -113,4 +114,61 @@ fn a_full_state_file_system_fails_writes_and_loses_nothing() {
         dev.read_page(&mut cx, s, &mut out).unwrap();
         assert_eq!(out, noise(i), "slot {s} after recovery");
     }
+}
+
+/// A backing file whose file system is full: a writeback fails with a clear
+/// error and leaves every page in memory; a write that must spill fails and
+/// keeps the slot's old page. Nothing is lost.
+#[test]
+fn a_backing_file_that_cannot_be_written_leaves_pages_in_memory() {
+    let mut cx = Context::new(0);
+    let dir = std::env::temp_dir().join(format!("vzram-bfull-{}", std::process::id()));
+    let Some(mnt) = Mount::tmpfs(&dir, 64 << 10) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not root)");
+        return;
+    };
+    let path = mnt.0.join("backing");
+    // Sparse: 1 MiB of blocks on a 64 KiB file system.
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let mut dc = DeviceConfig::new(256 * 4096, Codec::Lz4);
+    dc.shards = 1;
+    dc.backing = Some(vzram_store::BackingSpec { path });
+    let dev = pool.create_device(dc).unwrap();
+    for s in 0..64 {
+        dev.write_page(&mut cx, s, &noise(s)).unwrap();
+    }
+    let e = dev
+        .writeback(vzram_store::Filter::default(), None)
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Backing(_)), "{e}");
+    assert!(e.to_string().contains("backing"), "{e}");
+    let st = dev.stats();
+    assert_eq!(st.backed_pages, dev.backing().unwrap().used());
+    let mut out = [0u8; 4096];
+    for s in 0..64 {
+        dev.read_page(&mut cx, s, &mut out).unwrap();
+        assert!(out == noise(s), "slot {s}");
+    }
+    // Now over a limit: the write has nowhere to go and keeps the old page.
+    dev.set_mem_limit(st.mem_used_total);
+    let mut failed = 0;
+    for s in 0..64 {
+        if let Err(e) = dev.write_page(&mut cx, s, &noise(1000 + s)) {
+            assert!(
+                matches!(e, StoreError::Backing(_) | StoreError::BackingFull),
+                "{e}"
+            );
+            dev.read_page(&mut cx, s, &mut out).unwrap();
+            assert!(out == noise(s), "a failed write changed slot {s}");
+            failed += 1;
+        } else {
+            dev.read_page(&mut cx, s, &mut out).unwrap();
+            assert!(out == noise(1000 + s), "slot {s}");
+        }
+    }
+    assert!(failed > 0, "every write found room on a full file system");
 }

@@ -26,6 +26,9 @@ use crate::stats::{Counters, DeviceStats, Footprint};
 use crate::table::SlotTable;
 use crate::{Page, PAGE_SIZE};
 
+mod prepare;
+pub use prepare::Prepared;
+
 /// Default size below which a compressed page is kept compressed; above it
 /// the raw page is stored ("huge"), since decompressing would buy little.
 pub const DEFAULT_HUGE_THRESHOLD: usize = PAGE_SIZE * 3 / 4;

@@ -22,7 +22,9 @@ pub use backing::{Backing, BackingSpec};
 pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, Op};
 pub use codec::Codec;
 pub use context::Context;
-pub use device::{Device, DeviceConfig, Filter, RecompressReport, Recovery, WritebackReport};
+pub use device::{
+    Device, DeviceConfig, Filter, Prepared, RecompressReport, Recovery, WritebackReport,
+};
 pub use error::{Result, StoreError};
 pub use pool::PoolConfig;
 pub use slot::encode_fill;

@@ -27,11 +27,12 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
-use vzram_store::{Context, Page, PAGE_SIZE};
+use vzram_store::{Context, Device, Op, Page, PAGE_SIZE};
 
 use crate::config::{self, MAX_QUEUE_SIZE};
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
-use crate::request::{Request, RequestError};
+use crate::pool::{Batch, CompressPool, BATCH_PAGES};
+use crate::request::{Request, RequestError, SegmentCursor};
 use crate::vring::BlkVring;
 
 /// Why a queue stopped draining; the guest's doing, logged and survived.
@@ -69,6 +70,8 @@ pub struct BlkBackend {
     /// Each queue's scratch space, made on its first kick. Only the queue's
     /// own worker thread takes its lock, so it is never contended.
     scratch: Box<[Mutex<Option<Scratch>>]>,
+    /// Where the queues' writes are compressed; None: on the queue thread.
+    pool: Option<Arc<CompressPool>>,
 }
 
 /// Lets one event through per interval and counts the rest.
@@ -111,7 +114,15 @@ impl RateLimit {
 
 impl BlkBackend {
     pub fn new(dev: Arc<BlkDevice>) -> BlkBackend {
+        BlkBackend::with_pool(dev, None)
+    }
+
+    /// A backend whose queues hand their writes' compression to `pool`
+    /// (shared with every other backend of the process).
+    pub fn with_pool(dev: Arc<BlkDevice>, pool: Option<Arc<CompressPool>>) -> BlkBackend {
+        let pool = pool.filter(|p| p.threads() > 0);
         BlkBackend {
+            pool,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             event_idx: AtomicBool::new(false),
             acked_features: AtomicU64::new(0),
@@ -137,7 +148,10 @@ impl BlkBackend {
         let mut scratch = self.scratch[queue]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let scratch = scratch.get_or_insert_with(|| Scratch::new(queue));
+        let scratch = scratch.get_or_insert_with(|| match &self.pool {
+            Some(p) => Scratch::with_pool(queue, p.clone(), self.dev.store().clone()),
+            None => Scratch::new(queue),
+        });
         let mut state = vring.get_mut();
         drain_queue(
             &mut *state,
@@ -188,6 +202,8 @@ pub struct Scratch {
     pub req: Request,
     pub bounce: Box<Page>,
     pub cx: Context,
+    /// With a compress pool: the batch in flight.
+    batched: Option<Batched>,
 }
 
 impl Scratch {
@@ -198,9 +214,56 @@ impl Scratch {
             req: Request::default(),
             bounce: Box::new([0; PAGE_SIZE]),
             cx: Context::new(queue),
+            batched: None,
+        }
+    }
+
+    /// Scratch space for a queue of device `store` that compresses its
+    /// writes on `pool`.
+    pub fn with_pool(queue: usize, pool: Arc<CompressPool>, store: Arc<Device>) -> Scratch {
+        Scratch {
+            batched: Some(Batched {
+                pool,
+                batch: Batch::new(store),
+                entries: Vec::new(),
+            }),
+            ..Scratch::new(queue)
         }
     }
 }
+
+/// A queue's batch: the requests taken from the ring, in avail order, and
+/// the pool jobs of their pages.
+struct Batched {
+    pool: Arc<CompressPool>,
+    batch: Arc<Batch>,
+    /// Reused from batch to batch (with their requests' vectors); only the
+    /// first `len` of a batch are live.
+    entries: Vec<Entry>,
+}
+
+struct Entry {
+    head: u16,
+    req: Request,
+    since: Instant,
+    state: State,
+}
+
+enum State {
+    /// Runs on the queue thread when its turn comes.
+    Inline,
+    Malformed(RequestError),
+    /// Failed before any of it ran (its pages could not be read).
+    Failed(ExecError),
+    /// Whole pages, jobs `first..first + n` of the batch.
+    Pooled {
+        first: usize,
+        n: usize,
+    },
+}
+
+/// Requests one batch takes from the ring before it completes them.
+const BATCH_REQUESTS: usize = 128;
 
 /// Why a chain got an error status.
 #[derive(Debug)]
@@ -258,6 +321,9 @@ where
     if !ring.queue().ready() {
         // Nothing to do until the frontend sets the ring up; not worth a log line.
         return Ok(());
+    }
+    if scratch.batched.is_some() {
+        return drain_batched(ring, mem, dev, event_idx, scratch, hook);
     }
     loop {
         if event_idx {
@@ -323,11 +389,24 @@ fn run_chain<M: GuestMemory, H: ChainHook>(
     head: u16,
     hook: &mut H,
 ) -> u32 {
-    let Scratch { req, bounce, cx } = scratch;
+    let Scratch {
+        req, bounce, cx, ..
+    } = scratch;
     let result = match req.parse(chain) {
         Ok(()) => dev.execute(mem, req, bounce, cx).map_err(ChainError::Exec),
         Err(e) => Err(ChainError::Malformed(e)),
     };
+    finish_chain(mem, req, result, head, hook)
+}
+
+/// Writes a chain's status byte; returns the used length.
+fn finish_chain<M: GuestMemory, H: ChainHook>(
+    mem: &M,
+    req: &Request,
+    result: Result<u32, ChainError>,
+    head: u16,
+    hook: &mut H,
+) -> u32 {
     let (status, written) = match &result {
         Ok(n) => (STATUS_OK, *n),
         Err(ChainError::Exec(e)) => {
@@ -345,6 +424,217 @@ fn run_chain<M: GuestMemory, H: ChainHook>(
     };
     hook.ran(head, req, &result, used);
     used
+}
+
+/// [`drain_queue`] with a compress pool. Takes up to [`BATCH_REQUESTS`]
+/// chains (and [`BATCH_PAGES`] pages of whole-page writes) off the ring,
+/// copying each write's pages out of guest memory and handing them to the
+/// pool as it goes; then, in avail order, runs the others and commits the
+/// writes, writes each status and adds each to the used ring. Completions
+/// stay in the order the chains were taken (see [`drain_queue`] on why QEMU
+/// needs that), and so do commits: of two writes to one slot in a batch the
+/// later one wins, and a read sees every write taken before it.
+fn drain_batched<R, A, H>(
+    ring: &mut R,
+    mem: &A,
+    dev: &BlkDevice,
+    event_idx: bool,
+    scratch: &mut Scratch,
+    hook: &mut H,
+) -> Result<(), QueueError>
+where
+    R: QueueRing,
+    A: GuestAddressSpace,
+    H: ChainHook,
+{
+    loop {
+        if event_idx {
+            ring.queue().disable_notification(&*mem.memory())?;
+        }
+        let mut pending = 0u32;
+        let mut taken = 0u64;
+        loop {
+            let n = take_batch(ring, mem, dev, scratch, hook);
+            if n == 0 {
+                break;
+            }
+            taken += n as u64;
+            complete_batch(ring, mem, dev, scratch, hook, n, &mut pending)?;
+        }
+        let guard = mem.memory();
+        let m: &A::M = &guard;
+        if pending > 0 {
+            signal(ring, m)?;
+        }
+        if !event_idx || !ring.queue().enable_notification(m)? {
+            return Ok(());
+        }
+        if taken == 0 {
+            return Err(QueueError::Unreadable);
+        }
+    }
+}
+
+/// Pops and parses up to a batch of chains, submitting whole-page writes to
+/// the pool as they come. Returns how many were taken.
+fn take_batch<R, A, H>(
+    ring: &mut R,
+    mem: &A,
+    dev: &BlkDevice,
+    scratch: &mut Scratch,
+    hook: &mut H,
+) -> usize
+where
+    R: QueueRing,
+    A: GuestAddressSpace,
+    H: ChainHook,
+{
+    let b = scratch.batched.as_mut().expect("callers check");
+    let mut n = 0;
+    let mut pages = 0;
+    while n < BATCH_REQUESTS && pages < BATCH_PAGES {
+        // A fresh snapshot per request, as in `drain_queue`.
+        let guard = mem.memory();
+        let m: &A::M = &guard;
+        let Some(chain) = ring.queue().pop_descriptor_chain(m) else {
+            break;
+        };
+        if b.entries.len() == n {
+            b.entries.push(Entry {
+                head: 0,
+                req: Request::default(),
+                since: Instant::now(),
+                state: State::Inline,
+            });
+        }
+        let e = &mut b.entries[n];
+        n += 1;
+        e.head = chain.head_index();
+        e.since = Instant::now();
+        hook.popped(&chain);
+        if let Err(err) = e.req.parse(chain) {
+            e.state = State::Malformed(err);
+            continue;
+        }
+        e.state = match dev.whole_page_write(&e.req) {
+            // One that does not fit in what is left of the batch runs on
+            // this thread at its turn.
+            Some((slot, count)) if count <= BATCH_PAGES - pages => {
+                let first = pages;
+                match copy_pages(m, &e.req, &b.batch, slot, first..first + count) {
+                    Ok(()) => {
+                        b.pool.submit(&b.batch, first..first + count);
+                        pages += count;
+                        State::Pooled { first, n: count }
+                    }
+                    Err(err) => State::Failed(err),
+                }
+            }
+            _ => State::Inline,
+        };
+    }
+    n
+}
+
+/// Copies a write's payload into the batch's job pages: the guest may change
+/// its buffers while the pool compresses, the store needs stable pages.
+fn copy_pages<M: GuestMemory>(
+    mem: &M,
+    req: &Request,
+    batch: &Batch,
+    first_slot: u64,
+    jobs: std::ops::Range<usize>,
+) -> Result<(), ExecError> {
+    let mut input = SegmentCursor::new(&req.readable);
+    for (k, i) in jobs.enumerate() {
+        let mut job = batch.job(i);
+        job.slot = first_slot + k as u64;
+        input.read(mem, &mut job.page[..])?;
+    }
+    Ok(())
+}
+
+/// Waits for the batch's pages, then runs, commits and completes its `n`
+/// requests in the order they were taken.
+fn complete_batch<R, A, H>(
+    ring: &mut R,
+    mem: &A,
+    dev: &BlkDevice,
+    scratch: &mut Scratch,
+    hook: &mut H,
+    n: usize,
+    pending: &mut u32,
+) -> Result<(), QueueError>
+where
+    R: QueueRing,
+    A: GuestAddressSpace,
+    H: ChainHook,
+{
+    let Scratch {
+        bounce,
+        cx,
+        batched,
+        ..
+    } = scratch;
+    let b = batched.as_mut().expect("callers check");
+    b.pool.wait(&b.batch, cx);
+    let mut broken: Option<QueueError> = None;
+    for e in &mut b.entries[..n] {
+        let state = std::mem::replace(&mut e.state, State::Inline);
+        if broken.is_some() {
+            // The ring is broken: nothing more can complete. Prepared pages
+            // are dropped (freed); nothing else runs.
+            if let State::Pooled { first, n } = state {
+                (first..first + n).for_each(|i| drop(b.batch.take(i)));
+            }
+            continue;
+        }
+        let guard = mem.memory();
+        let m: &A::M = &guard;
+        let result = match state {
+            State::Inline => dev.execute(m, &e.req, bounce, cx).map_err(ChainError::Exec),
+            State::Malformed(err) => Err(ChainError::Malformed(err)),
+            State::Failed(err) => Err(ChainError::Exec(err)),
+            State::Pooled { first, n } => {
+                // Page by page, as `execute` writes them: a page that failed
+                // ends the request there, the pages before it stay written.
+                let mut r = Ok(0);
+                for i in first..first + n {
+                    match (b.batch.take(i), &r) {
+                        (Some(Ok(p)), Ok(_)) => p.commit(),
+                        (Some(Err(err)), Ok(_)) => r = Err(ChainError::Exec(err.into())),
+                        (None, Ok(_)) => r = Err(ChainError::Exec(ExecError::Lost)),
+                        // After a failure the rest are dropped, which frees them.
+                        (_, Err(_)) => {}
+                    }
+                }
+                dev.record_latency(Op::Write, e.since);
+                r
+            }
+        };
+        let used = finish_chain(m, &e.req, result, e.head, hook);
+        if let Err(err) = ring.queue().add_used(m, e.head, used) {
+            // Still tell the guest about what did complete.
+            if *pending > 0 {
+                if let Err(e) = signal(ring, m) {
+                    tracing::debug!("cannot signal after a used-ring error: {e}");
+                }
+            }
+            broken = Some(err.into());
+            continue;
+        }
+        *pending += 1;
+        if *pending == SIGNAL_EVERY {
+            *pending = 0;
+            if let Err(err) = signal(ring, m) {
+                broken = Some(err);
+            }
+        }
+    }
+    match broken {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
 }
 
 /// Regions one frontend may map: QEMU's CONFIGURE_MEM_SLOTS maximum.

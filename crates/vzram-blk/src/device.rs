@@ -44,6 +44,10 @@ pub enum ExecError {
     /// A discard/write-zeroes segment longer than `max_discard_sectors`. IOERR.
     #[error("discard/write-zeroes segment of {0} sectors is too long")]
     SegmentTooLong(u32),
+    /// Compressing a page of the write failed unexpectedly (a bug, caught
+    /// so the queue goes on). IOERR.
+    #[error("the compress pool lost a page of this write")]
+    Lost,
 }
 
 impl ExecError {
@@ -161,6 +165,25 @@ impl BlkDevice {
             }
             RequestType::Unsupported(_) => Err(ExecError::Unsupported),
         }
+    }
+
+    /// The first slot and the page count of a write that is whole, aligned
+    /// pages on a writable device, inside it: what the compress pool can
+    /// take. Anything else runs through [`BlkDevice::execute`].
+    pub fn whole_page_write(&self, req: &Request) -> Option<(u64, usize)> {
+        if req.kind != RequestType::Out || self.readonly {
+            return None;
+        }
+        let (start, end) = self.byte_range(req.offset(), req.readable_len).ok()?;
+        if start % PAGE != 0 || req.readable_len % PAGE != 0 || start == end {
+            return None;
+        }
+        Some((start / PAGE, ((end - start) / PAGE) as usize))
+    }
+
+    /// Records a request's latency, as [`BlkDevice::execute`] does.
+    pub fn record_latency(&self, op: Op, since: std::time::Instant) {
+        self.store.cells().latency[op as usize].record(since.elapsed());
     }
 
     fn check_writable(&self) -> Result<(), ExecError> {

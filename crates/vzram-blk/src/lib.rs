@@ -8,6 +8,7 @@ pub mod backend;
 pub mod config;
 pub mod device;
 pub mod guard;
+pub mod pool;
 pub mod request;
 pub mod vring;
 
@@ -15,4 +16,5 @@ pub use backend::{
     drain_queue, BlkBackend, ChainError, ChainHook, GuestMem, QueueError, QueueRing, Scratch,
 };
 pub use device::{BlkDevice, ExecError};
+pub use pool::CompressPool;
 pub use request::{Request, RequestError, RequestType};

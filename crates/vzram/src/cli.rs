@@ -139,6 +139,11 @@ pub struct ServeArgs {
     /// Discard the devices' existing state and start them empty.
     #[arg(long)]
     pub fresh: bool,
+    /// Threads per worker process that compress the queues' writes (0: each
+    /// queue compresses its own, on its thread) [default: the number of
+    /// cores; never more].
+    #[arg(long, value_name = "N")]
+    pub compress_threads: Option<usize>,
     /// Least severe log messages shown; RUST_LOG, when set, wins.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -216,6 +221,7 @@ impl ServeArgs {
             cfg.state_dir = d;
         }
         cfg.fresh = self.fresh;
+        cfg.compress_threads = self.compress_threads.or(file.compress_threads);
         cfg.inherit_fds = self.fd.into_iter().collect();
         Ok(cfg)
     }

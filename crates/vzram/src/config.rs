@@ -392,6 +392,8 @@ struct FileConfig {
     control_mode: Option<toml::Spanned<ModeValue>>,
     /// `true`/`false`, or "on", "off", "log".
     seccomp: Option<SeccompValue>,
+    #[serde(alias = "compress-threads")]
+    compress_threads: Option<usize>,
     #[serde(default)]
     device: Vec<DeviceDraft>,
 }
@@ -413,6 +415,7 @@ pub struct FileDrafts {
     pub socket_mode: Option<u32>,
     pub control_mode: Option<u32>,
     pub seccomp: Option<SeccompMode>,
+    pub compress_threads: Option<usize>,
     pub devices: Vec<DeviceDraft>,
 }
 
@@ -476,6 +479,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         socket_mode,
         control_mode,
         seccomp,
+        compress_threads: f.compress_threads,
         devices,
     })
 }
@@ -587,6 +591,8 @@ pub struct DaemonConfig {
     pub fresh: bool,
     /// Listening sockets passed in (`--fd`), besides systemd's.
     pub inherit_fds: Vec<std::os::fd::RawFd>,
+    /// Compress-pool threads per worker; None: the number of cores.
+    pub compress_threads: Option<usize>,
     pub devices: Vec<DeviceSpec>,
 }
 
@@ -701,6 +707,7 @@ impl DaemonConfig {
             state_dir: default_state_dir(),
             fresh: false,
             inherit_fds: Vec::new(),
+            compress_threads: None,
             devices,
         })
     }

@@ -610,6 +610,7 @@ mod tests {
                 log_level: "info".into(),
                 socket_mode: 0o600,
                 state_dir: root.to_path_buf(),
+                compress_threads: None,
             },
         )
         .unwrap();

@@ -288,6 +288,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
                 log_level: log_level.to_string(),
                 socket_mode: cfg.socket_mode,
                 state_dir: cfg.state_dir.clone(),
+                compress_threads: cfg.compress_threads,
             },
         )
         .map_err(Error::Launcher)?,

@@ -52,6 +52,8 @@ pub struct WorkerEnv {
     /// state goes unless they say.
     pub socket_mode: u32,
     pub state_dir: PathBuf,
+    /// `--compress-threads`; None: the number of cores.
+    pub compress_threads: Option<usize>,
 }
 
 /// A launcher's answer and the descriptors that came with it.
@@ -903,6 +905,7 @@ impl Supervisor {
             state_dir: d.files.dir.clone(),
             seccomp: self.env.seccomp.clone(),
             log_level: self.env.log_level.clone(),
+            compress_threads: self.env.compress_threads,
             backing: d.backing.as_ref().map(|b| worker::BackingSpec {
                 path: b.path.clone(),
                 direct: b.direct,

@@ -25,7 +25,7 @@ use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vzram_blk::guard::{self, Guard, Message, Received};
-use vzram_blk::{BlkBackend, BlkDevice};
+use vzram_blk::{BlkBackend, BlkDevice, CompressPool};
 use vzram_store::{
     Backing, Device, DeviceConfig, Filter, Pool, PoolConfig, StateFiles, StoreError,
 };
@@ -71,6 +71,9 @@ pub struct Spec {
     pub state_dir: PathBuf,
     pub seccomp: String,
     pub log_level: String,
+    /// Compress-pool threads (capped at the cores); None: the cores.
+    #[serde(default)]
+    pub compress_threads: Option<usize>,
     /// The backing file comes as descriptor [`Fds::Backing`] when set.
     pub backing: Option<BackingSpec>,
     pub tier: TierSettings,
@@ -291,6 +294,8 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     let pool = Pool::with_host_file(PoolConfig::default(), &host)?;
     let mut dc = DeviceConfig::new(spec.size, codec);
     dc.mem_limit = spec.mem_limit;
+    // The supervisor sized the state's arena for one allocator shard per
+    // queue; the pool threads share those (their contexts wrap around).
     dc.shards = usize::from(spec.queues);
     let store = pool.attach_device(dc, files, backing)?;
     if let Some(r) = store.recovery() {
@@ -310,7 +315,14 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         spec.readonly,
         &spec.serial,
     ));
-    let backend = Arc::new(BlkBackend::new(blk));
+    // One pool per process: this worker serves one device, so its threads
+    // compress for this device's queues only.
+    let threads = vzram_blk::pool::pool_threads(
+        spec.compress_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    );
+    let compress = CompressPool::new(threads, 0).map_err(setup("thread"))?;
+    let backend = Arc::new(BlkBackend::with_pool(blk, Some(compress)));
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend, mem)
         .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;

@@ -1,0 +1,208 @@
+//! The compress pool: a few threads, shared by every queue of the process,
+//! that turn the pages of a queue's writes into store objects
+//! ([`vzram_store::Device::prepare_write`]) while the queue thread goes on
+//! parsing. The queue thread commits and completes in its own order; the
+//! pool only ever sees pages, never the ring.
+//!
+//! A queue thread hands over a [`Batch`] of jobs and then helps: it runs
+//! jobs off the shared list itself until its own are done, so a pool of N
+//! threads puts N + (busy queues) cores on compression, and a queue whose
+//! pool threads are busy elsewhere still makes progress on its own.
+//! Idle pool threads sleep on a condition variable: nothing polls.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use vzram_store::{Context, Device, Page, Prepared, StoreError, PAGE_SIZE};
+
+/// Pages one batch may carry: a full ring of 4 KiB writes at the queue
+/// depths guests use, with the memory per queue bounded (1 MiB).
+pub const BATCH_PAGES: usize = 256;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The shared list of jobs and the threads that take them.
+pub struct CompressPool {
+    inner: Arc<Inner>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+struct Inner {
+    tasks: Mutex<Tasks>,
+    work: Condvar,
+}
+
+#[derive(Default)]
+struct Tasks {
+    queue: VecDeque<(Arc<Batch>, usize)>,
+    /// Pool threads waiting on `work`: only then is a wake-up worth a
+    /// system call.
+    sleeping: usize,
+    stop: bool,
+}
+
+/// One page to prepare and, once done, its result.
+pub struct Job {
+    pub slot: u64,
+    pub page: Box<Page>,
+    /// None until done; stays None if preparing panicked.
+    out: Option<Result<Prepared, StoreError>>,
+}
+
+/// A queue's jobs in flight. Made once per queue and reused: the pages
+/// stay allocated.
+pub struct Batch {
+    dev: Arc<Device>,
+    jobs: Box<[Mutex<Job>]>,
+    pending: AtomicUsize,
+    done: Mutex<()>,
+    done_cv: Condvar,
+}
+
+impl Batch {
+    pub fn new(dev: Arc<Device>) -> Arc<Batch> {
+        Arc::new(Batch {
+            dev,
+            jobs: (0..BATCH_PAGES)
+                .map(|_| {
+                    Mutex::new(Job {
+                        slot: 0,
+                        page: Box::new([0; PAGE_SIZE]),
+                        out: None,
+                    })
+                })
+                .collect(),
+            pending: AtomicUsize::new(0),
+            done: Mutex::new(()),
+            done_cv: Condvar::new(),
+        })
+    }
+
+    /// Job `i`, to fill in before handing it over with [`CompressPool::submit`].
+    pub fn job(&self, i: usize) -> MutexGuard<'_, Job> {
+        lock(&self.jobs[i])
+    }
+
+    /// Job `i`'s result, once [`CompressPool::wait`] returned. None: it was
+    /// never submitted, or preparing it panicked.
+    pub fn take(&self, i: usize) -> Option<Result<Prepared, StoreError>> {
+        lock(&self.jobs[i]).out.take()
+    }
+
+    fn run(&self, i: usize, cx: &mut Context) {
+        let mut job = lock(&self.jobs[i]);
+        let Job { slot, page, out } = &mut *job;
+        // A panic must not leave the queue waiting for this job forever.
+        *out = catch_unwind(AssertUnwindSafe(|| self.dev.prepare_write(cx, *slot, page))).ok();
+        drop(job);
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _g = lock(&self.done);
+            self.done_cv.notify_all();
+        }
+    }
+}
+
+impl CompressPool {
+    /// A pool of `threads` threads; their store contexts take allocator
+    /// shards `first_shard..`, so they do not meet the queues on a shard
+    /// lock. 0 threads: the queue threads do all the work themselves.
+    pub fn new(threads: usize, first_shard: usize) -> std::io::Result<Arc<CompressPool>> {
+        let inner = Arc::new(Inner {
+            tasks: Mutex::new(Tasks::default()),
+            work: Condvar::new(),
+        });
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let inner = inner.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("vzram-compress-{i}"))
+                .spawn(move || inner.serve(Context::new(first_shard + i)))?;
+            handles.push(h);
+        }
+        Ok(Arc::new(CompressPool {
+            inner,
+            threads: handles,
+        }))
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Hands jobs `range` of `batch` to the pool. Each must have been
+    /// filled in and not be in flight.
+    pub fn submit(&self, batch: &Arc<Batch>, range: std::ops::Range<usize>) {
+        let n = range.len();
+        if n == 0 {
+            return;
+        }
+        batch.pending.fetch_add(n, Ordering::AcqRel);
+        let mut t = lock(&self.inner.tasks);
+        t.queue.extend(range.map(|i| (batch.clone(), i)));
+        let wake = t.sleeping.min(n);
+        drop(t);
+        for _ in 0..wake {
+            self.inner.work.notify_one();
+        }
+    }
+
+    /// Runs jobs (this batch's or any other's) on the calling thread with
+    /// its context until every job of `batch` is done.
+    pub fn wait(&self, batch: &Batch, cx: &mut Context) {
+        while batch.pending.load(Ordering::Acquire) > 0 {
+            let next = lock(&self.inner.tasks).queue.pop_front();
+            match next {
+                Some((b, i)) => b.run(i, cx),
+                None => {
+                    // The rest are running on pool threads.
+                    let mut g = lock(&batch.done);
+                    while batch.pending.load(Ordering::Acquire) > 0 {
+                        g = batch.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn serve(&self, mut cx: Context) {
+        loop {
+            let mut t = lock(&self.tasks);
+            let (b, i) = loop {
+                if t.stop {
+                    return;
+                }
+                if let Some(task) = t.queue.pop_front() {
+                    break task;
+                }
+                t.sleeping += 1;
+                t = self.work.wait(t).unwrap_or_else(|e| e.into_inner());
+                t.sleeping -= 1;
+            };
+            drop(t);
+            b.run(i, &mut cx);
+        }
+    }
+}
+
+impl Drop for CompressPool {
+    fn drop(&mut self) {
+        lock(&self.inner.tasks).stop = true;
+        self.inner.work.notify_all();
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The pool size for `--compress-threads N`: N, but never more than the
+/// cores (more threads than cores only adds switches).
+pub fn pool_threads(requested: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    requested.min(cores)
+}

@@ -38,19 +38,31 @@ fn page(seed: u64, slot: u64) -> Vec<u8> {
     pattern(seed, slot * PAGE as u64, PAGE)
 }
 
-/// Threads of the device's worker named `vzram-compress-*`.
-fn compress_threads(d: &Daemon) -> usize {
+/// Threads of the device's worker named `vzram-compress-*`, once there
+/// are `want` (a new thread names itself when it first runs), or what there
+/// are after 5 s.
+fn compress_threads(d: &Daemon, want: usize) -> usize {
     let pid = d.stat().worker("vzram0")["pid"]
         .as_u64()
         .expect("a worker serves the device");
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.starts_with("vzram-compress"))
-        })
-        .count()
+    let count = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.starts_with("vzram-compress"))
+            })
+            .count()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let n = count();
+        if n == want || std::time::Instant::now() > until {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 /// Submits `writes` (slot, seed) and then `reads` of single slots in one
@@ -96,7 +108,7 @@ fn batch(q: &mut Queue, writes: &[(u64, u64)], reads: &[u64]) -> Vec<Vec<u8>> {
 #[test]
 fn qd32_random_writes_on_two_queues_read_back_the_last_submitted() {
     let (_dir, d, mut c) = start("qd32", 2, "2");
-    assert_eq!(compress_threads(&d), 2.min(num_cpus()));
+    assert_eq!(compress_threads(&d, 2.min(num_cpus())), 2.min(num_cpus()));
     const SLOTS: u64 = 512; // per queue
     std::thread::scope(|sc| {
         for (qi, q) in c.queues.iter_mut().enumerate() {
@@ -146,7 +158,7 @@ fn overwrites_in_one_batch_keep_the_submission_order() {
     for threads in ["2", "0"] {
         let (_dir, d, mut c) = start(&format!("order{threads}"), 1, threads);
         let expect_threads = if threads == "0" { 0 } else { 2.min(num_cpus()) };
-        assert_eq!(compress_threads(&d), expect_threads);
+        assert_eq!(compress_threads(&d, expect_threads), expect_threads);
         let q = c.q(0);
         for round in 0..60u64 {
             // 48 writes over 6 slots: each slot is written 8 times.

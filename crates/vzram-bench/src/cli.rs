@@ -76,6 +76,25 @@ pub struct Common {
     /// vzram-base,vzram`): before/after in the same run, interleaved, with ratios.
     #[arg(long, value_name = "PATH")]
     pub vzram_base_bin: Option<PathBuf>,
+    /// Extra `vzram serve` arguments for target `vzram`, split at spaces
+    /// (e.g. "--compress-threads 0").
+    #[arg(
+        long,
+        value_name = "ARGS",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
+    pub vzram_args: String,
+    /// Extra `vzram serve` arguments for target `vzram-base`; without
+    /// --vzram-base-bin, `vzram-base` is then the same binary as `vzram`, so one
+    /// build can be compared with two settings in one run.
+    #[arg(
+        long,
+        value_name = "ARGS",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
+    pub vzram_base_args: String,
     #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
     pub qsd_bin: PathBuf,
     /// Sockets and daemon logs [default: /tmp/vzram-bench-PID]

@@ -132,6 +132,8 @@ fn real_main(cli: Cli) -> Result<()> {
                 shm_dir: "/dev/shm".into(),
                 vzram_bin: vzram_bin(a.vzram_bin.clone()),
                 vzram_base_bin: None,
+                vzram_args: Vec::new(),
+                vzram_base_args: Vec::new(),
                 qsd_bin: "qemu-storage-daemon".into(),
                 corpus: Corpus::synthetic(1, 0),
             };
@@ -154,6 +156,8 @@ fn real_main(cli: Cli) -> Result<()> {
                 shm_dir: "/dev/shm".into(),
                 vzram_bin: vzram_bin(a.vzram_bin.clone()),
                 vzram_base_bin: None,
+                vzram_args: Vec::new(),
+                vzram_base_args: Vec::new(),
                 qsd_bin: "qemu-storage-daemon".into(),
                 corpus: Corpus::resolve(a.corpus.as_deref(), a.synthetic)?,
             };
@@ -282,7 +286,11 @@ fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
         work_dir: work.path.clone(),
         shm_dir: c.shm_dir.clone(),
         vzram_bin: vzram_bin(c.vzram_bin.clone()),
-        vzram_base_bin: c.vzram_base_bin.clone(),
+        vzram_base_bin: c.vzram_base_bin.clone().or_else(|| {
+            (!c.vzram_base_args.trim().is_empty()).then(|| vzram_bin(c.vzram_bin.clone()))
+        }),
+        vzram_args: split_args(&c.vzram_args),
+        vzram_base_args: split_args(&c.vzram_base_args),
         qsd_bin: c.qsd_bin.clone(),
         corpus: Corpus::resolve(c.data.as_deref(), c.synthetic)?,
     };
@@ -314,6 +322,10 @@ fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
         eprintln!("plot written to {}", display(p));
     }
     Ok(())
+}
+
+fn split_args(s: &str) -> Vec<String> {
+    s.split_whitespace().map(str::to_string).collect()
 }
 
 fn display(p: &Path) -> String {

@@ -60,6 +60,14 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// Server CPU µs per request: its CPU share over the measured interval
+    /// divided by the requests per second.
+    pub fn server_cpu_us(&self) -> Option<f64> {
+        self.server_cpu_pct
+            .filter(|_| self.iops > 0.0)
+            .map(|pct| pct * 1e4 / self.iops)
+    }
+
     pub fn config_key(&self) -> String {
         format!(
             "{} {} qd{} q{}",
@@ -160,6 +168,8 @@ pub struct Summary {
     pub p999: f64,
     pub client_cpu_pct: f64,
     pub server_cpu_pct: Option<f64>,
+    /// The daemon's CPU time (all its processes and threads) per request, µs.
+    pub server_cpu_us: Option<f64>,
     pub mem_per_byte: Option<f64>,
 }
 
@@ -212,6 +222,7 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
                 p999: f(|r| r.lat_p999_us),
                 client_cpu_pct: f(|r| r.client_cpu_pct),
                 server_cpu_pct: opt_median(rs.iter().map(|r| r.server_cpu_pct).collect()),
+                server_cpu_us: opt_median(rs.iter().map(|r| r.server_cpu_us()).collect()),
                 mem_per_byte: opt_median(rs.iter().map(|r| r.mem_per_byte).collect()),
             }
         })
@@ -243,12 +254,12 @@ pub fn print_table(results: &[RunResult]) {
         return;
     }
     println!(
-        "| target | job | bs | qd | queues | IOPS | MB/s | p50 µs | p99 µs | p99.9 µs | client CPU | server CPU | host mem / guest byte | n |"
+        "| target | job | bs | qd | queues | IOPS | MB/s | p50 µs | p99 µs | p99.9 µs | client CPU | server CPU | server CPU µs/req | host mem / guest byte | n |"
     );
-    println!("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &s {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {:.0}% | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
             r.target,
             r.job,
             crate::cli::format_size(r.bs),
@@ -262,6 +273,9 @@ pub fn print_table(results: &[RunResult]) {
             r.client_cpu_pct,
             r.server_cpu_pct
                 .map(|c| format!("{c:.0}%"))
+                .unwrap_or("-".into()),
+            r.server_cpu_us
+                .map(|c| format!("{c:.2}"))
                 .unwrap_or("-".into()),
             r.mem_per_byte
                 .map(|m| format!("{m:.3}"))
@@ -317,7 +331,7 @@ fn print_before_after(results: &[RunResult], s: &[Summary]) {
             median(per_rep.clone()),
             ratio(Some(new.p50), Some(base.p50)),
             ratio(Some(new.p99), Some(base.p99)),
-            ratio(new.server_cpu_pct, base.server_cpu_pct),
+            ratio(new.server_cpu_us, base.server_cpu_us),
             ratio(new.mem_per_byte, base.mem_per_byte),
         ));
     }
@@ -325,7 +339,7 @@ fn print_before_after(results: &[RunResult], s: &[Summary]) {
         return;
     }
     println!("vzram against vzram-base (--vzram-base-bin), same run, interleaved:\n");
-    println!("| config | target | base IOPS | IOPS | IOPS / base (median, min–max of runs) | p50 / base | p99 / base | server CPU / base | memory / base |");
+    println!("| config | target | base IOPS | IOPS | IOPS / base (median, min–max of runs) | p50 / base | p99 / base | server CPU per request / base | memory / base |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         println!("{r}");
@@ -397,6 +411,13 @@ fn print_ratios(results: &[RunResult], s: &[Summary]) {
             let p99 = qs
                 .map(|q| format!("{:.2}×", vs.p99 / q.p99))
                 .unwrap_or("-".into());
+            let p50 = qs
+                .map(|q| format!("{:.2}×", vs.p50 / q.p50))
+                .unwrap_or("-".into());
+            let cpu = match (qs.and_then(|q| q.server_cpu_us), vs.server_cpu_us) {
+                (Some(q), Some(v)) => format!("{:.2}×", v / q),
+                _ => "-".into(),
+            };
             let mem = match (qs.and_then(|q| q.mem_per_byte), vs.mem_per_byte) {
                 (Some(q), Some(v)) => format!("{:.2}×", v / q),
                 _ => "-".into(),
@@ -405,15 +426,15 @@ fn print_ratios(results: &[RunResult], s: &[Summary]) {
                 .map(|c| format!("{:.2}×", vs.mb_s / c.mb_s))
                 .unwrap_or("-".into());
             rows.push(format!(
-                "| {cfg} | {v} | {iops} | {p99} | {mem} | {vs_codec} |"
+                "| {cfg} | {v} | {iops} | {p50} | {p99} | {cpu} | {mem} | {vs_codec} |"
             ));
         }
     }
     if rows.is_empty() {
         return;
     }
-    println!("| config | target | IOPS vs qsd (median, min–max of runs) | p99 vs qsd | memory vs qsd | MB/s vs codec |");
-    println!("|---|---|---:|---:|---:|---:|");
+    println!("| config | target | IOPS vs qsd (median, min–max of runs) | p50 vs qsd | p99 vs qsd | server CPU/req vs qsd | memory vs qsd | MB/s vs codec |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         println!("{r}");
     }

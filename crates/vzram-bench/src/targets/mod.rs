@@ -101,6 +101,9 @@ pub struct Env {
     pub vzram_bin: PathBuf,
     /// The `vzram-base` target's binary, if any.
     pub vzram_base_bin: Option<PathBuf>,
+    /// Extra `vzram serve` arguments of the `vzram` and `vzram-base` targets.
+    pub vzram_args: Vec<String>,
+    pub vzram_base_args: Vec<String>,
     pub qsd_bin: PathBuf,
     pub corpus: Corpus,
 }
@@ -170,13 +173,22 @@ pub fn start_block(
         Kind::Vzram => Box::new(vzram::Vzram::start(
             env,
             &env.vzram_bin,
+            &env.vzram_args,
             spec.algo,
             queues,
             size,
             seq,
         )?),
         Kind::VzramBase => match &env.vzram_base_bin {
-            Some(bin) => Box::new(vzram::Vzram::start(env, bin, spec.algo, queues, size, seq)?),
+            Some(bin) => Box::new(vzram::Vzram::start(
+                env,
+                bin,
+                &env.vzram_base_args,
+                spec.algo,
+                queues,
+                size,
+                seq,
+            )?),
             None => bail!("target vzram-base needs --vzram-base-bin"),
         },
         Kind::Codec => bail!("codec is not a block target"),

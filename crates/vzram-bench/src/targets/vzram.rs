@@ -196,6 +196,7 @@ impl Vzram {
     pub fn start(
         env: &Env,
         bin: &Path,
+        extra: &[String],
         algo: Algo,
         queues: u32,
         size: u64,
@@ -206,6 +207,7 @@ impl Vzram {
         let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(&control);
         let mut cmd = serve_one(bin, &socket, size, queues, algo, &control);
+        cmd.args(extra);
         let mut v = Vzram {
             daemon: Daemon::spawn(
                 "vzram",

@@ -459,7 +459,13 @@ where
                 break;
             }
             taken += n as u64;
-            complete_batch(ring, mem, dev, scratch, hook, n, &mut pending)?;
+            if let Err(e) = complete_batch(ring, mem, dev, scratch, hook, n, &mut pending) {
+                // Still tell the guest about what did complete.
+                if pending > 0 {
+                    signal(ring, &*mem.memory())?;
+                }
+                return Err(e);
+            }
         }
         let guard = mem.memory();
         let m: &A::M = &guard;
@@ -578,17 +584,12 @@ where
     } = scratch;
     let b = batched.as_mut().expect("callers check");
     b.pool.wait(&b.batch, cx);
+    // An entry that cannot be added to the used ring (a head index past
+    // the queue) fails alone: the chains taken after it were taken, so they
+    // still run and complete. The first error is returned at the end.
     let mut broken: Option<QueueError> = None;
     for e in &mut b.entries[..n] {
         let state = std::mem::replace(&mut e.state, State::Inline);
-        if broken.is_some() {
-            // The ring is broken: nothing more can complete. Prepared pages
-            // are dropped (freed); nothing else runs.
-            if let State::Pooled { first, n } = state {
-                (first..first + n).for_each(|i| drop(b.batch.take(i)));
-            }
-            continue;
-        }
         let guard = mem.memory();
         let m: &A::M = &guard;
         let result = match state {
@@ -614,20 +615,14 @@ where
         };
         let used = finish_chain(m, &e.req, result, e.head, hook);
         if let Err(err) = ring.queue().add_used(m, e.head, used) {
-            // Still tell the guest about what did complete.
-            if *pending > 0 {
-                if let Err(e) = signal(ring, m) {
-                    tracing::debug!("cannot signal after a used-ring error: {e}");
-                }
-            }
-            broken = Some(err.into());
+            broken.get_or_insert(err.into());
             continue;
         }
         *pending += 1;
         if *pending == SIGNAL_EVERY {
             *pending = 0;
             if let Err(err) = signal(ring, m) {
-                broken = Some(err);
+                broken.get_or_insert(err);
             }
         }
     }

@@ -175,7 +175,7 @@ impl BlkDevice {
             return None;
         }
         let (start, end) = self.byte_range(req.offset(), req.readable_len).ok()?;
-        if start % PAGE != 0 || req.readable_len % PAGE != 0 || start == end {
+        if !start.is_multiple_of(PAGE) || !req.readable_len.is_multiple_of(PAGE) || start == end {
             return None;
         }
         Some((start / PAGE, ((end - start) / PAGE) as usize))

@@ -139,9 +139,10 @@ pub struct ServeArgs {
     /// Discard the devices' existing state and start them empty.
     #[arg(long)]
     pub fresh: bool,
-    /// Threads per worker process that compress the queues' writes (0: each
-    /// queue compresses its own, on its thread) [default: the number of
-    /// cores; never more].
+    /// Threads per worker process that compress the queues' writes, capped
+    /// at the number of cores [default: 0, each queue compresses its own
+    /// writes on its thread: on 2 busy cores the hand-off costs more than it
+    /// gains, BENCHMARKS.md §8].
     #[arg(long, value_name = "N")]
     pub compress_threads: Option<usize>,
     /// Least severe log messages shown; RUST_LOG, when set, wins.

@@ -317,10 +317,9 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     ));
     // One pool per process: this worker serves one device, so its threads
     // compress for this device's queues only.
-    let threads = vzram_blk::pool::pool_threads(
-        spec.compress_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-    );
+    // Off unless asked for: measured slower for 4K writes where no core is
+    // idle (BENCHMARKS.md §8).
+    let threads = vzram_blk::pool::pool_threads(spec.compress_threads.unwrap_or(0));
     let compress = CompressPool::new(threads, 0).map_err(setup("thread"))?;
     let backend = Arc::new(BlkBackend::with_pool(blk, Some(compress)));
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());

@@ -92,6 +92,11 @@ pub enum Command {
     /// Move a device's pages to its backing file (zram's writeback): every
     /// page in memory, or those all the given filters pick.
     Writeback(WritebackArgs),
+    /// Send a device's pages to another vzram's incoming device while its
+    /// VM migrates: everything while the guest runs, then what it wrote
+    /// meanwhile, and the last delta once the frontend has stopped (QEMU
+    /// does at the end of its own migration). Then drops them here.
+    Migrate(MigrateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -330,6 +335,24 @@ pub struct WritebackArgs {
     /// Move at most this many pages.
     #[arg(long, value_name = "N")]
     pub max_pages: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    pub control: PathBuf,
+    /// Device name or index.
+    #[arg(long)]
+    pub device: String,
+    /// The destination device's incoming address: unix:PATH (tunnel it over
+    /// SSH or TLS between hosts) or tcp:HOST:PORT (guest memory in clear).
+    #[arg(long, value_parser = crate::migration::parse_addr, value_name = "ADDR")]
+    pub to: crate::migration::Addr,
+    /// Keep the pages here once the destination has them.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 #[cfg(test)]

@@ -941,8 +941,8 @@ impl Supervisor {
         }
     }
 
-    /// Watches devices added since the last call and lets go of those
-    /// being removed.
+    /// Watches devices added since the last call, lets go of those being
+    /// removed, and listens again on those a hold has let go of.
     fn sync_devices(&self, ep: &Epoll, watch: &mut Watch) -> io::Result<()> {
         for (i, d) in self.devices() {
             let removing = d.removing.load(Relaxed);
@@ -966,6 +966,12 @@ impl Supervisor {
                         }
                         _ => {}
                     }
+                }
+                // Disarmed while the supervisor held the device (a frontend
+                // came meanwhile and waits in the backlog): the hold is over.
+                Some(false) if matches!(*d.phase(), Phase::Idle) => {
+                    ep.modify(d.listener.as_raw_fd(), 2 * i as u64, libc::EPOLLIN)?;
+                    watch.listening.insert(i, true);
                 }
                 _ => {}
             }

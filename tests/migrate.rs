@@ -131,7 +131,7 @@ fn check_all(c: &mut Client, want: impl Fn(u64) -> Vec<u8>, what: &str) {
 }
 
 fn expected(i: u64, v: u64) -> Vec<u8> {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         page(i, v)
     } else {
         vec![0; PAGE]
@@ -179,7 +179,7 @@ fn writes_during_pre_copy_land_on_the_destination() {
         let mut last = vec![1u64; PAGES as usize];
         while rx.try_recv().is_err() {
             for i in (v % 5..PAGES).step_by(5) {
-                if i % 2 == 0 {
+                if i.is_multiple_of(2) {
                     c.q(0).write(i * PAGE as u64, &page(i, v)).unwrap();
                     last[i as usize] = v;
                 }
@@ -221,10 +221,10 @@ fn writes_during_pre_copy_land_on_the_destination() {
     );
     let want = |i: u64| expected(i, last[i as usize]);
     let mut c = Client::connect(&e.sock_b, 2).expect("connect to B");
-    check_all(&mut c, &want, "destination");
+    check_all(&mut c, want, "destination");
     // --keep: the source still has everything too.
     let mut c = Client::connect(&e.sock_a, 2).expect("connect to A");
-    check_all(&mut c, &want, "source");
+    check_all(&mut c, want, "source");
 }
 
 #[test]

@@ -419,6 +419,41 @@ mod tests {
     }
 
     #[test]
+    fn incoming_addresses() {
+        let c = serve(&[
+            "--device",
+            "socket=/tmp/a,size=1G,incoming=unix:/tmp/a.in",
+            "--socket",
+            "/tmp/b",
+            "--size",
+            "1G",
+            "--incoming",
+            "tcp:127.0.0.1:4444",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.devices[0].incoming,
+            Some(crate::migration::Addr::Unix("/tmp/a.in".into()))
+        );
+        assert_eq!(
+            c.devices[1].incoming,
+            Some(crate::migration::Addr::Tcp("127.0.0.1:4444".into()))
+        );
+        let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=/tmp/x"]).unwrap_err();
+        assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{e}");
+        let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=unix:/tmp/a"]).unwrap_err();
+        assert!(e.contains("also a device or control socket"), "{e}");
+        let e = serve(&[
+            "--device",
+            "socket=/tmp/a,size=1G,incoming=unix:/tmp/i",
+            "--device",
+            "socket=/tmp/b,size=1G,incoming=unix:/tmp/i",
+        ])
+        .unwrap_err();
+        assert!(e.contains("another device's"), "{e}");
+    }
+
+    #[test]
     fn seccomp_flag() {
         let base = ["--socket", "/tmp/x", "--size", "1G"];
         let with = |m: &str| {

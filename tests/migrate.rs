@@ -285,6 +285,20 @@ fn a_size_mismatch_is_refused_on_both_ends() {
     assert_eq!(migration(&e.a)["state"], "send-failed");
 }
 
+/// The destination's migration once it shows a failure: the state is the
+/// device's and the error the supervisor's, set a moment later.
+fn wait_failed(d: &Daemon, what: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = migration(d);
+        if m["state"] == "failed" && m["error"].is_string() {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "{what}: {m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A tiny hostile sender: a valid header, then whatever it is given.
 fn hostile(incoming: &Path, body: &[u8]) -> Vec<u8> {
     let mut c = UnixStream::connect(incoming).unwrap();
@@ -323,18 +337,7 @@ fn a_hostile_stream_is_refused_and_the_destination_keeps_waiting() {
     assert_eq!(reply.first(), Some(&b'A'), "the header was fine");
     let why = String::from_utf8_lossy(&reply);
     assert!(why.contains("checksum"), "{why}");
-    let wait_failed = |what: &str| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let m = migration(&e.b);
-            if m["state"] == "failed" {
-                return m;
-            }
-            assert!(Instant::now() < deadline, "{what}: {m}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    let m = wait_failed("checksum");
+    let m = wait_failed(&e.b, "checksum");
     assert!(m["error"].as_str().unwrap().contains("checksum"), "{m}");
     assert_eq!(e.b.stat().dev("vm", "orig_data_size"), 0);
     // A slot past the end, and a stream cut short.
@@ -347,7 +350,7 @@ fn a_hostile_stream_is_refused_and_the_destination_keeps_waiting() {
     assert!(String::from_utf8_lossy(&reply).contains("past the end"));
     let reply = hostile(&e.incoming, b"P\x01\x00\x00\x00R\x01\x00");
     assert!(String::from_utf8_lossy(&reply).contains("ended"));
-    wait_failed("truncated");
+    wait_failed(&e.b, "truncated");
     assert_eq!(e.b.stat().dev("vm", "orig_data_size"), 0);
     // Still waiting: requests wait, and a real migration still works.
     write_all(&e.sock_a, 5);

@@ -72,6 +72,17 @@ pub struct BlkBackend {
     scratch: Box<[Mutex<Option<Scratch>>]>,
     /// Where the queues' writes are compressed; None: on the queue thread.
     pool: Option<Arc<CompressPool>>,
+    /// Closed while the device waits for its pages (an incoming migration):
+    /// requests stay in their rings until [`BlkBackend::open_gate`].
+    gate_closed: AtomicBool,
+    gate: Mutex<Gate>,
+}
+
+/// The queues kicked while the gate was closed, to drain when it opens.
+#[derive(Default)]
+struct Gate {
+    closed: bool,
+    parked: Vec<(usize, Vring)>,
 }
 
 /// Lets one event through per interval and counts the rest.
@@ -129,8 +140,54 @@ impl BlkBackend {
             exit_consumers: Mutex::new(Vec::new()),
             queue_errors: RateLimit::new(Duration::from_secs(1)),
             scratch: (0..dev.num_queues()).map(|_| Mutex::new(None)).collect(),
+            gate_closed: AtomicBool::new(false),
+            gate: Mutex::new(Gate::default()),
             dev,
         }
+    }
+
+    /// A backend that takes no request until [`BlkBackend::open_gate`]: the
+    /// frontend connects and sets up its rings, and what it submits waits.
+    pub fn new_gated(dev: Arc<BlkDevice>, pool: Option<Arc<CompressPool>>) -> BlkBackend {
+        let b = BlkBackend::with_pool(dev, pool);
+        b.gate_closed.store(true, Ordering::SeqCst);
+        b.gate.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+        b
+    }
+
+    pub fn gated(&self) -> bool {
+        self.gate_closed.load(Ordering::SeqCst)
+    }
+
+    /// Lets requests through, and drains now the queues that were kicked
+    /// while the gate was closed (their kicks are spent).
+    pub fn open_gate(&self) {
+        let parked = {
+            let mut g = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+            g.closed = false;
+            self.gate_closed.store(false, Ordering::SeqCst);
+            std::mem::take(&mut g.parked)
+        };
+        for (q, vring) in parked {
+            if let Err(e) = self.process_queue(&vring, q) {
+                tracing::warn!(queue = q, "virtqueue error: {e}");
+            }
+        }
+    }
+
+    /// Whether the gate holds this kick back (and parks its queue).
+    fn held(&self, vring: &Vring, queue: usize) -> bool {
+        if !self.gate_closed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut g = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        if !g.closed {
+            return false;
+        }
+        if !g.parked.iter().any(|(q, _)| *q == queue) {
+            g.parked.push((queue, vring.clone()));
+        }
+        true
     }
 
     pub fn device(&self) -> &Arc<BlkDevice> {
@@ -784,6 +841,9 @@ impl VhostUserBackend for BlkBackend {
             tracing::warn!(thread_id, "event for an unknown queue");
             return Ok(());
         }
+        if self.held(vring, thread_id) {
+            return Ok(());
+        }
         // An error here would end the worker thread for good; a broken ring
         // is the guest's problem, so log it and keep serving.
         if let Err(e) = self.process_queue(vring, thread_id) {
@@ -858,6 +918,33 @@ mod tests {
             .map(|s| s.lock().unwrap().as_ref().map(|s| s.cx.shard()))
             .collect();
         assert_eq!(shards, [None, Some(1), Some(2), None]);
+    }
+
+    /// A gated backend takes nothing from a kicked queue (its scratch is
+    /// never made) until the gate opens; then the parked queue is drained.
+    #[test]
+    fn a_closed_gate_parks_kicked_queues_until_it_opens() {
+        let b = BlkBackend::new_gated(backend(2, false).dev.clone(), None);
+        let vring = Vring::new(b.mem.clone(), 16).unwrap();
+        for _ in 0..3 {
+            b.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), 1)
+                .unwrap();
+        }
+        let made = |b: &BlkBackend| -> Vec<bool> {
+            b.scratch
+                .iter()
+                .map(|s| s.lock().unwrap().is_some())
+                .collect()
+        };
+        assert!(b.gated());
+        assert_eq!(made(&b), [false, false]);
+        assert_eq!(b.gate.lock().unwrap().parked.len(), 1, "parked once");
+        b.open_gate();
+        assert!(!b.gated());
+        assert_eq!(made(&b), [false, true]);
+        b.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), 0)
+            .unwrap();
+        assert_eq!(made(&b), [true, true]);
     }
 
     #[test]

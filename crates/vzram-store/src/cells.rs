@@ -130,6 +130,79 @@ pub struct DeviceCells {
     // Added after the shard counters so older stats files keep their layout
     // (a shorter file is grown with zeros).
     pub(crate) spills: AtomicU64,
+    /// Where a migration of the device stands; kept here so that an
+    /// incoming device stays incoming across a worker's or daemon's restart.
+    pub migration: MigrationCells,
+}
+
+/// A migration's state and progress, shared by the process that moves the
+/// pages and the supervisor that shows them.
+#[repr(C)]
+#[derive(Default)]
+pub struct MigrationCells {
+    /// One of the `MIGRATION_*` values.
+    pub state: AtomicU64,
+    pub bytes: AtomicU64,
+    pub records: AtomicU64,
+    pub pass: AtomicU64,
+    /// Slots written since the current pass began (sending only).
+    pub dirty: AtomicU64,
+    /// The last finished send: its last delta (quiet to confirmed) and all of it.
+    pub final_micros: AtomicU64,
+    pub total_micros: AtomicU64,
+}
+
+/// No migration, or the last one is over.
+pub const MIGRATION_NONE: u64 = 0;
+/// Incoming: waiting for a stream; requests wait.
+pub const MIGRATION_INCOMING: u64 = 1;
+/// Incoming: a stream is arriving; requests wait.
+pub const MIGRATION_RECEIVING: u64 = 2;
+/// Incoming: the last stream failed; requests wait for another.
+pub const MIGRATION_FAILED: u64 = 3;
+/// Sending to another daemon.
+pub const MIGRATION_SENDING: u64 = 4;
+/// Sent and confirmed.
+pub const MIGRATION_SENT: u64 = 5;
+/// The last send failed; the device kept its pages.
+pub const MIGRATION_SEND_FAILED: u64 = 6;
+
+impl MigrationCells {
+    /// Whether requests must wait: the device waits for its pages.
+    pub fn incoming(&self) -> bool {
+        matches!(
+            self.state.load(Relaxed),
+            MIGRATION_INCOMING | MIGRATION_RECEIVING | MIGRATION_FAILED
+        )
+    }
+
+    pub fn state_name(&self) -> &'static str {
+        match self.state.load(Relaxed) {
+            MIGRATION_INCOMING => "incoming",
+            MIGRATION_RECEIVING => "receiving",
+            MIGRATION_FAILED => "failed",
+            MIGRATION_SENDING => "sending",
+            MIGRATION_SENT => "sent",
+            MIGRATION_SEND_FAILED => "send-failed",
+            _ => "none",
+        }
+    }
+
+    /// Publishes a transfer's progress.
+    pub fn progress(&self, p: crate::migrate::Progress) {
+        self.bytes.store(p.bytes, Relaxed);
+        self.records.store(p.records, Relaxed);
+        self.pass.store(u64::from(p.pass), Relaxed);
+        self.dirty.store(p.dirty, Relaxed);
+    }
+
+    /// Starts a transfer in `state`, its progress at zero.
+    pub fn begin(&self, state: u64) {
+        for c in [&self.bytes, &self.records, &self.pass, &self.dirty] {
+            c.store(0, Relaxed);
+        }
+        self.state.store(state, Relaxed);
+    }
 }
 
 impl DeviceCells {

@@ -41,6 +41,9 @@ pub enum StoreError {
     /// start (serving a blank disk in place of lost data would be worse).
     #[error("device state {0}")]
     State(String),
+    /// A migrated page that cannot be stored as sent (untrusted input).
+    #[error("migration record refused: {0}")]
+    BadRecord(String),
     /// mmap failed while reserving memory.
     #[error("cannot map memory: {0}")]
     Map(String),

@@ -10,6 +10,7 @@ mod context;
 pub mod device;
 pub mod error;
 pub mod limits;
+pub mod migrate;
 mod mmap;
 pub mod pool;
 pub(crate) mod slot;
@@ -19,13 +20,14 @@ mod store;
 pub(crate) mod table;
 
 pub use backing::{Backing, BackingSpec};
-pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, Op};
+pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, MigrationCells, Op};
 pub use codec::Codec;
 pub use context::Context;
 pub use device::{
     Device, DeviceConfig, Filter, Prepared, RecompressReport, Recovery, WritebackReport,
 };
 pub use error::{Result, StoreError};
+pub use migrate::{ExportBuf, MigrateError, Record};
 pub use pool::PoolConfig;
 pub use slot::encode_fill;
 pub use state::{StateFiles, StateSpec};

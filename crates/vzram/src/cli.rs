@@ -92,6 +92,11 @@ pub enum Command {
     /// Move a device's pages to its backing file (zram's writeback): every
     /// page in memory, or those all the given filters pick.
     Writeback(WritebackArgs),
+    /// Send a device's pages to another vzram's incoming device while its
+    /// VM migrates: everything while the guest runs, then what it wrote
+    /// meanwhile, and the last delta once the frontend has stopped (QEMU
+    /// does at the end of its own migration). Then drops them here.
+    Migrate(MigrateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -339,6 +344,24 @@ pub struct WritebackArgs {
     pub max_pages: Option<u64>,
 }
 
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    pub control: PathBuf,
+    /// Device name or index.
+    #[arg(long)]
+    pub device: String,
+    /// The destination device's incoming address: unix:PATH (tunnel it over
+    /// SSH or TLS between hosts) or tcp:HOST:PORT (guest memory in clear).
+    #[arg(long, value_parser = crate::migration::parse_addr, value_name = "ADDR")]
+    pub to: crate::migration::Addr,
+    /// Keep the pages here once the destination has them.
+    #[arg(long)]
+    pub keep: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +423,41 @@ mod tests {
             "--socket-mode is not the control socket's"
         );
         assert_eq!(c.seccomp, SeccompMode::On);
+    }
+
+    #[test]
+    fn incoming_addresses() {
+        let c = serve(&[
+            "--device",
+            "socket=/tmp/a,size=1G,incoming=unix:/tmp/a.in",
+            "--socket",
+            "/tmp/b",
+            "--size",
+            "1G",
+            "--incoming",
+            "tcp:127.0.0.1:4444",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.devices[0].incoming,
+            Some(crate::migration::Addr::Unix("/tmp/a.in".into()))
+        );
+        assert_eq!(
+            c.devices[1].incoming,
+            Some(crate::migration::Addr::Tcp("127.0.0.1:4444".into()))
+        );
+        let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=/tmp/x"]).unwrap_err();
+        assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{e}");
+        let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=unix:/tmp/a"]).unwrap_err();
+        assert!(e.contains("also a device or control socket"), "{e}");
+        let e = serve(&[
+            "--device",
+            "socket=/tmp/a,size=1G,incoming=unix:/tmp/i",
+            "--device",
+            "socket=/tmp/b,size=1G,incoming=unix:/tmp/i",
+        ])
+        .unwrap_err();
+        assert!(e.contains("another device's"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::cli::{
-    AddArgs, CompactArgs, DeviceArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    AddArgs, CompactArgs, DeviceArgs, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs,
+    WritebackArgs,
 };
 use crate::control::{self, DeviceRef, Request};
 
@@ -197,6 +198,31 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
         args.device,
         human(pages * 4096),
         human(r["freed_bytes"].as_u64().unwrap_or(0)),
+    ))
+}
+
+pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
+    let req = Request::Migrate {
+        device: DeviceRef::named(&args.device),
+        to: args.to.to_string(),
+        keep: args.keep,
+    };
+    let wait = crate::supervisor::MIGRATE_WAIT.saturating_add(std::time::Duration::from_secs(10));
+    let r = call_waiting(&args.control, req, wait)?;
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    Ok(format!(
+        "device {}: migrated to {}: {} pages, {} in {} passes, {:.1} s ({:.1} MiB/s); last delta {} pages in {:.1} ms; {}\n",
+        args.device,
+        args.to,
+        n("pages"),
+        human(n("bytes")),
+        n("passes"),
+        f("seconds"),
+        f("rate_mib_s"),
+        n("final_records"),
+        f("final_ms"),
+        if args.keep { "pages kept here" } else { "pages dropped here" },
     ))
 }
 
@@ -414,6 +440,24 @@ pub fn render(reply: &Value) -> String {
             }
             if let Some(why) = w["last_failure"].as_str() {
                 out += &format!(", {} failures, last: {why}", u(w, "failures"));
+            }
+        }
+        let m = &d["migration"];
+        match m["state"].as_str() {
+            None | Some("none") => {}
+            Some(st) => {
+                out += &format!(
+                    ", migration {st}: pass {}, {} in {} records",
+                    u(m, "pass"),
+                    human(u(m, "bytes")),
+                    u(m, "records")
+                );
+                if st == "sending" {
+                    out += &format!(", {} dirty slots", u(m, "dirty_slots"));
+                }
+                if let Some(e) = m["error"].as_str() {
+                    out += &format!(", error: {e}");
+                }
             }
         }
     }

@@ -224,6 +224,13 @@ pub struct DeviceDraft {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
     #[serde(default, alias = "auto-recompress", deserialize_with = "de::boolean")]
     pub auto_recompress: Option<bool>,
+    /// That device waits for its pages from another vzram (`vzram migrate`
+    /// there) before it serves a request: unix:PATH (recommended; tunnel it
+    /// over SSH or TLS between hosts) or tcp:HOST:PORT (unencrypted: it
+    /// carries guest memory in clear).
+    #[arg(long, value_parser = crate::migration::parse_addr, value_name = "ADDR")]
+    #[serde(default, deserialize_with = "de::addr")]
+    pub incoming: Option<crate::migration::Addr>,
 }
 
 /// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`, with the
@@ -293,6 +300,19 @@ mod de {
             Raw::Bool(b) => Ok(Some(b)),
             Raw::Text(t) => parse_bool(&t).map(Some).map_err(serde::de::Error::custom),
             Raw::Int(_) => Err(serde::de::Error::custom("true or false")),
+        }
+    }
+
+    pub fn addr<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<crate::migration::Addr>, D::Error> {
+        match raw(d)? {
+            Raw::Text(t) => crate::migration::parse_addr(&t)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+            _ => Err(serde::de::Error::custom(
+                "an address: unix:PATH or tcp:HOST:PORT",
+            )),
         }
     }
 
@@ -499,6 +519,8 @@ pub struct DeviceSpec {
     pub state_dir: Option<PathBuf>,
     /// Tiering: the backing file, the recompression codec, the ager.
     pub tier: TierSpec,
+    /// Wait for the pages from another vzram at this address.
+    pub incoming: Option<crate::migration::Addr>,
 }
 
 /// A device's tiering settings, checked.
@@ -612,6 +634,7 @@ impl DaemonConfig {
         let mut sockets = HashSet::new();
         let mut names = HashSet::new();
         let mut backing: Vec<(PathBuf, String)> = Vec::new();
+        let mut incoming = HashSet::new();
         for (i, d) in drafts.into_iter().enumerate() {
             let name = d.name.clone().unwrap_or_else(|| format!("vzram{i}"));
             // The name is also the state directory's name.
@@ -662,6 +685,13 @@ impl DaemonConfig {
             if !names.insert(name.clone()) {
                 return err(format!("device name {name:?} is used twice"));
             }
+            if let Some(a) = &d.incoming {
+                if !incoming.insert(a.clone()) {
+                    return err(format!(
+                        "device {name}: incoming {a} is another device's too"
+                    ));
+                }
+            }
             let mem_limit = d.mem_limit.unwrap_or(0);
             if mem_limit > size {
                 // Compressed pages take at most a page each: a limit above
@@ -687,7 +717,19 @@ impl DaemonConfig {
                 readonly: d.readonly.unwrap_or(false),
                 state_dir: d.state_dir,
                 tier,
+                incoming: d.incoming,
             });
+        }
+        for d in &devices {
+            if let Some(crate::migration::Addr::Unix(p)) = &d.incoming {
+                if sockets.contains(p) || control.as_ref() == Some(p) {
+                    return err(format!(
+                        "device {}: incoming socket {} is also a device or control socket",
+                        d.name,
+                        p.display()
+                    ));
+                }
+            }
         }
         if let Some(c) = &control {
             if sockets.contains(c) {

@@ -8,6 +8,7 @@
 //! {"cmd":"mark-idle","device":"vm1"}
 //! {"cmd":"recompress","device":"vm1","idle":true,"algo":"zstd:3"}   huge, algo optional
 //! {"cmd":"writeback","device":"vm1","cold":true,"max_pages":1000}    idle, huge, incompressible
+//! {"cmd":"migrate","device":"vm1","to":"unix:/run/m.sock","keep":false}
 //! ```
 //! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`.
 
@@ -93,6 +94,14 @@ pub enum Request {
         incompressible: bool,
         #[serde(skip_serializing_if = "Option::is_none")]
         max_pages: Option<u64>,
+    },
+    /// Send the device's pages to another vzram's incoming device.
+    Migrate {
+        device: DeviceRef,
+        /// `unix:PATH` or `tcp:HOST:PORT`.
+        to: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        keep: bool,
     },
 }
 
@@ -294,6 +303,7 @@ impl Control {
                 }
                 Ok(json!({}))
             }
+            Request::Migrate { device, to, keep } => self.migrate(&device, &to, keep),
             Request::MarkIdle { device } => {
                 let (_, d) = self.find(&device)?;
                 let pages = match self.sup.tier(&d, &Order::MarkIdle)? {
@@ -378,6 +388,44 @@ impl Control {
         }
     }
 
+    fn migrate(&self, device: &DeviceRef, to: &str, keep: bool) -> Result<Value, String> {
+        let (_, d) = self.find(device)?;
+        let to = crate::migration::parse_addr(to)?;
+        if d.cells.migration.incoming() {
+            return Err(format!(
+                "device {} is waiting for its own pages (incoming); it has nothing to send",
+                d.spec.name
+            ));
+        }
+        let Answer::Sent {
+            pages,
+            bytes,
+            records,
+            passes,
+            final_records,
+            final_micros,
+            total_micros,
+        } = self.sup.migrate(&d, &to, keep)?
+        else {
+            return Err("unexpected answer from the device".into());
+        };
+        let secs = total_micros as f64 / 1e6;
+        tracing::info!(device = %d.spec.name, to = %to, pages, bytes, passes, final_ms = final_micros as f64 / 1000.0, secs, "migrated");
+        Ok(json!({
+            "device": d.spec.name,
+            "to": to.to_string(),
+            "pages": pages,
+            "bytes": bytes,
+            "records": records,
+            "passes": passes,
+            "final_records": final_records,
+            "final_ms": final_micros as f64 / 1000.0,
+            "seconds": secs,
+            "rate_mib_s": if secs > 0.0 { bytes as f64 / secs / (1 << 20) as f64 } else { 0.0 },
+            "kept": keep,
+        }))
+    }
+
     /// A device for `add`, from `--device` syntax, checked as the command
     /// line checks it (a name is made up if none is given).
     fn new_device(&self, text: &str) -> Result<DeviceSpec, String> {
@@ -421,9 +469,22 @@ impl Control {
                     "auto_writeback": t.auto_writeback,
                     "auto_recompress": t.auto_recompress,
                 });
+                let m = &d.cells.migration;
+                let migration = json!({
+                    "state": m.state_name(),
+                    "incoming": d.spec.incoming.as_ref().map(|a| a.to_string()),
+                    "error": d.migration_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                    "bytes": m.bytes.load(Ordering::Relaxed),
+                    "records": m.records.load(Ordering::Relaxed),
+                    "pass": m.pass.load(Ordering::Relaxed),
+                    "dirty_slots": m.dirty.load(Ordering::Relaxed),
+                    "final_ms": m.final_micros.load(Ordering::Relaxed) as f64 / 1000.0,
+                    "total_ms": m.total_micros.load(Ordering::Relaxed) as f64 / 1000.0,
+                });
                 json!({
                     "index": i,
                     "name": d.spec.name,
+                    "migration": migration,
                     "socket": d.spec.socket,
                     "size_bytes": d.spec.size,
                     "queues": d.spec.queues,
@@ -595,6 +656,7 @@ mod tests {
                     readonly: false,
                     state_dir: None,
                     tier: crate::config::TierSpec::none(Codec::Lz4),
+                    incoming: None,
                 };
                 Arc::new(Served::new(spec, listener, files, None).unwrap())
             })

@@ -165,13 +165,32 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             None => files.bind(&spec.socket, cfg.socket_mode)?,
         });
     }
+    // Migration listeners of incoming devices: TCP only when asked.
+    let mut incoming = Vec::with_capacity(cfg.devices.len());
+    for spec in &cfg.devices {
+        incoming.push(match &spec.incoming {
+            None => None,
+            Some(a @ crate::migration::Addr::Unix(p)) => Some(crate::migration::Listener::new(
+                a,
+                files.bind(p, cfg.socket_mode)?.into(),
+            )),
+            Some(a) => {
+                let fd = a.bind(cfg.socket_mode).map_err(|e| Error::Socket {
+                    path: PathBuf::from(a.to_string()),
+                    source: io::Error::other(e),
+                })?;
+                tracing::warn!(device = %spec.name, incoming = %a, "migration stream on plain TCP: guest memory travels unencrypted; prefer a unix socket through an SSH or TLS tunnel");
+                Some(crate::migration::Listener::new(a, fd))
+            }
+        });
+    }
 
     // Every device's state is opened, locked and recovered here, once: a
     // damaged or mismatched one stops the start, and the numbers `stat`
     // shows are exact from the first moment. Then the mapping goes; the
     // locked files stay, for the workers.
     let mut devices = Vec::with_capacity(cfg.devices.len());
-    for (spec, listener) in cfg.devices.iter().zip(listeners) {
+    for ((spec, listener), incoming) in cfg.devices.iter().zip(listeners).zip(incoming) {
         let mut dc = DeviceConfig::new(spec.size, spec.algo);
         dc.mem_limit = spec.mem_limit;
         dc.shards = usize::from(spec.queues);
@@ -227,13 +246,15 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             ),
             None => tracing::info!(device = %spec.name, state = %dir, "new device state"),
         }
+        if spec.incoming.is_some() {
+            crate::supervisor::set_incoming(&spec.name, &store);
+        } else if store.cells().migration.incoming() {
+            tracing::warn!(device = %spec.name, "the device waits for its pages from a migration but has no incoming address: its requests wait; vzram reset serves it empty");
+        }
         drop(store);
-        devices.push(Arc::new(Served::new(
-            spec.clone(),
-            listener,
-            state_files,
-            backing,
-        )?));
+        devices.push(Arc::new(
+            Served::new(spec.clone(), listener, state_files, backing)?.with_incoming(incoming),
+        ));
     }
 
     let control_listener = match &cfg.control {
@@ -300,6 +321,9 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             .spawn(move || sup.run())
             .map_err(Error::Thread)?
     };
+    for (_, d) in sup.devices() {
+        sup.start_incoming(d).map_err(Error::Thread)?;
+    }
     let ctl = Arc::new(
         Control::new(sup.clone()).with_metrics(metrics_listener.as_ref().map(|(_, a)| *a)),
     );

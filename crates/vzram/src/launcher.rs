@@ -43,6 +43,15 @@ pub enum Request {
         algo: String,
         shards: usize,
         backing: Option<PathBuf>,
+        /// An incoming device's migration address, bound too (last fd).
+        #[serde(default)]
+        incoming: Option<crate::migration::Addr>,
+    },
+    /// Connect to another vzram's migration address; the reply carries
+    /// the connection.
+    Connect {
+        id: u64,
+        addr: crate::migration::Addr,
     },
     /// Remove a device's socket file (only if it is a socket) and its state
     /// directory (only if it holds a vzram state nobody has locked).
@@ -80,6 +89,10 @@ pub enum Report {
     Removed {
         id: u64,
     },
+    /// Descriptor: the connection.
+    Connected {
+        id: u64,
+    },
 }
 
 /// What opening a backing file found.
@@ -96,7 +109,8 @@ impl Report {
             | Report::Failed { id, .. }
             | Report::Exited { id, .. }
             | Report::Prepared { id, .. }
-            | Report::Removed { id } => *id,
+            | Report::Removed { id }
+            | Report::Connected { id } => *id,
         }
     }
 }
@@ -238,10 +252,22 @@ pub fn run() -> io::Result<()> {
                         algo,
                         shards,
                         backing,
+                        incoming,
                     },
                     _,
-                )) => match prepare(&socket, mode, root, name, size, &algo, shards, backing) {
-                    Ok((listener, st, backing)) => {
+                )) => match prepare(&socket, mode, root, name, size, &algo, shards, backing)
+                    .and_then(|p| match &incoming {
+                        None => Ok((p, None)),
+                        Some(a) => match a.bind(mode) {
+                            Ok(fd) => Ok((p, Some(fd))),
+                            Err(e) => {
+                                drop(p);
+                                let _ = std::fs::remove_file(&socket);
+                                Err(e)
+                            }
+                        },
+                    }) {
+                    Ok(((listener, st, backing), incoming)) => {
                         let mut fds = vec![
                             listener.as_raw_fd(),
                             st.lock.as_raw_fd(),
@@ -250,6 +276,7 @@ pub fn run() -> io::Result<()> {
                             st.stats.as_raw_fd(),
                         ];
                         fds.extend(backing.as_ref().map(|b| b.file().as_raw_fd()));
+                        fds.extend(incoming.as_ref().map(|l| l.as_raw_fd()));
                         let r = Report::Prepared {
                             id,
                             dir: st.dir.clone(),
@@ -262,6 +289,17 @@ pub fn run() -> io::Result<()> {
                         send(&sock, &r, &fds)?;
                     }
                     Err(error) => send(&sock, &Report::Failed { id, error }, &[])?,
+                },
+                Some((Request::Connect { id, addr }, _)) => match addr.connect() {
+                    Ok(conn) => send(&sock, &Report::Connected { id }, &[conn.as_raw_fd()])?,
+                    Err(e) => send(
+                        &sock,
+                        &Report::Failed {
+                            id,
+                            error: e.to_string(),
+                        },
+                        &[],
+                    )?,
                 },
                 Some((Request::Remove { id, socket, state }, _)) => {
                     let r = match remove(socket.as_deref(), state.as_deref()) {

@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod launcher;
 pub mod listen;
 pub mod metrics;
+pub mod migration;
 pub mod notify;
 pub mod seccomp;
 pub mod supervisor;

@@ -105,6 +105,7 @@ fn main() -> ExitCode {
         Command::MarkIdle(a) => client(client::mark_idle(&a)),
         Command::Recompress(a) => client(client::recompress(&a)),
         Command::Writeback(a) => client(client::writeback(&a)),
+        Command::Migrate(a) => client(client::migrate(&a)),
     }
 }
 

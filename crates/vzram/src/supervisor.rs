@@ -40,6 +40,9 @@ pub const TIER_WAIT: Duration = Duration::from_secs(1800);
 /// How long an order waits for a device that a worker is just taking over
 /// (or giving back) before it is refused as busy.
 const HOLD_WAIT: Duration = Duration::from_secs(5);
+/// How long a migration order may take: pre-copy lasts until the source's
+/// frontend stops, which its operator decides.
+pub const MIGRATE_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// How long stopping waits for workers to go.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
@@ -121,6 +124,10 @@ pub struct Served {
     pub added: bool,
     /// Being removed: the loop lets go of it.
     removing: AtomicBool,
+    /// An incoming device's migration listener, until its thread takes it.
+    incoming: Mutex<Option<crate::migration::Listener>>,
+    /// Why the last migration of the device failed, for `vzram stat`.
+    pub migration_error: Mutex<Option<String>>,
 }
 
 enum Phase {
@@ -181,7 +188,23 @@ impl Served {
             backoff: Mutex::new(None),
             added: false,
             removing: AtomicBool::new(false),
+            incoming: Mutex::new(None),
+            migration_error: Mutex::new(None),
         })
+    }
+
+    /// Gives an incoming device its listener (taken by
+    /// [`Supervisor::start_incoming`]).
+    pub fn with_incoming(self, l: Option<crate::migration::Listener>) -> Served {
+        *self.incoming.lock().unwrap_or_else(|e| e.into_inner()) = l;
+        self
+    }
+
+    fn set_migration_error(&self, e: Option<String>) {
+        *self
+            .migration_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = e;
     }
 
     pub fn state_dir(&self) -> &std::path::Path {
@@ -418,13 +441,28 @@ impl Supervisor {
         order: &Order,
         wait: Duration,
     ) -> Option<Result<Answer, String>> {
+        self.order_worker_with(d, order, wait, &mut None)
+    }
+
+    /// [`Supervisor::order_worker`], handing the worker `fd` with the
+    /// order (taken out of it only if there is a worker to send it to).
+    fn order_worker_with(
+        &self,
+        d: &Served,
+        order: &Order,
+        wait: Duration,
+        fd: &mut Option<OwnedFd>,
+    ) -> Option<Result<Answer, String>> {
         let _one = d.ordering.lock().unwrap_or_else(|e| e.into_inner());
         let c = d
             .control
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()?;
-        let r = ask_worker(&c, order, wait);
+        let fd = fd.take();
+        let raw: Vec<RawFd> = fd.iter().map(AsRawFd::as_raw_fd).collect();
+        let r = ask_worker(&c, order, &raw, wait);
+        drop(fd);
         if r.is_err() {
             let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
             // Unless a new worker took over meanwhile.
@@ -435,8 +473,29 @@ impl Supervisor {
         Some(r)
     }
 
-    /// Drops every page of `d`; refused while a frontend is connected.
+    /// Drops every page of `d`; refused while a frontend is connected,
+    /// unless the device waits for its pages (incoming): then it gives up
+    /// waiting and serves, empty, whether a frontend is connected or not.
     pub fn reset(&self, d: &Served) -> Result<u64, String> {
+        let m = &d.cells.migration;
+        if m.incoming() {
+            if m.state.load(Relaxed) == vzram_store::cells::MIGRATION_RECEIVING {
+                return Err(format!(
+                    "device {}: a migration stream is arriving; reset once it has failed",
+                    d.spec.name
+                ));
+            }
+            let (answer, _) = self.on_owner(d, &Order::ResetIncoming, None, HOLD_WAIT)?;
+            return match answer {
+                Answer::IncomingReset { pages } => {
+                    d.set_migration_error(None);
+                    tracing::warn!(device = %d.spec.name, "incoming device reset: it serves, empty");
+                    Ok(pages)
+                }
+                Answer::Failed { error } => Err(format!("device {}: {error}", d.spec.name)),
+                a => Err(unexpected(a)),
+            };
+        }
         let dropped = self.hold(d, |dev| {
             let pages = dev.stats().orig_data_size / 4096;
             let r = dev.discard(&mut vzram_store::Context::new(0), 0..dev.num_slots());
@@ -449,6 +508,179 @@ impl Supervisor {
                 "device {} has a frontend (or one connecting); disconnect it first",
                 d.spec.name
             )),
+        }
+    }
+
+    /// Carries out a migration order where the device's allocator is: its
+    /// worker, or here (holding the device) when it has none. `fd` goes
+    /// with the order. Waits up to `hold_wait` for a worker that is just
+    /// starting or going. Also says whether a worker took the order.
+    fn on_owner(
+        &self,
+        d: &Served,
+        order: &Order,
+        fd: Option<OwnedFd>,
+        hold_wait: Duration,
+    ) -> Result<(Answer, bool), String> {
+        let mut fd = fd;
+        let deadline = Instant::now() + hold_wait;
+        loop {
+            if let Some(r) = self.order_worker_with(d, order, MIGRATE_WAIT, &mut fd) {
+                return r.map(|a| (a, true));
+            }
+            let here = self.hold(d, |dev| {
+                let open = || {};
+                worker::execute_migration(
+                    dev,
+                    order,
+                    worker::Migrating {
+                        conn: fd.take(),
+                        quiet: &|| true,
+                        open_gate: &open,
+                    },
+                )
+            })?;
+            if let Some(a) = here {
+                return Ok((a, false));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "device {} is busy (a frontend is connecting, or another command holds it); try again",
+                    d.spec.name
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends device `d` to the vzram at `to` (see `vzram migrate`): its
+    /// worker does while a frontend is connected, else this process. A
+    /// worker that goes away mid-way (its frontend left, or it died) is
+    /// replaced by another attempt from the start.
+    pub fn migrate(
+        &self,
+        d: &Served,
+        to: &crate::migration::Addr,
+        keep: bool,
+    ) -> Result<Answer, String> {
+        const ATTEMPTS: usize = 3;
+        let mut last = String::new();
+        for attempt in 1..=ATTEMPTS {
+            let (report, mut fds) = self.ask(|id| Request::Connect {
+                id,
+                addr: to.clone(),
+            })?;
+            match report {
+                Report::Connected { .. } => {}
+                Report::Failed { error, .. } => {
+                    return Err(format!("cannot connect to {to}: {error}"))
+                }
+                r => return Err(format!("unexpected answer from the launcher: {r:?}")),
+            }
+            let fd = fds
+                .pop()
+                .ok_or_else(|| "the launcher sent no connection".to_string())?;
+            tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
+            match self.on_owner(d, &Order::Send { keep }, Some(fd), HOLD_WAIT) {
+                Ok((Answer::Failed { error }, _)) => {
+                    d.set_migration_error(Some(error.clone()));
+                    return Err(format!("device {}: {error}", d.spec.name));
+                }
+                Ok((a, _)) => {
+                    d.set_migration_error(None);
+                    return Ok(a);
+                }
+                // The channel broke: the worker is gone.
+                Err(e) => {
+                    tracing::warn!(device = %d.spec.name, "migration attempt {attempt}: {e}");
+                    last = e;
+                }
+            }
+        }
+        d.cells
+            .migration
+            .state
+            .store(vzram_store::cells::MIGRATION_SEND_FAILED, Relaxed);
+        d.set_migration_error(Some(last.clone()));
+        Err(format!("device {}: {last}", d.spec.name))
+    }
+
+    /// Accepts migration streams for incoming device `d` on its own thread
+    /// until one has brought its pages.
+    pub fn start_incoming(self: &Arc<Self>, d: Arc<Served>) -> io::Result<()> {
+        let Some(l) = d.incoming.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Ok(());
+        };
+        let sup = self.clone();
+        std::thread::Builder::new()
+            .name(format!("incoming-{}", d.spec.name))
+            .spawn(move || sup.incoming_loop(&d, l))
+            .map(drop)
+    }
+
+    fn incoming_loop(&self, d: &Served, l: crate::migration::Listener) {
+        use crate::migration::{refuse, Conn};
+        loop {
+            if self.stopping.load(Relaxed) || d.removing.load(Relaxed) {
+                return;
+            }
+            match vzram_blk::guard::wait_fd(l.fd(), libc::POLLIN, Some(Duration::from_millis(500)))
+            {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::error!(device = %d.spec.name, "migration listener: {e}");
+                    return;
+                }
+            }
+            let fd = match l.accept() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    tracing::warn!(device = %d.spec.name, "migration listener accept: {e}");
+                    continue;
+                }
+            };
+            if !d.cells.migration.incoming() {
+                refuse(
+                    &Conn::new(fd),
+                    &format!("device {} is not waiting for a migration", d.spec.name),
+                );
+                return;
+            }
+            tracing::info!(device = %d.spec.name, "a migration stream connected");
+            match self.on_owner(d, &Order::Receive, Some(fd), MIGRATE_WAIT) {
+                Ok((
+                    Answer::Received {
+                        pages,
+                        bytes,
+                        micros,
+                        ..
+                    },
+                    by_worker,
+                )) => {
+                    d.set_migration_error(None);
+                    tracing::info!(
+                        device = %d.spec.name,
+                        pages,
+                        bytes,
+                        ms = micros / 1000,
+                        by_worker,
+                        "migration received: the device serves"
+                    );
+                }
+                Ok((Answer::Failed { error }, _)) | Err(error) => {
+                    tracing::error!(device = %d.spec.name, "migration stream failed: {error}; requests keep waiting for another (or vzram reset)");
+                    let m = &d.cells.migration;
+                    if m.incoming() {
+                        m.state.store(vzram_store::cells::MIGRATION_FAILED, Relaxed);
+                    }
+                    d.set_migration_error(Some(error));
+                }
+                Ok((a, _)) => tracing::error!(device = %d.spec.name, "{}", unexpected(a)),
+            }
+            if !d.cells.migration.incoming() {
+                return;
+            }
         }
     }
 
@@ -484,7 +716,7 @@ impl Supervisor {
     }
 
     /// Adds a device at run time; returns its index.
-    pub fn add(&self, spec: DeviceSpec) -> Result<usize, String> {
+    pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<usize, String> {
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
         for (_, d) in self.devices() {
             if d.spec.name == spec.name {
@@ -512,6 +744,7 @@ impl Supervisor {
             algo: spec.algo.to_string(),
             shards: usize::from(spec.queues),
             backing: spec.tier.backing_file.clone(),
+            incoming: spec.incoming.clone(),
         })?;
         let (dir, existing, prepared_backing) = match report {
             Report::Prepared {
@@ -538,6 +771,10 @@ impl Supervisor {
             }),
             (None, None) => None,
             _ => return Err("the launcher sent the wrong descriptors".to_string()),
+        };
+        let incoming = match &spec.incoming {
+            Some(a) => Some(crate::migration::Listener::new(a, next()?)),
+            None => None,
         };
         let socket = spec.socket.clone();
         let undo = |e: String| {
@@ -568,9 +805,13 @@ impl Supervisor {
             ),
             _ => tracing::info!(device = %spec.name, socket = %spec.socket.display(), "added"),
         }
+        if spec.incoming.is_some() {
+            set_incoming(&spec.name, &dev);
+        }
         drop(dev);
-        let mut served =
-            Served::new(spec, listener.into(), files, backing).map_err(|e| undo(e.to_string()))?;
+        let mut served = Served::new(spec, listener.into(), files, backing)
+            .map_err(|e| undo(e.to_string()))?
+            .with_incoming(incoming);
         served.added = true;
         let i = {
             let mut list = self.devices.write().unwrap_or_else(|e| e.into_inner());
@@ -579,6 +820,10 @@ impl Supervisor {
         };
         self.wake();
         self.tell_status();
+        if let Some(d) = self.device(i) {
+            self.start_incoming(d)
+                .map_err(|e| format!("cannot start the migration listener: {e}"))?;
+        }
         Ok(i)
     }
 
@@ -698,8 +943,8 @@ impl Supervisor {
         }
     }
 
-    /// Watches devices added since the last call and lets go of those
-    /// being removed.
+    /// Watches devices added since the last call, lets go of those being
+    /// removed, and listens again on those a hold has let go of.
     fn sync_devices(&self, ep: &Epoll, watch: &mut Watch) -> io::Result<()> {
         for (i, d) in self.devices() {
             let removing = d.removing.load(Relaxed);
@@ -723,6 +968,12 @@ impl Supervisor {
                         }
                         _ => {}
                     }
+                }
+                // Disarmed while the supervisor held the device (a frontend
+                // came meanwhile and waits in the backlog): the hold is over.
+                Some(false) if matches!(*d.phase(), Phase::Idle) => {
+                    ep.modify(d.listener.as_raw_fd(), 2 * i as u64, libc::EPOLLIN)?;
+                    watch.listening.insert(i, true);
                 }
                 _ => {}
             }
@@ -1030,7 +1281,7 @@ impl Supervisor {
                     (None, None) => failed(&d, format!("worker {pid} ended"), ran),
                 }
             }
-            Report::Prepared { .. } | Report::Removed { .. } => {}
+            Report::Prepared { .. } | Report::Removed { .. } | Report::Connected { .. } => {}
         }
         Ok(())
     }
@@ -1085,6 +1336,28 @@ fn failed(d: &Served, why: String, ran: Duration) {
     *b = Some((n, Instant::now() + wait));
 }
 
+/// Marks a device configured `incoming=` as waiting for its pages, if its
+/// state is new or holds nothing; one left waiting by an earlier run (a
+/// transfer cut short) waits again. A state that holds pages keeps them
+/// and serves: receiving into it would drop them (`--fresh` starts empty).
+pub fn set_incoming(name: &str, dev: &Device) {
+    use vzram_store::cells::{MIGRATION_FAILED, MIGRATION_INCOMING, MIGRATION_RECEIVING};
+    let m = &dev.cells().migration;
+    let empty = dev.stats().orig_data_size == 0;
+    match m.state.load(Relaxed) {
+        MIGRATION_RECEIVING => {
+            tracing::warn!(device = %name, "a migration stream was cut short by a restart; waiting for another");
+            m.state.store(MIGRATION_FAILED, Relaxed);
+        }
+        _ if m.incoming() => tracing::info!(device = %name, "still waiting for its pages"),
+        _ if empty => m.begin(MIGRATION_INCOMING),
+        _ => tracing::warn!(
+            device = %name,
+            "incoming is set, but the device's state holds pages: it serves them (start with --fresh to receive instead)"
+        ),
+    }
+}
+
 /// Recovers a device from `files` (and its backing file) in this process
 /// (the state stays locked by the supervisor's own descriptors).
 fn attach(
@@ -1104,8 +1377,13 @@ fn attach(
 }
 
 /// Sends a worker an order and waits up to `wait` for its answer.
-fn ask_worker(c: &UnixStream, order: &Order, wait: Duration) -> Result<Answer, String> {
-    launcher::send(c, order, &[]).map_err(|e| format!("worker: {e}"))?;
+fn ask_worker(
+    c: &UnixStream,
+    order: &Order,
+    fds: &[RawFd],
+    wait: Duration,
+) -> Result<Answer, String> {
+    launcher::send(c, order, fds).map_err(|e| format!("worker: {e}"))?;
     match vzram_blk::guard::wait_fd(c.as_raw_fd(), libc::POLLIN, Some(wait)) {
         Ok(true) => {}
         Ok(false) => return Err("the worker did not answer".into()),

@@ -145,6 +145,15 @@ pub enum Order {
         filter: TierFilter,
         max_pages: Option<u64>,
     },
+    /// Receive the device's pages from the migration connection sent along.
+    Receive,
+    /// Send the device's pages over the migration connection sent along,
+    /// until the frontend stops; then drop them unless `keep`.
+    Send {
+        keep: bool,
+    },
+    /// An incoming device gives up waiting: it starts empty and serves.
+    ResetIncoming,
 }
 
 /// And back.
@@ -166,11 +175,101 @@ pub enum Answer {
         pages: u64,
         freed_bytes: u64,
     },
+    Received {
+        pages: u64,
+        bytes: u64,
+        records: u64,
+        passes: u32,
+        micros: u64,
+    },
+    Sent {
+        pages: u64,
+        bytes: u64,
+        records: u64,
+        passes: u32,
+        final_records: u64,
+        final_micros: u64,
+        total_micros: u64,
+    },
+    IncomingReset {
+        pages: u64,
+    },
     /// The order was carried out as far as it went and failed there (a
     /// full backing file, an I/O error): what was done stays done.
     Failed {
         error: String,
     },
+}
+
+/// What the migration orders need besides the device: the connection
+/// that came with the order, whether the device is quiet, and the gate to
+/// open once an incoming device has its pages.
+pub struct Migrating<'a> {
+    pub conn: Option<OwnedFd>,
+    pub quiet: &'a dyn Fn() -> bool,
+    pub open_gate: &'a dyn Fn(),
+}
+
+/// Carries out a migration order on `dev`, here.
+pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answer {
+    let failed = |error: String| Answer::Failed { error };
+    let answer = match order {
+        Order::Receive | Order::Send { .. } if m.conn.is_none() => {
+            failed("no migration connection came with the order".into())
+        }
+        Order::Receive => {
+            let conn = crate::migration::Conn::new(m.conn.expect("checked"));
+            let r = crate::migration::receive(dev, &conn, &|| {});
+            // Committed even if the source's confirmation was lost.
+            if !dev.cells().migration.incoming() {
+                (m.open_gate)();
+            }
+            match r {
+                Ok(r) => Answer::Received {
+                    pages: r.pages,
+                    bytes: r.bytes,
+                    records: r.records,
+                    passes: r.passes,
+                    micros: r.micros,
+                },
+                Err(e) => failed(e),
+            }
+        }
+        Order::Send { keep } => {
+            let conn = crate::migration::Conn::new(m.conn.expect("checked"));
+            match crate::migration::send(dev, &conn, m.quiet, *keep) {
+                Ok(r) => Answer::Sent {
+                    pages: r.pages,
+                    bytes: r.bytes,
+                    records: r.records,
+                    passes: r.passes,
+                    final_records: r.final_records,
+                    final_micros: r.final_micros,
+                    total_micros: r.total_micros,
+                },
+                Err(e) => failed(e),
+            }
+        }
+        Order::ResetIncoming => {
+            let mig = &dev.cells().migration;
+            if mig.state.load(Relaxed) == vzram_store::cells::MIGRATION_RECEIVING {
+                failed("a migration stream is arriving; reset it once it has failed".into())
+            } else {
+                let pages = dev.stats().orig_data_size / vzram_store::PAGE_SIZE as u64;
+                match vzram_store::migrate::empty(dev, &mut vzram_store::Context::new(0)) {
+                    Ok(()) => {
+                        mig.state.store(vzram_store::cells::MIGRATION_NONE, Relaxed);
+                        (m.open_gate)();
+                        Answer::IncomingReset { pages }
+                    }
+                    Err(e) => failed(e.to_string()),
+                }
+            }
+        }
+        o => execute(dev, o),
+    };
+    dev.stats();
+    answer
 }
 
 /// Carries out an order on `dev`, here.
@@ -206,6 +305,17 @@ pub fn execute(dev: &Device, order: &Order) -> Answer {
                     error: e.to_string(),
                 },
             }
+        }
+        Order::Receive | Order::Send { .. } | Order::ResetIncoming => {
+            return execute_migration(
+                dev,
+                order,
+                Migrating {
+                    conn: None,
+                    quiet: &|| true,
+                    open_gate: &|| {},
+                },
+            )
         }
     };
     // The counters the supervisor shows are current once it answers.
@@ -316,14 +426,24 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         &spec.serial,
     ));
     // One pool per process: this worker serves one device, so its threads
-    // compress for this device's queues only.
-    // Off unless asked for: measured slower for 4K writes where no core is
-    // idle (BENCHMARKS.md §8).
+    // compress for this device's queues only. Off unless asked for:
+    // measured slower for 4K writes where no core is idle (BENCHMARKS.md §8).
     let threads = vzram_blk::pool::pool_threads(spec.compress_threads.unwrap_or(0));
-    let compress = CompressPool::new(threads, 0).map_err(setup("thread"))?;
-    let backend = Arc::new(BlkBackend::with_pool(blk, Some(compress)));
+    let compress = Some(CompressPool::new(threads, 0).map_err(setup("thread"))?);
+    // An incoming device serves nothing until its pages have arrived.
+    let gated = store.cells().migration.incoming();
+    if gated {
+        tracing::info!("waiting for the device's pages (incoming migration): requests wait");
+    }
+    let backend = Arc::new(if gated {
+        BlkBackend::new_gated(blk, compress)
+    } else {
+        BlkBackend::with_pool(blk, compress)
+    });
+    let rings = Arc::new(Rings::default());
+    let busy = Arc::new(std::sync::Mutex::new(()));
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend, mem)
+    let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
         .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
     // The crate accepts from a listener; ours has no name anyone else can
     // reach, and we connect before it accepts, so it finds us waiting.
@@ -337,9 +457,10 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         .map_err(setup("thread"))?;
     {
         let store = store.clone();
+        let (backend, rings, busy) = (backend.clone(), rings.clone(), busy.clone());
         std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || control_loop(control, store))
+            .spawn(move || control_loop(control, store, &backend, &rings, &busy))
             .map_err(setup("thread"))?;
     }
     if let Some(ms) = spec.tier.idle_after_ms {
@@ -364,10 +485,13 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         Some(first) => {
             let n = store.cells().connections.fetch_add(1, Relaxed) + 1;
             tracing::info!(connection = n, "frontend connected");
-            relay(&frontend, &to_crate, &mut guard, first)
+            relay(&frontend, &to_crate, &mut guard, first, &rings)
         }
         None => "frontend left before its first message",
     };
+    rings
+        .disconnected
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     tracing::info!("frontend disconnected ({end}); data kept for the next one");
     let _ = to_crate.shutdown(std::net::Shutdown::Both);
     let _ = frontend.shutdown(std::net::Shutdown::Both);
@@ -381,13 +505,71 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // Leave the device compact for its idle time, and its gauges current.
     pool.compact_fragmented(COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE);
     store.stats();
+    // A migration under way finishes first: with the frontend gone the
+    // device is quiet, and the sender's last delta is what is left.
+    drop(busy.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(())
+}
+
+/// Which rings the frontend has started and not stopped, as the relay sees
+/// its messages: a sender's "quiet". A ring is stopped once the handler has
+/// answered its GET_VRING_BASE (it drains what it holds first).
+#[derive(Default)]
+pub struct Rings {
+    pub disconnected: std::sync::atomic::AtomicBool,
+    active: std::sync::atomic::AtomicU64,
+    stopping: std::sync::atomic::AtomicU64,
+}
+
+impl Rings {
+    /// Nothing can write: no frontend, or no ring running.
+    pub fn quiet(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.disconnected.load(SeqCst) || self.active.load(SeqCst) == 0
+    }
+
+    fn message(&self, m: &Message) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let index = |n: usize| {
+            m.payload
+                .get(..n)
+                .map(|b| b.iter().rev().fold(0u64, |a, &x| a << 8 | u64::from(x)))
+        };
+        match m.header.code {
+            guard::code::SET_VRING_KICK => {
+                if let Some(i) = index(8).map(|v| v & 0xff).filter(|&i| i < 64) {
+                    self.active.fetch_or(1 << i, SeqCst);
+                }
+            }
+            guard::code::GET_VRING_BASE => {
+                if let Some(i) = index(4).filter(|&i| i < 64) {
+                    self.stopping.fetch_or(1 << i, SeqCst);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The handler answered: the rings asked to stop are stopped.
+    fn replied(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let s = self.stopping.swap(0, SeqCst);
+        if s != 0 {
+            self.active.fetch_and(!s, SeqCst);
+        }
+    }
 }
 
 /// Answers the supervisor; publishes gauges meanwhile. The supervisor
 /// closing the channel (it is stopping, or gone) ends the worker: the
 /// device's state is in the shared files, so there is nothing to save.
-fn control_loop(control: UnixStream, store: Arc<Device>) {
+fn control_loop(
+    control: UnixStream,
+    store: Arc<Device>,
+    backend: &BlkBackend,
+    rings: &Rings,
+    busy: &std::sync::Mutex<()>,
+) {
     loop {
         store.stats();
         match guard::wait_fd(control.as_raw_fd(), libc::POLLIN, Some(PUBLISH_EVERY)) {
@@ -396,9 +578,20 @@ fn control_loop(control: UnixStream, store: Arc<Device>) {
             Err(_) => std::process::exit(EXIT_DONE),
         }
         match launcher::recv::<Order>(&control) {
-            Ok(Some((order, _))) => {
-                let answer = execute(&store, &order);
-                if launcher::send(&control, &answer, &[]).is_err() {
+            Ok(Some((order, mut fds))) => {
+                let one = busy.lock().unwrap_or_else(|e| e.into_inner());
+                let m = Migrating {
+                    conn: fds.pop(),
+                    quiet: &|| rings.quiet(),
+                    open_gate: &|| {
+                        tracing::info!("the device's pages are here: requests run");
+                        backend.open_gate()
+                    },
+                };
+                let answer = execute_migration(&store, &order, m);
+                let sent = launcher::send(&control, &answer, &[]);
+                drop(one);
+                if sent.is_err() {
                     std::process::exit(EXIT_DONE);
                 }
             }
@@ -606,7 +799,9 @@ fn relay(
     to_crate: &UnixStream,
     guard: &mut Guard,
     first: Message,
+    rings: &Rings,
 ) -> &'static str {
+    rings.message(&first);
     if guard::send_message(to_crate, &first).is_err() {
         return "handler gone";
     }
@@ -631,6 +826,7 @@ fn relay(
             match (&*to_crate).read(&mut buf) {
                 Ok(0) | Err(_) => return "handler closed the connection",
                 Ok(n) => {
+                    rings.replied();
                     if guard::send_all(frontend.as_raw_fd(), &buf[..n], &[], Some(MESSAGE_WAIT))
                         .is_err()
                     {
@@ -642,6 +838,7 @@ fn relay(
         if p[0].revents != 0 {
             match guarded_recv(frontend, guard) {
                 Some(m) => {
+                    rings.message(&m);
                     if guard::send_message(to_crate, &m).is_err() {
                         return "handler closed the connection";
                     }

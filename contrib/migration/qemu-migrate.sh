@@ -1,0 +1,36 @@
+#!/bin/sh
+# Live-migrate a QEMU guest whose disk is a vzram device, on one host or two.
+# A recipe to read and adapt, not a tool: paths and sizes are examples.
+#
+#   source:       vzram A serves vm1 (8G) at /run/vzram/a/vm1.sock
+#   destination:  vzram B serves vm1 (8G, the same size) incoming
+set -eu
+A_CTL=/run/vzram/a/control.sock
+B_CTL=/run/vzram/b/control.sock
+IN=/run/vzram/b/vm1.migrate
+
+# 1. Destination: the device waits for its pages (requests wait meanwhile).
+vzram add --control "$B_CTL" \
+    --device "socket=/run/vzram/b/vm1.sock,size=8G,name=vm1,incoming=unix:$IN"
+
+# 2. Destination QEMU, same machine options as the source, plus -incoming.
+#    Its vhost-user-blk device connects to vzram B at start-up.
+#   qemu-system-x86_64 ... \
+#     -object memory-backend-memfd,id=mem,size=2G,share=on -numa node,memdev=mem \
+#     -chardev socket,id=vz,path=/run/vzram/b/vm1.sock \
+#     -device vhost-user-blk-pci,chardev=vz,num-queues=2 \
+#     -incoming tcp:0:4444 -qmp unix:/run/qmp-dst.sock,server,wait=off
+
+# 3. Source QEMU: start migrating RAM (QMP).
+#   {"execute":"migrate","arguments":{"uri":"tcp:DEST:4444"}}
+
+# 4. Source vzram: pre-copy while the guest runs; the last delta goes when
+#    QEMU stops the VM at the end of its migration (GET_VRING_BASE). The
+#    destination guest resumes at once, and its disk requests wait for that
+#    delta (milliseconds). Between hosts, tunnel the unix socket:
+#      ssh -N -L /run/vzram/a/vm1.to-b:$IN root@DEST &
+#    and use --to unix:/run/vzram/a/vm1.to-b.
+vzram migrate --control "$A_CTL" --device vm1 --to "unix:$IN"
+
+# 5. Check: the destination device serves, the source dropped its copy.
+vzram stat --control "$B_CTL"

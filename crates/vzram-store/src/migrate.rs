@@ -1,0 +1,731 @@
+//! Moving a device's pages to another daemon: which slots changed since a
+//! point in time (the dirty log), what one slot holds as it travels (a
+//! [`Record`]), and the stream that carries them.
+//!
+//! The stream runs over any byte pipe (the daemon gives it a socket):
+//!
+//! ```text
+//! source → destination
+//!   header   "VZRAMMIG"  version u32  block size u32 (4096)
+//!            device size u64  slots u64  codec id u8  codec name [u8; 15]
+//!   records  'E' slot u64                       empty (discarded)
+//!            'S' slot u64 value u64             every 8-byte word is value
+//!            'C' slot u64 codec u8 len u16 [len] a compressed page, as stored
+//!            'R' slot u64 [4096]                a raw page
+//!            'P' pass u32                       a pass over the device begins
+//!   final    'F' records u64 crc32 u32          crc32 of every byte before it
+//! destination → source
+//!   after the header       'A' (accepted)  or  'X' len u16 message
+//!   after the final marker 'K' pages u64   or  'X' len u16 message
+//! ```
+//!
+//! Integers are little-endian. The first pass sends every slot that holds
+//! something; later passes send the slots written or discarded since the
+//! pass before (empty ones as 'E'). Compressed pages travel as they are
+//! stored, with their codec id; huge and written-back pages travel raw.
+//!
+//! The destination trusts nothing: a header that does not describe its
+//! device is refused before anything is stored, and every record is checked
+//! (slot in range, known codec, length, a compressed page that expands to
+//! exactly one page) before it is. A stream that fails part-way, or whose
+//! checksum does not match, is undone: the device is emptied again.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use crate::device::Device;
+use crate::error::StoreError;
+use crate::{Context, Page, PAGE_SIZE};
+
+const MAGIC: [u8; 8] = *b"VZRAMMIG";
+/// Bumped when the stream changes incompatibly.
+pub const VERSION: u32 = 1;
+const HEADER_LEN: usize = 48;
+const CODEC_NAME_LEN: usize = 15;
+
+const TAG_EMPTY: u8 = b'E';
+const TAG_SAME: u8 = b'S';
+const TAG_COMPRESSED: u8 = b'C';
+const TAG_RAW: u8 = b'R';
+const TAG_PASS: u8 = b'P';
+const TAG_FINAL: u8 = b'F';
+const REPLY_ACCEPT: u8 = b'A';
+const REPLY_DONE: u8 = b'K';
+const REPLY_REFUSE: u8 = b'X';
+/// Longest refusal message either side sends or reads.
+const MAX_MESSAGE: usize = 1024;
+/// Highest codec id a slot word can hold that names a codec (lz4, zstd).
+const MAX_CODEC_ID: u8 = 1;
+
+#[derive(Debug, Error)]
+pub enum MigrateError {
+    #[error("connection: {0}")]
+    Io(#[from] io::Error),
+    /// The stream broke a rule: a bad header, record, length or checksum.
+    #[error("bad migration stream: {0}")]
+    Bad(String),
+    /// The other end refused, with its reason.
+    #[error("the other end refused: {0}")]
+    Refused(String),
+    /// Storing or reading a page failed here.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn bad<T>(msg: impl Into<String>) -> Result<T, MigrateError> {
+    Err(MigrateError::Bad(msg.into()))
+}
+
+/// What one slot holds, as it travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record<'a> {
+    Empty,
+    Same(u64),
+    /// A page compressed with codec `codec` (a slot word's codec id).
+    Compressed {
+        codec: u8,
+        data: &'a [u8],
+    },
+    Raw(&'a Page),
+}
+
+/// The slots written or discarded since tracking started: one bit per slot,
+/// made the first time a device is tracked. Writers pay one relaxed load
+/// while tracking is off.
+#[derive(Default)]
+pub struct DirtyLog {
+    on: AtomicBool,
+    bits: OnceLock<Box<[AtomicU64]>>,
+}
+
+impl DirtyLog {
+    /// Called after a slot's new word is published, so a pass that clears
+    /// the bit and then reads the slot sees this write or sets it again.
+    #[inline]
+    pub(crate) fn mark(&self, slot: u64) {
+        if self.on.load(Ordering::Relaxed) {
+            self.mark_slow(slot);
+        }
+    }
+
+    #[cold]
+    fn mark_slow(&self, slot: u64) {
+        if let Some(b) = self.bits.get() {
+            b[(slot / 64) as usize].fetch_or(1 << (slot % 64), Ordering::SeqCst);
+        }
+    }
+
+    pub(crate) fn start(&self, slots: u64) {
+        let b = self
+            .bits
+            .get_or_init(|| (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect());
+        for w in b.iter() {
+            w.store(0, Ordering::SeqCst);
+        }
+        self.on.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn stop(&self) {
+        self.on.store(false, Ordering::SeqCst);
+    }
+
+    /// The slots marked since the last call, in order; their marks cleared.
+    pub(crate) fn take(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        let Some(b) = self.bits.get() else {
+            return out;
+        };
+        for (i, w) in b.iter().enumerate() {
+            if w.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = w.swap(0, Ordering::SeqCst);
+            while bits != 0 {
+                out.push(i as u64 * 64 + u64::from(bits.trailing_zeros()));
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+
+    pub(crate) fn count(&self) -> u64 {
+        self.bits.get().map_or(0, |b| {
+            b.iter()
+                .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
+                .sum()
+        })
+    }
+}
+
+/// What the header says about the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHeader {
+    pub version: u32,
+    pub block_size: u32,
+    pub size_bytes: u64,
+    pub slots: u64,
+    pub codec_id: u8,
+    pub codec: String,
+}
+
+impl StreamHeader {
+    pub fn of(dev: &Device) -> StreamHeader {
+        StreamHeader {
+            version: VERSION,
+            block_size: PAGE_SIZE as u32,
+            size_bytes: dev.size_bytes(),
+            slots: dev.num_slots(),
+            codec_id: dev.codec().id(),
+            codec: dev.codec().to_string(),
+        }
+    }
+
+    fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
+        b[12..16].copy_from_slice(&self.block_size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.size_bytes.to_le_bytes());
+        b[24..32].copy_from_slice(&self.slots.to_le_bytes());
+        b[32] = self.codec_id;
+        let n = self.codec.len().min(CODEC_NAME_LEN);
+        b[33..33 + n].copy_from_slice(&self.codec.as_bytes()[..n]);
+        b
+    }
+
+    fn decode(b: &[u8; HEADER_LEN]) -> Result<StreamHeader, MigrateError> {
+        if b[0..8] != MAGIC {
+            return bad("not a vzram migration stream (bad magic)");
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let name = &b[33..33 + CODEC_NAME_LEN];
+        let end = name.iter().position(|&c| c == 0).unwrap_or(name.len());
+        Ok(StreamHeader {
+            version: u32_at(8),
+            block_size: u32_at(12),
+            size_bytes: u64_at(16),
+            slots: u64_at(24),
+            codec_id: b[32],
+            codec: String::from_utf8_lossy(&name[..end]).into_owned(),
+        })
+    }
+
+    /// Whether a stream with this header can go into `dev`; why not if not.
+    pub fn check(&self, dev: &Device) -> Result<(), String> {
+        if self.version != VERSION {
+            return Err(format!(
+                "stream format version {}, this vzram speaks version {VERSION}",
+                self.version
+            ));
+        }
+        if self.block_size as usize != PAGE_SIZE {
+            return Err(format!(
+                "block size {}, this vzram's is {PAGE_SIZE}",
+                self.block_size
+            ));
+        }
+        if self.size_bytes != dev.size_bytes() {
+            return Err(format!(
+                "the source device holds {} bytes, this one {}; their sizes must match",
+                self.size_bytes,
+                dev.size_bytes()
+            ));
+        }
+        if self.slots != self.size_bytes / PAGE_SIZE as u64 {
+            return Err(format!(
+                "{} slots do not make {} bytes",
+                self.slots, self.size_bytes
+            ));
+        }
+        if self.codec_id > MAX_CODEC_ID {
+            return Err(format!("unknown codec id {}", self.codec_id));
+        }
+        Ok(())
+    }
+}
+
+/// Writes the stream, keeping its checksum and counts.
+struct Out<W: Write> {
+    w: io::BufWriter<W>,
+    crc: crc32fast::Hasher,
+    records: u64,
+    bytes: u64,
+}
+
+impl<W: Write> Out<W> {
+    fn new(w: W) -> Out<W> {
+        Out {
+            w: io::BufWriter::with_capacity(256 << 10, w),
+            crc: crc32fast::Hasher::new(),
+            records: 0,
+            bytes: 0,
+        }
+    }
+
+    fn put(&mut self, b: &[u8]) -> io::Result<()> {
+        self.crc.update(b);
+        self.bytes += b.len() as u64;
+        self.w.write_all(b)
+    }
+
+    fn record(&mut self, slot: u64, rec: Record<'_>) -> io::Result<()> {
+        self.records += 1;
+        let s = slot.to_le_bytes();
+        match rec {
+            Record::Empty => {
+                self.put(&[TAG_EMPTY])?;
+                self.put(&s)
+            }
+            Record::Same(v) => {
+                self.put(&[TAG_SAME])?;
+                self.put(&s)?;
+                self.put(&v.to_le_bytes())
+            }
+            Record::Compressed { codec, data } => {
+                self.put(&[TAG_COMPRESSED])?;
+                self.put(&s)?;
+                self.put(&[codec])?;
+                self.put(&(data.len() as u16).to_le_bytes())?;
+                self.put(data)
+            }
+            Record::Raw(page) => {
+                self.put(&[TAG_RAW])?;
+                self.put(&s)?;
+                self.put(page)
+            }
+        }
+    }
+
+    fn pass(&mut self, n: u32) -> io::Result<()> {
+        self.put(&[TAG_PASS])?;
+        self.put(&n.to_le_bytes())
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        self.put(&[TAG_FINAL])?;
+        let records = self.records;
+        self.put(&records.to_le_bytes())?;
+        let crc = self.crc.clone().finalize();
+        self.w.write_all(&crc.to_le_bytes())?;
+        self.bytes += 4;
+        self.w.flush()
+    }
+}
+
+/// Reads the stream, checking every field before it is used.
+struct In<R: Read> {
+    r: io::BufReader<R>,
+    crc: crc32fast::Hasher,
+    slots: u64,
+    records: u64,
+    bytes: u64,
+    data: Box<[u8; PAGE_SIZE]>,
+}
+
+/// One item of the stream after the header.
+enum Item {
+    Empty(u64),
+    Same(u64, u64),
+    Compressed { slot: u64, codec: u8, len: usize },
+    Raw(u64),
+    Pass(u32),
+    Final,
+}
+
+impl<R: Read> In<R> {
+    fn get(&mut self, b: &mut [u8]) -> Result<(), MigrateError> {
+        self.r.read_exact(b).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => {
+                MigrateError::Bad("the stream ended before its final marker".into())
+            }
+            _ => MigrateError::Io(e),
+        })?;
+        self.crc.update(b);
+        self.bytes += b.len() as u64;
+        Ok(())
+    }
+
+    fn u64(&mut self) -> Result<u64, MigrateError> {
+        let mut b = [0u8; 8];
+        self.get(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn slot(&mut self) -> Result<u64, MigrateError> {
+        let s = self.u64()?;
+        if s >= self.slots {
+            return bad(format!(
+                "slot {s} is past the end of the device ({} slots)",
+                self.slots
+            ));
+        }
+        self.records += 1;
+        Ok(s)
+    }
+
+    fn next(&mut self) -> Result<Item, MigrateError> {
+        let mut tag = [0u8];
+        self.get(&mut tag)?;
+        Ok(match tag[0] {
+            TAG_EMPTY => Item::Empty(self.slot()?),
+            TAG_SAME => {
+                let s = self.slot()?;
+                Item::Same(s, self.u64()?)
+            }
+            TAG_COMPRESSED => {
+                let slot = self.slot()?;
+                let mut h = [0u8; 3];
+                self.get(&mut h)?;
+                let codec = h[0];
+                let len = usize::from(u16::from_le_bytes([h[1], h[2]]));
+                if codec > MAX_CODEC_ID {
+                    return bad(format!("slot {slot}: unknown codec id {codec}"));
+                }
+                if len == 0 || len >= PAGE_SIZE {
+                    return bad(format!(
+                        "slot {slot}: a compressed page of {len} bytes (1 to {} allowed)",
+                        PAGE_SIZE - 1
+                    ));
+                }
+                let mut data = std::mem::replace(&mut self.data, Box::new([0; PAGE_SIZE]));
+                let r = self.get(&mut data[..len]);
+                self.data = data;
+                r?;
+                Item::Compressed { slot, codec, len }
+            }
+            TAG_RAW => {
+                let slot = self.slot()?;
+                let mut data = std::mem::replace(&mut self.data, Box::new([0; PAGE_SIZE]));
+                let r = self.get(&mut data[..]);
+                self.data = data;
+                r?;
+                Item::Raw(slot)
+            }
+            TAG_PASS => {
+                let mut b = [0u8; 4];
+                self.get(&mut b)?;
+                Item::Pass(u32::from_le_bytes(b))
+            }
+            TAG_FINAL => {
+                let records = self.u64()?;
+                let expect = self.crc.clone().finalize();
+                let mut b = [0u8; 4];
+                self.r.read_exact(&mut b).map_err(|_| {
+                    MigrateError::Bad("the stream ended inside its final marker".into())
+                })?;
+                self.bytes += 4;
+                let got = u32::from_le_bytes(b);
+                if got != expect {
+                    return bad(format!(
+                        "checksum mismatch (sent {got:#010x}, received data gives {expect:#010x})"
+                    ));
+                }
+                if records != self.records {
+                    return bad(format!(
+                        "the source sent {records} records, {} arrived",
+                        self.records
+                    ));
+                }
+                Item::Final
+            }
+            t => return bad(format!("unknown record type {t:#04x}")),
+        })
+    }
+}
+
+fn refuse(w: &mut impl Write, msg: &str) {
+    let m = &msg.as_bytes()[..msg.len().min(MAX_MESSAGE)];
+    let mut b = vec![REPLY_REFUSE];
+    b.extend_from_slice(&(m.len() as u16).to_le_bytes());
+    b.extend_from_slice(m);
+    // Best effort: the peer may be gone already.
+    let _ = w.write_all(&b).and_then(|()| w.flush());
+}
+
+/// Reads the peer's reply: `want` and what follows it (`extra` bytes), or
+/// its refusal as an error.
+fn reply(r: &mut impl Read, want: u8, extra: &mut [u8]) -> Result<(), MigrateError> {
+    let mut tag = [0u8];
+    r.read_exact(&mut tag).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            MigrateError::Refused("the other end closed the connection without a reply".into())
+        }
+        _ => MigrateError::Io(e),
+    })?;
+    if tag[0] == REPLY_REFUSE {
+        let mut n = [0u8; 2];
+        r.read_exact(&mut n)?;
+        let n = usize::from(u16::from_le_bytes(n)).min(MAX_MESSAGE);
+        let mut m = vec![0u8; n];
+        r.read_exact(&mut m)?;
+        return Err(MigrateError::Refused(
+            String::from_utf8_lossy(&m).into_owned(),
+        ));
+    }
+    if tag[0] != want {
+        return bad(format!("unexpected reply {:#04x}", tag[0]));
+    }
+    r.read_exact(extra)?;
+    Ok(())
+}
+
+/// Where a transfer stands, for whoever shows progress.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub bytes: u64,
+    pub records: u64,
+    pub pass: u32,
+    /// Slots written since the pass began (source only).
+    pub dirty: u64,
+}
+
+/// What a finished send did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SendReport {
+    pub bytes: u64,
+    pub records: u64,
+    pub passes: u32,
+    /// Slots the destination says it now holds.
+    pub pages: u64,
+    /// From the moment the device was quiet to the destination's
+    /// confirmation: what the last delta adds to the downtime.
+    pub final_micros: u64,
+    pub total_micros: u64,
+    /// Pages sent in the last pass.
+    pub final_records: u64,
+}
+
+/// How long the sender waits between passes while nothing is dirty.
+const IDLE_PAUSE: Duration = Duration::from_millis(20);
+
+/// Sends `dev` over `r`/`w` (two ends of one connection): a full pass,
+/// then passes over what was written meanwhile, until `quiet` says nothing
+/// can write any more; then the last delta and the final marker, and waits
+/// for the destination to confirm. Does not drop anything: that is the
+/// caller's choice once this returns Ok.
+pub fn send(
+    dev: &Device,
+    mut r: impl Read,
+    w: impl Write,
+    quiet: &dyn Fn() -> bool,
+    progress: &dyn Fn(Progress),
+) -> Result<SendReport, MigrateError> {
+    let t0 = Instant::now();
+    let mut out = Out::new(w);
+    let header = StreamHeader::of(dev);
+    out.put(&header.encode())?;
+    out.w.flush()?;
+    reply(&mut r, REPLY_ACCEPT, &mut [])?;
+    dev.dirty.start(dev.num_slots());
+    let result = send_passes(dev, &mut out, quiet, progress);
+    dev.dirty.stop();
+    let (passes, quiet_at, final_records) = result?;
+    out.finish()?;
+    let mut pages = [0u8; 8];
+    reply(&mut r, REPLY_DONE, &mut pages)?;
+    Ok(SendReport {
+        bytes: out.bytes,
+        records: out.records,
+        passes,
+        pages: u64::from_le_bytes(pages),
+        final_micros: quiet_at.elapsed().as_micros() as u64,
+        total_micros: t0.elapsed().as_micros() as u64,
+        final_records,
+    })
+}
+
+fn send_passes<W: Write>(
+    dev: &Device,
+    out: &mut Out<W>,
+    quiet: &dyn Fn() -> bool,
+    progress: &dyn Fn(Progress),
+) -> Result<(u32, Instant, u64), MigrateError> {
+    let mut buf = ExportBuf::new()?;
+    let mut pass = 1;
+    out.pass(pass)?;
+    // The destination starts empty: the first pass skips empty slots.
+    for range in dev.stored_ranges() {
+        for s in range {
+            let rec = dev.export(&mut buf, s)?;
+            if rec != Record::Empty {
+                out.record(s, rec)?;
+            }
+        }
+        progress(Progress {
+            bytes: out.bytes,
+            records: out.records,
+            pass,
+            dirty: dev.dirty.count(),
+        });
+    }
+    loop {
+        // Looked at before the dirty slots are taken: whatever was written
+        // before the device went quiet is in this pass.
+        let was_quiet = quiet();
+        let quiet_at = Instant::now();
+        let dirty = dev.dirty.take();
+        let before = out.records;
+        if !dirty.is_empty() || was_quiet {
+            pass += 1;
+            out.pass(pass)?;
+            for &s in &dirty {
+                let rec = dev.export(&mut buf, s)?;
+                out.record(s, rec)?;
+            }
+        }
+        progress(Progress {
+            bytes: out.bytes,
+            records: out.records,
+            pass,
+            dirty: dev.dirty.count(),
+        });
+        if was_quiet {
+            return Ok((pass, quiet_at, out.records - before));
+        }
+        out.w.flush()?;
+        if dirty.is_empty() {
+            std::thread::sleep(IDLE_PAUSE);
+        }
+    }
+}
+
+/// What a finished receive stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReceiveReport {
+    pub bytes: u64,
+    pub records: u64,
+    pub passes: u32,
+    /// Slots that hold a page now.
+    pub pages: u64,
+    pub micros: u64,
+}
+
+/// Receives a stream into `dev` over `r`/`w`. A header that does not fit
+/// the device is refused and changes nothing; anything wrong after it (a
+/// bad record, a checksum mismatch, a store error, a broken connection)
+/// empties the device again and is refused too. The device's previous
+/// content is dropped once a valid header has arrived. `commit` runs once
+/// everything is stored and checked, before the source is told.
+pub fn receive(
+    dev: &Device,
+    r: impl Read,
+    mut w: impl Write,
+    progress: &dyn Fn(Progress),
+    commit: &dyn Fn(),
+) -> Result<ReceiveReport, MigrateError> {
+    let t0 = Instant::now();
+    let mut inp = In {
+        r: io::BufReader::with_capacity(256 << 10, r),
+        crc: crc32fast::Hasher::new(),
+        slots: dev.num_slots(),
+        records: 0,
+        bytes: 0,
+        data: Box::new([0; PAGE_SIZE]),
+    };
+    let mut h = [0u8; HEADER_LEN];
+    inp.get(&mut h).map_err(|e| match e {
+        MigrateError::Bad(_) => MigrateError::Bad("the stream ended inside its header".into()),
+        e => e,
+    })?;
+    let header = match StreamHeader::decode(&h).and_then(|hd| {
+        hd.check(dev).map_err(MigrateError::Bad)?;
+        Ok(hd)
+    }) {
+        Ok(hd) => hd,
+        Err(e) => {
+            refuse(&mut w, &e.to_string());
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        size = header.size_bytes,
+        codec = %header.codec,
+        "migration stream accepted"
+    );
+    w.write_all(&[REPLY_ACCEPT])?;
+    w.flush()?;
+    let cx = &mut Context::new(0);
+    empty(dev, cx)?;
+    let mut pass = 0;
+    let result = (|| -> Result<(), MigrateError> {
+        loop {
+            match inp.next()? {
+                Item::Final => return Ok(()),
+                Item::Pass(n) => {
+                    pass = n;
+                    progress(Progress {
+                        bytes: inp.bytes,
+                        records: inp.records,
+                        pass,
+                        dirty: 0,
+                    });
+                }
+                Item::Empty(s) => dev.import(cx, s, Record::Empty)?,
+                Item::Same(s, v) => dev.import(cx, s, Record::Same(v))?,
+                Item::Raw(s) => dev.import(cx, s, Record::Raw(&inp.data))?,
+                Item::Compressed { slot, codec, len } => dev.import(
+                    cx,
+                    slot,
+                    Record::Compressed {
+                        codec,
+                        data: &inp.data[..len],
+                    },
+                )?,
+            }
+            if inp.records % 4096 == 0 {
+                progress(Progress {
+                    bytes: inp.bytes,
+                    records: inp.records,
+                    pass,
+                    dirty: 0,
+                });
+            }
+        }
+    })();
+    if let Err(e) = result {
+        refuse(&mut w, &e.to_string());
+        // Undo: the device holds nothing from a stream that failed.
+        let _ = empty(dev, cx);
+        return Err(e);
+    }
+    commit();
+    let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
+    let mut b = vec![REPLY_DONE];
+    b.extend_from_slice(&pages.to_le_bytes());
+    w.write_all(&b)?;
+    w.flush()?;
+    Ok(ReceiveReport {
+        bytes: inp.bytes,
+        records: inp.records,
+        passes: pass,
+        pages,
+        micros: t0.elapsed().as_micros() as u64,
+    })
+}
+
+/// Discards every slot and gives the memory back.
+pub fn empty(dev: &Device, cx: &mut Context) -> Result<(), StoreError> {
+    dev.discard(cx, 0..dev.num_slots())?;
+    dev.compact();
+    Ok(())
+}
+
+/// The buffers [`Device::export`] fills.
+pub struct ExportBuf {
+    pub(crate) page: Box<Page>,
+    pub(crate) io: Option<crate::backing::AlignedPages>,
+}
+
+impl ExportBuf {
+    pub fn new() -> Result<ExportBuf, StoreError> {
+        Ok(ExportBuf {
+            page: Box::new([0; PAGE_SIZE]),
+            io: None,
+        })
+    }
+}

@@ -5,7 +5,6 @@
 //! unset. See the numbers with `cargo test --test e2e_tiering -- --nocapture`.
 
 #[macro_use]
-#[allow(dead_code)] // shared with tests/e2e.rs, which uses all of it
 mod e2e_support;
 
 use std::path::{Path, PathBuf};

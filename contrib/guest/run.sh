@@ -3,13 +3,15 @@
 #
 #   contrib/guest/run.sh --socket SOCK [--mem 256M] [--queues N] [--test NAME[,NAME..]]
 #                        [--append 'extra kernel args'] [--reconnect SECS] [--cache DIR]
-#                        [--print-cmd] [--check]
+#                        [--qemu-arg ARG]... [--print-cmd] [--check]
 #
 # The guest console (ttyS0) is this script's stdout. QEMU is exec'd, so the
 # PID of this script is QEMU's: tests can kill it to simulate a crash.
 # --reconnect SECS (default 1; 0 = off): when the backend goes away, QEMU
 # keeps the guest running and reconnects every SECS seconds (a restarted
 # vzram recovers the disk and QEMU resubmits what was in flight).
+# --qemu-arg ARG: appended to QEMU's command line (repeatable), e.g.
+# --qemu-arg -incoming --qemu-arg unix:/tmp/mig.sock for a migration target.
 # --check: instead of exec, exit 0 only if the guest printed
 # "VZRAM-GUEST-DONE rc=0" (QEMU itself exits 0 even when a scenario failed).
 # Builds/refreshes the guest first (contrib/guest/build.sh).
@@ -17,10 +19,11 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 sock="" mem=256M queues=1 test=info append="" reconnect=1 print_cmd=0 check=0
+extra=()
 cache="${VZRAM_GUEST_DIR:-$HOME/.cache/vzram-guest}"
 qemu="${QEMU:-qemu-system-x86_64}"
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --socket) sock="$2"; shift 2 ;;
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
         --append) append="$2"; shift 2 ;;
         --reconnect) reconnect="$2"; shift 2 ;;
         --cache) cache="$2"; shift 2 ;;
+        --qemu-arg) extra+=("$2"); shift 2 ;;
         --print-cmd) print_cmd=1; shift ;;
         --check) check=1; shift ;;
         -h|--help) usage ;;
@@ -67,6 +71,7 @@ cmd=(
     -chardev "$chardev"
     -device "vhost-user-blk-pci,chardev=c0,num-queues=$queues"
     -nographic -nodefaults -serial stdio -monitor none -no-reboot
+    ${extra[@]+"${extra[@]}"}
 )
 if [ "$print_cmd" = 1 ]; then
     printf '%q ' "${cmd[@]}"; echo

@@ -1,4 +1,4 @@
-//! Harness for the end-to-end tests in `tests/e2e.rs`: finds QEMU, the test
+//! Harness for the end-to-end tests (`tests/e2e*.rs`): finds QEMU, the test
 //! guest (`contrib/guest/`) and the `vzram` binary, and wraps the daemon and
 //! each QEMU guest in guards that kill them and clean up on drop.
 //!
@@ -6,6 +6,9 @@
 //! is a CPU-heavy TCG guest), owns the test's temporary directory, and, when
 //! the test panics, prints the tail of every guest and daemon log and keeps
 //! the directory for a post-mortem.
+
+// Each test binary uses part of it.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -151,8 +154,16 @@ impl Ctx {
     /// sockets it must create. Its device state lives in
     /// [`vzram_tests::state_dir_for`] the test directory (`VZRAM_STATE_DIR`).
     pub fn daemon(&self, args: &[String], sockets: &[&Path]) -> Daemon {
+        self.daemon_at("vzram.ctl", args, sockets)
+    }
+
+    /// [`Ctx::daemon`] with its own control socket (named `control` in the
+    /// test directory): a second daemon beside the first, as on another
+    /// host. Both keep their state in the test's state directory, so their
+    /// devices need distinct names.
+    pub fn daemon_at(&self, control: &str, args: &[String], sockets: &[&Path]) -> Daemon {
         let n = self.daemons.fetch_add(1, Ordering::Relaxed) + 1;
-        let control = self.path("vzram.ctl");
+        let control = self.path(control);
         // The first daemon logs to vzram.log, a restarted one to vzram-N.log.
         let log = if n == 1 {
             self.path("vzram.log")
@@ -222,7 +233,8 @@ impl Ctx {
             old.pid()
         );
         let sockets: Vec<&Path> = old.sockets.iter().map(PathBuf::as_path).collect();
-        self.daemon(&old.args, &sockets)
+        let control = old.control.file_name().expect("control socket name");
+        self.daemon_at(&control.to_string_lossy(), &old.args, &sockets)
     }
 
     /// Boots a guest; it runs in the background until [`Guest::wait`].
@@ -241,6 +253,9 @@ impl Ctx {
         ]);
         if !opts.append.is_empty() {
             cmd.args(["--append", &opts.append.join(" ")]);
+        }
+        for a in &opts.qemu_args {
+            cmd.args(["--qemu-arg", a]);
         }
         eprintln!(
             "e2e {}: boot {label}: --test {} --queues {} --mem {} --reconnect {} {}",
@@ -572,6 +587,8 @@ pub struct GuestOpts {
     /// a guest whose backend goes away stalls and resumes once a daemon
     /// serves the socket again.
     pub reconnect: u32,
+    /// Appended to QEMU's command line (`-incoming ...`, `-qmp ...`).
+    pub qemu_args: Vec<String>,
 }
 
 impl GuestOpts {
@@ -583,7 +600,14 @@ impl GuestOpts {
             tests: tests.into(),
             append: Vec::new(),
             reconnect: 1,
+            qemu_args: Vec::new(),
         }
+    }
+
+    /// One more QEMU argument.
+    pub fn qemu_arg(mut self, a: impl Into<String>) -> Self {
+        self.qemu_args.push(a.into());
+        self
     }
 
     /// QEMU's reconnect interval in seconds; 0 turns reconnecting off.
@@ -887,5 +911,62 @@ impl Fields {
         let v = self.str(k);
         v.parse()
             .unwrap_or_else(|_| panic!("{k}={v} is not a number in guest line {:?}", self.line))
+    }
+}
+
+/// A QMP connection to a QEMU started with `-qmp unix:PATH,server=on,wait=off`.
+pub struct Qmp {
+    r: BufReader<UnixStream>,
+    w: UnixStream,
+}
+
+impl Qmp {
+    /// Connects (waiting up to `timeout` for QEMU to create the socket) and
+    /// leaves capabilities negotiation mode.
+    pub fn connect(path: &Path, timeout: Duration) -> Qmp {
+        let deadline = Instant::now() + timeout;
+        let s = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(100)),
+                Err(e) => panic!("QMP {}: {e}", path.display()),
+            }
+        };
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("QMP timeout");
+        let mut q = Qmp {
+            r: BufReader::new(s.try_clone().expect("QMP clone")),
+            w: s,
+        };
+        let greeting = q.line();
+        ensure!(
+            greeting.get("QMP").is_some(),
+            "not a QMP greeting: {greeting}"
+        );
+        q.execute("qmp_capabilities", serde_json::json!({}));
+        q
+    }
+
+    fn line(&mut self) -> Value {
+        let mut l = String::new();
+        let n = self.r.read_line(&mut l).expect("QMP read");
+        ensure!(n > 0, "QMP: QEMU closed the connection");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("QMP: bad JSON ({e}): {l}"))
+    }
+
+    /// Runs a command and returns its `return` value; an `error` panics.
+    /// Events that arrive meanwhile are skipped.
+    pub fn execute(&mut self, cmd: &str, args: Value) -> Value {
+        let msg = serde_json::json!({ "execute": cmd, "arguments": args });
+        writeln!(self.w, "{msg}").expect("QMP write");
+        loop {
+            let v = self.line();
+            if let Some(r) = v.get("return") {
+                return r.clone();
+            }
+            if let Some(e) = v.get("error") {
+                panic!("QMP {cmd}: {e}");
+            }
+        }
     }
 }

@@ -1046,15 +1046,14 @@ impl Device {
         const RANKS: usize = slot::MAX_AGE as usize + 2;
         let mut by_rank: [Vec<u64>; RANKS] = Default::default();
         let ranges: Vec<Range<u64>> = self.table.touched().collect();
-        let start = ranges.iter().position(|r| r.end > tier.hand).unwrap_or(0);
-        let mut last = tier.hand;
-        'scan: for (k, r) in ranges[start..].iter().chain(&ranges[..start]).enumerate() {
-            let from = if k == 0 {
-                r.start.max(tier.hand)
-            } else {
-                r.start
-            };
-            for s in from..r.end {
+        let hand = tier.hand;
+        // From the hand to the end, then from the start up to the hand:
+        // the hand's own table page is split between the two.
+        let past = ranges.iter().map(|r| r.start.max(hand)..r.end);
+        let behind = ranges.iter().map(|r| r.start..r.end.min(hand));
+        let mut last = hand;
+        'scan: for r in past.chain(behind) {
+            for s in r {
                 let w = self.table.word(s);
                 let cur = w.load(Relaxed);
                 if cur & slot::LOCK != 0 || !slot::is_object(cur) {
@@ -1532,6 +1531,47 @@ mod tests {
                 .pages
         });
         assert!(n > 0, "nothing was recompressed");
+    }
+
+    /// The spill's clock hand goes round: slots before it are scanned
+    /// after those past it. It used to scan only from the hand to the end
+    /// of the table (of the hand's table page, on a bigger device), so once
+    /// the pages there were gone every spill found nothing to move, and
+    /// each new page went to the backing file while older ones kept the
+    /// memory.
+    #[test]
+    fn spills_scan_the_slots_behind_the_hand_too() {
+        let dir = std::env::temp_dir().join(format!("vzram-hand-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("backing");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(65 * PAGE_SIZE as u64)
+            .unwrap();
+        let pool = pool();
+        let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
+        cfg.shards = 1;
+        // Raw pages: one object per one-page span, so each write needs a
+        // page of its own and the limit holds one.
+        cfg.mem_limit = PAGE_SIZE as u64;
+        cfg.backing = Some(BackingSpec { path });
+        let dev = pool.create_device(cfg).unwrap();
+        let cx = &mut Context::new(0);
+        let mut buf = [0u8; PAGE_SIZE];
+        // Each write spills the one page in memory, which is behind the
+        // hand from the third on.
+        for (i, s) in [10, 20, 5, 3, 1].into_iter().enumerate() {
+            dev.write_page(cx, s, &raw_page(s, 0xff)).unwrap();
+            let st = dev.stats();
+            assert_eq!(st.spills, i as u64, "write {i} (slot {s})");
+            assert_eq!(st.backed_pages, i as u64);
+            // The newest page stays in memory.
+            dev.read_page(cx, s, &mut buf).unwrap();
+            assert!(buf == raw_page(s, 0xff));
+            assert_eq!(dev.stats().backed_reads, 0, "slot {s} went to the file");
+        }
+        drop(dev);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn state_cfg(root: &std::path::Path) -> DeviceConfig {

@@ -130,6 +130,11 @@ struct Tier {
     pages: AlignedPages,
     cbuf: Box<[u8; MAX_COMPRESSED]>,
     codec: CodecState,
+    /// Copies of the objects the pages in `pages` were read from, one per
+    /// PAGE_SIZE. A pass that let go of a slot must compare these when it
+    /// comes back, not just the word: a rewrite whose new object got the
+    /// old one's room has the very same word.
+    objs: Box<[u8]>,
     /// Where the next spill scan starts (a clock hand over the slots).
     hand: u64,
 }
@@ -253,6 +258,13 @@ fn set_bits(w: &AtomicU64, f: impl FnOnce(u64) -> u64) -> bool {
     }
     let next = f(cur);
     next != cur && w.compare_exchange(cur, next, Relaxed, Relaxed).is_ok()
+}
+
+/// Whether the locked slot (whose word names the object copied to page `i`
+/// of `objs`) still holds those bytes.
+fn same_object(heap: &Heap, g: &SlotGuard<'_>, objs: &[u8], i: usize) -> bool {
+    let cur = heap.bytes(g);
+    *cur == objs[i * PAGE_SIZE..][..cur.len()]
 }
 
 fn footprint(word: u64) -> Footprint {
@@ -837,6 +849,7 @@ impl Device {
                 pages: AlignedPages::new(BATCH)?,
                 cbuf: Box::new([0; MAX_COMPRESSED]),
                 codec: CodecState::default(),
+                objs: vec![0; BATCH * PAGE_SIZE].into_boxed_slice(),
                 hand: 0,
             });
         }
@@ -905,11 +918,14 @@ impl Device {
             if !slot::is_object(g.old()) {
                 continue;
             }
-            let page = tier.pages.page_mut(taken.len());
+            let i = taken.len();
+            let page = tier.pages.page_mut(i);
             let mut none = None;
             if self.load(&mut tier.codec, &mut none, s, &g, page).is_err() {
                 continue;
             }
+            let obj = self.heap.bytes(&g);
+            tier.objs[i * PAGE_SIZE..][..obj.len()].copy_from_slice(obj);
             taken.push((s, slot::content(g.old())));
         }
         if taken.is_empty() {
@@ -939,10 +955,13 @@ impl Device {
         let ctr = &self.counters()[0];
         ctr.backed_writes.fetch_add(blocks.len() as u64, Relaxed);
         let mut moved = 0;
-        for (&(s, seen), &blk) in taken.iter().zip(&blocks) {
+        for (i, (&(s, seen), &blk)) in taken.iter().zip(&blocks).enumerate() {
             let g = SlotGuard::try_lock(self.table.word(s));
             match g {
-                Some(g) if slot::content(g.old()) == seen => {
+                Some(g)
+                    if slot::content(g.old()) == seen
+                        && same_object(&self.heap, &g, &tier.objs, i) =>
+                {
                     let old = g.old();
                     let new = Slot::Backed { block: blk }.encode().expect("blocks encode");
                     g.publish(new);
@@ -1037,15 +1056,14 @@ impl Device {
         const RANKS: usize = slot::MAX_AGE as usize + 2;
         let mut by_rank: [Vec<u64>; RANKS] = Default::default();
         let ranges: Vec<Range<u64>> = self.table.touched().collect();
-        let start = ranges.iter().position(|r| r.end > tier.hand).unwrap_or(0);
-        let mut last = tier.hand;
-        'scan: for (k, r) in ranges[start..].iter().chain(&ranges[..start]).enumerate() {
-            let from = if k == 0 {
-                r.start.max(tier.hand)
-            } else {
-                r.start
-            };
-            for s in from..r.end {
+        let hand = tier.hand;
+        // From the hand to the end, then from the start up to the hand:
+        // the hand's own table page is split between the two.
+        let past = ranges.iter().map(|r| r.start.max(hand)..r.end);
+        let behind = ranges.iter().map(|r| r.start..r.end.min(hand));
+        let mut last = hand;
+        'scan: for r in past.chain(behind) {
+            for s in r {
                 let w = self.table.word(s);
                 let cur = w.load(Relaxed);
                 if cur & slot::LOCK != 0 || !slot::is_object(cur) {
@@ -1132,6 +1150,8 @@ impl Device {
                 if self.load(&mut tier.codec, &mut none, s, &g, page).is_err() {
                     continue;
                 }
+                let obj = self.heap.bytes(&g);
+                tier.objs[..obj.len()].copy_from_slice(obj);
                 drop(g);
                 rep.tried += 1;
                 let limit = if huge {
@@ -1150,13 +1170,14 @@ impl Device {
                     .filter(|&n| class_bytes(n) < class_bytes(len as usize));
                 let Some(n) = smaller else {
                     // Not worth it: remember, so the next pass skips it.
-                    set_bits(w, |cur| {
-                        if slot::content(cur) == seen {
-                            cur | slot::TRIED
-                        } else {
-                            cur
+                    if let Some(g) = SlotGuard::try_lock(w) {
+                        if slot::content(g.old()) == seen
+                            && same_object(&self.heap, &g, &tier.objs, 0)
+                        {
+                            let old = g.old();
+                            g.publish(old | slot::TRIED);
                         }
-                    });
+                    }
                     continue;
                 };
                 let mut obj = match self.heap.alloc(&self.pool, self.budget(), n, 0) {
@@ -1177,7 +1198,10 @@ impl Device {
                 .encode()
                 .expect("objects encode");
                 match SlotGuard::try_lock(w) {
-                    Some(g) if slot::content(g.old()) == seen => {
+                    Some(g)
+                        if slot::content(g.old()) == seen
+                            && same_object(&self.heap, &g, &tier.objs, 0) =>
+                    {
                         let old = g.old();
                         // Keep the page's idleness: recompressing is not an access.
                         g.publish(new | (old & slot::ACCESS));
@@ -1574,6 +1598,145 @@ mod tests {
             dev.read_page(cx, s, &mut buf).unwrap();
             assert!(buf == page(s), "slot {s} changed");
         }
+    }
+
+    /// Random bytes masked with `mask`, which lz4 cannot shrink enough:
+    /// stored raw, so every seed gets the same slot word when it gets the
+    /// same room. zstd's entropy coder halves pages of random nibbles.
+    fn raw_page(seed: u64, mask: u8) -> Page {
+        let mut p = [0u8; PAGE_SIZE];
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        for b in p.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8 & mask;
+        }
+        p
+    }
+
+    /// One writer keeps rewriting slot 0 while `pass` runs over and over
+    /// in another thread, until the passes moved `pages` pages; every
+    /// write must read back. Returns the pages the passes moved. (Before
+    /// the passes compared bytes, a write was lost within a dozen pages.)
+    fn rewrites_beside(dev: &Arc<Device>, mask: u8, pages: u64, pass: fn(&Device) -> u64) -> u64 {
+        use std::sync::atomic::AtomicBool;
+        let stop = Arc::new(AtomicBool::new(false));
+        let moved = Arc::new(AtomicU64::new(0));
+        let bg = {
+            let (dev, stop, moved) = (dev.clone(), stop.clone(), moved.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    moved.fetch_add(pass(&dev), Relaxed);
+                }
+            })
+        };
+        let cx = &mut Context::new(0);
+        let mut buf = [0u8; PAGE_SIZE];
+        let mut lost = None;
+        let mut next = raw_page(0, mask);
+        for i in 0..100_000 {
+            if moved.load(Relaxed) >= pages {
+                break;
+            }
+            let page = next;
+            dev.write_page(cx, 0, &page).unwrap();
+            // Made here, between the write and the read, so that a pass
+            // putting its page back is most likely caught.
+            next = raw_page(i + 1, mask);
+            dev.read_page(cx, 0, &mut buf).unwrap();
+            if buf != page {
+                lost = Some(i);
+                break;
+            }
+        }
+        stop.store(true, Relaxed);
+        bg.join().unwrap();
+        let n = moved.load(Relaxed);
+        assert_eq!(
+            lost, None,
+            "write lost to a concurrent pass ({n} pages moved)"
+        );
+        n
+    }
+
+    /// A pass that looked at a page, let go of its lock, and came back to
+    /// find the same slot word took it for the page it had read. But the
+    /// word is the same for a rewrite whose new object got the old one's
+    /// room: the pass then put the old page back over the new one.
+    #[test]
+    fn writeback_never_puts_back_a_page_overwritten_meanwhile() {
+        let dir = std::env::temp_dir().join(format!("vzram-wb-aba-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("backing");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(65 * PAGE_SIZE as u64)
+            .unwrap();
+        let pool = pool();
+        let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
+        cfg.shards = 1;
+        cfg.backing = Some(BackingSpec { path });
+        let dev = pool.create_device(cfg).unwrap();
+        let n = rewrites_beside(&dev, 0xff, 100, |d| {
+            d.writeback(Filter::default(), None).unwrap().pages
+        });
+        assert!(n > 0, "nothing was written back");
+        drop(dev);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn recompression_never_puts_back_a_page_overwritten_meanwhile() {
+        let pool = pool();
+        let dev = device(&pool, 64);
+        let n = rewrites_beside(&dev, 0x0f, 100, |d| {
+            d.recompress(Filter::default(), Codec::Zstd { level: 5 })
+                .unwrap()
+                .pages
+        });
+        assert!(n > 0, "nothing was recompressed");
+    }
+
+    /// The spill's clock hand goes round: slots before it are scanned
+    /// after those past it. It used to scan only from the hand to the end
+    /// of the table (of the hand's table page, on a bigger device), so once
+    /// the pages there were gone every spill found nothing to move, and
+    /// each new page went to the backing file while older ones kept the
+    /// memory.
+    #[test]
+    fn spills_scan_the_slots_behind_the_hand_too() {
+        let dir = std::env::temp_dir().join(format!("vzram-hand-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("backing");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(65 * PAGE_SIZE as u64)
+            .unwrap();
+        let pool = pool();
+        let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
+        cfg.shards = 1;
+        // Raw pages: one object per one-page span, so each write needs a
+        // page of its own and the limit holds one.
+        cfg.mem_limit = PAGE_SIZE as u64;
+        cfg.backing = Some(BackingSpec { path });
+        let dev = pool.create_device(cfg).unwrap();
+        let cx = &mut Context::new(0);
+        let mut buf = [0u8; PAGE_SIZE];
+        // Each write spills the one page in memory, which is behind the
+        // hand from the third on.
+        for (i, s) in [10, 20, 5, 3, 1].into_iter().enumerate() {
+            dev.write_page(cx, s, &raw_page(s, 0xff)).unwrap();
+            let st = dev.stats();
+            assert_eq!(st.spills, i as u64, "write {i} (slot {s})");
+            assert_eq!(st.backed_pages, i as u64);
+            // The newest page stays in memory.
+            dev.read_page(cx, s, &mut buf).unwrap();
+            assert!(buf == raw_page(s, 0xff));
+            assert_eq!(dev.stats().backed_reads, 0, "slot {s} went to the file");
+        }
+        drop(dev);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn state_cfg(root: &std::path::Path) -> DeviceConfig {

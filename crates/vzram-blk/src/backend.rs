@@ -666,7 +666,7 @@ where
                         (_, Err(_)) => {}
                     }
                 }
-                dev.record_latency(Op::Write, e.since);
+                dev.record_latency(Op::Write, cx.shard(), e.since);
                 r
             }
         };

@@ -129,7 +129,7 @@ impl BlkDevice {
         let t0 = op.map(|_| std::time::Instant::now());
         let r = self.run(mem, req, bounce, cx);
         if let (Some(op), Some(t0)) = (op, t0) {
-            self.store.cells().latency[op as usize].record(t0.elapsed());
+            self.store.cells().record(op, cx.shard(), t0.elapsed());
         }
         r
     }
@@ -182,8 +182,8 @@ impl BlkDevice {
     }
 
     /// Records a request's latency, as [`BlkDevice::execute`] does.
-    pub fn record_latency(&self, op: Op, since: std::time::Instant) {
-        self.store.cells().latency[op as usize].record(since.elapsed());
+    pub fn record_latency(&self, op: Op, queue: usize, since: std::time::Instant) {
+        self.store.cells().record(op, queue, since.elapsed());
     }
 
     fn check_writable(&self) -> Result<(), ExecError> {

@@ -125,7 +125,7 @@ pub struct DeviceCells {
     pub connections: AtomicU64,
     /// Request latencies, by [`Op`]: the serving layer measures them, the
     /// store keeps them with the device's other counters.
-    pub latency: [Latency; 3],
+    pub(crate) latency: [Latency; 3],
     pub(crate) counters: [Counters; MAX_SHARDS],
     // Added after the shard counters so older stats files keep their layout
     // (a shorter file is grown with zeros).
@@ -133,7 +133,17 @@ pub struct DeviceCells {
     /// Where a migration of the device stands; kept here so that an
     /// incoming device stays incoming across a worker's or daemon's restart.
     pub migration: MigrationCells,
+    /// Request latencies, one set per queue (modulo): queue threads that
+    /// shared one set bounced its cache lines between cores on every
+    /// request. `latency` above is what older files recorded.
+    shard_latency: [ShardLatency; LATENCY_SHARDS],
 }
+
+/// Latency sets kept apart.
+pub const LATENCY_SHARDS: usize = 8;
+
+#[repr(C, align(128))]
+struct ShardLatency([Latency; 3]);
 
 /// A migration's state and progress, shared by the process that moves the
 /// pages and the supervisor that shows them.
@@ -223,11 +233,23 @@ impl DeviceCells {
         s
     }
 
-    /// Request latencies, by operation.
+    /// Records one request's latency for queue (or store shard) `queue`.
+    #[inline]
+    pub fn record(&self, op: Op, queue: usize, d: std::time::Duration) {
+        self.shard_latency[queue % LATENCY_SHARDS].0[op as usize].record(d);
+    }
+
+    /// Request latencies, by operation, all queues together.
     pub fn latencies(&self) -> Vec<(Op, LatencySnapshot)> {
         Op::ALL
             .iter()
-            .map(|&op| (op, self.latency[op as usize].snapshot()))
+            .map(|&op| {
+                let mut s = self.latency[op as usize].snapshot();
+                for sh in &self.shard_latency {
+                    s.add(&sh.0[op as usize].snapshot());
+                }
+                (op, s)
+            })
             .collect()
     }
 
@@ -288,6 +310,17 @@ pub struct LatencySnapshot {
     pub sum_seconds: f64,
 }
 
+impl LatencySnapshot {
+    /// Adds another set's counts (same buckets) to this one.
+    fn add(&mut self, o: &LatencySnapshot) {
+        for (b, ob) in self.buckets.iter_mut().zip(&o.buckets) {
+            b.1 += ob.1;
+        }
+        self.count += o.count;
+        self.sum_seconds += o.sum_seconds;
+    }
+}
+
 impl Latency {
     #[inline]
     pub fn record(&self, d: std::time::Duration) {
@@ -300,7 +333,7 @@ impl Latency {
         self.sum_ns.fetch_add(ns, Relaxed);
     }
 
-    pub fn snapshot(&self) -> LatencySnapshot {
+    pub(crate) fn snapshot(&self) -> LatencySnapshot {
         LatencySnapshot {
             buckets: self
                 .buckets

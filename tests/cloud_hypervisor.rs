@@ -449,7 +449,8 @@ fn blk_new(sock: &Path) -> (Ch, Negotiated) {
         VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::REPLY_ACK,
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::LOG_SHMFD,
         "protocol features in common"
     );
     // MQ: the backend must have the queues the VM asks for.

@@ -17,6 +17,7 @@ use std::os::unix::fs::FileExt;
 
 use hostile_support::*;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
+use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VhostUserDirtyLogRegion};
 use vzram_tests::*;
 
@@ -140,4 +141,52 @@ fn a_bad_log_is_refused_and_the_device_still_serves() {
     let data = pattern(0xd18, 0, 4096);
     assert_eq!(v.write(8, &data), S_OK);
     assert_eq!(v.read(8, 4096), (S_OK, data));
+}
+
+/// A region added after SET_LOG_BASE logs to the same log (QEMU sends
+/// SET_LOG_BASE again only when the log must grow); one the log does not
+/// cover is refused, since its writes could not be logged.
+#[test]
+fn regions_added_later_are_logged_too() {
+    let dir = TempDir::new("dlogadd");
+    let sock = dir.join("d.sock");
+    let daemon = Daemon::start(
+        &dir,
+        &["--socket", sock.to_str().unwrap(), "--size", "16M"],
+        &[&sock],
+    );
+    // A 4096-byte log covers 128 MiB of guest addresses.
+    const EXTRA: (u64, usize) = (64 * MIB, MIB as usize);
+    const BEYOND: (u64, usize) = (256 * MIB, MIB as usize);
+    let mut v = RawDev::handshake_acking(
+        &sock,
+        Ram::new(&[LOW, HIGH, EXTRA, BEYOND]),
+        false,
+        VhostUserProtocolFeatures::LOG_SHMFD,
+    );
+    let table = v.ram.table();
+    v.fe.set_mem_table(&table[..2]).expect("SET_MEM_TABLE");
+    v.setup_vring(Setup::default());
+    let data = pattern(0xd19, 0, LOG_PAGE as usize);
+    assert_eq!(v.write(24, &data), S_OK);
+    let log = memfd(LOG_BYTES);
+    set_log_base(&mut v, &log, LOG_BYTES);
+
+    v.fe.add_mem_region(&table[2]).expect("ADD_MEM_REG");
+    let (st, _) = v.req(T_IN, 24, &[d(EXTRA.0, 4096, F_WRITE)]);
+    assert_eq!(st, S_OK);
+    assert_eq!(v.ram.read(EXTRA.0, 4096), data);
+    assert_eq!(
+        take_dirty(&log),
+        vec![page(USED), page(STATUS), page(EXTRA.0)],
+        "{}",
+        daemon.log_text()
+    );
+
+    assert!(
+        v.fe.add_mem_region(&table[3]).is_err(),
+        "a region past the end of the log was taken"
+    );
+    assert_eq!(v.read(24, 4096), (S_OK, data));
+    assert_eq!(take_dirty(&log), vec![page(USED), page(STATUS), page(DATA)]);
 }

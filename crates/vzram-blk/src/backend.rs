@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{VhostUserBackend, VringState, VringT};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{
@@ -32,6 +31,7 @@ use vzram_store::{Context, Device, Op, Page, PAGE_SIZE};
 
 use crate::config::{self, MAX_QUEUE_SIZE};
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
+use crate::dirty::{carry_log, LogBitmap};
 use crate::pool::{Batch, CompressPool, BATCH_PAGES};
 use crate::request::{Request, RequestError, SegmentCursor};
 use crate::vring::BlkVring;
@@ -49,7 +49,7 @@ pub enum QueueError {
 /// dirty bitmap that SET_LOG_BASE points at the frontend's log: our writes
 /// (read data, status bytes, used rings) go through vm-memory, which marks
 /// it, so a migrating frontend copies those pages again.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<BitmapMmapRegion>>;
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<LogBitmap>>;
 /// Signals each new call fd once (SET_VRING_CALL); see [`crate::vring`].
 type Vring = BlkVring<GuestMem>;
 
@@ -754,7 +754,7 @@ impl Drop for BlkBackend {
 }
 
 impl VhostUserBackend for BlkBackend {
-    type Bitmap = BitmapMmapRegion;
+    type Bitmap = LogBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -792,10 +792,12 @@ impl VhostUserBackend for BlkBackend {
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
         let map = mem.memory();
-        check_memory(&map).map_err(|e| {
-            tracing::warn!("refusing a guest memory table: {e}");
-            e
-        })?;
+        check_memory(&map)
+            .and_then(|()| carry_log(&self.mem.memory(), &map))
+            .map_err(|e| {
+                tracing::warn!("refusing a guest memory table: {e}");
+                e
+            })?;
         self.mem
             .lock()
             .map_err(|_| io::Error::other("guest memory lock poisoned"))?

@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
-use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vzram_blk::guard::{self, Guard, Message, Received};
@@ -443,7 +442,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     });
     let rings = Arc::new(Rings::default());
     let busy = Arc::new(std::sync::Mutex::new(()));
-    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<BitmapMmapRegion>::new());
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<vzram_blk::dirty::LogBitmap>::new());
     let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
         .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
     // The crate accepts from a listener; ours has no name anyone else can

@@ -16,8 +16,9 @@
 //!   SET_VRING_NUM for every queue, then per queue SET_VRING_ADDR,
 //!   SET_VRING_BASE (the avail index in guest memory), SET_VRING_CALL,
 //!   SET_VRING_KICK, and at the end SET_VRING_ENABLE(1) per queue.
-//!   (INFLIGHT_SHMFD, LOG_SHMFD and DEVICE_STATE are not offered by vzram,
-//!   so no inflight, log or state messages.)
+//!   (INFLIGHT_SHMFD and DEVICE_STATE are not offered by vzram, so no
+//!   inflight or state messages; LOG_SHMFD is, but its SET_LOG_BASE comes
+//!   only with a migration, which this test does not do.)
 //! - reconnect, when the backend hangs up (`reinitialize_vhost_user`):
 //!   connect, SET_OWNER, GET_FEATURES, SET_PROTOCOL_FEATURES with what was
 //!   acked before (no GET_PROTOCOL_FEATURES), then the activation sequence
@@ -448,7 +449,8 @@ fn blk_new(sock: &Path) -> (Ch, Negotiated) {
         VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::REPLY_ACK,
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::LOG_SHMFD,
         "protocol features in common"
     );
     // MQ: the backend must have the queues the VM asks for.

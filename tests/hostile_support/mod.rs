@@ -249,6 +249,18 @@ impl RawDev {
 
     /// [`RawDev::handshake`], acking EVENT_IDX too if `event_idx`.
     pub fn handshake_with(socket: &Path, ram: Ram, event_idx: bool) -> RawDev {
+        RawDev::handshake_acking(socket, ram, event_idx, VhostUserProtocolFeatures::empty())
+    }
+
+    /// [`RawDev::handshake_with`], also acking the protocol features
+    /// `extra` (which must be offered). LOG_ALL is acked with LOG_SHMFD, as
+    /// QEMU does while it migrates.
+    pub fn handshake_acking(
+        socket: &Path,
+        ram: Ram,
+        event_idx: bool,
+        extra: VhostUserProtocolFeatures,
+    ) -> RawDev {
         let stream = connect_stream(socket);
         let raw = stream.try_clone().expect("dup socket");
         let mut fe = Frontend::from_stream(stream, 1);
@@ -265,6 +277,13 @@ impl RawDev {
         } else {
             offered & !VIRTIO_RING_F_EVENT_IDX
         };
+        let log_all = VhostUserVirtioFeatures::LOG_ALL.bits();
+        let features = if extra.contains(VhostUserProtocolFeatures::LOG_SHMFD) {
+            assert_ne!(offered & log_all, 0, "LOG_ALL offered");
+            features
+        } else {
+            features & !log_all
+        };
         fe.set_features(features).expect("SET_FEATURES");
         let proto = fe.get_protocol_features().expect("GET_PROTOCOL_FEATURES");
         let want = VhostUserProtocolFeatures::CONFIG
@@ -272,7 +291,8 @@ impl RawDev {
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
         assert!(proto.contains(want), "protocol features {proto:?}");
-        fe.set_protocol_features(want)
+        assert!(proto.contains(extra), "protocol features {proto:?}");
+        fe.set_protocol_features(want | extra)
             .expect("SET_PROTOCOL_FEATURES");
         // From here on every message that has no reply of its own is acked,
         // so a refused message shows up as an error here.

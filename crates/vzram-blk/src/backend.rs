@@ -31,6 +31,7 @@ use vzram_store::{Context, Device, Op, Page, PAGE_SIZE};
 
 use crate::config::{self, MAX_QUEUE_SIZE};
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
+use crate::dirty::{carry_log, LogBitmap};
 use crate::pool::{Batch, CompressPool, BATCH_PAGES};
 use crate::request::{Request, RequestError, SegmentCursor};
 use crate::vring::BlkVring;
@@ -44,8 +45,11 @@ pub enum QueueError {
     Unreadable,
 }
 
-/// Guest memory as the framework hands it to us.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap>;
+/// Guest memory as the framework hands it to us. Every region carries a
+/// dirty bitmap that SET_LOG_BASE points at the frontend's log: our writes
+/// (read data, status bytes, used rings) go through vm-memory, which marks
+/// it, so a migrating frontend copies those pages again.
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<LogBitmap>>;
 /// Signals each new call fd once (SET_VRING_CALL); see [`crate::vring`].
 type Vring = BlkVring<GuestMem>;
 
@@ -698,7 +702,7 @@ pub const MAX_MAPPED_BYTES: u64 = 16 << 40;
 /// Refuses a memory table the queue threads must not touch: a region that
 /// runs past the end of its file (the first access would be SIGBUS, killing
 /// every VM on this daemon), or more regions or bytes than any VM needs.
-pub fn check_memory(mem: &GuestMemoryMmap) -> io::Result<()> {
+pub fn check_memory<B: vm_memory::bitmap::Bitmap>(mem: &GuestMemoryMmap<B>) -> io::Result<()> {
     let bad = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
     let mut total = 0u64;
     for (n, r) in mem.iter().enumerate() {
@@ -750,7 +754,7 @@ impl Drop for BlkBackend {
 }
 
 impl VhostUserBackend for BlkBackend {
-    type Bitmap = ();
+    type Bitmap = LogBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -788,10 +792,12 @@ impl VhostUserBackend for BlkBackend {
 
     fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
         let map = mem.memory();
-        check_memory(&map).map_err(|e| {
-            tracing::warn!("refusing a guest memory table: {e}");
-            e
-        })?;
+        check_memory(&map)
+            .and_then(|()| carry_log(&self.mem.memory(), &map))
+            .map_err(|e| {
+                tracing::warn!("refusing a guest memory table: {e}");
+                e
+            })?;
         self.mem
             .lock()
             .map_err(|_| io::Error::other("guest memory lock poisoned"))?

@@ -74,7 +74,9 @@ pub fn virtio_features(readonly: bool) -> u64 {
         | 1 << VIRTIO_BLK_F_MQ
         | 1 << VIRTIO_BLK_F_DISCARD
         | 1 << VIRTIO_BLK_F_WRITE_ZEROES
-        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        // Dirty page logging: without it QEMU refuses to migrate the VM.
+        | VhostUserVirtioFeatures::LOG_ALL.bits();
     if readonly {
         f |= 1 << VIRTIO_BLK_F_RO;
     }
@@ -83,11 +85,14 @@ pub fn virtio_features(readonly: bool) -> u64 {
 
 /// vhost-user protocol features. QEMU refuses a blk backend without CONFIG;
 /// CONFIGURE_MEM_SLOTS lifts QEMU's 8-region limit (memory hotplug, virtio-mem).
+/// LOG_SHMFD: the dirty log comes as shared memory (SET_LOG_BASE), which is
+/// how QEMU learns which guest pages we wrote while it migrates the VM.
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+        | VhostUserProtocolFeatures::LOG_SHMFD
 }
 
 /// The guest-visible configuration of one device.

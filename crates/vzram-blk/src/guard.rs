@@ -45,6 +45,8 @@ pub mod code {
     pub const SET_OWNER: u32 = 3;
     pub const RESET_OWNER: u32 = 4;
     pub const SET_MEM_TABLE: u32 = 5;
+    pub const SET_LOG_BASE: u32 = 6;
+    pub const SET_LOG_FD: u32 = 7;
     pub const SET_VRING_NUM: u32 = 8;
     pub const SET_VRING_ADDR: u32 = 9;
     pub const SET_VRING_BASE: u32 = 10;
@@ -98,6 +100,12 @@ pub enum Refusal {
     VirtioNotOffered(u64),
     #[error("protocol features {0:#x} acked but never offered")]
     ProtocolNotOffered(u64),
+    #[error("dirty log of {size} bytes at offset {offset}: {why}")]
+    BadLog {
+        size: u64,
+        offset: u64,
+        why: &'static str,
+    },
 }
 
 /// A message header as received.
@@ -136,9 +144,13 @@ const fn rule(
     Rule { size, feature, fds }
 }
 
-/// The requests a vhost-user-blk device serves. Everything else (logging,
-/// net, crypto, postcopy, inflight, GPU, status, shared objects, device
-/// state) belongs to features we never offer, and is refused.
+/// The requests a vhost-user-blk device serves. Everything else (net,
+/// crypto, postcopy, inflight, GPU, status, shared objects, device state)
+/// belongs to features we never offer, and is refused.
+///
+/// SET_LOG_FD (an eventfd to signal after logging) is refused although it
+/// shares LOG_SHMFD with SET_LOG_BASE: the `vhost` crate cannot serve it,
+/// and QEMU never sends it.
 fn rule_for(c: u32) -> Option<Rule> {
     use code::*;
     use VhostUserProtocolFeatures as P;
@@ -168,8 +180,40 @@ fn rule_for(c: u32) -> Option<Rule> {
         SET_BACKEND_REQ_FD => rule(Some(0), Some(P::BACKEND_REQ), (1, 1)),
         GET_INFLIGHT_FD | SET_INFLIGHT_FD => rule(None, Some(P::INFLIGHT_SHMFD), (0, 1)),
         RESET_DEVICE => rule(Some(0), Some(P::RESET_DEVICE), (0, 0)),
+        // {mmap_size, mmap_offset} of the log in the one fd; see `check_log`.
+        SET_LOG_BASE => rule(Some(LOG_PAYLOAD), Some(P::LOG_SHMFD), (1, 1)),
         _ => return None,
     })
+}
+
+/// SET_LOG_BASE's payload: mmap_size and mmap_offset (u64 each, LE).
+pub const LOG_PAYLOAD: usize = 16;
+/// Largest dirty log we map: one bit per 4 KiB page of guest address space,
+/// so 1 GiB covers 32 TiB, past the highest address any VM we serve uses.
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
+const LOG_ALIGN: u64 = 4096;
+
+/// Checks the log area of a SET_LOG_BASE payload against the size of the
+/// file it is in. The crate maps it and writes to it from the queue
+/// threads: a log that runs past the end of its file would be SIGBUS on
+/// the first page we dirty, and an unaligned offset fails in mmap.
+pub fn check_log(payload: &[u8], file_len: u64) -> Result<(), Refusal> {
+    let word = |i: usize| u64::from_le_bytes(payload[i..i + 8].try_into().unwrap());
+    let (size, offset) = (word(0), word(8));
+    let bad = |why| Err(Refusal::BadLog { size, offset, why });
+    if size == 0 {
+        return bad("empty");
+    }
+    if size > MAX_LOG_BYTES {
+        return bad("larger than any guest needs");
+    }
+    if !offset.is_multiple_of(LOG_ALIGN) {
+        return bad("offset not page aligned");
+    }
+    if offset.checked_add(size).is_none_or(|end| end > file_len) {
+        return bad("runs past the end of its file");
+    }
+    Ok(())
 }
 
 /// Per-connection negotiation state.
@@ -443,6 +487,13 @@ pub fn recv_message(
     if let Err(r) = guard.check_message(&header, &payload, fds.len()) {
         return Ok(Received::Refused(r));
     }
+    if header.code == code::SET_LOG_BASE {
+        // One fd, checked above. A socket or pipe has no length and fails.
+        let len = std::fs::File::from(fds[0].try_clone()?).metadata()?.len();
+        if let Err(r) = check_log(&payload, len) {
+            return Ok(Received::Refused(r));
+        }
+    }
     Ok(Received::Message(Message {
         header,
         raw_header: raw,
@@ -558,7 +609,6 @@ mod tests {
         ));
         for c in [
             0,
-            6,
             7,
             19,
             20,
@@ -644,6 +694,151 @@ mod tests {
             no_protocol.check_header(&hdr(code::GET_PROTOCOL_FEATURES, 0)),
             Err(Refusal::Unsupported(code::GET_PROTOCOL_FEATURES))
         );
+    }
+
+    fn log_payload(size: u64, offset: u64) -> Vec<u8> {
+        [size.to_le_bytes(), offset.to_le_bytes()].concat()
+    }
+
+    /// SET_LOG_BASE passes only once LOG_SHMFD is negotiated, with its
+    /// 16-byte payload and exactly one fd; SET_LOG_FD never does.
+    #[test]
+    fn log_base_needs_log_shmfd_one_fd_and_its_payload() {
+        let mut g = guard();
+        let h = hdr(code::SET_LOG_BASE, LOG_PAYLOAD as u32);
+        let p = log_payload(4096, 0);
+        assert!(matches!(
+            g.check_message(&h, &p, 1),
+            Err(Refusal::NotNegotiated {
+                feature: VhostUserProtocolFeatures::LOG_SHMFD,
+                ..
+            })
+        ));
+        let others =
+            (crate::config::protocol_features() - VhostUserProtocolFeatures::LOG_SHMFD).bits();
+        g.check_message(
+            &hdr(code::SET_PROTOCOL_FEATURES, 8),
+            &others.to_le_bytes(),
+            0,
+        )
+        .unwrap();
+        assert!(matches!(
+            g.check_message(&h, &p, 1),
+            Err(Refusal::NotNegotiated { .. })
+        ));
+        let all = crate::config::protocol_features().bits();
+        g.check_message(&hdr(code::SET_PROTOCOL_FEATURES, 8), &all.to_le_bytes(), 0)
+            .unwrap();
+        g.check_message(&h, &p, 1).unwrap();
+        for fds in [0, 2] {
+            assert!(matches!(
+                g.check_message(&h, &p, fds),
+                Err(Refusal::Fds { .. })
+            ));
+        }
+        for size in [0, 8, 24] {
+            assert!(matches!(
+                g.check_header(&hdr(code::SET_LOG_BASE, size)),
+                Err(Refusal::BadSize { .. })
+            ));
+        }
+        assert_eq!(
+            g.check_header(&hdr(code::SET_LOG_FD, 8)),
+            Err(Refusal::Unsupported(code::SET_LOG_FD))
+        );
+    }
+
+    /// The log must lie inside its file, page aligned, and not be absurd.
+    #[test]
+    fn log_area_is_checked_against_its_file() {
+        check_log(&log_payload(4096, 0), 4096).unwrap();
+        check_log(&log_payload(100, 8192), 8292).unwrap();
+        for (size, offset, file) in [
+            (0, 0, 4096),
+            (4097, 0, 4096),
+            (4096, 4096, 4096),
+            (10, 1, 4096),
+            (MAX_LOG_BYTES + 1, 0, u64::MAX),
+            (4096, u64::MAX - 4095, u64::MAX),
+        ] {
+            assert!(
+                matches!(
+                    check_log(&log_payload(size, offset), file),
+                    Err(Refusal::BadLog { .. })
+                ),
+                "{size} at {offset} in {file}"
+            );
+        }
+    }
+
+    /// LOG_ALL is offered, so a frontend may ack it with the rest.
+    #[test]
+    fn log_all_may_be_acked() {
+        let mut g = guard();
+        let features = crate::config::virtio_features(false);
+        assert_ne!(features & VhostUserVirtioFeatures::LOG_ALL.bits(), 0);
+        g.check_message(&hdr(code::SET_FEATURES, 8), &features.to_le_bytes(), 0)
+            .unwrap();
+    }
+
+    /// Through a socket: a log in a file too short for it, or in a socket,
+    /// is refused; one that fits passes.
+    #[test]
+    fn log_base_fd_is_measured() {
+        let send = |payload: Vec<u8>, fd: OwnedFd| {
+            let (a, b) = UnixStream::pair().unwrap();
+            let mut raw_header = [0u8; HEADER_LEN];
+            raw_header[0..4].copy_from_slice(&code::SET_LOG_BASE.to_le_bytes());
+            raw_header[4..8].copy_from_slice(&VERSION_1.to_le_bytes());
+            raw_header[8..12].copy_from_slice(&(LOG_PAYLOAD as u32).to_le_bytes());
+            let m = Message {
+                header: Header::parse(&raw_header),
+                raw_header,
+                payload,
+                fds: vec![fd],
+            };
+            send_message(&a, &m).unwrap();
+            let mut g = guard();
+            let all = crate::config::protocol_features().bits();
+            g.check_message(&hdr(code::SET_PROTOCOL_FEATURES, 8), &all.to_le_bytes(), 0)
+                .unwrap();
+            recv_message(&b, &mut g, Duration::from_secs(5)).unwrap()
+        };
+        let file = |len: u64| -> OwnedFd {
+            let f = tempfile_in_tmp();
+            f.set_len(len).unwrap();
+            f.into()
+        };
+        assert!(matches!(
+            send(log_payload(4096, 0), file(4096)),
+            Received::Message(_)
+        ));
+        assert!(matches!(
+            send(log_payload(4096, 0), file(100)),
+            Received::Refused(Refusal::BadLog { .. })
+        ));
+        let (sock, _other) = UnixStream::pair().unwrap();
+        assert!(matches!(
+            send(log_payload(4096, 0), sock.into()),
+            Received::Refused(Refusal::BadLog { .. })
+        ));
+    }
+
+    fn tempfile_in_tmp() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!(
+            "vzram-guard-log-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod config;
 pub mod device;
+pub mod dirty;
 pub mod guard;
 pub mod pool;
 pub mod request;

@@ -134,7 +134,8 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     let mut r = Rules(BTreeMap::new());
 
     // Memory: the allocator, the pool arena (MADV_DONTNEED / POPULATE_WRITE),
-    // guest memory tables (mmap of the frontend's memfds), thread stacks.
+    // guest memory tables and the dirty log (mmap of the frontend's memfds),
+    // thread stacks.
     // Never executable: no PROT_EXEC in mmap or mprotect.
     r.allow(&[SYS_munmap, SYS_madvise, SYS_mremap, SYS_brk, SYS_mincore]);
     let no_exec = || masked(2, PROT_EXEC as u64, 0);

@@ -442,7 +442,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     });
     let rings = Arc::new(Rings::default());
     let busy = Arc::new(std::sync::Mutex::new(()));
-    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<vzram_blk::dirty::LogBitmap>::new());
     let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
         .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
     // The crate accepts from a listener; ours has no name anyone else can

@@ -1,0 +1,158 @@
+//! End-to-end live migration: a guest swapping on vzram A moves, with QEMU's
+//! own migration, to a second QEMU whose disk is an incoming device on
+//! vzram B; `vzram migrate` carries the swapped-out pages from A to B. The
+//! guest finishes its memory-pressure rounds on the destination with every
+//! page intact.
+//!
+//! Like tests/e2e.rs: skipped only when QEMU is absent and `VZRAM_E2E` is
+//! unset. Numbers: `cargo test --test e2e_migrate -- --nocapture`.
+
+#[macro_use]
+mod e2e_support;
+
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use e2e_support::{Ctx, GuestOpts, Qmp, MIB};
+
+const SWAP_BOOT: Duration = Duration::from_secs(300);
+
+fn s(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
+#[test]
+fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
+    let Some(ctx) = Ctx::new("migrate") else {
+        return;
+    };
+    let sock_a = ctx.path("a.sock");
+    let sock_b = ctx.path("b.sock");
+    let incoming = ctx.path("b-incoming.sock");
+    let qemu_mig = ctx.path("qemu-migration.sock");
+    let (qmp_a, qmp_b) = (ctx.path("qmp-a.sock"), ctx.path("qmp-b.sock"));
+    let dev = |sock: &std::path::Path, name: &str| {
+        vec![
+            "--socket".to_string(),
+            s(sock),
+            "--size".into(),
+            "1G".into(),
+            "--queues".into(),
+            "2".into(),
+            "--name".into(),
+            name.into(),
+        ]
+    };
+    let mut da = ctx.daemon_at("a.ctl", &dev(&sock_a, "a"), &[&sock_a]);
+    let mut b_args = dev(&sock_b, "b");
+    b_args.extend(["--incoming".to_string(), format!("unix:{}", s(&incoming))]);
+    let mut db = ctx.daemon_at("b.ctl", &b_args, &[&sock_b, &incoming]);
+
+    // The source: swap in use, four passes so the guest still has work to
+    // do after it moves.
+    let guest = |sock: &std::path::Path, qmp: &std::path::Path| {
+        GuestOpts::new(sock, "swap")
+            .queues(2)
+            .mem("256M")
+            .arg("vzram.rounds=4")
+            .qemu_arg("-qmp")
+            .qemu_arg(format!("unix:{},server=on,wait=off", s(qmp)))
+    };
+    let ga = ctx.boot("source", &guest(&sock_a, &qmp_a));
+    ga.wait_for("PRESSURE-ROUND pass=0", SWAP_BOOT);
+    let stored = da.stat().device(&sock_a).get("orig_data_size");
+    ensure!(stored > 32 * MIB, "the source holds only {stored} bytes");
+
+    // The destination QEMU waits for the guest; its disk waits for its pages.
+    let gb = ctx.boot(
+        "destination",
+        &guest(&sock_b, &qmp_b)
+            .qemu_arg("-incoming")
+            .qemu_arg(format!("unix:{}", s(&qemu_mig))),
+    );
+    let mut qb = Qmp::connect(&qmp_b, Duration::from_secs(60));
+    let mut qa = Qmp::connect(&qmp_a, Duration::from_secs(10));
+
+    // vzram's transfer runs beside QEMU's: pre-copy while the guest runs,
+    // the last delta once QEMU stops the source's rings.
+    let t0 = Instant::now();
+    let sender = Command::new(&ctx.bin)
+        .args([
+            "migrate",
+            "--control",
+            &s(&ctx.path("a.ctl")),
+            "--device",
+            "a",
+        ])
+        .arg("--to")
+        .arg(format!("unix:{}", s(&incoming)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn vzram migrate");
+    qa.execute(
+        "migrate-set-parameters",
+        serde_json::json!({ "max-bandwidth": 1u64 << 30, "downtime-limit": 2000 }),
+    );
+    qa.execute(
+        "migrate-set-capabilities",
+        serde_json::json!({ "capabilities": [ { "capability": "auto-converge", "state": true } ] }),
+    );
+    qa.execute(
+        "migrate",
+        serde_json::json!({ "uri": format!("unix:{}", s(&qemu_mig)) }),
+    );
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let info = loop {
+        let info = qa.execute("query-migrate", serde_json::json!({}));
+        match info["status"].as_str() {
+            Some("completed") => break info,
+            Some("failed") | Some("cancelled") => panic!("QEMU's migration failed: {info}"),
+            _ => {}
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "QEMU's migration did not finish: {info}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    };
+    let qemu_secs = t0.elapsed().as_secs_f64();
+    let out = sender.wait_with_output().expect("vzram migrate");
+    let vzram_secs = t0.elapsed().as_secs_f64();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "vzram migrate failed ({}): {said}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = qb.execute("query-status", serde_json::json!({}));
+    eprintln!(
+        "  QEMU migration: {qemu_secs:.1}s, downtime {} ms, {} MiB of RAM; vzram migrate: \
+         done {vzram_secs:.1}s after the start: {said}; destination {status}",
+        info["downtime"],
+        info["ram"]["transferred"].as_u64().unwrap_or(0) / MIB,
+    );
+    let m = da.stat().device(&sock_a).v["migration"].clone();
+    eprintln!("  source migration stat: {m}");
+    let _ = qa.execute("quit", serde_json::json!({}));
+    drop(ga);
+
+    // The guest finishes its rounds on the destination, every page verified.
+    let out = gb.wait(SWAP_BOOT);
+    out.expect_ok();
+    let p = out.fields("PRESSURE ");
+    ensure!(p.num("mismatches") == 0, "{}", p.line);
+    ensure!(p.num("rounds") >= 4, "{}", p.line);
+    ensure!(
+        !out.lines.iter().any(|l| l.contains("MISMATCH")),
+        "page mismatches reported"
+    );
+    let st = db.stat();
+    let b = st.device(&sock_b);
+    eprintln!("  destination stat: {}", b.summary());
+    ensure!(b.get("reads") > 0 && b.get("failed_reads") == 0, "{}", b.v);
+    da.shutdown();
+    db.shutdown();
+}

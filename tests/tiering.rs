@@ -460,6 +460,37 @@ fn a_device_with_a_backing_file_takes_ten_times_its_limit() {
     );
 }
 
+/// A command sent just as the frontend leaves reaches a worker on its way
+/// out. It must not fail: the daemon asks again, and whoever holds the
+/// device next (the supervisor, or a new worker) carries it out.
+#[test]
+fn a_command_racing_a_leaving_frontend_is_carried_out() {
+    let dir = TempDir::new("tier-race");
+    let sock = dir.join("v.sock");
+    let d = start(
+        &dir,
+        &[&sock],
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "16M",
+            "--name",
+            "vm1",
+            "--queues",
+            "1",
+        ],
+    );
+    for round in 0..20u64 {
+        let mut c = Client::connect(&sock, 1).unwrap();
+        write_verified(&mut c, 64, 64, round).unwrap();
+        drop(c);
+        // No wait for the worker to go: that is the race.
+        let out = cli_ok(&d, &["mark-idle", "--device", "vm1"]);
+        assert_eq!(out, "device vm1: 64 pages marked idle\n", "round {round}");
+    }
+}
+
 #[test]
 fn mark_idle_and_recompress_shrink_an_lz4_device() {
     const PAGES: u64 = 8192; // 32 MiB

@@ -388,11 +388,12 @@ impl Supervisor {
     /// Compacts device `d`: through its worker when it has one, else here,
     /// holding the device so that no worker starts meanwhile.
     pub fn compact(&self, d: &Served) -> Result<u64, String> {
-        if let Some(r) = self.order_worker(d, &Order::Compact, COMPACT_WAIT) {
-            return match r? {
-                Answer::Compacted { pages } => Ok(pages),
-                a => Err(unexpected(a)),
-            };
+        match self.order_worker(d, &Order::Compact, COMPACT_WAIT) {
+            Some(Ok(Answer::Compacted { pages })) => return Ok(pages),
+            Some(Ok(a)) => return Err(unexpected(a)),
+            Some(Err(Asked::Silent)) => return Err(Asked::Silent.to_string()),
+            // A worker on its way out: the device is about to be ours.
+            Some(Err(Asked::Gone(_))) | None => {}
         }
         // A worker is starting: it will compact what it finds fragmented.
         Ok(self.hold(d, |dev| dev.compact())?.unwrap_or(0))
@@ -411,8 +412,16 @@ impl Supervisor {
         }
         let deadline = Instant::now() + HOLD_WAIT;
         let answer = loop {
-            if let Some(r) = self.order_worker(d, order, TIER_WAIT) {
-                break r?;
+            match self.order_worker(d, order, TIER_WAIT) {
+                Some(Ok(a)) => break a,
+                Some(Err(Asked::Silent)) => return Err(Asked::Silent.to_string()),
+                // The worker was going (its frontend had just left) or died:
+                // whatever it did is in the device, and every tiering order
+                // can run again; whoever holds the device next takes it.
+                Some(Err(Asked::Gone(e))) => {
+                    tracing::info!(device = %d.spec.name, "worker went away during an order ({e}); asking again")
+                }
+                None => {}
             }
             if let Some(a) = self.hold(d, |dev| worker::execute(dev, order))? {
                 break a;
@@ -440,7 +449,7 @@ impl Supervisor {
         d: &Served,
         order: &Order,
         wait: Duration,
-    ) -> Option<Result<Answer, String>> {
+    ) -> Option<Result<Answer, Asked>> {
         self.order_worker_with(d, order, wait, &mut None)
     }
 
@@ -452,7 +461,7 @@ impl Supervisor {
         order: &Order,
         wait: Duration,
         fd: &mut Option<OwnedFd>,
-    ) -> Option<Result<Answer, String>> {
+    ) -> Option<Result<Answer, Asked>> {
         let _one = d.ordering.lock().unwrap_or_else(|e| e.into_inner());
         let c = d
             .control
@@ -526,7 +535,7 @@ impl Supervisor {
         let deadline = Instant::now() + hold_wait;
         loop {
             if let Some(r) = self.order_worker_with(d, order, MIGRATE_WAIT, &mut fd) {
-                return r.map(|a| (a, true));
+                return r.map(|a| (a, true)).map_err(|e| e.to_string());
             }
             let here = self.hold(d, |dev| {
                 let open = || {};
@@ -1376,23 +1385,41 @@ fn attach(
         .map_err(|e| e.to_string())
 }
 
+/// Why a worker gave no answer to an order.
+#[derive(Debug)]
+enum Asked {
+    /// Its channel broke: it was exiting (its frontend had left) or died.
+    Gone(String),
+    /// It did not answer within the wait.
+    Silent,
+}
+
+impl std::fmt::Display for Asked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Asked::Gone(e) => write!(f, "worker: {e}"),
+            Asked::Silent => write!(f, "the worker did not answer"),
+        }
+    }
+}
+
 /// Sends a worker an order and waits up to `wait` for its answer.
 fn ask_worker(
     c: &UnixStream,
     order: &Order,
     fds: &[RawFd],
     wait: Duration,
-) -> Result<Answer, String> {
-    launcher::send(c, order, fds).map_err(|e| format!("worker: {e}"))?;
+) -> Result<Answer, Asked> {
+    launcher::send(c, order, fds).map_err(|e| Asked::Gone(e.to_string()))?;
     match vzram_blk::guard::wait_fd(c.as_raw_fd(), libc::POLLIN, Some(wait)) {
         Ok(true) => {}
-        Ok(false) => return Err("the worker did not answer".into()),
-        Err(e) => return Err(format!("worker: {e}")),
+        Ok(false) => return Err(Asked::Silent),
+        Err(e) => return Err(Asked::Gone(e.to_string())),
     }
     match launcher::recv::<Answer>(c) {
         Ok(Some((a, _))) => Ok(a),
-        Ok(None) => Err("the worker went away".into()),
-        Err(e) => Err(format!("worker: {e}")),
+        Ok(None) => Err(Asked::Gone("it went away".into())),
+        Err(e) => Err(Asked::Gone(e.to_string())),
     }
 }
 

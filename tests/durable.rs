@@ -6,8 +6,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use vzram_tests::*;
 
@@ -75,37 +73,6 @@ fn check_all(sock: &Path, v: u64, every: u64, what: &str) {
     }
 }
 
-/// Runs `vzram serve ARGS` that must refuse to start: its output, or a
-/// panic if it is still running after 10 s.
-fn refused(dir: &TempDir, args: &[&str]) -> std::process::Output {
-    let mut child = Command::new(vzram_bin())
-        .arg("serve")
-        .args(args)
-        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vzram serve {args:?} started instead of refusing");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn kill9(d: &mut Daemon) {
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(d.pid() as libc::pid_t, libc::SIGKILL) };
-    let st = d.wait_exit(Duration::from_secs(10)).expect("daemon gone");
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(st.signal(), Some(libc::SIGKILL));
-}
-
 #[test]
 fn sigkill_then_the_same_command_line_serves_every_page() {
     let dir = TempDir::new("dur9");
@@ -118,7 +85,7 @@ fn sigkill_then_the_same_command_line_serves_every_page() {
         .expect("stat shows the state")
         .to_string();
     assert!(before.0["devices"][0]["state_bytes"].as_u64().unwrap() > 0);
-    kill9(&mut d);
+    d.kill9();
     // The socket file of a killed daemon is left behind; the next start
     // replaces it.
     let d = start(&dir, &sock, &[]);
@@ -175,7 +142,7 @@ fn state_that_does_not_match_stops_the_start_and_fresh_discards_it() {
     assert!(d.terminate().success());
 
     // Another size: refused, one line naming the file, exit 2, no socket.
-    let out = refused(
+    let out = serve_refused(
         &dir,
         &["--socket", s(&sock), "--size", "32M", "--name", "vm1"],
     );
@@ -198,7 +165,7 @@ fn state_that_does_not_match_stops_the_start_and_fresh_discards_it() {
     let _d = start(&dir, &sock, &[]);
     check_all(&sock, 3, 4, "after the refused start");
     let other = dir.join("w.sock");
-    let out = refused(
+    let out = serve_refused(
         &dir,
         &["--socket", s(&other), "--size", DEV, "--name", "vm1"],
     );

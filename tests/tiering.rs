@@ -182,28 +182,6 @@ fn n(v: &Value, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in {v}"))
 }
 
-/// Runs `vzram serve ARGS`, which must refuse to start: its output.
-fn refused(dir: &TempDir, args: &[&str]) -> Output {
-    let mut child = Command::new(vzram_bin())
-        .arg("serve")
-        .args(args)
-        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vzram serve {args:?} started instead of refusing");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
-}
-
 /// The error line of a refused command; asserts exit 2 and that the error
 /// is one line, the last (a daemon that fails at its second device has
 /// logged the first one's set-up before it).
@@ -218,12 +196,6 @@ fn one_line_exit_2(o: &Output, what: &str) -> String {
         "{what}: {err}"
     );
     errors[0].to_string()
-}
-
-fn kill9(d: &mut Daemon) {
-    // SAFETY: a signal to our own child.
-    unsafe { libc::kill(d.pid() as libc::pid_t, libc::SIGKILL) };
-    d.wait_exit(Duration::from_secs(10)).expect("daemon gone");
 }
 
 /// Starts `vzram serve ARGS`; a killed daemon's socket files are removed
@@ -666,7 +638,7 @@ fn written_back_pages_survive_kill_9() {
     let backed = n(&stat_dev(&d, "vm1"), "backed_pages");
     assert_eq!(backed, PAGES - 100 - 10 + 50);
 
-    kill9(&mut d);
+    d.kill9();
     let d = start(&dir, &[&sock], &args);
     let mut c = Client::connect(&sock, 1).unwrap();
     check(&mut c, PAGES, 256, want, "after kill -9");
@@ -836,7 +808,7 @@ fn bad_backing_files_stop_the_start_with_one_line() {
     };
     let run = |args: Vec<String>| {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        refused(&dir, &refs)
+        serve_refused(&dir, &refs)
     };
 
     let e = one_line_exit_2(&run(with(&["--backing-file", s(&missing)])), "missing file");

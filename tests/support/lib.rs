@@ -210,6 +210,17 @@ impl Daemon {
         }
     }
 
+    /// SIGKILL, as a crash or the OOM killer would; waits for the exit.
+    pub fn kill9(&mut self) {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGKILL) };
+        let st = self
+            .wait_exit(Duration::from_secs(10))
+            .expect("daemon gone");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(st.signal(), Some(libc::SIGKILL));
+    }
+
     /// SIGTERM, then waits (10 s at most) for the exit status.
     pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("daemon already stopped");
@@ -240,6 +251,29 @@ impl Drop for Daemon {
             let _ = c.wait();
         }
     }
+}
+
+/// Runs `vzram serve ARGS`, which must refuse to start: its output, or a
+/// panic if it is still running after 10 s.
+pub fn serve_refused(dir: &TempDir, args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(vzram_bin())
+        .arg("serve")
+        .args(args)
+        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vzram serve {args:?} started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 /// One request on a control socket.

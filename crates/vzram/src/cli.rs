@@ -300,13 +300,8 @@ pub struct DeviceArgs {
 
 #[derive(Debug, Args)]
 pub struct RecompressArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
-    pub control: PathBuf,
-    /// Device name or index.
-    #[arg(long)]
-    pub device: String,
+    #[command(flatten)]
+    pub target: DeviceArgs,
     /// Only pages marked idle (and not read or written since).
     #[arg(long)]
     pub idle: bool,
@@ -320,13 +315,8 @@ pub struct RecompressArgs {
 
 #[derive(Debug, Args)]
 pub struct WritebackArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
-    pub control: PathBuf,
-    /// Device name or index.
-    #[arg(long)]
-    pub device: String,
+    #[command(flatten)]
+    pub target: DeviceArgs,
     /// Only pages marked idle (and not read or written since).
     #[arg(long)]
     pub idle: bool,
@@ -346,13 +336,8 @@ pub struct WritebackArgs {
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
-    pub control: PathBuf,
-    /// Device name or index.
-    #[arg(long)]
-    pub device: String,
+    #[command(flatten)]
+    pub target: DeviceArgs,
     /// The destination device's incoming address: unix:PATH (tunnel it over
     /// SSH or TLS between hosts) or tcp:HOST:PORT (guest memory in clear).
     #[arg(long, value_parser = crate::migration::parse_addr, value_name = "ADDR")]

@@ -164,16 +164,16 @@ pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
 
 pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
     let req = Request::Recompress {
-        device: DeviceRef::named(&args.device),
+        device: DeviceRef::named(&args.target.device),
         idle: args.idle,
         huge: args.huge,
         algo: args.algo.map(|a| a.to_string()),
     };
-    let r = call_waiting(&args.control, req, TIER_WAIT)?;
+    let r = call_waiting(&args.target.control, req, TIER_WAIT)?;
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     Ok(format!(
         "device {}: recompressed {} of {} pages tried with {}, {} smaller; {} of memory given back\n",
-        args.device,
+        args.target.device,
         n("pages_recompressed"),
         n("pages_tried"),
         r["algo"].as_str().unwrap_or("?"),
@@ -184,18 +184,18 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
 
 pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
     let req = Request::Writeback {
-        device: DeviceRef::named(&args.device),
+        device: DeviceRef::named(&args.target.device),
         idle: args.idle,
         cold: args.cold,
         huge: args.huge,
         incompressible: args.incompressible,
         max_pages: args.max_pages,
     };
-    let r = call_waiting(&args.control, req, TIER_WAIT)?;
+    let r = call_waiting(&args.target.control, req, TIER_WAIT)?;
     let pages = r["pages_written"].as_u64().unwrap_or(0);
     Ok(format!(
         "device {}: wrote {pages} pages ({}) to the backing file; {} of memory given back\n",
-        args.device,
+        args.target.device,
         human(pages * 4096),
         human(r["freed_bytes"].as_u64().unwrap_or(0)),
     ))
@@ -203,17 +203,17 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
 
 pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     let req = Request::Migrate {
-        device: DeviceRef::named(&args.device),
+        device: DeviceRef::named(&args.target.device),
         to: args.to.to_string(),
         keep: args.keep,
     };
     let wait = crate::supervisor::MIGRATE_WAIT.saturating_add(std::time::Duration::from_secs(10));
-    let r = call_waiting(&args.control, req, wait)?;
+    let r = call_waiting(&args.target.control, req, wait)?;
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
     Ok(format!(
         "device {}: migrated to {}: {} pages, {} in {} passes, {:.1} s ({:.1} MiB/s); last delta {} pages in {:.1} ms; {}\n",
-        args.device,
+        args.target.device,
         args.to,
         n("pages"),
         human(n("bytes")),

@@ -644,19 +644,24 @@ impl Device {
             .check(slot)
             .and_then(|()| self.table.mark(slot))
             .and_then(|()| self.encode(&mut ctx.work, data, sh))
-            .map(|new| {
-                let w = self.table.word(slot);
-                // `new` is never 0 (encode makes a same-filled or object word).
-                let g = SlotGuard::lock(w);
-                let old = g.old();
-                g.publish(new);
-                self.dirty.mark(slot);
-                self.retire(old, new, sh);
-            });
+            .map(|new| self.publish_write(slot, new, sh));
         if let Err(e) = &r {
             ctr.failed_write(e);
         }
         r
+    }
+
+    /// Makes `new` (an encoded whole page, never 0) the slot's content: the
+    /// one place a whole-page write lands, whether encoded here or on a
+    /// compress thread ([`Prepared::commit`]). A migration's dirty log hears
+    /// of it after the word is out, so a pass that reads the slot later
+    /// sees the new page.
+    fn publish_write(&self, slot: u64, new: u64, shard: usize) {
+        let g = SlotGuard::lock(self.table.word(slot));
+        let old = g.old();
+        g.publish(new);
+        self.dirty.mark(slot);
+        self.retire(old, new, shard);
     }
 
     /// Read-modify-write of part of a page, under the slot lock: `f` sees the

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::Device;
 use crate::context::Context;
 use crate::error::Result;
-use crate::slot::{Slot, SlotGuard};
+use crate::slot::Slot;
 use crate::Page;
 
 /// A page ready to become a slot's content; see the module documentation.
@@ -83,10 +83,7 @@ impl Prepared {
 
     /// The second half: makes the page the slot's content and frees the old.
     pub fn commit(mut self) {
-        let g = SlotGuard::lock(self.dev.table.word(self.slot));
-        let old = g.old();
-        g.publish(self.word);
-        self.dev.retire(old, self.word, self.shard);
+        self.dev.publish_write(self.slot, self.word, self.shard);
         // The slot owns it now; 0 (an empty word) owns nothing to free.
         self.word = 0;
     }
@@ -150,6 +147,22 @@ mod tests {
         let mut out = [0u8; PAGE_SIZE];
         dev.read_page(&mut Context::new(0), slot, &mut out).unwrap();
         out
+    }
+
+    /// A migration tracks writes committed from a compress thread too: a
+    /// write it missed would never reach the destination.
+    #[test]
+    fn a_committed_write_enters_the_migration_dirty_log() {
+        let (_pool, dev) = setup();
+        dev.dirty.start(dev.num_slots());
+        let p = dev
+            .prepare_write(&mut Context::new(0), 5, &page(5))
+            .unwrap();
+        assert_eq!(dev.dirty_slots(), 0, "nothing is written before the commit");
+        p.commit();
+        assert_eq!(dev.dirty_slots(), 1);
+        assert_eq!(dev.dirty.take(), vec![5]);
+        dev.dirty.stop();
     }
 
     /// Two writes to one slot prepared on two contexts: the later commit

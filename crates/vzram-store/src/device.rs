@@ -1671,17 +1671,8 @@ mod tests {
     /// room: the pass then put the old page back over the new one.
     #[test]
     fn writeback_never_puts_back_a_page_overwritten_meanwhile() {
-        let dir = std::env::temp_dir().join(format!("vzram-wb-aba-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("backing");
-        std::fs::File::create(&path)
-            .unwrap()
-            .set_len(65 * PAGE_SIZE as u64)
-            .unwrap();
+        let (dir, cfg) = backed_cfg("wb-aba", 0);
         let pool = pool();
-        let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
-        cfg.shards = 1;
-        cfg.backing = Some(BackingSpec { path });
         let dev = pool.create_device(cfg).unwrap();
         let n = rewrites_beside(&dev, 0xff, 100, |d| {
             d.writeback(Filter::default(), None).unwrap().pages
@@ -1711,20 +1702,10 @@ mod tests {
     /// memory.
     #[test]
     fn spills_scan_the_slots_behind_the_hand_too() {
-        let dir = std::env::temp_dir().join(format!("vzram-hand-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("backing");
-        std::fs::File::create(&path)
-            .unwrap()
-            .set_len(65 * PAGE_SIZE as u64)
-            .unwrap();
-        let pool = pool();
-        let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
-        cfg.shards = 1;
         // Raw pages: one object per one-page span, so each write needs a
         // page of its own and the limit holds one.
-        cfg.mem_limit = PAGE_SIZE as u64;
-        cfg.backing = Some(BackingSpec { path });
+        let (dir, cfg) = backed_cfg("hand", PAGE_SIZE as u64);
+        let pool = pool();
         let dev = pool.create_device(cfg).unwrap();
         let cx = &mut Context::new(0);
         let mut buf = [0u8; PAGE_SIZE];
@@ -1742,6 +1723,23 @@ mod tests {
         }
         drop(dev);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A 64-slot lz4 device with a 64-block backing file in a fresh
+    /// directory (removed by the caller) and memory limit `mem_limit`.
+    fn backed_cfg(tag: &str, mem_limit: u64) -> (std::path::PathBuf, DeviceConfig) {
+        let dir = std::env::temp_dir().join(format!("vzram-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("backing");
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(65 * PAGE_SIZE as u64)
+            .unwrap();
+        let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
+        cfg.shards = 1;
+        cfg.mem_limit = mem_limit;
+        cfg.backing = Some(BackingSpec { path });
+        (dir, cfg)
     }
 
     fn state_cfg(root: &std::path::Path) -> DeviceConfig {

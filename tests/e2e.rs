@@ -755,10 +755,8 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
                 .as_i64()
                 .unwrap_or_else(|| panic!("no worker pid: {}", s.json));
             // SAFETY: signalling the worker process the daemon reported.
-            ensure!(
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0,
-                "cannot kill worker {pid}"
-            );
+            let rc = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            ensure!(rc == 0, "cannot kill worker {pid}");
             d
         }
     };

@@ -233,12 +233,8 @@ fn bin_for_others(dir: &TempDir) -> PathBuf {
 fn chown(p: &Path, uid: u32, gid: u32) {
     let c = std::ffi::CString::new(s(p)).unwrap();
     // SAFETY: chown of a path the test created, NUL-terminated.
-    assert_eq!(
-        unsafe { libc::chown(c.as_ptr(), uid, gid) },
-        0,
-        "chown {}",
-        p.display()
-    );
+    let rc = unsafe { libc::chown(c.as_ptr(), uid, gid) };
+    assert_eq!(rc, 0, "chown {}", p.display());
 }
 
 /// Connects to the unix socket `path` from a child process running as

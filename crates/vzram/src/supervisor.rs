@@ -1467,8 +1467,8 @@ struct Epoll {
 impl Epoll {
     fn new() -> io::Result<Epoll> {
         let fd = epoll::create(true)?;
-        // SAFETY: epoll::create returned a new descriptor we now own.
         Ok(Epoll {
+            // SAFETY: epoll::create returned a new descriptor we now own.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }

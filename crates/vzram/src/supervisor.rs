@@ -387,16 +387,18 @@ impl Supervisor {
 
     /// Compacts device `d`: through its worker when it has one, else here,
     /// holding the device so that no worker starts meanwhile.
+    ///
+    /// The pages given back are read from the device's shared counter: a
+    /// worker that compacted and then went before it could answer (its
+    /// frontend had just left) is asked again, and the second pass finds
+    /// nothing left to do.
     pub fn compact(&self, d: &Served) -> Result<u64, String> {
-        match self.order_worker(d, &Order::Compact, COMPACT_WAIT) {
-            Some(Ok(Answer::Compacted { pages })) => return Ok(pages),
-            Some(Ok(a)) => return Err(unexpected(a)),
-            Some(Err(Asked::Silent)) => return Err(Asked::Silent.to_string()),
-            // A worker on its way out: the device is about to be ours.
-            Some(Err(Asked::Gone(_))) | None => {}
+        let counted = || d.cells.stats(d.spec.size).pages_compacted;
+        let before = counted();
+        match self.carry_out(d, &Order::Compact, COMPACT_WAIT)? {
+            Answer::Compacted { pages } => Ok(pages.max(counted().saturating_sub(before))),
+            a => Err(unexpected(a)),
         }
-        // A worker is starting: it will compact what it finds fragmented.
-        Ok(self.hold(d, |dev| dev.compact())?.unwrap_or(0))
     }
 
     /// Carries out a tiering order on device `d`: through its worker when
@@ -410,9 +412,17 @@ impl Supervisor {
                 d.spec.name
             ));
         }
+        self.carry_out(d, order, TIER_WAIT)
+    }
+
+    /// Carries out `order` on `d`: through its worker when it has one, else
+    /// here, holding the device. A worker that is going (its frontend had
+    /// just left) or starting is asked again, never skipped: an order that
+    /// met a device in transition used to report nothing done.
+    fn carry_out(&self, d: &Served, order: &Order, wait: Duration) -> Result<Answer, String> {
         let deadline = Instant::now() + HOLD_WAIT;
         let answer = loop {
-            match self.order_worker(d, order, TIER_WAIT) {
+            match self.order_worker(d, order, wait) {
                 Some(Ok(a)) => break a,
                 Some(Err(Asked::Silent)) => return Err(Asked::Silent.to_string()),
                 // The worker was going (its frontend had just left) or died:

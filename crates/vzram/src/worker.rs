@@ -506,8 +506,11 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     pool.compact_fragmented(COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE);
     store.stats();
     // A migration under way finishes first: with the frontend gone the
-    // device is quiet, and the sender's last delta is what is left.
-    drop(busy.lock().unwrap_or_else(|e| e.into_inner()));
+    // device is quiet, and the sender's last delta is what is left. The lock
+    // is then kept until the process ends, so that no order starts only to
+    // be cut short by the exit; the supervisor sees the channel close and
+    // carries the order out itself.
+    std::mem::forget(busy.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(())
 }
 

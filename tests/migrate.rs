@@ -173,6 +173,8 @@ fn writes_during_pre_copy_land_on_the_destination() {
     // goes once the frontend has left.
     let sock_a = e.sock_a.clone();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rounds = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let written = rounds.clone();
     let writer = std::thread::spawn(move || {
         let mut c = Client::connect(&sock_a, 2).expect("connect");
         let mut v = 2;
@@ -185,15 +187,19 @@ fn writes_during_pre_copy_land_on_the_destination() {
                 }
             }
             v += 1;
+            written.store(v - 2, std::sync::atomic::Ordering::Relaxed);
         }
         last
     });
     let e2 = &e;
     let out = std::thread::scope(|sc| {
         let m = sc.spawn(|| migrate(e2, &["--keep"]));
-        // Let a few passes go by while the writer writes.
+        // Let a few passes go by while the writer writes (and has written
+        // more than one round: a fast machine can pass three times first).
         let deadline = Instant::now() + Duration::from_secs(30);
-        while migration(&e2.a)["pass"].as_u64().unwrap_or(0) < 3 {
+        while migration(&e2.a)["pass"].as_u64().unwrap_or(0) < 3
+            || rounds.load(std::sync::atomic::Ordering::Relaxed) < 3
+        {
             assert!(
                 Instant::now() < deadline,
                 "no delta passes: {}",

@@ -20,7 +20,7 @@ use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringState, VringT};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{
-    Address, Bytes, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryBackend,
+    Address, GuestAddressSpace, GuestMemory, GuestMemoryAtomic, GuestMemoryBackend,
     GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::epoll::EventSet;
@@ -480,7 +480,9 @@ fn finish_chain<M: GuestMemory, H: ChainHook>(
         }
     };
     let used = match req.status {
-        Some(addr) if mem.write_obj(status, addr).is_ok() => written.saturating_add(1),
+        Some(addr) if crate::guest::write(mem, addr, &[status]).is_ok() => {
+            written.saturating_add(1)
+        }
         _ => 0,
     };
     hook.ran(head, req, &result, used);

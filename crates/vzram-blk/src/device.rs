@@ -216,9 +216,19 @@ impl BlkDevice {
             let slot = pos / PAGE;
             let off = (pos % PAGE) as usize;
             let n = (PAGE_SIZE - off).min((end - pos) as usize);
+            pos += n as u64;
+            if n == PAGE_SIZE {
+                let direct = out.with_next_mut(mem, PAGE_SIZE, |buf| {
+                    let page: &mut Page = buf.try_into().expect("one page");
+                    self.store.read_page(cx, slot, page)
+                });
+                if let Some(r) = direct {
+                    r?;
+                    continue;
+                }
+            }
             self.store.read_page(cx, slot, bounce)?;
             out.write(mem, &bounce[off..off + n])?;
-            pos += n as u64;
         }
         Ok(())
     }

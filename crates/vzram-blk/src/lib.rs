@@ -9,6 +9,7 @@ pub mod config;
 pub mod device;
 pub mod dirty;
 pub mod guard;
+pub mod guest;
 pub mod pool;
 pub mod request;
 pub mod vring;

@@ -19,7 +19,7 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
 };
 use virtio_queue::DescriptorChain;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Address, GuestAddress, GuestMemory, Permissions};
 
 use crate::config::{MAX_DESCRIPTORS, MAX_DISCARD_SEG, SECTOR_SIZE};
 
@@ -191,7 +191,7 @@ impl Request {
             } else {
                 Permissions::Read
             };
-            if !mem.check_range(addr, len as usize, access) {
+            if !crate::guest::in_range(mem, addr, len as usize, access) {
                 first_err = Some(RequestError::OutsideGuestMemory {
                     addr: addr.raw_value(),
                     len,
@@ -209,8 +209,7 @@ impl Request {
                 let take = (HEADER_LEN - header_got).min(len as usize);
                 if take > 0 {
                     // check_range above guarantees this read succeeds.
-                    if mem
-                        .read_slice(&mut header[header_got..header_got + take], addr)
+                    if crate::guest::read(mem, addr, &mut header[header_got..header_got + take])
                         .is_err()
                     {
                         first_err = Some(RequestError::OutsideGuestMemory {
@@ -242,7 +241,9 @@ impl Request {
             Some((_, 0, true)) => return Err(first_err.unwrap_or(RequestError::StatusNotWritable)),
             Some((addr, len, true)) => {
                 let status = addr.checked_add(u64::from(len) - 1);
-                if let Some(s) = status.filter(|&s| mem.check_range(s, 1, Permissions::Write)) {
+                if let Some(s) =
+                    status.filter(|&s| crate::guest::in_range(mem, s, 1, Permissions::Write))
+                {
                     self.status = Some(s);
                 } else {
                     return Err(first_err.unwrap_or(RequestError::OutsideGuestMemory {
@@ -341,7 +342,7 @@ impl<'a> SegmentCursor<'a> {
         let mut done = 0;
         while done < buf.len() {
             let (addr, n) = self.next_piece(buf.len() - done)?;
-            mem.read_slice(&mut buf[done..done + n], addr)?;
+            crate::guest::read(mem, addr, &mut buf[done..done + n])?;
             done += n;
         }
         Ok(())
@@ -356,10 +357,33 @@ impl<'a> SegmentCursor<'a> {
         let mut done = 0;
         while done < buf.len() {
             let (addr, n) = self.next_piece(buf.len() - done)?;
-            mem.write_slice(&buf[done..done + n], addr)?;
+            crate::guest::write(mem, addr, &buf[done..done + n])?;
             done += n;
         }
         Ok(())
+    }
+
+    /// Runs `f` on the next `n` bytes of the stream as one mutable slice of
+    /// guest memory, and moves past them, when they lie in one segment and
+    /// one region; else does nothing and returns None.
+    pub fn with_next_mut<M: GuestMemory + ?Sized, T>(
+        &mut self,
+        mem: &M,
+        n: usize,
+        f: impl FnOnce(&mut [u8]) -> T,
+    ) -> Option<T> {
+        while self.segs.get(self.idx)?.len == self.off {
+            self.idx += 1;
+            self.off = 0;
+        }
+        let seg = self.segs[self.idx];
+        if ((seg.len - self.off) as usize) < n {
+            return None;
+        }
+        let addr = seg.addr.unchecked_add(u64::from(self.off));
+        let r = crate::guest::with_mut(mem, addr, n, f)?;
+        self.off += n as u32;
+        Some(r)
     }
 
     fn next_piece(
@@ -392,7 +416,7 @@ pub(crate) mod tests {
     use super::*;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestMemoryMmap};
 
     pub const F_NEXT: u16 = 1;
     pub const F_WRITE: u16 = 2;

@@ -263,6 +263,9 @@ pub struct Scratch {
     pub req: Request,
     pub bounce: Box<Page>,
     pub cx: Context,
+    /// When the last request of this pass over the ring ended (see
+    /// [`BlkDevice::execute_chained`]).
+    clock: Option<std::time::Instant>,
     /// With a compress pool: the batch in flight.
     batched: Option<Batched>,
 }
@@ -275,6 +278,7 @@ impl Scratch {
             req: Request::default(),
             bounce: Box::new([0; PAGE_SIZE]),
             cx: Context::new(queue),
+            clock: None,
             batched: None,
         }
     }
@@ -390,6 +394,8 @@ where
         if event_idx {
             ring.queue().disable_notification(&*mem.memory())?;
         }
+        // The thread may have slept since the last request ended.
+        scratch.clock = None;
         let mut pending = 0u32;
         let mut taken = 0u64;
         loop {
@@ -451,10 +457,16 @@ fn run_chain<M: GuestMemory, H: ChainHook>(
     hook: &mut H,
 ) -> u32 {
     let Scratch {
-        req, bounce, cx, ..
+        req,
+        bounce,
+        cx,
+        clock,
+        ..
     } = scratch;
     let result = match req.parse(chain) {
-        Ok(()) => dev.execute(mem, req, bounce, cx).map_err(ChainError::Exec),
+        Ok(()) => dev
+            .execute_chained(mem, req, bounce, cx, clock)
+            .map_err(ChainError::Exec),
         Err(e) => Err(ChainError::Malformed(e)),
     };
     finish_chain(mem, req, result, head, hook)

@@ -11,7 +11,8 @@ use std::sync::Barrier;
 use std::time::Instant;
 
 enum Codec {
-    Lz4,
+    /// lz4 with its match table kept between pages, as the store keeps it.
+    Lz4(Box<lz4_flex::block::CompressTable>),
     Zstd(
         zstd::bulk::Compressor<'static>,
         zstd::bulk::Decompressor<'static>,
@@ -21,7 +22,7 @@ enum Codec {
 impl Codec {
     fn new(algo: Algo) -> Result<Codec> {
         Ok(match algo {
-            Algo::Lz4 => Codec::Lz4,
+            Algo::Lz4 => Codec::Lz4(Box::default()),
             Algo::Zstd(level) => Codec::Zstd(
                 zstd::bulk::Compressor::new(level).context("zstd compressor")?,
                 zstd::bulk::Decompressor::new().context("zstd decompressor")?,
@@ -32,9 +33,8 @@ impl Codec {
     #[inline]
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
         match self {
-            Codec::Lz4 => {
-                lz4_flex::block::compress_into(src, dst).map_err(|e| format!("lz4: {e}").into())
-            }
+            Codec::Lz4(table) => lz4_flex::block::compress_into_with_table(src, dst, table)
+                .map_err(|e| format!("lz4: {e}").into()),
             Codec::Zstd(c, _) => c.compress_to_buffer(src, dst).context("zstd compress"),
         }
     }
@@ -42,7 +42,7 @@ impl Codec {
     #[inline]
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
         match self {
-            Codec::Lz4 => {
+            Codec::Lz4(_) => {
                 lz4_flex::block::decompress_into(src, dst).map_err(|e| format!("lz4: {e}").into())
             }
             Codec::Zstd(_, d) => d.decompress_to_buffer(src, dst).context("zstd decompress"),

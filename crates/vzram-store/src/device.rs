@@ -137,6 +137,12 @@ struct Tier {
     objs: Box<[u8]>,
     /// Where the next spill scan starts (a clock hand over the slots).
     hand: u64,
+    /// Where the next batch of a paced writeback or recompression starts:
+    /// just after the last slot the last one took. Starting every batch from slot 0 made a
+    /// background pass over a large device quadratic (each batch rescanned
+    /// every slot the batches before it had already dealt with).
+    next_writeback: u64,
+    next_recompress: u64,
 }
 
 pub struct Device {
@@ -856,9 +862,29 @@ impl Device {
                 codec: CodecState::default(),
                 objs: vec![0; BATCH * PAGE_SIZE].into_boxed_slice(),
                 hand: 0,
+                next_writeback: 0,
+                next_recompress: 0,
             });
         }
         Ok(t)
+    }
+
+    /// The slots of written table pages, starting at slot `from` and
+    /// wrapping around: each once.
+    fn touched_from(&self, from: u64) -> Vec<std::ops::Range<u64>> {
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        for r in self.table.touched() {
+            if r.end <= from {
+                tail.push(r);
+            } else if r.start >= from {
+                head.push(r);
+            } else {
+                tail.push(r.start..from);
+                head.push(from..r.end);
+            }
+        }
+        head.append(&mut tail);
+        head
     }
 
     /// Moves the stored pages `filter` takes to the backing file, at most
@@ -876,10 +902,15 @@ impl Device {
         let mut batch = Vec::with_capacity(BATCH);
         let mut moved = 0;
         let mut result = Ok(());
-        for slots in self.table.touched().collect::<Vec<_>>() {
+        let from = if max_pages.is_some() {
+            tier.next_writeback
+        } else {
+            0
+        };
+        'scan: for slots in self.touched_from(from) {
             for s in slots {
                 if left == 0 || result.is_err() {
-                    break;
+                    break 'scan;
                 }
                 let word = self.table.word(s).load(Relaxed);
                 if !filter.matches(word) {
@@ -887,6 +918,9 @@ impl Device {
                 }
                 batch.push(s);
                 left -= 1;
+                if left == 0 {
+                    tier.next_writeback = s + 1;
+                }
                 if batch.len() == BATCH {
                     result = self.write_batch(tier, &batch).map(|n| moved += n);
                     batch.clear();
@@ -1120,7 +1154,12 @@ impl Device {
         let ctr = &self.counters()[0];
         let mut result = Ok(());
         let max = max_pages.unwrap_or(u64::MAX);
-        'scan: for slots in self.table.touched().collect::<Vec<_>>() {
+        let from = if max_pages.is_some() {
+            tier.next_recompress
+        } else {
+            0
+        };
+        'scan: for slots in self.touched_from(from) {
             for s in slots {
                 if rep.tried >= max {
                     break 'scan;
@@ -1159,6 +1198,7 @@ impl Device {
                 tier.objs[..obj.len()].copy_from_slice(obj);
                 drop(g);
                 rep.tried += 1;
+                tier.next_recompress = s + 1;
                 let limit = if huge {
                     self.huge_threshold
                 } else {

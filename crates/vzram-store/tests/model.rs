@@ -428,6 +428,10 @@ struct Harness {
     compacted: u64,
     recompressed: [u64; 2],
     recompress_saved: [u64; 2],
+    /// Where a writeback with a page limit starts: after the last page the
+    /// last one took. None once a pass the model cannot follow page by
+    /// page has moved it.
+    wb_next: [Option<u64>; 2],
     /// For working out encodings as the store does.
     cs: CodecState,
     cbuf: Box<[u8; MAX_COMPRESSED]>,
@@ -470,6 +474,7 @@ impl Harness {
             compacted: 0,
             recompressed: [0; 2],
             recompress_saved: [0; 2],
+            wb_next: [Some(0); 2],
             cs: CodecState::default(),
             cbuf: Box::new([0; MAX_COMPRESSED]),
             _files: files,
@@ -1073,24 +1078,44 @@ impl Harness {
             }
             Err(e) => return Err(TestCaseError::fail(format!("writeback: {e}"))),
         }
+        // A pass with a page limit starts after the last page the last one
+        // took and wraps around; one without starts at slot 0.
+        let n = takes.len();
+        let from = match max {
+            u64::MAX => Some(0),
+            _ => self.wb_next[dev].map(|c| c as usize),
+        };
+        let exact = maybe == 0 && from.is_some() && r.is_ok();
+        let from = from.unwrap_or(0).min(n);
         let mut check = Vec::new();
-        let mut left = moved;
-        for (s, t) in takes.into_iter().enumerate() {
+        // The pass takes the first `max` pages in that order, and moves as
+        // many of them as the file has room for.
+        let (mut left, mut taken) = (moved, 0u64);
+        let mut next = self.wb_next[dev];
+        for s in (from..n).chain(0..from) {
             let o = self.objs[dev][s].as_mut();
-            match (t, o) {
-                (Tri::Yes, Some(o)) if maybe == 0 && left > 0 => {
-                    o.loc = Loc::File;
-                    left -= 1;
-                    check.push((dev, s as u64));
+            match (takes[s], o) {
+                (Tri::Yes, Some(o)) if exact => {
+                    taken += 1;
+                    if taken == max {
+                        next = Some(s as u64 + 1);
+                    }
+                    // Past the pages the pass moved: still in the pool.
+                    if left > 0 {
+                        o.loc = Loc::File;
+                        left -= 1;
+                        check.push((dev, s as u64));
+                    }
                 }
-                // Past the pages the pass moved: still in the pool.
-                (Tri::Yes, Some(_)) if maybe == 0 => {}
                 (Tri::Yes | Tri::Maybe, Some(o)) => {
                     o.loc = Loc::Either;
                     check.push((dev, s as u64));
                 }
                 _ => {}
             }
+        }
+        if max != u64::MAX {
+            self.wb_next[dev] = if exact { next } else { None };
         }
         Ok(check)
     }

@@ -427,3 +427,57 @@ fn recompression_in_batches_tries_each_page_once() {
         assert!(read(&dev, cx, s) == want, "slot {s}");
     }
 }
+
+/// Paced writeback resumes where its last batch stopped: it does not go
+/// back over the slots before (that made a background pass quadratic),
+/// and reaches pages there that became eligible again on its next lap.
+#[test]
+fn writeback_in_batches_resumes_where_it_stopped() {
+    let d = Dir::new("wb-batches");
+    let pool = pool();
+    let dev = pool
+        .create_device(config(128, Codec::Lz4, Some(d.backing(128))))
+        .unwrap();
+    let cx = &mut Context::new(0);
+    for s in 0..100 {
+        dev.write_page(cx, s, &noise(s)).unwrap();
+    }
+    let huge = Filter {
+        huge: true,
+        ..Default::default()
+    };
+    assert_eq!(dev.writeback(huge, Some(10)).unwrap().pages, 10);
+    // Slots 0..5 come back into memory, huge again, behind the cursor.
+    for s in 0..5 {
+        dev.write_page(cx, s, &noise(1000 + s)).unwrap();
+    }
+    assert_eq!(dev.writeback(huge, Some(10)).unwrap().pages, 10);
+    let on_disk = |dev: &vzram_store::Device, cx: &mut Context, s: u64| {
+        let before = dev.stats().backed_reads;
+        read(dev, cx, s);
+        dev.stats().backed_reads > before
+    };
+    for s in 0..5 {
+        assert!(
+            !on_disk(&dev, cx, s),
+            "slot {s}: the second batch went back"
+        );
+    }
+    for s in 10..20 {
+        assert!(
+            on_disk(&dev, cx, s),
+            "slot {s}: the second batch skipped it"
+        );
+    }
+    // Batches until one finds nothing: the lap wraps and takes 0..5 too.
+    let mut batches = 0;
+    while dev.writeback(huge, Some(10)).unwrap().pages > 0 {
+        batches += 1;
+        assert!(batches <= 10, "no end to the batches");
+    }
+    assert_eq!(dev.stats().backed_pages, 100);
+    for s in 0..100 {
+        let want = if s < 5 { noise(1000 + s) } else { noise(s) };
+        assert!(read(&dev, cx, s) == want, "slot {s}");
+    }
+}

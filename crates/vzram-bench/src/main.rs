@@ -209,6 +209,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Cmd::Report(a) => {
             let rs = report::load(&a.input)?;
             report::print_table(&rs);
+            guest::print_table(&guest::load(&a.input)?);
             if let Some(p) = &a.plot {
                 plot::draw(&rs, p)?;
             }

@@ -35,6 +35,11 @@ pub enum Cmd {
     /// completes its first 4 KiB read. Also times a clean disconnect + reconnect (a new
     /// worker without the supervisor's failure backoff). Medians and p90.
     Restart(RestartArgs),
+    /// A guest's swap test, timed: the test guest (contrib/guest, QEMU TCG) runs the e2e
+    /// swap scenario against each target in turn, interleaved; the guest's swap-test
+    /// and pressure seconds, QEMU's wall and CPU time and the daemon's CPU time over
+    /// the run, medians and vzram/qsd ratios.
+    Guest(GuestArgs),
     /// Print the table (and draw the plot) again from a --json results file.
     Report(ReportArgs),
 }
@@ -222,6 +227,75 @@ pub struct RestartArgs {
     pub json: Option<PathBuf>,
 }
 
+/// Defaults are those of the e2e swap test (`tests/e2e.rs`, `swap_under_pressure`):
+/// a 1 GiB lz4 disk with 2 queues, a 256 MiB guest, 2 pressure rounds.
+#[derive(Args, Debug)]
+pub struct GuestArgs {
+    /// Comma-separated: vzram, qsd, vzram-base (needs --vzram-base-bin or
+    /// --vzram-base-args); an algorithm may follow '@' (vzram@zstd:3).
+    #[arg(long, default_value = "vzram,qsd")]
+    pub targets: String,
+    /// Boots per target, targets interleaved (A B A B...); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: u32,
+    /// Pressure rounds in the guest (`vzram.rounds=`).
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
+    /// Guest RAM; the pressure is 1.5x what the guest sees of it.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub mem: u64,
+    /// Queues of the disk and of QEMU's vhost-user-blk device.
+    #[arg(long, default_value_t = 2)]
+    pub queues: u32,
+    /// Disk size (the guest swaps on all of it).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub size: u64,
+    /// Compression algorithm for vzram targets.
+    #[arg(long, default_value = "lz4")]
+    pub algo: Algo,
+    /// Seconds one boot may take before QEMU is killed and the run fails.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout: f64,
+    /// The guest's boot script [default: contrib/guest/run.sh in the current
+    /// directory, else in the source tree this was built from]
+    #[arg(long, value_name = "PATH")]
+    pub run_sh: Option<PathBuf>,
+    /// Append results as JSON lines to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The vzram daemon [default: next to this binary, else target/release/vzram]
+    #[arg(long, value_name = "PATH")]
+    pub vzram_bin: Option<PathBuf>,
+    /// Another vzram build, run as target `vzram-base`.
+    #[arg(long, value_name = "PATH")]
+    pub vzram_base_bin: Option<PathBuf>,
+    /// Extra `vzram serve` arguments for target `vzram`, split at spaces.
+    #[arg(
+        long,
+        value_name = "ARGS",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
+    pub vzram_args: String,
+    /// Extra `vzram serve` arguments for target `vzram-base` (without
+    /// --vzram-base-bin: the same binary as `vzram`, another setting).
+    #[arg(
+        long,
+        value_name = "ARGS",
+        default_value = "",
+        allow_hyphen_values = true
+    )]
+    pub vzram_base_args: String,
+    #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
+    pub qsd_bin: PathBuf,
+    /// Sockets, daemon logs and guest consoles [default: /tmp/vzram-bench-PID]
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// tmpfs directory for qsd's disk image.
+    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
+    pub shm_dir: PathBuf,
+}
+
 #[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A file written with --json.
@@ -337,5 +411,33 @@ mod tests {
         let Cmd::Restart(r) = r.cmd else { panic!() };
         assert_eq!(r.data, vec![1 << 20, 2 << 30]);
         assert_eq!(r.repeat, 10);
+    }
+
+    #[test]
+    fn guest_args() {
+        let g = Cli::try_parse_from(["vzram-bench", "guest"]).unwrap();
+        let Cmd::Guest(g) = g.cmd else { panic!() };
+        assert_eq!(g.targets, "vzram,qsd");
+        assert_eq!((g.repeat, g.rounds, g.queues), (3, 2, 2));
+        assert_eq!((g.mem, g.size, g.algo), (256 << 20, 1 << 30, Algo::Lz4));
+        let g = Cli::try_parse_from([
+            "vzram-bench",
+            "guest",
+            "--targets",
+            "qsd",
+            "--repeat",
+            "5",
+            "--rounds",
+            "3",
+            "--mem",
+            "512M",
+            "--vzram-args",
+            "--compress-threads 2",
+        ])
+        .unwrap();
+        let Cmd::Guest(g) = g.cmd else { panic!() };
+        assert_eq!((g.repeat, g.rounds, g.mem), (5, 3, 512 << 20));
+        assert_eq!(g.vzram_args, "--compress-threads 2");
+        assert!(Cli::try_parse_from(["vzram-bench", "guest", "--mem", "lots"]).is_err());
     }
 }

@@ -9,6 +9,7 @@ mod client;
 mod data;
 mod density;
 mod error;
+mod guest;
 mod hist;
 mod job;
 mod measure;
@@ -174,9 +175,41 @@ fn real_main(cli: Cli) -> Result<()> {
             restart::print_table(&rs);
             Ok(())
         }
+        Cmd::Guest(a) => {
+            let work = WorkDir::new(a.work_dir.clone())?;
+            let env = Env {
+                work_dir: work.path.clone(),
+                shm_dir: a.shm_dir.clone(),
+                vzram_bin: vzram_bin(a.vzram_bin.clone()),
+                vzram_base_bin: a.vzram_base_bin.clone().or_else(|| {
+                    (!a.vzram_base_args.trim().is_empty()).then(|| vzram_bin(a.vzram_bin.clone()))
+                }),
+                vzram_args: split_args(&a.vzram_args),
+                vzram_base_args: split_args(&a.vzram_base_args),
+                qsd_bin: a.qsd_bin.clone(),
+                // The guest writes its own pages; no corpus is read.
+                corpus: Corpus::synthetic(1, 0),
+            };
+            let json = a.json.as_deref().map(JsonOut::open).transpose()?;
+            let rs = guest::run(&env, &a, json);
+            let rs = work.finish(rs)?;
+            println!(
+                "Guest: swap test, {} rounds, {} RAM, TCG 2 vCPUs; disk {} ({} queues); {} \
+                 boot(s) per target, interleaved; {} host CPUs.\n",
+                a.rounds,
+                cli::format_size(a.mem),
+                cli::format_size(a.size),
+                a.queues,
+                a.repeat.max(1),
+                sys::nproc()
+            );
+            guest::print_table(&rs);
+            Ok(())
+        }
         Cmd::Report(a) => {
             let rs = report::load(&a.input)?;
             report::print_table(&rs);
+            guest::print_table(&guest::load(&a.input)?);
             if let Some(p) = &a.plot {
                 plot::draw(&rs, p)?;
             }

@@ -341,19 +341,69 @@ pub fn raise_nofile() -> (u64, u64) {
     (r.rlim_cur, r.rlim_max)
 }
 
-/// utime+stime of the whole process (all threads), from /proc/PID/stat.
-pub fn proc_cpu(pid: u32) -> Result<Duration> {
+/// What is read from one /proc/PID/stat: the state letter and CPU clock ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StatTimes {
+    state: char,
+    /// utime + stime: the process, all its threads.
+    own: u64,
+    /// cutime + cstime: its children that have exited and been waited for.
+    children: u64,
+}
+
+fn parse_stat(s: &str) -> Option<StatTimes> {
+    // The command name may contain spaces and parentheses; fields resume after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After ')': state is field 3 in the man page, so utime, stime, cutime, cstime
+    // (14-17) are 11-14.
+    let n = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    Some(StatTimes {
+        state: f.first()?.chars().next()?,
+        own: n(11) + n(12),
+        children: n(13) + n(14),
+    })
+}
+
+fn read_stat(pid: u32) -> Result<StatTimes> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat"))
         .context(format!("reading /proc/{pid}/stat"))?;
-    // The command name may contain spaces; fields resume after the last ')'.
-    let rest = &s[s.rfind(')').map(|i| i + 2).unwrap_or(0)..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After ')': state is field 3 in the man page, so utime (14) and stime (15) are 11, 12.
-    let ticks: u64 = f.get(11).and_then(|x| x.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|x| x.parse().ok()).unwrap_or(0);
+    parse_stat(&s).ok_or_else(|| format!("/proc/{pid}/stat: cannot parse {s:?}").into())
+}
+
+fn ticks(n: u64) -> Duration {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+    Duration::from_nanos(n * 1_000_000_000 / hz)
+}
+
+/// utime+stime of the whole process (all threads), from /proc/PID/stat.
+pub fn proc_cpu(pid: u32) -> Result<Duration> {
+    Ok(ticks(read_stat(pid)?.own))
+}
+
+/// The state letter of a process (`R`, `S`, `Z`...); None when it is gone. A child
+/// of ours that has exited stays `Z` until we wait for it, with its CPU times.
+pub fn proc_state(pid: u32) -> Option<char> {
+    read_stat(pid).ok().map(|t| t.state)
+}
+
+/// CPU time of a daemon's whole tree, including processes that have already exited:
+/// each process's own time plus that of the children it has waited for. A vzram
+/// worker ends when its frontend leaves and its launcher reaps it; its time then
+/// moves into the launcher's children's time, so the sum over the tree stays whole
+/// (unlike [`tree_cpu`], which loses it).
+pub fn tree_cpu_total(pid: u32) -> Result<Duration> {
+    let mut t = 0;
+    for p in proc_tree(pid) {
+        match read_stat(p) {
+            Ok(s) => t += s.own + s.children,
+            Err(e) if p == pid => return Err(e),
+            // Exited between the listing and the read.
+            Err(_) => {}
+        }
+    }
+    Ok(ticks(t))
 }
 
 /// A daemon we started: killed and reaped on drop, whatever happened.
@@ -526,6 +576,19 @@ Anonymous:            12 kB
         assert_eq!((m[0].rss, m[0].pss, m[0].private), (8192, 4096, 0));
         assert!(!m[1].shared && m[1].inode == 0 && m[1].path.is_empty());
         assert_eq!((m[1].rss, m[1].private, m[1].anon), (12288, 12288, 12288));
+    }
+
+    #[test]
+    fn parses_stat() {
+        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt
+        // cmajflt utime stime cutime cstime ...
+        let s = "42 (qemu (x) y) Z 1 42 42 0 -1 4194560 10 0 0 0 700 55 30 4 20 0 3 0";
+        let t = super::parse_stat(s).unwrap();
+        assert_eq!((t.state, t.own, t.children), ('Z', 755, 34));
+        assert!(super::parse_stat("garbage").is_none());
+        let me = std::process::id();
+        assert!(matches!(super::proc_state(me), Some('R' | 'S')));
+        assert!(super::tree_cpu_total(me).is_ok());
     }
 
     #[test]

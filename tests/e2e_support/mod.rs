@@ -291,6 +291,7 @@ impl Ctx {
         ];
         Guest {
             label: label.to_string(),
+            dir: self.dir.clone(),
             child: Some(child),
             shared,
             readers,
@@ -678,6 +679,9 @@ fn reader<R: Read + Send + 'static>(
 /// A QEMU running the test guest. Dropping it kills QEMU.
 pub struct Guest {
     pub label: String,
+    /// The test's directory: a hang dump goes there, and it names the
+    /// test's daemon processes (their arguments and state paths hold it).
+    dir: PathBuf,
     child: Option<Child>,
     shared: Arc<Shared>,
     readers: Vec<JoinHandle<()>>,
@@ -744,6 +748,16 @@ impl Guest {
             }
             let now = Instant::now();
             if now >= deadline {
+                // What QEMU and the daemon were blocked in: a guest that
+                // never finishes is otherwise a silent console.
+                let dump = hang_dump(child.id(), &self.dir);
+                let at = self.dir.join(format!("hang-{}.txt", self.label));
+                let _ = fs::write(&at, &dump);
+                eprintln!(
+                    "----- guest {}: timed out; threads ({}) -----\n{dump}",
+                    self.label,
+                    at.display()
+                );
                 let _ = child.kill();
                 let _ = child.wait();
                 break None;
@@ -969,4 +983,60 @@ impl Qmp {
             }
         }
     }
+}
+
+/// Every thread of QEMU (`qemu`) and of the processes whose command line
+/// names the test's directory (the daemon, its launcher and workers): its
+/// state, kernel wait channel, current system call and kernel stack.
+fn hang_dump(qemu: u32, dir: &Path) -> String {
+    let tag = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut pids = vec![qemu];
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if pid != qemu && !tag.is_empty() && String::from_utf8_lossy(&cmd).contains(&tag) {
+            pids.push(pid);
+        }
+    }
+    let read = |p: PathBuf| fs::read_to_string(p).unwrap_or_default();
+    let mut out = String::new();
+    for pid in pids {
+        let cmd = read(PathBuf::from(format!("/proc/{pid}/cmdline"))).replace('\0', " ");
+        out += &format!("pid {pid}: {}\n", cmd.chars().take(160).collect::<String>());
+        let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+        for t in fs::read_dir(&tasks).into_iter().flatten().flatten() {
+            let p = t.path();
+            let stat = read(p.join("stat"));
+            let state = stat
+                .rsplit(") ")
+                .next()
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or("?");
+            let stack: Vec<String> = read(p.join("stack"))
+                .lines()
+                .take(6)
+                .map(str::to_owned)
+                .collect();
+            out += &format!(
+                "  tid {} {} state {state} wchan {} syscall {}\n",
+                t.file_name().to_string_lossy(),
+                read(p.join("comm")).trim(),
+                read(p.join("wchan")).trim(),
+                read(p.join("syscall"))
+                    .split(' ')
+                    .next()
+                    .unwrap_or("?")
+                    .trim(),
+            );
+            for l in stack {
+                out += &format!("      {l}\n");
+            }
+        }
+    }
+    out
 }

@@ -318,6 +318,38 @@ fn compact_as_the_frontend_leaves_still_compacts() {
     }
 }
 
+/// `compact` of every device skips one that stays busy (here a frontend
+/// that connected and says nothing) within a second or so, and still
+/// compacts the others.
+#[test]
+fn compact_skips_a_busy_device_and_does_the_rest() {
+    let dir = TempDir::new("compactbusy");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let dev = |p: &Path| format!("socket={},size=64M", s(p));
+    let d = Daemon::start(
+        &dir,
+        &["--device", &dev(&a), "--device", &dev(&b)],
+        &[&a, &b],
+    );
+    let mut c = Client::connect(&b, 1).unwrap();
+    for p in 0..2048u64 {
+        c.q(0).write(p * 4096, &pattern(p, p * 4096, 4096)).unwrap();
+    }
+    for p in (0..2048u64).filter(|p| p % 4 != 0) {
+        c.q(0).discard(p * 4096, 4096).unwrap();
+    }
+    drop(c);
+    // Device a: a frontend that connects and never speaks.
+    let _silent = std::os::unix::net::UnixStream::connect(&a).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = std::time::Instant::now();
+    let r = d.control(json!({"cmd": "compact"}));
+    let took = t.elapsed();
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(r["pages_compacted"].as_u64().unwrap() > 0, "{r}");
+    assert!(took < Duration::from_secs(4), "compact took {took:?}");
+}
+
 #[test]
 fn stat_set_limit_and_compact_commands() {
     let dir = TempDir::new("stat");

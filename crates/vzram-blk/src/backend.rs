@@ -421,6 +421,8 @@ where
             if pending == SIGNAL_EVERY {
                 signal(ring, m)?;
                 pending = 0;
+                // The notify is not the next request's time.
+                scratch.clock = None;
             }
         }
         let guard = mem.memory();

@@ -69,7 +69,16 @@ pub fn write<M: GuestMemory + ?Sized>(
 /// they lie in one region: a read decompresses straight into the guest's
 /// buffer instead of into a bounce page and then copying. None (and `f` not
 /// run) otherwise. The dirty log sees the bytes as written.
-pub fn with_mut<M: GuestMemory + ?Sized, T>(
+///
+/// # Safety
+///
+/// The guest chooses the address: other queues' threads (another request
+/// naming the same buffer, or the used ring) and the guest itself may
+/// write the same bytes at the same time. `f` must only write the slice
+/// and never rely on what it reads back from it (for control flow, lengths
+/// or indices), so that any interleaving only spoils the data the guest
+/// gets, as with any DMA into memory it is changing.
+pub(crate) unsafe fn with_mut<M: GuestMemory + ?Sized, T>(
     mem: &M,
     addr: GuestAddress,
     len: usize,
@@ -80,10 +89,9 @@ pub fn with_mut<M: GuestMemory + ?Sized, T>(
         return None;
     }
     let guard = s.ptr_guard_mut();
-    // SAFETY: the slice was bounds-checked against a region that stays
-    // mapped while `mem` is borrowed, and nothing of ours aliases it. The
-    // guest may write the buffer meanwhile (it is shared memory); that only
-    // spoils what the guest itself reads back, as with any device DMA.
+    // SAFETY: `len` bytes at the pointer lie in one region (get_slice checked
+    // them), which stays mapped while `mem` is borrowed; that other writers
+    // may change them meanwhile is the caller's contract above.
     let buf = unsafe { std::slice::from_raw_parts_mut(guard.as_ptr(), len) };
     let r = f(buf);
     s.bitmap().mark_dirty(0, len);
@@ -153,20 +161,22 @@ mod tests {
     #[test]
     fn with_mut_only_within_one_region() {
         let m = mem();
-        let got = with_mut(&m, GuestAddress(0x8000), 0x1000, |b| {
-            b.fill(7);
-            b.len()
-        });
+        // SAFETY: the closures only write (or never run).
+        let got = unsafe {
+            with_mut(&m, GuestAddress(0x8000), 0x1000, |b| {
+                b.fill(7);
+                b.len()
+            })
+        };
         assert_eq!(got, Some(0x1000));
         let mut back = [0u8; 0x1000];
         m.read_slice(&mut back, GuestAddress(0x8000)).unwrap();
         assert!(back.iter().all(|&x| x == 7));
         // Straddling two regions, or running into the hole: f never runs.
         for (a, n) in [(0x2800u64, 0x1000usize), (0x4800, 0x1000), (0x6000, 16)] {
-            assert_eq!(
-                with_mut(&m, GuestAddress(a), n, |_| unreachable!()),
-                None::<()>
-            );
+            // SAFETY: the closure never runs.
+            let got = unsafe { with_mut(&m, GuestAddress(a), n, |_| unreachable!()) };
+            assert_eq!(got, None::<()>);
         }
     }
 }

@@ -366,7 +366,12 @@ impl<'a> SegmentCursor<'a> {
     /// Runs `f` on the next `n` bytes of the stream as one mutable slice of
     /// guest memory, and moves past them, when they lie in one segment and
     /// one region; else does nothing and returns None.
-    pub fn with_next_mut<M: GuestMemory + ?Sized, T>(
+    ///
+    /// # Safety
+    ///
+    /// As for [`crate::guest::with_mut`]: `f` only writes the slice and
+    /// never relies on what it reads back.
+    pub(crate) unsafe fn with_next_mut<M: GuestMemory + ?Sized, T>(
         &mut self,
         mem: &M,
         n: usize,
@@ -381,7 +386,8 @@ impl<'a> SegmentCursor<'a> {
             return None;
         }
         let addr = seg.addr.unchecked_add(u64::from(self.off));
-        let r = crate::guest::with_mut(mem, addr, n, f)?;
+        // SAFETY: our caller keeps the contract for `f`.
+        let r = unsafe { crate::guest::with_mut(mem, addr, n, f) }?;
         self.off += n as u32;
         Some(r)
     }

@@ -262,9 +262,16 @@ impl Control {
                 let pages = match device {
                     Some(r) => self.sup.compact(&self.find(&r)?.1)?,
                     None => {
+                        // One device that cannot be compacted does not stop
+                        // the others.
                         let mut pages = 0;
                         for (_, d) in self.devices() {
-                            pages += self.sup.compact(&d)?;
+                            match self.sup.compact(&d) {
+                                Ok(n) => pages += n,
+                                Err(e) => {
+                                    tracing::warn!(device = %d.spec.name, "not compacted: {e}")
+                                }
+                            }
                         }
                         pages
                     }

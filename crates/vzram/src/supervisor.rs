@@ -40,6 +40,8 @@ pub const TIER_WAIT: Duration = Duration::from_secs(1800);
 /// How long an order waits for a device that a worker is just taking over
 /// (or giving back) before it is refused as busy.
 const HOLD_WAIT: Duration = Duration::from_secs(5);
+/// How long a compaction waits for a busy device before skipping it.
+const COMPACT_PATIENCE: Duration = Duration::from_secs(1);
 /// How long a migration order may take: pre-copy lasts until the source's
 /// frontend stops, which its operator decides.
 pub const MIGRATE_WAIT: Duration = Duration::from_secs(24 * 3600);
@@ -391,13 +393,20 @@ impl Supervisor {
     /// The pages given back are read from the device's shared counter: a
     /// worker that compacted and then went before it could answer (its
     /// frontend had just left) is asked again, and the second pass finds
-    /// nothing left to do.
+    /// nothing left to do. The count includes any compaction the worker
+    /// ran by itself meanwhile. A device that stays busy (a frontend
+    /// connecting, another command holding it) for a second is skipped:
+    /// 0 pages, as compaction is only ever an optimisation.
     pub fn compact(&self, d: &Served) -> Result<u64, String> {
         let counted = || d.cells.stats(d.spec.size).pages_compacted;
         let before = counted();
-        match self.carry_out(d, &Order::Compact, COMPACT_WAIT)? {
-            Answer::Compacted { pages } => Ok(pages.max(counted().saturating_sub(before))),
-            a => Err(unexpected(a)),
+        match self.carry_out(d, &Order::Compact, COMPACT_WAIT, COMPACT_PATIENCE)? {
+            Some(Answer::Compacted { pages }) => Ok(pages.max(counted().saturating_sub(before))),
+            Some(a) => Err(unexpected(a)),
+            None => {
+                tracing::info!(device = %d.spec.name, "busy; not compacted");
+                Ok(0)
+            }
         }
     }
 
@@ -412,15 +421,27 @@ impl Supervisor {
                 d.spec.name
             ));
         }
-        self.carry_out(d, order, TIER_WAIT)
+        self.carry_out(d, order, TIER_WAIT, HOLD_WAIT)?.ok_or_else(|| {
+            format!(
+                "device {} is busy (a frontend is connecting, or another command holds it); try again",
+                d.spec.name
+            )
+        })
     }
 
     /// Carries out `order` on `d`: through its worker when it has one, else
     /// here, holding the device. A worker that is going (its frontend had
     /// just left) or starting is asked again, never skipped: an order that
-    /// met a device in transition used to report nothing done.
-    fn carry_out(&self, d: &Served, order: &Order, wait: Duration) -> Result<Answer, String> {
-        let deadline = Instant::now() + HOLD_WAIT;
+    /// met a device in transition used to report nothing done. None if
+    /// the device was neither served nor free to hold for `patience`.
+    fn carry_out(
+        &self,
+        d: &Served,
+        order: &Order,
+        wait: Duration,
+        patience: Duration,
+    ) -> Result<Option<Answer>, String> {
+        let deadline = Instant::now() + patience;
         let answer = loop {
             match self.order_worker(d, order, wait) {
                 Some(Ok(a)) => break a,
@@ -438,16 +459,13 @@ impl Supervisor {
             }
             // A worker is being started or is going: ask again soon.
             if Instant::now() > deadline {
-                return Err(format!(
-                    "device {} is busy (a frontend is connecting, or another command holds it); try again",
-                    d.spec.name
-                ));
+                return Ok(None);
             }
             std::thread::sleep(Duration::from_millis(20));
         };
         match answer {
             Answer::Failed { error } => Err(format!("device {}: {error}", d.spec.name)),
-            a => Ok(a),
+            a => Ok(Some(a)),
         }
     }
 

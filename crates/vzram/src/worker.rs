@@ -442,6 +442,12 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     });
     let rings = Arc::new(Rings::default());
     let busy = Arc::new(std::sync::Mutex::new(()));
+    // However this returns (set-up errors included), the order lock is
+    // taken on the way out and kept until the process ends: an order under
+    // way finishes (a migration's last delta is sent once the frontend is
+    // gone), and none starts only to be cut short by the exit; the
+    // supervisor sees the channel close and carries the order out itself.
+    let _quiesce = Quiesce(busy.clone());
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<vzram_blk::dirty::LogBitmap>::new());
     let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
         .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
@@ -505,13 +511,16 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // Leave the device compact for its idle time, and its gauges current.
     pool.compact_fragmented(COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE);
     store.stats();
-    // A migration under way finishes first: with the frontend gone the
-    // device is quiet, and the sender's last delta is what is left. The lock
-    // is then kept until the process ends, so that no order starts only to
-    // be cut short by the exit; the supervisor sees the channel close and
-    // carries the order out itself.
-    std::mem::forget(busy.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(())
+}
+
+/// Takes the worker's order lock when dropped and never gives it back.
+struct Quiesce(Arc<std::sync::Mutex<()>>);
+
+impl Drop for Quiesce {
+    fn drop(&mut self) {
+        std::mem::forget(self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
 }
 
 /// Which rings the frontend has started and not stopped, as the relay sees

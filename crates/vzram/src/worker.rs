@@ -447,7 +447,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // way finishes (a migration's last delta is sent once the frontend is
     // gone), and none starts only to be cut short by the exit; the
     // supervisor sees the channel close and carries the order out itself.
-    let _quiesce = Quiesce(busy.clone());
+    let quiesce = Quiesce(busy.clone());
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<vzram_blk::dirty::LogBitmap>::new());
     let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
         .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
@@ -511,6 +511,9 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // Leave the device compact for its idle time, and its gauges current.
     pool.compact_fragmented(COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE);
     store.stats();
+    // Before anything else of this connection is dropped, as an order under
+    // way (a migration's last delta) may still be using the device.
+    drop(quiesce);
     Ok(())
 }
 

@@ -1504,6 +1504,14 @@ impl Device {
         self.retire(old, word, shard);
     }
 
+    /// Where the next paced writeback batch starts; for the model test,
+    /// after a pass it cannot follow page by page.
+    #[doc(hidden)]
+    pub fn writeback_cursor(&self) -> u64 {
+        let t = self.tier.lock().unwrap_or_else(|e| e.into_inner());
+        t.as_ref().map_or(0, |t| t.next_writeback)
+    }
+
     /// Slots written or discarded since the last pass of a migration.
     pub fn dirty_slots(&self) -> u64 {
         self.dirty.count()

@@ -429,9 +429,8 @@ struct Harness {
     recompressed: [u64; 2],
     recompress_saved: [u64; 2],
     /// Where a writeback with a page limit starts: after the last page the
-    /// last one took. None once a pass the model cannot follow page by
-    /// page has moved it.
-    wb_next: [Option<u64>; 2],
+    /// last one took.
+    wb_next: [u64; 2],
     /// For working out encodings as the store does.
     cs: CodecState,
     cbuf: Box<[u8; MAX_COMPRESSED]>,
@@ -474,7 +473,7 @@ impl Harness {
             compacted: 0,
             recompressed: [0; 2],
             recompress_saved: [0; 2],
-            wb_next: [Some(0); 2],
+            wb_next: [0; 2],
             cs: CodecState::default(),
             cbuf: Box::new([0; MAX_COMPRESSED]),
             _files: files,
@@ -1082,11 +1081,10 @@ impl Harness {
         // took and wraps around; one without starts at slot 0.
         let n = takes.len();
         let from = match max {
-            u64::MAX => Some(0),
-            _ => self.wb_next[dev].map(|c| c as usize),
+            u64::MAX => 0,
+            _ => (self.wb_next[dev] as usize).min(n),
         };
-        let exact = maybe == 0 && from.is_some() && r.is_ok();
-        let from = from.unwrap_or(0).min(n);
+        let exact = maybe == 0 && r.is_ok();
         let mut check = Vec::new();
         // The pass takes the first `max` pages in that order, and moves as
         // many of them as the file has room for.
@@ -1098,7 +1096,7 @@ impl Harness {
                 (Tri::Yes, Some(o)) if exact => {
                     taken += 1;
                     if taken == max {
-                        next = Some(s as u64 + 1);
+                        next = s as u64 + 1;
                     }
                     // Past the pages the pass moved: still in the pool.
                     if left > 0 {
@@ -1115,7 +1113,13 @@ impl Harness {
             }
         }
         if max != u64::MAX {
-            self.wb_next[dev] = if exact { next } else { None };
+            let cursor = self.devs[dev].writeback_cursor();
+            if exact {
+                prop_assert_eq!(cursor, next, "where the next limited writeback starts");
+            }
+            // After a pass it could not follow page by page, the model
+            // takes the device's word for it, and predicts again from there.
+            self.wb_next[dev] = cursor;
         }
         Ok(check)
     }

@@ -698,6 +698,18 @@ impl Guest {
                 return l.clone();
             }
             let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() && st.eof < 2 {
+                if let Some(c) = &self.child {
+                    let dump = hang_dump(c.id(), &self.dir);
+                    let at = self.dir.join(format!("hang-{}.txt", self.label));
+                    let _ = fs::write(&at, &dump);
+                    eprintln!(
+                        "----- guest {}: timed out; threads ({}) -----\n{dump}",
+                        self.label,
+                        at.display()
+                    );
+                }
+            }
             ensure!(
                 !left.is_zero() && st.eof < 2,
                 "guest {}: no line with {needle:?} after {:.0}s ({})",

@@ -1049,6 +1049,23 @@ fn hang_dump(qemu: u32, dir: &Path) -> String {
                 out += &format!("      {l}\n");
             }
         }
+        // User-space stacks when gdb is at hand (CI installs it): which lock
+        // or message a stuck thread waits for.
+        if on_path("gdb") {
+            let bt = Command::new("timeout")
+                .args(["60", "gdb", "-batch", "-nx", "-p", &pid.to_string()])
+                .args(["-ex", "thread apply all bt 12"])
+                .stdin(Stdio::null())
+                .output();
+            if let Ok(o) = bt {
+                for l in String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter(|l| l.starts_with('#') || l.starts_with("Thread "))
+                {
+                    out += &format!("      {l}\n");
+                }
+            }
+        }
     }
     out
 }

@@ -74,6 +74,20 @@ pub struct Common {
     /// Draw a PNG: IOPS by queue count, memory per GiB stored.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub daemons: Daemons,
+    /// Check every read against the corpus (costs client CPU).
+    #[arg(long)]
+    pub verify: bool,
+    /// Use libblkio poll queues (busy-polling client) instead of completion eventfds.
+    #[arg(long)]
+    pub poll: bool,
+}
+
+/// The daemons under test and where they run: the same flags for every
+/// subcommand that starts them.
+#[derive(Args, Debug, Clone)]
+pub struct Daemons {
     /// The vzram daemon [default: next to this binary, else target/release/vzram]
     #[arg(long, value_name = "PATH")]
     pub vzram_bin: Option<PathBuf>,
@@ -102,18 +116,12 @@ pub struct Common {
     pub vzram_base_args: String,
     #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
     pub qsd_bin: PathBuf,
-    /// Sockets and daemon logs [default: /tmp/vzram-bench-PID]
+    /// Sockets, daemon logs (and guest consoles) [default: /tmp/vzram-bench-PID]
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// tmpfs directory for qsd's disk image.
     #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
     pub shm_dir: PathBuf,
-    /// Check every read against the corpus (costs client CPU).
-    #[arg(long)]
-    pub verify: bool,
-    /// Use libblkio poll queues (busy-polling client) instead of completion eventfds.
-    #[arg(long)]
-    pub poll: bool,
 }
 
 #[derive(Args, Debug)]
@@ -263,37 +271,8 @@ pub struct GuestArgs {
     /// Append results as JSON lines to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// The vzram daemon [default: next to this binary, else target/release/vzram]
-    #[arg(long, value_name = "PATH")]
-    pub vzram_bin: Option<PathBuf>,
-    /// Another vzram build, run as target `vzram-base`.
-    #[arg(long, value_name = "PATH")]
-    pub vzram_base_bin: Option<PathBuf>,
-    /// Extra `vzram serve` arguments for target `vzram`, split at spaces.
-    #[arg(
-        long,
-        value_name = "ARGS",
-        default_value = "",
-        allow_hyphen_values = true
-    )]
-    pub vzram_args: String,
-    /// Extra `vzram serve` arguments for target `vzram-base` (without
-    /// --vzram-base-bin: the same binary as `vzram`, another setting).
-    #[arg(
-        long,
-        value_name = "ARGS",
-        default_value = "",
-        allow_hyphen_values = true
-    )]
-    pub vzram_base_args: String,
-    #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
-    pub qsd_bin: PathBuf,
-    /// Sockets, daemon logs and guest consoles [default: /tmp/vzram-bench-PID]
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
-    /// tmpfs directory for qsd's disk image.
-    #[arg(long, value_name = "DIR", default_value = "/dev/shm")]
-    pub shm_dir: PathBuf,
+    #[command(flatten)]
+    pub daemons: Daemons,
 }
 
 #[derive(Args, Debug)]
@@ -437,7 +416,7 @@ mod tests {
         .unwrap();
         let Cmd::Guest(g) = g.cmd else { panic!() };
         assert_eq!((g.repeat, g.rounds, g.mem), (5, 3, 512 << 20));
-        assert_eq!(g.vzram_args, "--compress-threads 2");
+        assert_eq!(g.daemons.vzram_args, "--compress-threads 2");
         assert!(Cli::try_parse_from(["vzram-bench", "guest", "--mem", "lots"]).is_err());
     }
 }

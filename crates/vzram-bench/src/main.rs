@@ -176,20 +176,8 @@ fn real_main(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Guest(a) => {
-            let work = WorkDir::new(a.work_dir.clone())?;
-            let env = Env {
-                work_dir: work.path.clone(),
-                shm_dir: a.shm_dir.clone(),
-                vzram_bin: vzram_bin(a.vzram_bin.clone()),
-                vzram_base_bin: a.vzram_base_bin.clone().or_else(|| {
-                    (!a.vzram_base_args.trim().is_empty()).then(|| vzram_bin(a.vzram_bin.clone()))
-                }),
-                vzram_args: split_args(&a.vzram_args),
-                vzram_base_args: split_args(&a.vzram_base_args),
-                qsd_bin: a.qsd_bin.clone(),
-                // The guest writes its own pages; no corpus is read.
-                corpus: Corpus::synthetic(1, 0),
-            };
+            // The guest writes its own pages; no corpus is read.
+            let (work, env) = daemons_env(&a.daemons, Corpus::synthetic(1, 0))?;
             let json = a.json.as_deref().map(JsonOut::open).transpose()?;
             let rs = guest::run(&env, &a, json);
             let rs = work.finish(rs)?;
@@ -312,21 +300,27 @@ impl Drop for WorkDir {
     }
 }
 
-fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
-    let all: Vec<TargetSpec> = plan.iter().flat_map(|(_, t)| t.iter().copied()).collect();
-    let work = WorkDir::new(c.work_dir.clone())?;
+/// The work directory and the targets' environment from the daemon flags.
+fn daemons_env(d: &cli::Daemons, corpus: Corpus) -> Result<(WorkDir, Env)> {
+    let work = WorkDir::new(d.work_dir.clone())?;
     let env = Env {
         work_dir: work.path.clone(),
-        shm_dir: c.shm_dir.clone(),
-        vzram_bin: vzram_bin(c.vzram_bin.clone()),
-        vzram_base_bin: c.vzram_base_bin.clone().or_else(|| {
-            (!c.vzram_base_args.trim().is_empty()).then(|| vzram_bin(c.vzram_bin.clone()))
+        shm_dir: d.shm_dir.clone(),
+        vzram_bin: vzram_bin(d.vzram_bin.clone()),
+        vzram_base_bin: d.vzram_base_bin.clone().or_else(|| {
+            (!d.vzram_base_args.trim().is_empty()).then(|| vzram_bin(d.vzram_bin.clone()))
         }),
-        vzram_args: split_args(&c.vzram_args),
-        vzram_base_args: split_args(&c.vzram_base_args),
-        qsd_bin: c.qsd_bin.clone(),
-        corpus: Corpus::resolve(c.data.as_deref(), c.synthetic)?,
+        vzram_args: split_args(&d.vzram_args),
+        vzram_base_args: split_args(&d.vzram_base_args),
+        qsd_bin: d.qsd_bin.clone(),
+        corpus,
     };
+    Ok((work, env))
+}
+
+fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
+    let all: Vec<TargetSpec> = plan.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+    let (work, env) = daemons_env(&c.daemons, Corpus::resolve(c.data.as_deref(), c.synthetic)?)?;
     env.check(&all)?;
     let repeat = c.repeat.unwrap_or(default_repeat).max(1);
     eprintln!(

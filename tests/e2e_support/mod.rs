@@ -689,6 +689,20 @@ pub struct Guest {
 }
 
 impl Guest {
+    /// What QEMU (`pid`) and the daemon were blocked in, printed and kept
+    /// as `hang-LABEL.txt`: a guest that times out is otherwise a silent
+    /// console.
+    fn report_hang(&self, pid: u32) {
+        let dump = hang_dump(pid, &self.dir);
+        let at = self.dir.join(format!("hang-{}.txt", self.label));
+        let _ = fs::write(&at, &dump);
+        eprintln!(
+            "----- guest {}: timed out; threads ({}) -----\n{dump}",
+            self.label,
+            at.display()
+        );
+    }
+
     /// Waits for a console line containing `needle` and returns it.
     pub fn wait_for(&self, needle: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
@@ -700,14 +714,7 @@ impl Guest {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() && st.eof < 2 {
                 if let Some(c) = &self.child {
-                    let dump = hang_dump(c.id(), &self.dir);
-                    let at = self.dir.join(format!("hang-{}.txt", self.label));
-                    let _ = fs::write(&at, &dump);
-                    eprintln!(
-                        "----- guest {}: timed out; threads ({}) -----\n{dump}",
-                        self.label,
-                        at.display()
-                    );
+                    self.report_hang(c.id());
                 }
             }
             ensure!(
@@ -760,16 +767,9 @@ impl Guest {
             }
             let now = Instant::now();
             if now >= deadline {
-                // What QEMU and the daemon were blocked in: a guest that
-                // never finishes is otherwise a silent console.
-                let dump = hang_dump(child.id(), &self.dir);
-                let at = self.dir.join(format!("hang-{}.txt", self.label));
-                let _ = fs::write(&at, &dump);
-                eprintln!(
-                    "----- guest {}: timed out; threads ({}) -----\n{dump}",
-                    self.label,
-                    at.display()
-                );
+                let pid = child.id();
+                self.report_hang(pid);
+                let child = self.child.as_mut().expect("guest already reaped");
                 let _ = child.kill();
                 let _ = child.wait();
                 break None;

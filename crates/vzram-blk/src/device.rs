@@ -666,6 +666,21 @@ mod tests {
         assert!(clock.is_some());
         let st = f.dev.store().stats();
         assert_eq!((st.writes, st.reads), (2, 1));
+        // The start handed in is the one recorded: a read "begun" a second
+        // ago is timed at a second or more.
+        let mut clock = Some(Instant::now() - std::time::Duration::from_secs(1));
+        run(&mut f, VIRTIO_BLK_T_IN, &read, &mut clock);
+        let reads = f
+            .dev
+            .store()
+            .cells()
+            .latencies()
+            .into_iter()
+            .find(|(op, _)| *op == Op::Read)
+            .expect("read latencies")
+            .1;
+        assert_eq!(reads.count, 2);
+        assert!(reads.sum_seconds >= 1.0, "{}", reads.sum_seconds);
     }
 
     #[test]

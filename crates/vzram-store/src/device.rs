@@ -139,9 +139,10 @@ struct Tier {
     hand: u64,
     /// Where the next batch of a paced writeback or recompression starts:
     /// just after the last slot the last one took (a slot it took but then
-    /// had to skip, locked or with the file full, waits for the next lap). Starting every batch from slot 0 made a
-    /// background pass over a large device quadratic (each batch rescanned
-    /// every slot the batches before it had already dealt with).
+    /// had to skip, locked or with the file full, waits for the next lap).
+    /// Starting every batch from slot 0 made a background pass over a large
+    /// device quadratic (each batch rescanned every slot the batches before
+    /// it had already dealt with).
     next_writeback: u64,
     next_recompress: u64,
 }

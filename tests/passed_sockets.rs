@@ -37,10 +37,13 @@ fn fd_convention_serves_the_passed_socket() {
     cmd.args(["serve", "--fd", "5", "--size", "16M", "--queues", "1"])
         .arg("--control")
         .arg(&control);
-    // SAFETY: only dup2 between fork and exec.
+    // SAFETY: only fcntl and dup2 between fork and exec. The listener may
+    // itself be fd 5 (tests open fds in parallel), and dup2 onto itself
+    // would keep close-on-exec: place it from a copy above.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, 5) < 0 {
+            let hi = libc::fcntl(fd, libc::F_DUPFD, 100);
+            if hi < 0 || libc::dup2(hi, 5) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -218,7 +218,7 @@ fn get_features() -> [u8; 12] {
 }
 
 #[test]
-fn a_second_frontend_is_turned_away_at_once() {
+fn a_second_frontend_is_turned_away_promptly() {
     let dir = TempDir::new("second");
     let sock = dir.join("d.sock");
     let d = vm1(&dir, &sock);
@@ -269,6 +269,52 @@ fn a_second_frontend_is_turned_away_at_once() {
     drop(a);
     new_client_sees(&sock, 2, "client after the first left");
     assert_eq!(connections(&d, "vm1"), 2);
+}
+
+/// A frontend whose hang-up lands only after its reconnect (a process
+/// forked from it held the socket a moment longer; a kill_io run in CI
+/// hit this) is its own reconnect, not a second frontend: it is served
+/// once the old connection goes, not turned away.
+#[test]
+fn a_reconnect_that_beats_its_own_hang_up_is_served() {
+    let dir = TempDir::new("beats");
+    let sock = dir.join("d.sock");
+    let d = vm1(&dir, &sock);
+    {
+        let mut c = Client::connect(&sock, 1).unwrap();
+        write_pages(&mut c, 4);
+    }
+    // The old connection: it has spoken, so a worker serves it.
+    let mut old = UnixStream::connect(&sock).expect("connect the old frontend");
+    old.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    old.write_all(&get_features()).unwrap();
+    let mut reply = [0u8; 20];
+    old.read_exact(&mut reply).expect("the features reply");
+
+    let (tx, rx) = mpsc::channel();
+    let sock2 = sock.clone();
+    let t = std::thread::spawn(move || {
+        let r = Client::connect(&sock2, 1).map_err(|e| e.to_string());
+        tx.send(()).unwrap();
+        r
+    });
+    // The new one has connected and waits; the old one goes only now.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        rx.try_recv().is_err(),
+        "the reconnect ended (served or refused) while the old frontend is still there"
+    );
+    drop(old);
+    let mut c = t
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the reconnect was refused: {e}\n{}", d.log_text()));
+    check_pages(&mut c, 4, "reconnect that beat its hang-up");
+    assert!(
+        !d.log_text().contains("refused a second frontend"),
+        "the reconnect was told the device is busy:\n{}",
+        d.log_text()
+    );
 }
 
 /// `vzram stat --control <device socket>` must fail with a one-line error,

@@ -45,6 +45,12 @@ const COMPACT_PATIENCE: Duration = Duration::from_secs(1);
 /// How long a migration order may take: pre-copy lasts until the source's
 /// frontend stops, which its operator decides.
 pub const MIGRATE_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// How long a client that connects while the device's frontend still
+/// looks connected waits before it is refused as a second frontend. A
+/// frontend that closes and reconnects at once can beat its own hang-up
+/// here (the close lands after the connect, for example while another
+/// process forked from it still holds the socket until its exec).
+const SECOND_FRONTEND_GRACE: Duration = Duration::from_secs(1);
 /// How long stopping waits for workers to go.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
@@ -146,6 +152,9 @@ enum Phase {
         pid: Option<u32>,
         frontend: Option<UnixStream>,
         started: Instant,
+        /// Since when another client waits in the backlog while our
+        /// frontend still looks connected.
+        contender: Option<Instant>,
     },
     /// The supervisor itself holds the device (compacting, resetting or
     /// tiering one that has no frontend).
@@ -964,7 +973,7 @@ impl Supervisor {
                     }
                 }
             }
-            self.on_timers(&ep)?;
+            self.on_timers(&ep, &mut watch)?;
             if self.stopping.load(Relaxed) {
                 // Stay to hear the workers' exits (stop() waits on them),
                 // but not for ever.
@@ -1033,6 +1042,9 @@ impl Supervisor {
                     at(t);
                 }
                 Phase::Busy => at(now + Duration::from_millis(50)),
+                Phase::Running {
+                    contender: Some(t), ..
+                } => at((*t + SECOND_FRONTEND_GRACE).max(now)),
                 _ => {}
             }
         }
@@ -1048,16 +1060,14 @@ impl Supervisor {
         }
         let mut ph = d.phase();
         match &mut *ph {
-            Phase::Running { frontend, .. } => {
-                // Our frontend just hung up: this is likely it reconnecting.
-                // Leave it in the backlog until the worker has gone.
-                if frontend.as_ref().is_some_and(|f| hung_up(f.as_raw_fd())) {
-                    ep.modify(d.listener.as_raw_fd(), 2 * i as u64, 0)?;
-                    watch.listening.insert(i, false);
-                } else if let Ok((s, _)) = d.listener.accept() {
-                    tracing::warn!(device = %d.spec.name, "refused a second frontend: the device already has one");
-                    drop(s);
-                }
+            Phase::Running { contender, .. } => {
+                // Likely our frontend reconnecting: leave the new client in
+                // the backlog until the worker has gone (its end arms the
+                // listener again). If the frontend still looks connected
+                // after a grace, the timers refuse the newcomer.
+                ep.modify(d.listener.as_raw_fd(), 2 * i as u64, 0)?;
+                watch.listening.insert(i, false);
+                contender.get_or_insert_with(Instant::now);
             }
             Phase::Busy => {
                 ep.modify(d.listener.as_raw_fd(), 2 * i as u64, 0)?;
@@ -1135,10 +1145,38 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Deadlines: silent clients are closed, backoffs end.
-    fn on_timers(&self, ep: &Epoll) -> io::Result<()> {
-        for (_, d) in self.devices() {
+    /// Deadlines: silent clients are closed, backoffs end, second
+    /// frontends are refused.
+    fn on_timers(&self, ep: &Epoll, watch: &mut Watch) -> io::Result<()> {
+        for (i, d) in self.devices() {
             let mut ph = d.phase();
+            if let Phase::Running {
+                frontend,
+                contender,
+                ..
+            } = &mut *ph
+            {
+                let Some(t) = *contender else { continue };
+                // A frontend that has hung up is going: its worker's end
+                // serves the newcomer.
+                if t.elapsed() < SECOND_FRONTEND_GRACE
+                    || frontend.as_ref().is_some_and(|f| hung_up(f.as_raw_fd()))
+                {
+                    continue;
+                }
+                *contender = None;
+                // Only if one is there: the listener blocks.
+                let waiting = readable(d.listener.as_raw_fd());
+                if let Some(Ok((s, _))) = waiting.then(|| d.listener.accept()) {
+                    tracing::warn!(device = %d.spec.name, "refused a second frontend: the device already has one");
+                    drop(s);
+                }
+                if !d.removing.load(Relaxed) {
+                    ep.modify(d.listener.as_raw_fd(), 2 * i as u64, libc::EPOLLIN)?;
+                    watch.listening.insert(i, true);
+                }
+                continue;
+            }
             let Phase::Pending { conn, since } = &*ph else {
                 continue;
             };
@@ -1170,6 +1208,7 @@ impl Supervisor {
                     pid: None,
                     frontend: Some(conn),
                     started: Instant::now(),
+                    contender: None,
                 };
                 self.tell_status();
             }

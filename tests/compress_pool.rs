@@ -13,20 +13,16 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// A daemon with one 16 MiB device; `threads` "" leaves
+/// `--compress-threads` out (the default).
 fn start(tag: &str, queues: usize, threads: &str) -> (TempDir, Daemon, Client) {
     let dir = TempDir::new(tag);
     let sock = dir.join("d.sock");
     let q = queues.to_string();
-    let args = [
-        "--socket",
-        s(&sock),
-        "--size",
-        "16M",
-        "--queues",
-        &q,
-        "--compress-threads",
-        threads,
-    ];
+    let mut args = vec!["--socket", s(&sock), "--size", "16M", "--queues", &q];
+    if !threads.is_empty() {
+        args.extend(["--compress-threads", threads]);
+    }
     let d = Daemon::start(&dir, &args, &[&sock]);
     let c =
         Client::connect(&sock, queues).unwrap_or_else(|e| panic!("connect: {e}\n{}", d.log_text()));
@@ -65,19 +61,25 @@ fn compress_threads(d: &Daemon, want: usize) -> usize {
     }
 }
 
-/// Submits `writes` (slot, seed) and then `reads` of single slots in one
-/// go, in that order, each from its own part of the queue's buffer; waits
-/// for all. Returns what each read got.
-fn batch(q: &mut Queue, writes: &[(u64, u64)], reads: &[u64]) -> Vec<Vec<u8>> {
+/// Submits `writes` (first slot, seed, pages) and then `reads` of single
+/// slots in one go, in that order, each from its own part of the queue's
+/// buffer; waits for all. Returns what each read got. Page `k` of a write
+/// holds `page(seed, first + k)`.
+fn batch(q: &mut Queue, writes: &[(u64, u64, usize)], reads: &[u64]) -> Vec<Vec<u8>> {
     let base = q.buf_ptr();
-    for (i, &(slot, seed)) in writes.iter().enumerate() {
-        q.buf()[i * PAGE..(i + 1) * PAGE].copy_from_slice(&page(seed, slot));
-        // SAFETY: inside the queue's slice of the buffer (the copy checked it).
-        let at = unsafe { base.add(i * PAGE) };
+    let mut at_page = 0;
+    for (i, &(slot, seed, pages)) in writes.iter().enumerate() {
+        for k in 0..pages {
+            let b = (at_page + k) * PAGE;
+            q.buf()[b..b + PAGE].copy_from_slice(&page(seed, slot + k as u64));
+        }
+        // SAFETY: inside the queue's slice of the buffer (the copies checked it).
+        let at = unsafe { base.add(at_page * PAGE) };
         q.raw()
-            .write(slot * PAGE as u64, at, PAGE, i, ReqFlags::empty());
+            .write(slot * PAGE as u64, at, pages * PAGE, i, ReqFlags::empty());
+        at_page += pages;
     }
-    let rbase = writes.len() * PAGE;
+    let rbase = at_page * PAGE;
     for (j, &slot) in reads.iter().enumerate() {
         q.buf()[rbase + j * PAGE..rbase + (j + 1) * PAGE].fill(0xa5);
         // SAFETY: as above.
@@ -102,32 +104,67 @@ fn batch(q: &mut Queue, writes: &[(u64, u64)], reads: &[u64]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// QD32 random 4 KiB writes on two queues at once, slots drawn with
-/// repeats, each queue reading back its region as it goes and all of it at
-/// the end: the last write submitted to a slot is what it holds.
+/// Times the device worker's compress threads went to sleep: it grows
+/// only when a submission woke them, proof that the pool took pages (CPU
+/// ticks are too coarse, and schedstat is off on some kernels).
+fn pool_sleeps(d: &Daemon) -> u64 {
+    let pid = d.stat().worker("vzram0")["pid"].as_u64().unwrap();
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.starts_with("vzram-compress"))
+        })
+        .filter_map(|t| {
+            let st = std::fs::read_to_string(t.path().join("status")).ok()?;
+            st.lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Pages of a write: mostly big enough for the pool, some single pages
+/// that run on the queue thread between them.
+fn pages_of(rng: &mut Rng) -> usize {
+    [1, 4, 5, 8, 16][rng.below(5) as usize]
+}
+
+/// QD32 random writes of 1 to 16 pages on two queues at once, ranges
+/// drawn with overlaps, each queue reading back its region as it goes and
+/// all of it at the end: the last write submitted to a slot is what it
+/// holds.
 #[test]
 fn qd32_random_writes_on_two_queues_read_back_the_last_submitted() {
     let (_dir, d, mut c) = start("qd32", 2, "2");
     assert_eq!(compress_threads(&d, 2.min(num_cpus())), 2.min(num_cpus()));
+    let sleeps = pool_sleeps(&d);
     const SLOTS: u64 = 512; // per queue
     std::thread::scope(|sc| {
         for (qi, q) in c.queues.iter_mut().enumerate() {
             sc.spawn(move || {
                 let first = qi as u64 * SLOTS;
-                let mut model = vec![None::<u64>; SLOTS as usize];
+                let mut model = vec![None::<(u64, u64)>; SLOTS as usize];
                 let mut rng = Rng::new(qi as u64 + 7);
-                for round in 0..150u64 {
-                    let writes: Vec<(u64, u64)> = (0..32)
-                        .map(|i| (first + rng.below(SLOTS), round * 64 + i + 1))
+                for round in 0..100u64 {
+                    let writes: Vec<(u64, u64, usize)> = (0..32)
+                        .map(|i| {
+                            let n = pages_of(&mut rng);
+                            let at = first + rng.below(SLOTS - n as u64 + 1);
+                            (at, round * 64 + i + 1, n)
+                        })
                         .collect();
                     let check: Vec<u64> = (0..4).map(|_| first + rng.below(SLOTS)).collect();
-                    for &(slot, seed) in &writes {
-                        model[(slot - first) as usize] = Some(seed);
+                    for &(at, seed, n) in &writes {
+                        for k in 0..n as u64 {
+                            model[(at + k - first) as usize] = Some((seed, at + k));
+                        }
                     }
                     let got = batch(q, &writes, &check);
                     for (slot, g) in check.iter().zip(got) {
                         let want = match model[(slot - first) as usize] {
-                            Some(seed) => page(seed, *slot),
+                            Some((seed, s)) => page(seed, s),
                             None => vec![0; PAGE],
                         };
                         assert!(g == want, "queue {qi} round {round} slot {slot}");
@@ -136,7 +173,7 @@ fn qd32_random_writes_on_two_queues_read_back_the_last_submitted() {
                 for (k, m) in model.iter().enumerate() {
                     let slot = first + k as u64;
                     let got = q.read(slot * PAGE as u64, PAGE).unwrap();
-                    let want = m.map_or(vec![0; PAGE], |seed| page(seed, slot));
+                    let want = m.map_or(vec![0; PAGE], |(seed, s)| page(seed, s));
                     assert!(got == want, "queue {qi} slot {slot} at the end");
                 }
             });
@@ -147,36 +184,58 @@ fn qd32_random_writes_on_two_queues_read_back_the_last_submitted() {
         st.dev("vzram0", "failed_writes") + st.dev("vzram0", "failed_reads"),
         0
     );
+    assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
 }
 
-/// Many writes to a few slots in one submission, with reads between them:
-/// the pool may finish them in any order, but each read sees the writes
-/// submitted before it and each slot ends with the last one. Same with the
-/// pool off (compression on the queue thread).
+/// Many overlapping writes to a few slots in one submission, single pages
+/// and pooled multi-page ones, with reads after them: the pool may finish
+/// them in any order, but each read sees the writes submitted before it
+/// and each slot ends with the last one. Same with the pool off
+/// (compression on the queue thread).
 #[test]
 fn overwrites_in_one_batch_keep_the_submission_order() {
     for threads in ["2", "0"] {
         let (_dir, d, mut c) = start(&format!("order{threads}"), 1, threads);
         let expect_threads = if threads == "0" { 0 } else { 2.min(num_cpus()) };
         assert_eq!(compress_threads(&d, expect_threads), expect_threads);
+        let sleeps = pool_sleeps(&d);
         let q = c.q(0);
+        let mut rng = Rng::new(3);
         for round in 0..60u64 {
-            // 48 writes over 6 slots: each slot is written 8 times.
-            let writes: Vec<(u64, u64)> = (0..48).map(|i| (i % 6, round * 100 + i + 1)).collect();
-            let got = batch(q, &writes, &[0, 1, 2, 3, 4, 5]);
+            // 48 writes over slots 0..20: each slot is written many times.
+            let writes: Vec<(u64, u64, usize)> = (0..48)
+                .map(|i| {
+                    let n = pages_of(&mut rng).min(8);
+                    (rng.below(21 - n as u64), round * 100 + i + 1, n)
+                })
+                .collect();
+            let slots: Vec<u64> = (0..20).collect();
+            let got = batch(q, &writes, &slots);
             for (slot, g) in got.iter().enumerate() {
-                let last = writes.iter().rev().find(|w| w.0 == slot as u64).unwrap();
+                let slot = slot as u64;
+                let want = match writes
+                    .iter()
+                    .rev()
+                    .find(|w| (w.0..w.0 + w.2 as u64).contains(&slot))
+                {
+                    Some(w) => page(w.1, slot),
+                    // Not written this round: what the rounds before left.
+                    None => continue,
+                };
                 assert!(
-                    *g == page(last.1, slot as u64),
+                    *g == want,
                     "threads {threads} round {round}: slot {slot} does not hold its last write"
                 );
             }
         }
         // A read submitted between two writes of a slot sees the first.
-        let got = batch(q, &[(9, 1)], &[9]);
+        let got = batch(q, &[(9, 1, 4)], &[9]);
         assert!(got[0] == page(1, 9));
         let st = d.stat();
         assert_eq!(st.dev("vzram0", "failed_writes"), 0, "threads {threads}");
+        if threads != "0" {
+            assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
+        }
     }
 }
 
@@ -186,7 +245,7 @@ fn overwrites_in_one_batch_keep_the_submission_order() {
 fn an_idle_pool_does_not_spin() {
     let (_dir, d, mut c) = start("idle", 1, "2");
     let q = c.q(0);
-    let writes: Vec<(u64, u64)> = (0..64).map(|i| (i, i + 1)).collect();
+    let writes: Vec<(u64, u64, usize)> = (0..16).map(|i| (i * 8, i + 1, 8)).collect();
     batch(q, &writes, &[]);
     let pid = d.stat().worker("vzram0")["pid"].as_u64().unwrap() as u32;
     let ticks = || {
@@ -208,4 +267,17 @@ fn an_idle_pool_does_not_spin() {
 
 fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Without `--compress-threads` a worker has a pool: a thread per core, at
+/// most 4, and multi-page writes go to it.
+#[test]
+fn the_default_pool_has_a_thread_per_core_up_to_four() {
+    let (_dir, d, mut c) = start("default", 1, "");
+    let want = num_cpus().min(4);
+    assert_eq!(compress_threads(&d, want), want);
+    let sleeps = pool_sleeps(&d);
+    let writes: Vec<(u64, u64, usize)> = (0..64).map(|i| (i * 16 % 4000, i + 1, 16)).collect();
+    batch(c.q(0), &writes, &[]);
+    assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
 }

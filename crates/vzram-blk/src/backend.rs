@@ -329,6 +329,12 @@ enum State {
 
 /// Requests one batch takes from the ring before it completes them.
 const BATCH_REQUESTS: usize = 128;
+/// Pages a write must carry to go to the pool. Handing a page over (a copy
+/// out of guest memory, a wake-up, another CPU's cache) costs about what
+/// compressing it does, so a small write is cheaper on this thread; a
+/// guest's swap-out is mostly writes of 16 pages and more (BENCHMARKS.md
+/// §8.4), which the pool spreads over its threads.
+pub const POOL_MIN_PAGES: usize = 4;
 
 /// Why a chain got an error status.
 #[derive(Debug)]
@@ -504,9 +510,9 @@ fn finish_chain<M: GuestMemory, H: ChainHook>(
 }
 
 /// [`drain_queue`] with a compress pool. Takes up to [`BATCH_REQUESTS`]
-/// chains (and [`BATCH_PAGES`] pages of whole-page writes) off the ring,
-/// copying each write's pages out of guest memory and handing them to the
-/// pool as it goes; then, in avail order, runs the others and commits the
+/// chains (and [`BATCH_PAGES`] pages of whole-page writes of at least
+/// [`POOL_MIN_PAGES`]) off the ring, copying each such write's pages out of
+/// guest memory and handing them to the pool as it goes; then, in avail order, runs the others and commits the
 /// writes, writes each status and adds each to the used ring. Completions
 /// stay in the order the chains were taken (see [`drain_queue`] on why QEMU
 /// needs that), and so do commits: of two writes to one slot in a batch the
@@ -593,7 +599,6 @@ where
         let e = &mut b.entries[n];
         n += 1;
         e.head = chain.head_index();
-        e.since = Instant::now();
         hook.popped(&chain);
         if let Err(err) = e.req.parse(chain) {
             e.state = State::Malformed(err);
@@ -602,7 +607,8 @@ where
         e.state = match dev.whole_page_write(&e.req) {
             // One that does not fit in what is left of the batch runs on
             // this thread at its turn.
-            Some((slot, count)) if count <= BATCH_PAGES - pages => {
+            Some((slot, count)) if (POOL_MIN_PAGES..=BATCH_PAGES - pages).contains(&count) => {
+                e.since = Instant::now();
                 let first = pages;
                 match copy_pages(m, &e.req, &b.batch, slot, first..first + count) {
                     Ok(()) => {
@@ -657,10 +663,13 @@ where
         bounce,
         cx,
         batched,
+        clock,
         ..
     } = scratch;
     let b = batched.as_mut().expect("callers check");
     b.pool.wait(&b.batch, cx);
+    // Requests run here back to back share clock reads, as in `drain_queue`.
+    *clock = None;
     // An entry that cannot be added to the used ring (a head index past
     // the queue) fails alone: the chains taken after it were taken, so they
     // still run and complete. The first error is returned at the end.
@@ -670,7 +679,9 @@ where
         let guard = mem.memory();
         let m: &A::M = &guard;
         let result = match state {
-            State::Inline => dev.execute(m, &e.req, bounce, cx).map_err(ChainError::Exec),
+            State::Inline => dev
+                .execute_chained(m, &e.req, bounce, cx, clock)
+                .map_err(ChainError::Exec),
             State::Malformed(err) => Err(ChainError::Malformed(err)),
             State::Failed(err) => Err(ChainError::Exec(err)),
             State::Pooled { first, n } => {
@@ -687,6 +698,7 @@ where
                     }
                 }
                 dev.record_latency(Op::Write, cx.shard(), e.since);
+                *clock = None;
                 r
             }
         };
@@ -701,6 +713,7 @@ where
             if let Err(err) = signal(ring, m) {
                 broken.get_or_insert(err);
             }
+            *clock = None;
         }
     }
     match broken {

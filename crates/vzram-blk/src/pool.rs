@@ -1,8 +1,9 @@
 //! The compress pool: a few threads, shared by every queue of the process,
-//! that turn the pages of a queue's writes into store objects
+//! that turn the pages of a queue's multi-page writes into store objects
 //! ([`vzram_store::Device::prepare_write`]) while the queue thread goes on
 //! parsing. The queue thread commits and completes in its own order; the
-//! pool only ever sees pages, never the ring.
+//! pool only ever sees pages, never the ring. Writes smaller than
+//! [`crate::backend::POOL_MIN_PAGES`] stay on the queue thread.
 //!
 //! A queue thread hands over a [`Batch`] of jobs and then helps: it runs
 //! jobs off the shared list itself until its own are done, so a pool of N
@@ -200,9 +201,15 @@ impl Drop for CompressPool {
     }
 }
 
-/// The pool size for `--compress-threads N`: N, but never more than the
-/// cores (more threads than cores only adds switches).
-pub fn pool_threads(requested: usize) -> usize {
+/// Pool threads when `--compress-threads` is not given: the cores, up to
+/// this many. Each connected VM's worker has its own pool, so the cap keeps
+/// a host full of VMs from holding cores × VMs sleeping threads, while a
+/// swap-out of 64 pages is still split five ways (the queue thread helps).
+pub const DEFAULT_MAX_THREADS: usize = 4;
+
+/// The pool size for `--compress-threads N` (None: the default): N, but
+/// never more than the cores (more threads than cores only adds switches).
+pub fn pool_threads(requested: Option<usize>) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    requested.min(cores)
+    requested.unwrap_or(DEFAULT_MAX_THREADS).min(cores)
 }

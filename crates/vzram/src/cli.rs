@@ -144,10 +144,10 @@ pub struct ServeArgs {
     /// Discard the devices' existing state and start them empty.
     #[arg(long)]
     pub fresh: bool,
-    /// Threads per worker process that compress the queues' writes, capped
-    /// at the number of cores [default: 0, each queue compresses its own
-    /// writes on its thread: on 2 busy cores the hand-off costs more than it
-    /// gains, BENCHMARKS.md §8].
+    /// Threads per worker process (one per connected VM) that compress the
+    /// pages of writes of 4 pages or more, beside the queue threads; capped
+    /// at the number of cores [default: the cores, at most 4; 0: each queue
+    /// compresses all its writes itself].
     #[arg(long, value_name = "N")]
     pub compress_threads: Option<usize>,
     /// Least severe log messages shown; RUST_LOG, when set, wins.

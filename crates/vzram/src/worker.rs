@@ -426,9 +426,8 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         &spec.serial,
     ));
     // One pool per process: this worker serves one device, so its threads
-    // compress for this device's queues only. Off unless asked for:
-    // measured slower for 4K writes where no core is idle (BENCHMARKS.md §8).
-    let threads = vzram_blk::pool::pool_threads(spec.compress_threads.unwrap_or(0));
+    // compress for this device's queues only.
+    let threads = vzram_blk::pool::pool_threads(spec.compress_threads);
     let compress = Some(CompressPool::new(threads, 0).map_err(setup("thread"))?);
     // An incoming device serves nothing until its pages have arrived.
     let gated = store.cells().migration.incoming();

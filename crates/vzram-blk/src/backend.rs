@@ -312,6 +312,9 @@ struct Entry {
     req: Request,
     since: Instant,
     state: State,
+    /// The slot a read or write starts in: its word and object are
+    /// prefetched ahead of running it.
+    slot: Option<u64>,
 }
 
 enum State {
@@ -594,16 +597,22 @@ where
                 req: Request::default(),
                 since: Instant::now(),
                 state: State::Inline,
+                slot: None,
             });
         }
         let e = &mut b.entries[n];
         n += 1;
         e.head = chain.head_index();
         hook.popped(&chain);
+        e.slot = None;
         if let Err(err) = e.req.parse(chain) {
             e.state = State::Malformed(err);
             continue;
         }
+        // Random slots are cache misses: start loading the word now, and
+        // the object one request ahead of its turn (`complete_batch`).
+        e.slot = dev.first_slot(&e.req);
+        dev.prefetch_slot(e.slot);
         e.state = match dev.whole_page_write(&e.req) {
             // One that does not fit in what is left of the batch runs on
             // this thread at its turn.
@@ -674,7 +683,14 @@ where
     // the queue) fails alone: the chains taken after it were taken, so they
     // still run and complete. The first error is returned at the end.
     let mut broken: Option<QueueError> = None;
-    for e in &mut b.entries[..n] {
+    if let Some(e) = b.entries.first() {
+        dev.prefetch_object(e.slot);
+    }
+    for i in 0..n {
+        if let Some(next) = b.entries[..n].get(i + 1) {
+            dev.prefetch_object(next.slot);
+        }
+        let e = &mut b.entries[i];
         let state = std::mem::replace(&mut e.state, State::Inline);
         let guard = mem.memory();
         let m: &A::M = &guard;

@@ -190,6 +190,29 @@ impl BlkDevice {
         }
     }
 
+    /// The slot a read or write starts in, for [`BlkDevice::prefetch_slot`]
+    /// and [`BlkDevice::prefetch_object`]; None for other requests.
+    pub fn first_slot(&self, req: &Request) -> Option<u64> {
+        matches!(req.kind, RequestType::In | RequestType::Out)
+            .then(|| req.offset() / PAGE_SIZE as u64)
+    }
+
+    /// Starts loading the slot word of a request taken from the ring and
+    /// not yet run (see [`vzram_store::Device::prefetch_slot`]).
+    pub fn prefetch_slot(&self, slot: Option<u64>) {
+        if let Some(s) = slot {
+            self.store.prefetch_slot(s);
+        }
+    }
+
+    /// Starts loading the object a request will read or replace, one
+    /// request ahead of running it.
+    pub fn prefetch_object(&self, slot: Option<u64>) {
+        if let Some(s) = slot {
+            self.store.prefetch_object(s);
+        }
+    }
+
     /// The first slot and the page count of a write that is whole, aligned
     /// pages on a writable device, inside it: what the compress pool can
     /// take. Anything else runs through [`BlkDevice::execute`].

@@ -664,6 +664,29 @@ impl Device {
     /// compress thread ([`Prepared::commit`]). A migration's dirty log hears
     /// of it after the word is out, so a pass that reads the slot later
     /// sees the new page.
+    /// Asks the CPU to start loading slot `slot`'s word, so that a request
+    /// on it a little later (its lock, its publish) does not wait on
+    /// memory: random slots are cache misses. Changes nothing; a slot past
+    /// the end is ignored.
+    pub fn prefetch_slot(&self, slot: u64) {
+        if slot < self.table.len() {
+            crate::mmap::prefetch((self.table.word(slot) as *const AtomicU64).cast());
+        }
+    }
+
+    /// Reads slot `slot`'s word (call [`Device::prefetch_slot`] well before)
+    /// and asks the CPU to load what a read or overwrite of the slot will
+    /// touch: its object and the object's span header. Changes nothing; the
+    /// word may change meanwhile, which costs only a wasted prefetch.
+    pub fn prefetch_object(&self, slot: u64) {
+        if slot >= self.table.len() {
+            return;
+        }
+        if let Slot::Object { offset, .. } = Slot::decode(self.table.word(slot).load(Relaxed)) {
+            self.heap.arena().prefetch(offset);
+        }
+    }
+
     fn publish_write(&self, slot: u64, new: u64, shard: usize) {
         let g = SlotGuard::lock(self.table.word(slot));
         let old = g.old();

@@ -176,3 +176,19 @@ impl Drop for Region {
         }
     }
 }
+
+/// Asks the CPU to start loading the cache line at `p`, so that a later
+/// access does not wait on memory. Never dereferences `p`: any address is
+/// fine, and a prefetch of an unmapped one is dropped, not a fault.
+#[inline]
+pub fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint that reads nothing the program can
+        // see and cannot fault; SSE is part of the x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}

@@ -103,7 +103,11 @@ impl Arena {
             return;
         }
         let block = (offset / BLOCK_BYTES as u64) as usize;
-        crate::mmap::prefetch(self.dir.as_ptr().wrapping_add(block * std::mem::size_of::<SpanHeader>()));
+        crate::mmap::prefetch(
+            self.dir
+                .as_ptr()
+                .wrapping_add(block * std::mem::size_of::<SpanHeader>()),
+        );
         crate::mmap::prefetch(self.mem.as_ptr().wrapping_add(offset as usize));
     }
 

@@ -89,6 +89,22 @@ fn bad_input_exits_2_with_a_one_line_message() {
         ),
         (
             vec![
+                "serve",
+                "--socket",
+                sock,
+                "--size",
+                "1G",
+                "--poll-us",
+                "1000001",
+            ],
+            "poll-us",
+        ),
+        (
+            vec!["serve", "--socket", sock, "--size", "1G", "--poll-us=-1"],
+            "poll-us",
+        ),
+        (
+            vec![
                 "serve", "--socket", sock, "--size", "1G", "--queues", "many",
             ],
             "many",

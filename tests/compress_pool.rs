@@ -239,7 +239,8 @@ fn overwrites_in_one_batch_keep_the_submission_order() {
     }
 }
 
-/// With nothing to do, the pool's threads sleep: the worker uses (almost)
+/// With nothing to do, the pool's threads sleep and the queue thread stops
+/// polling its ring (`--poll-us`, on by default): the worker uses (almost)
 /// no CPU while idle after a burst of writes.
 #[test]
 fn an_idle_pool_does_not_spin() {

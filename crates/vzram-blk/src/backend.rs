@@ -32,6 +32,7 @@ use vzram_store::{Context, Device, Op, Page, PAGE_SIZE};
 use crate::config::{self, MAX_QUEUE_SIZE};
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
 use crate::dirty::{carry_log, LogBitmap};
+use crate::poll::Poller;
 use crate::pool::{Batch, CompressPool, BATCH_PAGES};
 use crate::request::{Request, RequestError, SegmentCursor};
 use crate::vring::BlkVring;
@@ -76,6 +77,8 @@ pub struct BlkBackend {
     scratch: Box<[Mutex<Option<Scratch>>]>,
     /// Where the queues' writes are compressed; None: on the queue thread.
     pool: Option<Arc<CompressPool>>,
+    /// How long a queue thread may watch its ring after it ran dry.
+    poll: Duration,
     /// Closed while the device waits for its pages (an incoming migration):
     /// requests stay in their rings until [`BlkBackend::open_gate`].
     gate_closed: AtomicBool,
@@ -138,6 +141,7 @@ impl BlkBackend {
         let pool = pool.filter(|p| p.threads() > 0);
         BlkBackend {
             pool,
+            poll: Duration::ZERO,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             event_idx: AtomicBool::new(false),
             acked_features: AtomicU64::new(0),
@@ -148,6 +152,13 @@ impl BlkBackend {
             gate: Mutex::new(Gate::default()),
             dev,
         }
+    }
+
+    /// Queue threads watch their ring for up to `max` after it ran dry
+    /// before they sleep ([`Poller`]); zero: never.
+    pub fn with_poll(mut self, max: Duration) -> BlkBackend {
+        self.poll = max;
+        self
     }
 
     /// A backend that takes no request until [`BlkBackend::open_gate`]: the
@@ -209,9 +220,13 @@ impl BlkBackend {
         let mut scratch = self.scratch[queue]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let scratch = scratch.get_or_insert_with(|| match &self.pool {
-            Some(p) => Scratch::with_pool(queue, p.clone(), self.dev.store().clone()),
-            None => Scratch::new(queue),
+        let scratch = scratch.get_or_insert_with(|| {
+            let mut s = match &self.pool {
+                Some(p) => Scratch::with_pool(queue, p.clone(), self.dev.store().clone()),
+                None => Scratch::new(queue),
+            };
+            s.poller = Poller::new(self.poll);
+            s
         });
         let mut state = vring.get_mut();
         drain_queue(
@@ -268,6 +283,8 @@ pub struct Scratch {
     clock: Option<std::time::Instant>,
     /// With a compress pool: the batch in flight.
     batched: Option<Batched>,
+    /// Watches the ring after it ran dry (off unless the backend says).
+    pub poller: Poller,
 }
 
 impl Scratch {
@@ -280,6 +297,7 @@ impl Scratch {
             cx: Context::new(queue),
             clock: None,
             batched: None,
+            poller: Poller::new(Duration::ZERO),
         }
     }
 
@@ -396,6 +414,7 @@ where
         // Nothing to do until the frontend sets the ring up; not worth a log line.
         return Ok(());
     }
+    scratch.poller.woke();
     if scratch.batched.is_some() {
         return drain_batched(ring, mem, dev, event_idx, scratch, hook);
     }
@@ -405,6 +424,7 @@ where
         }
         // The thread may have slept since the last request ended.
         scratch.clock = None;
+        let pass = Instant::now();
         let mut pending = 0u32;
         let mut taken = 0u64;
         loop {
@@ -438,6 +458,11 @@ where
         let m: &A::M = &guard;
         if pending > 0 {
             signal(ring, m)?;
+        }
+        // The guest often submits again within microseconds: catching that
+        // here saves it a kick and us a wake-up.
+        if taken > 0 && scratch.poller.poll(ring.queue(), m, pass.elapsed()) {
+            continue;
         }
         if !event_idx || !ring.queue().enable_notification(m)? {
             return Ok(());
@@ -537,6 +562,7 @@ where
         if event_idx {
             ring.queue().disable_notification(&*mem.memory())?;
         }
+        let pass = Instant::now();
         let mut pending = 0u32;
         let mut taken = 0u64;
         loop {
@@ -557,6 +583,11 @@ where
         let m: &A::M = &guard;
         if pending > 0 {
             signal(ring, m)?;
+        }
+        // The guest often submits again within microseconds: catching that
+        // here saves it a kick and us a wake-up.
+        if taken > 0 && scratch.poller.poll(ring.queue(), m, pass.elapsed()) {
+            continue;
         }
         if !event_idx || !ring.queue().enable_notification(m)? {
             return Ok(());

@@ -10,6 +10,7 @@ pub mod device;
 pub mod dirty;
 pub mod guard;
 pub mod guest;
+pub mod poll;
 pub mod pool;
 pub mod request;
 pub mod vring;

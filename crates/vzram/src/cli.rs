@@ -150,6 +150,13 @@ pub struct ServeArgs {
     /// compresses all its writes itself].
     #[arg(long, value_name = "N")]
     pub compress_threads: Option<usize>,
+    /// Most microseconds a queue thread may watch its ring for the guest's
+    /// next request after the ring ran dry, before it sleeps: up to 32 µs
+    /// (as QEMU's iothreads) or as long as its last pass worked, if longer;
+    /// less for a guest whose requests come seldom [default: 200; 0: never,
+    /// every request waits for a kick]. An idle queue never polls.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=crate::config::MAX_POLL_US))]
+    pub poll_us: Option<u64>,
     /// Least severe log messages shown; RUST_LOG, when set, wins.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -228,6 +235,7 @@ impl ServeArgs {
         }
         cfg.fresh = self.fresh;
         cfg.compress_threads = self.compress_threads.or(file.compress_threads);
+        cfg.poll_us = self.poll_us.or(file.poll_us);
         cfg.inherit_fds = self.fd.into_iter().collect();
         Ok(cfg)
     }

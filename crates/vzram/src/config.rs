@@ -414,6 +414,8 @@ struct FileConfig {
     seccomp: Option<SeccompValue>,
     #[serde(alias = "compress-threads")]
     compress_threads: Option<usize>,
+    #[serde(alias = "poll-us")]
+    poll_us: Option<u64>,
     #[serde(default)]
     device: Vec<DeviceDraft>,
 }
@@ -436,6 +438,7 @@ pub struct FileDrafts {
     pub control_mode: Option<u32>,
     pub seccomp: Option<SeccompMode>,
     pub compress_threads: Option<usize>,
+    pub poll_us: Option<u64>,
     pub devices: Vec<DeviceDraft>,
 }
 
@@ -445,6 +448,9 @@ pub fn load_file(path: &Path) -> Result<FileDrafts, ConfigError> {
         .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
     parse_file(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
 }
+
+/// The longest `poll_us` (`--poll-us`) taken: a second.
+pub const MAX_POLL_US: u64 = 1_000_000;
 
 pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
     let f: FileConfig = toml::from_str(text).map_err(|e| {
@@ -484,6 +490,11 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         Some(SeccompValue::Bool(false)) => Some(SeccompMode::Off),
         Some(SeccompValue::Text(s)) => Some(s.parse().map_err(ConfigError)?),
     };
+    if let Some(us) = f.poll_us.filter(|&us| us > MAX_POLL_US) {
+        return Err(ConfigError(format!(
+            "poll_us: {us} is more than {MAX_POLL_US} (1 s)"
+        )));
+    }
     let devices = f.device;
     Ok(FileDrafts {
         host_mem_limit: f
@@ -500,6 +511,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         control_mode,
         seccomp,
         compress_threads: f.compress_threads,
+        poll_us: f.poll_us,
         devices,
     })
 }
@@ -613,8 +625,10 @@ pub struct DaemonConfig {
     pub fresh: bool,
     /// Listening sockets passed in (`--fd`), besides systemd's.
     pub inherit_fds: Vec<std::os::fd::RawFd>,
-    /// Compress-pool threads per worker; None: the number of cores.
+    /// Compress-pool threads per worker; None: the cores, at most 4.
     pub compress_threads: Option<usize>,
+    /// Longest poll of a ring that ran dry, in µs; None: the default.
+    pub poll_us: Option<u64>,
     pub devices: Vec<DeviceSpec>,
 }
 
@@ -750,6 +764,7 @@ impl DaemonConfig {
             fresh: false,
             inherit_fds: Vec::new(),
             compress_threads: None,
+            poll_us: None,
             devices,
         })
     }
@@ -1184,6 +1199,11 @@ mod tests {
             Some(SeccompMode::Log)
         );
         assert_eq!(parse_file("").unwrap().seccomp, None);
+        assert_eq!(parse_file("poll_us = 50").unwrap().poll_us, Some(50));
+        assert_eq!(parse_file("poll-us = 0").unwrap().poll_us, Some(0));
+        assert_eq!(parse_file("").unwrap().poll_us, None);
+        let e = parse_file("poll_us = 1000001").unwrap_err().0;
+        assert!(e.contains("poll_us") && !e.contains('\n'), "{e}");
         assert!(parse_file("seccomp = \"sometimes\"").is_err());
         assert_eq!(
             parse_file("metrics = \"127.0.0.1:9100\"").unwrap().metrics,

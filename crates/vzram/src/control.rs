@@ -680,6 +680,7 @@ mod tests {
                 socket_mode: 0o600,
                 state_dir: root.to_path_buf(),
                 compress_threads: None,
+                poll_us: None,
             },
         )
         .unwrap();

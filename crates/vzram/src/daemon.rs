@@ -310,6 +310,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
                 socket_mode: cfg.socket_mode,
                 state_dir: cfg.state_dir.clone(),
                 compress_threads: cfg.compress_threads,
+                poll_us: cfg.poll_us,
             },
         )
         .map_err(Error::Launcher)?,

@@ -63,8 +63,10 @@ pub struct WorkerEnv {
     /// state goes unless they say.
     pub socket_mode: u32,
     pub state_dir: PathBuf,
-    /// `--compress-threads`; None: the number of cores.
+    /// `--compress-threads`; None: the cores, at most 4.
     pub compress_threads: Option<usize>,
+    /// `--poll-us`; None: the default.
+    pub poll_us: Option<u64>,
 }
 
 /// A launcher's answer and the descriptors that came with it.
@@ -1233,6 +1235,7 @@ impl Supervisor {
             seccomp: self.env.seccomp.clone(),
             log_level: self.env.log_level.clone(),
             compress_threads: self.env.compress_threads,
+            poll_us: self.env.poll_us,
             backing: d.backing.as_ref().map(|b| worker::BackingSpec {
                 path: b.path.clone(),
                 direct: b.direct,

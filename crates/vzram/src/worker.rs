@@ -74,6 +74,9 @@ pub struct Spec {
     /// Compress-pool threads (capped at the cores); None: the cores.
     #[serde(default)]
     pub compress_threads: Option<usize>,
+    /// Longest poll of a ring that ran dry, in µs; None: the default.
+    #[serde(default)]
+    pub poll_us: Option<u64>,
     /// The backing file comes as descriptor [`Fds::Backing`] when set.
     pub backing: Option<BackingSpec>,
     pub tier: TierSettings,
@@ -434,11 +437,18 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     if gated {
         tracing::info!("waiting for the device's pages (incoming migration): requests wait");
     }
-    let backend = Arc::new(if gated {
-        BlkBackend::new_gated(blk, compress)
-    } else {
-        BlkBackend::with_pool(blk, compress)
-    });
+    let poll = spec.poll_us.map_or(
+        vzram_blk::poll::DEFAULT_POLL,
+        std::time::Duration::from_micros,
+    );
+    let backend = Arc::new(
+        if gated {
+            BlkBackend::new_gated(blk, compress)
+        } else {
+            BlkBackend::with_pool(blk, compress)
+        }
+        .with_poll(poll),
+    );
     let rings = Arc::new(Rings::default());
     let busy = Arc::new(std::sync::Mutex::new(()));
     // However this returns (set-up errors included), the order lock is

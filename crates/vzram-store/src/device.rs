@@ -1536,6 +1536,14 @@ impl Device {
         t.as_ref().map_or(0, |t| t.next_writeback)
     }
 
+    /// Where the next paced recompression batch starts (see
+    /// [`Device::writeback_cursor`]).
+    #[doc(hidden)]
+    pub fn recompress_cursor(&self) -> u64 {
+        let t = self.tier.lock().unwrap_or_else(|e| e.into_inner());
+        t.as_ref().map_or(0, |t| t.next_recompress)
+    }
+
     /// Slots written or discarded since the last pass of a migration.
     pub fn dirty_slots(&self) -> u64 {
         self.dirty.count()

@@ -428,6 +428,48 @@ fn recompression_in_batches_tries_each_page_once() {
     }
 }
 
+/// Paced recompression resumes where its last batch stopped, as writeback
+/// does: not back at the start (rewritten slots there are untried again),
+/// and reaches those slots on its next lap.
+#[test]
+fn recompress_in_batches_resumes_where_it_stopped() {
+    let d = Dir::new("rc-batches");
+    let pool = pool();
+    let dev = pool
+        .create_device(config(128, Codec::Lz4, Some(d.backing(16))))
+        .unwrap();
+    let cx = &mut Context::new(0);
+    for s in 0..100 {
+        dev.write_page(cx, s, &text(s)).unwrap();
+    }
+    let zstd = Codec::Zstd { level: 3 };
+    let all = Filter::default();
+    assert_eq!(dev.recompress_some(all, zstd, Some(10)).unwrap().tried, 10);
+    assert_eq!(dev.recompress_cursor(), 10);
+    // Slots 0..5 are rewritten with lz4, untried again, behind the cursor.
+    for s in 0..5 {
+        dev.write_page(cx, s, &text(1000 + s)).unwrap();
+    }
+    assert_eq!(dev.recompress_some(all, zstd, Some(10)).unwrap().tried, 10);
+    assert_eq!(
+        dev.recompress_cursor(),
+        20,
+        "the second batch went back to the rewritten slots"
+    );
+    // Batches until one finds nothing: the lap wraps and takes 0..5 too.
+    let mut batches = 0;
+    while dev.recompress_some(all, zstd, Some(10)).unwrap().tried > 0 {
+        batches += 1;
+        assert!(batches <= 12, "no end to the batches");
+    }
+    // Every page tried once, and the five rewritten ones again.
+    assert_eq!(dev.stats().pages_recompressed, 105);
+    for s in 0..100 {
+        let want = if s < 5 { text(1000 + s) } else { text(s) };
+        assert!(read(&dev, cx, s) == want, "slot {s}");
+    }
+}
+
 /// Paced writeback resumes where its last batch stopped: it does not go
 /// back over the slots before (that made a background pass quadratic),
 /// and reaches pages there that became eligible again on its next lap.

@@ -540,8 +540,9 @@ fn finish_chain<M: GuestMemory, H: ChainHook>(
 /// [`drain_queue`] with a compress pool. Takes up to [`BATCH_REQUESTS`]
 /// chains (and [`BATCH_PAGES`] pages of whole-page writes of at least
 /// [`POOL_MIN_PAGES`]) off the ring, copying each such write's pages out of
-/// guest memory and handing them to the pool as it goes; then, in avail order, runs the others and commits the
-/// writes, writes each status and adds each to the used ring. Completions
+/// guest memory and handing them to the pool as it goes; then, in avail
+/// order, runs the others and commits the writes, writes each status and
+/// adds each to the used ring. Completions
 /// stay in the order the chains were taken (see [`drain_queue`] on why QEMU
 /// needs that), and so do commits: of two writes to one slot in a batch the
 /// later one wins, and a read sees every write taken before it.

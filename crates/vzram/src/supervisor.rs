@@ -1159,14 +1159,15 @@ impl Supervisor {
             } = &mut *ph
             {
                 let Some(t) = *contender else { continue };
-                // A frontend that has hung up is going: its worker's end
-                // serves the newcomer.
-                if t.elapsed() < SECOND_FRONTEND_GRACE
-                    || frontend.as_ref().is_some_and(|f| hung_up(f.as_raw_fd()))
-                {
+                if t.elapsed() < SECOND_FRONTEND_GRACE {
                     continue;
                 }
                 *contender = None;
+                // A frontend that has hung up is going: its worker's end
+                // arms the listener again and serves the newcomer.
+                if frontend.as_ref().is_some_and(|f| hung_up(f.as_raw_fd())) {
+                    continue;
+                }
                 // Only if one is there: the listener blocks.
                 let waiting = readable(d.listener.as_raw_fd());
                 if let Some(Ok((s, _))) = waiting.then(|| d.listener.accept()) {

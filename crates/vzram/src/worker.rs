@@ -71,7 +71,8 @@ pub struct Spec {
     pub state_dir: PathBuf,
     pub seccomp: String,
     pub log_level: String,
-    /// Compress-pool threads (capped at the cores); None: the cores.
+    /// Compress-pool threads (capped at the cores); None: the cores, at
+    /// most 4.
     #[serde(default)]
     pub compress_threads: Option<usize>,
     /// Longest poll of a ring that ran dry, in µs; None: the default.

@@ -132,6 +132,7 @@ fn base_result(spec: &TargetSpec, job: &JobSpec, rep: u32, ctx: &Ctx, t: &Totals
         bs: job.bs,
         iodepth: job.iodepth,
         queues: job.queues,
+        think_us: job.think_us,
         size: job.size,
         rep,
         data: ctx.env.corpus.name.clone(),
@@ -247,6 +248,7 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
                         verify: false,
                         allow_zero: !prefill,
                         slice_start: start,
+                        think: Duration::ZERO,
                     };
                     let pre = if prefill {
                         let w = Window::exhaust(Instant::now());
@@ -261,6 +263,7 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
                     let pre = pre.transpose().context("prefill")?;
                     cfg.iodepth = job.iodepth;
                     cfg.verify = job.verify;
+                    cfg.think = Duration::from_micros(job.think_us);
                     let g = OpGen::for_job(job, i as u32, 0x5eed);
                     let stats = run_queue(q, bufs, &cfg, g, *window.get().unwrap(), &mut written)?;
                     Ok(QueueOutcome {

@@ -82,6 +82,11 @@ pub struct Common {
     /// Use libblkio poll queues (busy-polling client) instead of completion eventfds.
     #[arg(long)]
     pub poll: bool,
+    /// Microseconds each queue waits after a completion before it submits
+    /// the next request (fio's thinktime): a guest that does I/O now and
+    /// then, to see what the daemon costs when it is not saturated.
+    #[arg(long, value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub think_us: u64,
 }
 
 /// The daemons under test and where they run: the same flags for every

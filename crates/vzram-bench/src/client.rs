@@ -149,6 +149,8 @@ pub struct WorkerCfg<'a> {
     pub allow_zero: bool,
     /// First byte of this queue's slice, to index the written-page bitmap.
     pub slice_start: u64,
+    /// Wait after a completion before submitting the next request.
+    pub think: Duration,
 }
 
 /// Run `gen` on `q` within `window`, keeping `iodepth` requests in flight.
@@ -278,6 +280,9 @@ pub fn run_queue(
                 stats.verify_errors += cfg.corpus.mismatches(s.op.offset, buf, cfg.allow_zero);
             }
             if phase.submitting() {
+                if !cfg.think.is_zero() {
+                    std::thread::sleep(cfg.think);
+                }
                 if let Some(op) = gen.next_op() {
                     submit(q, slot, op, &mut slots);
                     inflight += 1;

@@ -63,6 +63,8 @@ pub struct JobSpec {
     pub prefill: bool,
     pub verify: bool,
     pub poll: bool,
+    /// Wait after each completion before submitting again (µs).
+    pub think_us: u64,
 }
 
 impl JobSpec {
@@ -111,14 +113,15 @@ impl JobSpec {
         (start * self.bs, n * self.bs)
     }
 
-    /// Short config key used to group and compare runs: "randread 4K qd32 q1".
+    /// Short config key used to group and compare runs: "randread 4K qd32
+    /// q1", with " think100us" when the queues wait between requests.
     pub fn key(&self) -> String {
-        format!(
-            "{} {} qd{} q{}",
+        crate::report::config_key(
             self.kind.name(),
-            crate::cli::format_size(self.bs),
+            self.bs,
             self.iodepth,
-            self.queues
+            self.queues,
+            self.think_us,
         )
     }
 }
@@ -228,6 +231,7 @@ mod tests {
             prefill: false,
             verify: false,
             poll: false,
+            think_us: 0,
         }
     }
 

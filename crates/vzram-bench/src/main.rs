@@ -238,6 +238,7 @@ fn job_spec(
         prefill,
         verify: c.verify,
         poll: c.poll,
+        think_us: c.think_us,
     }
 }
 

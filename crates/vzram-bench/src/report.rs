@@ -18,6 +18,9 @@ pub struct RunResult {
     pub bs: u64,
     pub iodepth: u32,
     pub queues: u32,
+    /// `--think-us`: the wait after each completion (0 in older files).
+    #[serde(default)]
+    pub think_us: u64,
     pub size: u64,
     pub rep: u32,
     pub data: String,
@@ -69,13 +72,7 @@ impl RunResult {
     }
 
     pub fn config_key(&self) -> String {
-        format!(
-            "{} {} qd{} q{}",
-            self.job,
-            crate::cli::format_size(self.bs),
-            self.iodepth,
-            self.queues
-        )
+        config_key(&self.job, self.bs, self.iodepth, self.queues, self.think_us)
     }
 
     pub fn one_line(&self) -> String {
@@ -151,6 +148,20 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// "randread 4K qd32 q1", with " think100us" for a job that waits between
+/// requests.
+pub fn config_key(job: &str, bs: u64, iodepth: u32, queues: u32, think_us: u64) -> String {
+    let think = if think_us > 0 {
+        format!(" think{think_us}us")
+    } else {
+        String::new()
+    };
+    format!(
+        "{job} {} qd{iodepth} q{queues}{think}",
+        crate::cli::format_size(bs)
+    )
+}
+
 /// Medians of the repeats of one (target, configuration).
 #[derive(Clone, Debug)]
 pub struct Summary {
@@ -160,6 +171,7 @@ pub struct Summary {
     pub bs: u64,
     pub iodepth: u32,
     pub queues: u32,
+    pub think_us: u64,
     pub n: usize,
     pub iops: f64,
     pub mb_s: f64,
@@ -175,13 +187,7 @@ pub struct Summary {
 
 impl Summary {
     pub fn config_key(&self) -> String {
-        format!(
-            "{} {} qd{} q{}",
-            self.job,
-            crate::cli::format_size(self.bs),
-            self.iodepth,
-            self.queues
-        )
+        config_key(&self.job, self.bs, self.iodepth, self.queues, self.think_us)
     }
 }
 
@@ -214,6 +220,7 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
                 bs: r0.bs,
                 iodepth: r0.iodepth,
                 queues: r0.queues,
+                think_us: r0.think_us,
                 n: rs.len(),
                 iops: f(|r| r.iops),
                 mb_s: f(|r| r.mb_s),

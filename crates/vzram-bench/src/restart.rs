@@ -207,6 +207,7 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
             verify: false,
             allow_zero: true,
             slice_start: 0,
+            think: std::time::Duration::ZERO,
         };
         let mut written = Bitmap::new(data);
         run_queue(

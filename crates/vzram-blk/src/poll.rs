@@ -9,10 +9,10 @@
 //! more than the maximum. Polling thus costs a busy queue at most what its
 //! work does, and a guest that answers a batch of 32 completions within a
 //! batch's time is caught without a kick. The window also adapts, as
-//! QEMU's does: it doubles (up to the maximum) when the thread was woken
-//! again soon after giving up, so a longer poll would have caught the
-//! request, and halves when it slept longer than the maximum, so a guest
-//! whose requests come seldom stops being polled. An idle queue never
+//! QEMU's does: it doubles when the thread was woken again within that
+//! limit of giving up (a longer poll would have caught the request), and
+//! halves when it slept longer, so a guest whose requests come further
+//! apart than the limit soon stops being polled. An idle queue never
 //! polls: only a pass that took requests starts a poll.
 
 use std::sync::atomic::Ordering;
@@ -35,8 +35,9 @@ const MIN_WINDOW: Duration = Duration::from_micros(2);
 pub struct Poller {
     max: Duration,
     window: Duration,
-    /// When the last poll gave up (the thread then went to sleep).
-    gave_up: Option<Instant>,
+    /// When the last poll gave up (the thread then went to sleep), and the
+    /// longest that poll could have lasted with the full window.
+    gave_up: Option<(Instant, Duration)>,
 }
 
 impl Poller {
@@ -56,13 +57,13 @@ impl Poller {
     /// Called when the queue is kicked: how long it slept since its last
     /// poll gave up sets the next window.
     pub fn woke(&mut self) {
-        let Some(t) = self.gave_up.take() else {
+        let Some((t, cap)) = self.gave_up.take() else {
             return;
         };
         if self.max.is_zero() {
             return;
         }
-        self.window = if t.elapsed() <= self.max {
+        self.window = if t.elapsed() <= cap {
             (self.window * 2).clamp(MIN_WINDOW, self.max)
         } else if self.window < MIN_WINDOW {
             Duration::ZERO
@@ -73,7 +74,12 @@ impl Poller {
 
     /// How long a poll after a pass that worked for `worked` may last.
     pub fn limit(&self, worked: Duration) -> Duration {
-        self.window.min(worked.max(BASE_POLL))
+        self.window.min(Self::cap(self.max, worked))
+    }
+
+    /// The longest poll a pass that worked for `worked` earns.
+    fn cap(max: Duration, worked: Duration) -> Duration {
+        worked.max(BASE_POLL).min(max)
     }
 
     /// Watches `q`'s avail index for up to [`Poller::limit`]. True as soon
@@ -99,7 +105,7 @@ impl Poller {
                 }
             }
         }
-        self.gave_up = Some(Instant::now());
+        self.gave_up = Some((Instant::now(), Self::cap(self.max, worked)));
         false
     }
 }
@@ -160,13 +166,22 @@ mod tests {
         let t = Instant::now();
         assert!(!p.poll(&q, &m, Duration::ZERO));
         assert!(t.elapsed() < Duration::from_millis(5));
-        // Kicked right after giving up: grows back to the maximum.
+        // Kicked right after giving up, after passes that worked longer than
+        // the maximum: grows back to it.
         for _ in 0..16 {
             p.woke();
-            assert!(!p.poll(&q, &m, Duration::ZERO));
+            assert!(!p.poll(&q, &m, max * 2));
         }
         p.woke();
         assert_eq!(p.window(), max);
+        // Kicked 1 ms after giving up, after short passes (a base limit of
+        // 32 µs): a request every millisecond is not worth polling for.
+        for _ in 0..16 {
+            assert!(!p.poll(&q, &m, Duration::from_micros(5)));
+            std::thread::sleep(Duration::from_millis(1));
+            p.woke();
+        }
+        assert_eq!(p.window(), Duration::ZERO);
         // Off: never polls, never grows.
         let mut off = Poller::new(Duration::ZERO);
         assert!(!off.poll(&q, &m, Duration::ZERO));

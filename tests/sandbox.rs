@@ -458,3 +458,35 @@ fn runs_as_an_unprivileged_user_with_sockets_in_its_own_directory() {
     assert!(st.success(), "{st}:\n{}", d.log_text());
     assert!(!sock.exists(), "socket left behind");
 }
+
+/// A worker stopped and continued (SIGSTOP/SIGCONT: job control, a
+/// debugger, a checkpoint tool) resumes its interrupted timed waits with
+/// restart_syscall. The filter must let that through: refused, it killed
+/// the worker with SIGSYS (seen when a hung-guest dump attached gdb).
+#[test]
+fn a_worker_stopped_and_continued_keeps_serving() {
+    let dir = TempDir::new("stopcont");
+    let sock = dir.join("d.sock");
+    let d = Daemon::start(&dir, &["--socket", s(&sock), "--size", "16M"], &[&sock]);
+    let mut c =
+        Client::connect(&sock, 1).unwrap_or_else(|e| panic!("connect: {e}\n{}", d.log_text()));
+    c.q(0).write(0, &pattern(3, 0, 4 * PAGE)).unwrap();
+    let pid = d.stat().worker("vzram0")["pid"].as_u64().expect("a worker") as i32;
+    for _ in 0..3 {
+        // SAFETY: kill only sends signals, to our daemon's worker.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        // Its control thread's one-second poll, among others, restarts now.
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+    assert_eq!(
+        c.q(0).read(0, 4 * PAGE).unwrap(),
+        pattern(3, 0, 4 * PAGE),
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(d.stat().worker("vzram0")["pid"].as_u64(), Some(pid as u64));
+    assert!(!d.log_text().contains("SIGSYS"), "{}", d.log_text());
+}

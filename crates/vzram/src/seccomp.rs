@@ -169,12 +169,15 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     r.allow_if(SYS_prctl, vec![eq(0, PR_SET_NAME as u64)?]);
 
     // Signals: the shutdown sigwait, Rust's per-thread alternate stack for
-    // stack-overflow reports, and abort() on our own process only.
+    // stack-overflow reports, and abort() on our own process only. A timed
+    // wait cut short by SIGSTOP/SIGCONT (job control, a debugger) resumes
+    // through restart_syscall: refused, stopping a process killed it.
     r.allow(&[
         SYS_rt_sigprocmask,
         SYS_rt_sigreturn,
         SYS_rt_sigtimedwait,
         SYS_sigaltstack,
+        SYS_restart_syscall,
     ]);
     // A fault that is not a stack overflow makes Rust's SIGSEGV handler
     // restore the default action and return, so the fault kills us with its

@@ -240,13 +240,13 @@ impl Ctx {
     }
 
     /// Boots a guest; it runs in the background until [`Guest::wait`].
-    /// Boots a guest. Unless QEMU waits for an incoming migration, checks
-    /// that the guest's init starts: a boot whose kernel shows nothing for
-    /// [`INIT_WAIT`] is dumped (`hang-LABEL.txt`), killed and started once
-    /// more. Before init the guest has not loaded its virtio drivers, so
-    /// such a hang is the emulated machine's, not the disk's: QEMU 7.2's TCG
-    /// froze there about once in a hundred boots here, both vCPUs
-    /// running, vzram idle (thread dumps of three CI runs).
+    /// Unless QEMU waits for an incoming migration, checks that the guest's
+    /// init starts: a boot whose kernel shows nothing for [`INIT_WAIT`] is
+    /// dumped (`hang-LABEL.txt`), killed and started once more. Before
+    /// init the guest has not loaded its virtio drivers, so such a hang is
+    /// the emulated machine's, not the disk's: under QEMU 7.2's TCG a boot
+    /// here froze there now and then (three CI runs), both vCPUs running
+    /// guest code and vzram idle in the one with a thread dump.
     pub fn boot(&self, label: &str, opts: &GuestOpts) -> Guest {
         let g = self.boot_once(label, opts);
         if opts.qemu_args.iter().any(|a| a == "-incoming") || g.reached_init(INIT_WAIT) {

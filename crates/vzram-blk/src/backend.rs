@@ -982,6 +982,67 @@ mod tests {
         assert_eq!((queue.next_avail(), queue.next_used()), (0, 0));
     }
 
+    /// Moves the avail index far past the ring once the first chain ran:
+    /// a guest that does so while the queue thread polls.
+    struct JumpAvail<'a, 'm>(&'a virtio_queue::mock::MockSplitQueue<'m, GuestMemoryMmap>);
+
+    impl ChainHook for JumpAvail<'_, '_> {
+        fn ran(&mut self, _: u16, _: &Request, _: &Result<u32, ChainError>, _: u32) {
+            self.0.avail().idx().store(u16::to_le(0x8000));
+        }
+    }
+
+    /// A poll that sees an avail index no ring can hold reports a new
+    /// request; the next pass takes none, and the drain ends there instead
+    /// of polling the same index again for ever with the vring lock held.
+    #[test]
+    fn a_poll_that_sees_an_impossible_avail_index_ends_the_drain() {
+        use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+        use vm_memory::{Bytes, GuestAddress};
+        for event_idx in [false, true] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            // Its own thread: a drain that never ends fails the test
+            // instead of hanging it.
+            std::thread::spawn(move || {
+                let b = backend(1, false);
+                let mem: GuestMemoryMmap =
+                    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+                let mq = virtio_queue::mock::MockSplitQueue::new(&mem, 16);
+                // One flush: a header (type 4) and a status byte.
+                let mut flush = [0u8; 16];
+                flush[0] = 4;
+                mem.write_slice(&flush, GuestAddress(0x8000)).unwrap();
+                mem.write_obj(0xffu8, GuestAddress(0x9000)).unwrap();
+                let chain = [
+                    RawDescriptor::from(Descriptor::new(0x8000, 16, 1, 1)),
+                    RawDescriptor::from(Descriptor::new(0x9000, 1, 2, 0)),
+                ];
+                mq.add_desc_chains(&chain, 0).unwrap();
+                let mut queue: Queue = mq.create_queue().unwrap();
+                queue.set_event_idx(event_idx);
+                let mut scratch = Scratch::new(0);
+                scratch.poller = Poller::new(Duration::from_secs(2));
+                let r = drain_queue(
+                    &mut (&mut queue, || Ok(())),
+                    &&mem,
+                    b.device(),
+                    event_idx,
+                    &mut scratch,
+                    &mut JumpAvail(&mq),
+                );
+                let status = mem.read_obj::<u8>(GuestAddress(0x9000)).unwrap();
+                let _ = tx.send((format!("{r:?}"), queue.next_used(), status));
+            });
+            let (r, used, status) = rx
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_else(|_| panic!("event_idx {event_idx}: the drain polls on"));
+            assert_eq!((used, status), (1, STATUS_OK), "the flush completed");
+            if event_idx {
+                assert!(r.contains("Unreadable"), "{r}");
+            }
+        }
+    }
+
     /// Each queue gets scratch space of its own on its first kick, with a
     /// store context on its own shard; queues never kicked get none.
     #[test]

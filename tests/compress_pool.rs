@@ -34,26 +34,28 @@ fn page(seed: u64, slot: u64) -> Vec<u8> {
     pattern(seed, slot * PAGE as u64, PAGE)
 }
 
+/// `/proc/PID/task/TID` of the device worker's `vzram-compress-*` threads.
+fn compress_tasks(d: &Daemon) -> Vec<std::path::PathBuf> {
+    let pid = d.stat().worker("vzram0")["pid"]
+        .as_u64()
+        .expect("a worker serves the device");
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .map(|t| t.path())
+        .filter(|t| {
+            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("vzram-compress"))
+        })
+        .collect()
+}
+
 /// Threads of the device's worker named `vzram-compress-*`, once there
 /// are `want` (a new thread names itself when it first runs), or what there
 /// are after 5 s.
 fn compress_threads(d: &Daemon, want: usize) -> usize {
-    let pid = d.stat().worker("vzram0")["pid"]
-        .as_u64()
-        .expect("a worker serves the device");
-    let count = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .flatten()
-            .filter(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| c.starts_with("vzram-compress"))
-            })
-            .count()
-    };
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let n = count();
+        let n = compress_tasks(d).len();
         if n == want || std::time::Instant::now() > until {
             return n;
         }
@@ -108,16 +110,10 @@ fn batch(q: &mut Queue, writes: &[(u64, u64, usize)], reads: &[u64]) -> Vec<Vec<
 /// only when a submission woke them, proof that the pool took pages (CPU
 /// ticks are too coarse, and schedstat is off on some kernels).
 fn pool_sleeps(d: &Daemon) -> u64 {
-    let pid = d.stat().worker("vzram0")["pid"].as_u64().unwrap();
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.starts_with("vzram-compress"))
-        })
+    compress_tasks(d)
+        .into_iter()
         .filter_map(|t| {
-            let st = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let st = std::fs::read_to_string(t.join("status")).ok()?;
             st.lines()
                 .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
                 .and_then(|v| v.trim().parse::<u64>().ok())

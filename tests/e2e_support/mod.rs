@@ -729,31 +729,22 @@ impl Guest {
         );
     }
 
-    /// Waits for a console line containing `needle` and returns it.
-    pub fn wait_for(&self, needle: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
+    /// Waits up to `limit` for a console line containing `needle`: the
+    /// line, or Err(true) once QEMU has exited, Err(false) at the limit.
+    fn await_line(&self, needle: &str, limit: Duration) -> Result<String, bool> {
+        let deadline = Instant::now() + limit;
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(l) = st.lines.iter().find(|l| l.contains(needle)) {
-                return l.clone();
+                return Ok(l.clone());
+            }
+            if st.eof >= 2 {
+                return Err(true);
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() && st.eof < 2 {
-                if let Some(c) = &self.child {
-                    self.report_hang(c.id());
-                }
+            if left.is_zero() {
+                return Err(false);
             }
-            ensure!(
-                !left.is_zero() && st.eof < 2,
-                "guest {}: no line with {needle:?} after {:.0}s ({})",
-                self.label,
-                self.started.elapsed().as_secs_f64(),
-                if st.eof >= 2 {
-                    "QEMU exited"
-                } else {
-                    "timeout"
-                }
-            );
             st = self
                 .shared
                 .cv
@@ -763,26 +754,30 @@ impl Guest {
         }
     }
 
+    /// Waits for a console line containing `needle` and returns it.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> String {
+        match self.await_line(needle, timeout) {
+            Ok(l) => l,
+            Err(exited) => {
+                if !exited {
+                    if let Some(c) = &self.child {
+                        self.report_hang(c.id());
+                    }
+                }
+                panic!(
+                    "guest {}: no line with {needle:?} after {:.0}s ({})",
+                    self.label,
+                    self.started.elapsed().as_secs_f64(),
+                    if exited { "QEMU exited" } else { "timeout" }
+                )
+            }
+        }
+    }
+
     /// Waits up to `limit` for the guest's init to start (its `VZRAM-INIT`
     /// line). True also when QEMU has exited: [`Self::wait`] reports that.
     fn reached_init(&self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if st.eof >= 2 || st.lines.iter().any(|l| l.contains("VZRAM-INIT")) {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            st = self
-                .shared
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        !matches!(self.await_line("VZRAM-INIT", limit), Err(false))
     }
 
     /// Whether the guest has printed a line containing `needle` so far.

@@ -109,8 +109,10 @@ impl Batch {
 
 impl CompressPool {
     /// A pool of `threads` threads; their store contexts take allocator
-    /// shards `first_shard..`, so they do not meet the queues on a shard
-    /// lock. 0 threads: the queue threads do all the work themselves.
+    /// shards `first_shard..`, modulo the device's shard count (one per
+    /// queue), so they share the queues' shards: a shard's lock is held
+    /// for one allocation, never while compressing. 0 threads: the queue
+    /// threads do all the work themselves.
     pub fn new(threads: usize, first_shard: usize) -> std::io::Result<Arc<CompressPool>> {
         let inner = Arc::new(Inner {
             tasks: Mutex::new(Tasks::default()),

@@ -2,14 +2,14 @@
 
 use crate::client::{run_queue, Bitmap, Conn, WorkerCfg};
 use crate::data::PAGE;
-use crate::error::{Context, Result};
+use crate::error::{bail, Context, Result};
 use crate::job::{JobKind, JobSpec, OpGen};
 use crate::measure::{Totals, Window};
 use crate::report::{JsonOut, RunResult};
 use crate::sys::{interrupted, tree_cpu};
+use crate::targets;
 use crate::targets::codec::Compressed;
 use crate::targets::{start_block, Algo, Env, Kind, Memory, TargetSpec};
-use crate::{bail, targets};
 use std::collections::HashMap;
 use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
@@ -351,16 +351,9 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
     if r.stored_bytes > 0 {
         r.mem_per_byte = Some(mem.host_bytes as f64 / r.stored_bytes as f64);
     }
-    let orig = mem
-        .details
-        .get("orig_data_size")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(0);
-    let compr = mem
-        .details
-        .get("compr_data_size")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(0);
+    // vzram's stat numbers; other targets' details have none (0).
+    let sizes = targets::vzram::sizes(&mem.details);
+    let (orig, compr) = (sizes.orig_data_size, sizes.compr_data_size);
     if orig > 0 && compr > 0 {
         r.codec_ratio = Some(orig as f64 / compr as f64);
     }

@@ -1,9 +1,8 @@
 //! The vhost-user-blk client: libblkio's `virtio-blk-vhost-user` driver, one thread per
 //! queue, each with its own `Blkioq` and its own slots in one shared memory region.
 
-use crate::bail;
 use crate::data::{Corpus, PAGE};
-use crate::error::{Context, Result};
+use crate::error::{bail, Context, Result};
 use crate::job::{Dir, Op, OpGen};
 use crate::measure::{Phase, Window, WorkerStats};
 use blkio::{Blkio, Blkioq, Completion, Errno, MemoryRegion, ReqFlags};

@@ -2,9 +2,9 @@
 //!
 //! A write to byte offset `o` carries corpus page `(o / 4096) % len`, so the data is
 //! realistic for the compressor, the same on every target, and checkable on read.
+//! Every page the bench writes comes from here (density's marker pages too).
 
-use crate::bail;
-use crate::error::{Context, Result};
+use crate::error::{bail, Context, Result};
 use crate::rng::Rng;
 use std::path::{Path, PathBuf};
 
@@ -221,6 +221,15 @@ fn random_page(rng: &mut Rng, page: &mut [u8]) {
     }
 }
 
+/// A page whose content names its device, to check a read against.
+pub fn device_page(device: usize) -> [u8; PAGE] {
+    let mut p = [0u8; PAGE];
+    for (i, w) in p.chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&((device as u64) << 32 | i as u64).to_le_bytes());
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +269,12 @@ mod tests {
         buf[PAGE + 5] ^= 1;
         assert_eq!(c.mismatches(3 * PAGE as u64, &buf, false), 1);
         assert_eq!(c.mismatches(0, &vec![0u8; PAGE], true), 0);
+    }
+
+    #[test]
+    fn device_pages_differ_per_device() {
+        assert_ne!(device_page(1), device_page(2));
+        assert_eq!(&device_page(3)[8..16], &((3u64 << 32) | 1).to_le_bytes());
     }
 
     #[test]

@@ -5,11 +5,10 @@
 //! per connected frontend, so everything is measured over the daemon's whole process
 //! tree as well as for the supervisor alone.
 
-use crate::bail;
-use crate::cli::{format_size, DensityArgs};
+use crate::cli::DensityArgs;
 use crate::client::{page_io, Conn};
-use crate::data::PAGE;
-use crate::error::{Context, Result};
+use crate::data::{device_page, PAGE};
+use crate::error::{bail, Context, Result};
 use crate::report::JsonOut;
 use crate::sys::{
     proc_comm, proc_fd_limit, proc_fds, proc_mem, proc_smaps, proc_threads, proc_tree, tree_use,
@@ -17,6 +16,7 @@ use crate::sys::{
 };
 use crate::targets::vzram::{DeviceSpec, Many};
 use crate::targets::Env;
+use crate::units::format_size;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::path::Path;
@@ -357,15 +357,6 @@ pub struct Connected {
     pub per_worker: Vec<WorkerMem>,
 }
 
-/// A page whose content names its device, to check a read against.
-fn pattern(device: usize) -> [u8; PAGE] {
-    let mut p = [0u8; PAGE];
-    for (i, w) in p.chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&((device as u64) << 32 | i as u64).to_le_bytes());
-    }
-    p
-}
-
 /// Connects a small client to every device, writes and reads back one page on each,
 /// and measures the daemon's processes with all of them connected.
 fn connect_all(env: &Env, many: &mut Many, supervisor_idle: ProcMem) -> Result<Connected> {
@@ -378,7 +369,7 @@ fn connect_all(env: &Env, many: &mut Many, supervisor_idle: ProcMem) -> Result<C
             bail!("interrupted");
         }
         let mut c = Conn::connect_small(sock).context(format!("device {i}"))?;
-        let want = pattern(i);
+        let want = device_page(i);
         let mut buf = want;
         page_io(&mut c, true, 0, &mut buf).context(format!("device {i}: write"))?;
         buf = [0u8; PAGE];
@@ -502,14 +493,5 @@ pub fn worker_pids(
             return Ok(pids);
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn patterns_differ_per_device() {
-        assert_ne!(super::pattern(1), super::pattern(2));
-        assert_eq!(&super::pattern(3)[8..16], &((3u64 << 32) | 1).to_le_bytes());
     }
 }

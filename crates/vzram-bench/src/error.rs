@@ -60,9 +60,10 @@ impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
     }
 }
 
-#[macro_export]
 macro_rules! bail {
     ($($arg:tt)*) => {
         return Err($crate::error::Error(format!($($arg)*)))
     };
 }
+// By path (`crate::error::bail`), not from the crate root.
+pub(crate) use bail;

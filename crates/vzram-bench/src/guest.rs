@@ -9,12 +9,12 @@
 //! processes). Under TCG the guest's CPU dominates the wall time; the daemon's CPU
 //! says what the disk itself cost.
 
-use crate::bail;
-use crate::cli::{format_size, GuestArgs};
-use crate::error::{Context, Result};
+use crate::cli::GuestArgs;
+use crate::error::{bail, Context, Result};
 use crate::report::{median, JsonOut};
 use crate::sys::{self, interrupted};
 use crate::targets::{start_block, BlockTarget, Env, Kind, TargetSpec};
+use crate::units::format_size;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -203,7 +203,7 @@ fn check(script: &Path) -> Result<()> {
 }
 
 pub fn run(env: &Env, args: &GuestArgs, mut json: Option<JsonOut>) -> Result<Vec<GuestResult>> {
-    let targets: Vec<TargetSpec> = crate::parse_targets(&args.targets, args.algo)?;
+    let targets: Vec<TargetSpec> = crate::targets::parse_targets(&args.targets, args.algo)?;
     if let Some(t) = targets.iter().find(|t| t.kind == Kind::Codec) {
         bail!("--targets: {} has no socket for a guest", t.label());
     }

@@ -1,8 +1,8 @@
 //! What a run does: the job kind, its geometry, and the per-queue offset generator.
 
-use crate::bail;
-use crate::error::Result;
+use crate::error::{bail, Result};
 use crate::rng::Rng;
+use crate::units::format_size;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -116,7 +116,7 @@ impl JobSpec {
     /// Short config key used to group and compare runs: "randread 4K qd32
     /// q1", with " think100us" when the queues wait between requests.
     pub fn key(&self) -> String {
-        crate::report::config_key(
+        config_key(
             self.kind.name(),
             self.bs,
             self.iodepth,
@@ -124,6 +124,17 @@ impl JobSpec {
             self.think_us,
         )
     }
+}
+
+/// "randread 4K qd32 q1", with " think100us" for a job that waits between
+/// requests.
+pub fn config_key(job: &str, bs: u64, iodepth: u32, queues: u32, think_us: u64) -> String {
+    let think = if think_us > 0 {
+        format!(" think{think_us}us")
+    } else {
+        String::new()
+    };
+    format!("{job} {} qd{iodepth} q{queues}{think}", format_size(bs))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

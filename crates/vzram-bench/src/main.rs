@@ -19,16 +19,17 @@ mod restart;
 mod rng;
 mod sys;
 mod targets;
+mod units;
 
 use bench::{Ctx, Plan};
 use clap::Parser;
 use cli::{Cli, Cmd, Common};
 use data::Corpus;
-use error::Result;
+use error::{bail, Result};
 use job::{JobKind, JobSpec};
 use report::JsonOut;
 use std::path::{Path, PathBuf};
-use targets::{Algo, Env, Kind, TargetSpec};
+use targets::{parse_targets, Algo, Env, Kind, TargetSpec};
 
 fn main() {
     let cli = Cli::parse();
@@ -144,7 +145,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let rs = work.finish(rs)?;
             density::print_table(&rs);
             if !density::all_ok(&rs) {
-                crate::bail!(
+                bail!(
                     "density: some devices did not answer or the daemon logged errors (see the table)"
                 );
             }
@@ -185,8 +186,8 @@ fn real_main(cli: Cli) -> Result<()> {
                 "Guest: swap test, {} rounds, {} RAM, TCG 2 vCPUs; disk {} ({} queues); {} \
                  boot(s) per target, interleaved; {} host CPUs.\n",
                 a.rounds,
-                cli::format_size(a.mem),
-                cli::format_size(a.size),
+                units::format_size(a.mem),
+                units::format_size(a.size),
                 a.queues,
                 a.repeat.max(1),
                 sys::nproc()
@@ -204,19 +205,6 @@ fn real_main(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
-}
-
-fn parse_targets(s: &str, algo: Algo) -> Result<Vec<TargetSpec>> {
-    let v: Vec<TargetSpec> = s
-        .split(',')
-        .filter(|t| !t.trim().is_empty())
-        .map(|t| TargetSpec::parse(t.trim(), algo))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| format!("--targets: {e}"))?;
-    if v.is_empty() {
-        crate::bail!("--targets: empty");
-    }
-    Ok(v)
 }
 
 fn job_spec(
@@ -338,7 +326,7 @@ fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
         "Data: {} ({} pages); {} per run, {} s measured after {} s ramp, {} repeat(s), {} CPUs.\n",
         env.corpus.name,
         env.corpus.len(),
-        cli::format_size(c.size),
+        units::format_size(c.size),
         c.runtime,
         c.ramp,
         repeat,

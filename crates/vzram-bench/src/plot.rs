@@ -67,7 +67,7 @@ fn iops_chart(area: &Area, s: &[Summary], text: bool) -> Result<()> {
             "{} {} {} qd{}",
             x.target,
             x.job,
-            crate::cli::format_size(x.bs),
+            crate::units::format_size(x.bs),
             x.iodepth
         );
         match series.iter_mut().find(|(n, _)| *n == name) {
@@ -104,7 +104,7 @@ fn iops_chart(area: &Area, s: &[Summary], text: bool) -> Result<()> {
     let mut mesh = chart.configure_mesh();
     mesh.x_labels((max_q as usize).min(16))
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| crate::report::kilo(*y));
+        .y_label_formatter(&|y| crate::units::kilo(*y));
     if text {
         mesh.x_desc("queues").y_desc("IOPS");
     } else {

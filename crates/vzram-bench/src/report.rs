@@ -1,6 +1,8 @@
 //! Results: the JSON record of a run, medians over repeats, and the markdown tables.
 
 use crate::error::{Context, Result};
+use crate::job::config_key;
+use crate::units::{format_size, kilo};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -126,7 +128,7 @@ pub fn load(path: &Path) -> Result<Vec<RunResult>> {
         let line = line?;
         let v: serde_json::Value = match serde_json::from_str(&line) {
             Ok(v) => v,
-            Err(e) => crate::bail!("{}:{}: {e}", path.display(), n + 1),
+            Err(e) => crate::error::bail!("{}:{}: {e}", path.display(), n + 1),
         };
         if v.get("record").and_then(|r| r.as_str()) == Some("run") {
             out.push(serde_json::from_value(v).context(format!("{}:{}", path.display(), n + 1))?);
@@ -146,20 +148,6 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
-}
-
-/// "randread 4K qd32 q1", with " think100us" for a job that waits between
-/// requests.
-pub fn config_key(job: &str, bs: u64, iodepth: u32, queues: u32, think_us: u64) -> String {
-    let think = if think_us > 0 {
-        format!(" think{think_us}us")
-    } else {
-        String::new()
-    };
-    format!(
-        "{job} {} qd{iodepth} q{queues}{think}",
-        crate::cli::format_size(bs)
-    )
 }
 
 /// Medians of the repeats of one (target, configuration).
@@ -236,16 +224,6 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
         .collect()
 }
 
-pub fn kilo(x: f64) -> String {
-    if x >= 1e6 {
-        format!("{:.2}M", x / 1e6)
-    } else if x >= 1e3 {
-        format!("{:.1}k", x / 1e3)
-    } else {
-        format!("{x:.0}")
-    }
-}
-
 fn us(x: f64) -> String {
     if x >= 1000.0 {
         format!("{x:.0}")
@@ -269,7 +247,7 @@ pub fn print_table(results: &[RunResult]) {
             "| {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
             r.target,
             r.job,
-            crate::cli::format_size(r.bs),
+            format_size(r.bs),
             r.iodepth,
             r.queues,
             kilo(r.iops),
@@ -457,7 +435,5 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![]).is_nan());
-        assert_eq!(kilo(228_400.0), "228.4k");
-        assert_eq!(kilo(950.0), "950");
     }
 }

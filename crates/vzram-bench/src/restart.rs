@@ -14,16 +14,16 @@
 //!
 //! The new worker recovers the device from its slot table, hence two data sizes.
 
-use crate::bail;
-use crate::cli::{format_size, RestartArgs};
+use crate::cli::RestartArgs;
 use crate::client::{page_io, run_queue, Bitmap, Conn, WorkerCfg, PREFILL_DEPTH};
 use crate::data::{Corpus, PAGE};
-use crate::error::{Context, Result};
+use crate::error::{bail, Context, Result};
 use crate::job::OpGen;
 use crate::measure::Window;
 use crate::report::JsonOut;
-use crate::targets::vzram::{worker_status, DeviceSpec, Many};
+use crate::targets::vzram::{self, worker_status, DeviceSpec, Many};
 use crate::targets::Env;
+use crate::units::format_size;
 use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -161,20 +161,19 @@ fn connect_and_read(
 fn running_worker(env: &Env, control: &Path, clear: bool) -> Result<(u32, u64)> {
     let t0 = Instant::now();
     loop {
-        let st = crate::targets::vzram::stat(&env.vzram_bin, control)?;
-        let w = worker_status(&st, 0);
-        let get = |k: &str| w.and_then(|w| w.get(k));
-        let failing = get("failing").and_then(|v| v.as_u64()).unwrap_or(0);
-        let running = get("state").and_then(|v| v.as_str()) == Some("running");
-        if let (true, Some(pid)) = (running, get("pid").and_then(|v| v.as_u64())) {
-            if !clear || failing == 0 || t0.elapsed() > Duration::from_secs(5) {
-                return Ok((pid as u32, failing));
+        let st = vzram::stat(&env.vzram_bin, control)?;
+        let w = vzram::worker(&st, 0);
+        if let (true, Some(pid)) = (w.running, w.pid) {
+            if !clear || w.failing == 0 || t0.elapsed() > Duration::from_secs(5) {
+                return Ok((pid, w.failing));
             }
         }
         if t0.elapsed() > Duration::from_secs(10) {
             bail!(
                 "no running worker after 10 s: {}",
-                w.map(|w| w.to_string()).unwrap_or_default()
+                worker_status(&st, 0)
+                    .map(|w| w.to_string())
+                    .unwrap_or_default()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -230,9 +229,9 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
     let skip = recovery_times(&log()).len();
     let mut held = Conn::connect_small(&socket)?;
     running_worker(env, &many.control, false)?;
-    let st = crate::targets::vzram::stat(&env.vzram_bin, &many.control)?;
-    let num = |k: &str| st.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let (orig_data_size, mem_used_total) = (num("orig_data_size"), num("mem_used_total"));
+    let st = vzram::stat(&env.vzram_bin, &many.control)?;
+    let sizes = vzram::sizes(&st);
+    let (orig_data_size, mem_used_total) = (sizes.orig_data_size, sizes.mem_used_total);
     if orig_data_size < data {
         bail!("vzram stat says {orig_data_size} bytes stored after writing {data}");
     }
@@ -287,9 +286,8 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
     drop(held);
     kill.summarize();
     reconnect.summarize();
-    let st = crate::targets::vzram::stat(&env.vzram_bin, &many.control)?;
-    let w = worker_status(&st, 0).cloned().unwrap_or_default();
-    let field = |k: &str| w.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+    let st = vzram::stat(&env.vzram_bin, &many.control)?;
+    let w = vzram::worker(&st, 0);
     let recovery_ms: Vec<f64> = recovery_times(&log()).into_iter().skip(skip).collect();
     Ok(RestartResult {
         record: "restart".into(),
@@ -304,8 +302,8 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
         failing_after_kill,
         recovery_median_ms: median(&recovery_ms),
         recovery_ms,
-        workers_started: field("started"),
-        failures: field("failures"),
+        workers_started: w.started,
+        failures: w.failures,
         load_1m,
         unix_time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

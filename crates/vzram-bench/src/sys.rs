@@ -1,7 +1,6 @@
 //! Process and clock helpers: /proc readings, CPU clocks, child daemon lifecycle.
 
-use crate::bail;
-use crate::error::{Context, Result};
+use crate::error::{bail, Context, Result};
 use std::collections::HashSet;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;

@@ -2,7 +2,7 @@
 //! can approach. "write" = compress a page, "read" = decompress one; one thread and
 //! one reusable codec context per queue.
 
-use super::Algo;
+use super::target::Algo;
 use crate::data::{Corpus, PAGE};
 use crate::error::{Context, Result};
 use crate::job::{Dir, JobSpec, OpGen};

@@ -4,7 +4,7 @@
 //! the page cache on, cache.direct=off) and the export on its own iothread; with
 //! aio=threads and no iothread it is about 25% slower.
 
-use super::{BlockTarget, Env, Memory};
+use super::target::{BlockTarget, Env, Memory};
 use crate::error::{Context, Result};
 use crate::sys::{daemon_rss, proc_mem, Daemon};
 use std::os::unix::fs::MetadataExt;

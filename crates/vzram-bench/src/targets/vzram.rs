@@ -1,11 +1,10 @@
 //! The vzram daemon. Everything that depends on its command line and its stats format
 //! is in the `contract` section at the top, so a CLI change is a one-place edit.
 
-use super::{Algo, BlockTarget, Env, Memory};
-use crate::bail;
-use crate::cli::format_size;
-use crate::error::{Context, Result};
+use super::target::{Algo, BlockTarget, Env, Memory};
+use crate::error::{bail, Context, Result};
 use crate::sys::{daemon_rss, proc_mem, Daemon};
+use crate::units::format_size;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -148,6 +147,30 @@ pub fn worker_status(summary: &Value, device: usize) -> Option<&Value> {
         .get("worker")
 }
 
+/// A device's worker in `stat`'s summary; what is missing reads as 0 (not running).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct WorkerStat {
+    pub running: bool,
+    pub pid: Option<u32>,
+    pub failing: u64,
+    pub started: u64,
+    pub failures: u64,
+}
+
+pub fn worker(summary: &Value, device: usize) -> WorkerStat {
+    let Some(w) = worker_status(summary, device) else {
+        return WorkerStat::default();
+    };
+    let num = |k: &str| w.get(k).and_then(Value::as_u64);
+    WorkerStat {
+        running: w.get("state").and_then(Value::as_str) == Some("running"),
+        pid: num("pid").map(|p| p as u32),
+        failing: num("failing").unwrap_or(0),
+        started: num("started").unwrap_or(0),
+        failures: num("failures").unwrap_or(0),
+    }
+}
+
 /// The pid of each device's worker while its state is `running` (None otherwise).
 pub fn worker_pids(summary: &Value) -> Vec<Option<u32>> {
     let n = summary
@@ -157,13 +180,28 @@ pub fn worker_pids(summary: &Value) -> Vec<Option<u32>> {
         .map_or(0, Vec::len);
     (0..n)
         .map(|i| {
-            let w = worker_status(summary, i)?;
-            if w.get("state")?.as_str()? != "running" {
-                return None;
-            }
-            w.get("pid")?.as_u64().map(|p| p as u32)
+            let w = worker(summary, i);
+            w.pid.filter(|_| w.running)
         })
         .collect()
+}
+
+/// The daemon-wide byte counts of `stat`'s summary; 0 where missing (a failed
+/// `stat`'s `{"error"}`, or another target's details).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StatSizes {
+    pub mem_used_total: u64,
+    pub compr_data_size: u64,
+    pub orig_data_size: u64,
+}
+
+pub fn sizes(summary: &Value) -> StatSizes {
+    let num = |k: &str| summary.get(k).and_then(Value::as_u64).unwrap_or(0);
+    StatSizes {
+        mem_used_total: num("mem_used_total"),
+        compr_data_size: num("compr_data_size"),
+        orig_data_size: num("orig_data_size"),
+    }
 }
 
 // ---- end of contract ------------------------------------------------------------------
@@ -364,6 +402,23 @@ mod tests {
         assert_eq!(worker_status(&v, 1).unwrap()["state"], "idle");
         assert!(worker_status(&v, 3).is_none());
         assert!(worker_pids(&serde_json::json!({ "raw": {} })).is_empty());
+        let w = worker(&v, 0);
+        assert!(w.running && w.pid == Some(42) && w.failing == 0);
+        assert_eq!(worker(&v, 3), WorkerStat::default());
+    }
+
+    #[test]
+    fn reads_sizes() {
+        let v = serde_json::json!({ "mem_used_total": 7, "orig_data_size": 30 });
+        let s = sizes(&v);
+        assert_eq!(
+            (s.mem_used_total, s.compr_data_size, s.orig_data_size),
+            (7, 0, 30)
+        );
+        assert_eq!(
+            sizes(&serde_json::json!({ "error": "x" })),
+            StatSizes::default()
+        );
     }
 
     #[test]

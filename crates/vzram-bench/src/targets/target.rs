@@ -1,0 +1,193 @@
+//! What a target is: its name and algorithm, the environment it runs in, and what a
+//! running block target offers. Apart from `targets/mod.rs` (which starts the
+//! implementations) so that the implementations import this, not the module that
+//! imports them.
+
+use crate::data::Corpus;
+use crate::error::{bail, Result};
+use crate::sys::{Daemon, DaemonRss, ProcMem};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algo {
+    Lz4,
+    Zstd(i32),
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algo::Lz4 => f.write_str("lz4"),
+            Algo::Zstd(l) => write!(f, "zstd:{l}"),
+        }
+    }
+}
+
+impl FromStr for Algo {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.split_once(':') {
+            None if s == "lz4" => Ok(Algo::Lz4),
+            // zstd level 1: the level used for the codec anchors in the issue.
+            None if s == "zstd" => Ok(Algo::Zstd(1)),
+            Some(("zstd", l)) => l
+                .parse::<i32>()
+                .ok()
+                .filter(|l| (-7..=22).contains(l))
+                .map(Algo::Zstd)
+                .ok_or_else(|| format!("bad zstd level {l:?} (want -7..=22)")),
+            _ => Err(format!(
+                "unknown algorithm {s:?} (want lz4, zstd or zstd:LEVEL)"
+            )),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Qsd,
+    Vzram,
+    /// vzram from another binary (`--vzram-base-bin`): a build to compare against.
+    VzramBase,
+    Codec,
+}
+
+/// A target as named on the command line: `qsd`, `vzram`, `vzram-base`, `codec`,
+/// optionally with its own algorithm: `vzram@zstd:3`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TargetSpec {
+    pub kind: Kind,
+    pub algo: Algo,
+}
+
+impl TargetSpec {
+    pub fn parse(s: &str, default_algo: Algo) -> std::result::Result<Self, String> {
+        let (name, algo) = match s.split_once('@') {
+            Some((n, a)) => (n, a.parse()?),
+            None => (s, default_algo),
+        };
+        let kind = match name {
+            "qsd" => Kind::Qsd,
+            "vzram" => Kind::Vzram,
+            "vzram-base" => Kind::VzramBase,
+            "codec" => Kind::Codec,
+            _ => {
+                return Err(format!(
+                    "unknown target {name:?} (want qsd, vzram, vzram-base or codec)"
+                ))
+            }
+        };
+        Ok(TargetSpec { kind, algo })
+    }
+
+    pub fn label(&self) -> String {
+        match self.kind {
+            Kind::Qsd => "qsd".into(),
+            Kind::Vzram => format!("vzram/{}", self.algo),
+            Kind::VzramBase => format!("vzram-base/{}", self.algo),
+            Kind::Codec => format!("codec/{}", self.algo),
+        }
+    }
+}
+
+/// Where things are and what to run; shared by every run of an invocation.
+pub struct Env {
+    pub work_dir: PathBuf,
+    pub shm_dir: PathBuf,
+    pub vzram_bin: PathBuf,
+    /// The `vzram-base` target's binary, if any.
+    pub vzram_base_bin: Option<PathBuf>,
+    /// Extra `vzram serve` arguments of the `vzram` and `vzram-base` targets.
+    pub vzram_args: Vec<String>,
+    pub vzram_base_args: Vec<String>,
+    pub qsd_bin: PathBuf,
+    pub corpus: Corpus,
+}
+
+impl Env {
+    /// Fail early, with the fix in the message, if a target's program is missing.
+    pub fn check(&self, targets: &[TargetSpec]) -> Result<()> {
+        for t in targets {
+            match t.kind {
+                Kind::Qsd if crate::sys::find_program(&self.qsd_bin).is_none() => bail!(
+                    "{} not found (pass --qsd-bin, or leave qsd out of --targets)",
+                    self.qsd_bin.display()
+                ),
+                Kind::VzramBase => match &self.vzram_base_bin {
+                    None => bail!("target vzram-base needs --vzram-base-bin"),
+                    Some(b) if !b.is_file() => {
+                        bail!("--vzram-base-bin {} not found", b.display())
+                    }
+                    Some(_) => {}
+                },
+                Kind::Vzram if !self.vzram_bin.is_file() => bail!(
+                    "vzram binary {} not found (build it with `cargo build --release -p vzram`, \
+                     pass --vzram-bin, or leave vzram out of --targets)",
+                    self.vzram_bin.display()
+                ),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Host memory attributed to a target.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Memory {
+    /// What the host pays: RSS of the daemon's processes without the guest RAM they
+    /// map, plus the tmpfs file for qsd.
+    pub host_bytes: u64,
+    pub proc: ProcMem,
+    /// Memory outside the process (the tmpfs image for qsd).
+    pub extra_bytes: u64,
+    /// Every process of the daemon (vzram: supervisor, launcher, workers), with the
+    /// guest RAM they map, which `host_bytes` leaves out.
+    pub tree: DaemonRss,
+    /// Target-specific numbers (vzram's own stats).
+    pub details: serde_json::Value,
+}
+
+/// A running vhost-user-blk daemon.
+pub trait BlockTarget {
+    fn socket(&self) -> &Path;
+    fn daemon(&mut self) -> &mut Daemon;
+    fn memory(&mut self) -> Result<Memory>;
+}
+
+/// `--targets`: comma-separated names, each with `algo` unless it names its own.
+pub fn parse_targets(s: &str, algo: Algo) -> Result<Vec<TargetSpec>> {
+    let v: Vec<TargetSpec> = s
+        .split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| TargetSpec::parse(t.trim(), algo))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| format!("--targets: {e}"))?;
+    if v.is_empty() {
+        bail!("--targets: empty");
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_and_algo_parsing() {
+        let t = TargetSpec::parse("vzram@zstd:3", Algo::Lz4).unwrap();
+        assert_eq!((t.kind, t.algo), (Kind::Vzram, Algo::Zstd(3)));
+        assert_eq!(t.label(), "vzram/zstd:3");
+        assert_eq!(TargetSpec::parse("qsd", Algo::Lz4).unwrap().label(), "qsd");
+        assert_eq!("zstd".parse::<Algo>().unwrap(), Algo::Zstd(1));
+        assert!("zstd:99".parse::<Algo>().is_err());
+        assert!(TargetSpec::parse("nbd", Algo::Lz4).is_err());
+        let b = TargetSpec::parse("vzram-base", Algo::Lz4).unwrap();
+        assert_eq!(
+            (b.kind, b.label()),
+            (Kind::VzramBase, "vzram-base/lz4".into())
+        );
+    }
+}

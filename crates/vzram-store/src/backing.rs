@@ -105,7 +105,12 @@ impl std::fmt::Debug for AlignedPages {
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> StoreError {
-    StoreError::Backing(format!("{}: {what}", path.display()))
+    StoreError::backing(format_args!("{}: {what}", path.display()), None)
+}
+
+/// `doing` on the file failed with `e`.
+fn os_err(path: &Path, doing: impl std::fmt::Display, e: std::io::Error) -> StoreError {
+    StoreError::backing(format_args!("{}: {doing}", path.display()), e)
 }
 
 impl Backing {
@@ -128,7 +133,10 @@ impl Backing {
                      written pages from the page cache",
                     path.display()
                 );
-                (open(false).map_err(|e| err(&path, e))?, false)
+                (
+                    open(false).map_err(|e| StoreError::backing(path.display(), e))?,
+                    false,
+                )
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(err(
@@ -136,14 +144,16 @@ impl Backing {
                     "does not exist (create it first, e.g. `fallocate -l 4G PATH`)",
                 ))
             }
-            Err(e) => return Err(err(&path, e)),
+            Err(e) => return Err(StoreError::backing(path.display(), e)),
         };
         Backing::from_file(file, path, direct)
     }
 
     /// A backing file already open (handed over by another process).
     pub fn from_file(file: File, path: PathBuf, direct: bool) -> Result<Backing> {
-        let meta = file.metadata().map_err(|e| err(&path, e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| StoreError::backing(path.display(), e))?;
         use std::os::unix::fs::FileTypeExt;
         let ft = meta.file_type();
         if !ft.is_file() && !ft.is_block_device() {
@@ -158,14 +168,14 @@ impl Backing {
                     "is in use by another device (two devices cannot share one backing file)",
                 )
             } else {
-                err(&path, e)
+                StoreError::backing(path.display(), e)
             });
         }
         let bytes = if ft.is_block_device() {
             use std::io::Seek;
             (&file)
                 .seek(std::io::SeekFrom::End(0))
-                .map_err(|e| err(&path, e))?
+                .map_err(|e| StoreError::backing(path.display(), e))?
         } else {
             meta.len()
         };
@@ -223,7 +233,7 @@ impl Backing {
         let page = buf.page_mut(0);
         self.file
             .read_exact_at(page, 0)
-            .map_err(|e| err(&self.path, format!("reading its header: {e}")))?;
+            .map_err(|e| os_err(&self.path, "reading its header", e))?;
         if page[0..8] != MAGIC {
             return Ok(None);
         }
@@ -263,7 +273,7 @@ impl Backing {
         self.file
             .write_all_at(buf.bytes(0, 1), 0)
             .and_then(|()| self.file.sync_data())
-            .map_err(|e| err(&self.path, format!("writing its header: {e}")))
+            .map_err(|e| os_err(&self.path, "writing its header", e))
     }
 
     /// Checks, during recovery, that written-back slots can trust this file:
@@ -353,10 +363,8 @@ impl Backing {
         debug_assert!(pages.len().is_multiple_of(PAGE_SIZE));
         let off = Backing::offset(first);
         self.file.write_all_at(pages, off).map_err(|e| {
-            err(
-                &self.path,
-                format!("write of {} bytes at {off}: {e}", pages.len()),
-            )
+            let doing = format!("write of {} bytes at {off}", pages.len());
+            os_err(&self.path, doing, e)
         })?;
         if !self.direct {
             // SAFETY: advice on a descriptor we own; failure costs only cache.
@@ -377,7 +385,7 @@ impl Backing {
         let off = Backing::offset(block);
         self.file
             .read_exact_at(page, off)
-            .map_err(|e| err(&self.path, format!("read at {off}: {e}")))
+            .map_err(|e| os_err(&self.path, format_args!("read at {off}"), e))
     }
 }
 

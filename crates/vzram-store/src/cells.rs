@@ -58,11 +58,11 @@ impl<T: Plain> Cells<T> {
         let need = std::mem::size_of::<T>() as u64;
         let len = file
             .metadata()
-            .map_err(|e| crate::StoreError::Map(format!("stat of a counters file: {e}")))?
+            .map_err(|e| crate::StoreError::map("stat of a counters file", e))?
             .len();
         if len < need {
             file.set_len(need)
-                .map_err(|e| crate::StoreError::Map(format!("growing a counters file: {e}")))?;
+                .map_err(|e| crate::StoreError::map("growing a counters file", e))?;
         }
         Ok(Cells {
             region: Region::map_allocated_file(file, need as usize)?,
@@ -98,7 +98,7 @@ impl HostCells {
 
     /// Gives the cells their id if they have none yet (a fresh file).
     pub(crate) fn init_id(&self) -> u64 {
-        let id = crate::state::random_id() | 1;
+        let id = crate::id::random_id() | 1;
         match self.id.compare_exchange(0, id, Relaxed, Relaxed) {
             Ok(_) => id,
             Err(existing) => existing,
@@ -162,6 +162,16 @@ pub struct MigrationCells {
     pub total_micros: AtomicU64,
 }
 
+/// Where a transfer stands, for whoever shows progress.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub bytes: u64,
+    pub records: u64,
+    pub pass: u32,
+    /// Slots written since the pass began (source only).
+    pub dirty: u64,
+}
+
 /// No migration, or the last one is over.
 pub const MIGRATION_NONE: u64 = 0;
 /// Incoming: waiting for a stream; requests wait.
@@ -199,7 +209,7 @@ impl MigrationCells {
     }
 
     /// Publishes a transfer's progress.
-    pub fn progress(&self, p: crate::migrate::Progress) {
+    pub fn progress(&self, p: Progress) {
         self.bytes.store(p.bytes, Relaxed);
         self.records.store(p.records, Relaxed);
         self.pass.store(u64::from(p.pass), Relaxed);

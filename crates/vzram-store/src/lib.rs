@@ -9,6 +9,7 @@ pub mod codec;
 mod context;
 pub mod device;
 pub mod error;
+mod id;
 pub mod limits;
 pub mod migrate;
 mod mmap;

@@ -62,15 +62,13 @@ impl Region {
             )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(StoreError::Map(format!(
-                "mmap of {len} bytes{}: {}",
-                if file.is_some() {
-                    " of a state file"
-                } else {
-                    ""
-                },
-                std::io::Error::last_os_error()
-            )));
+            let e = std::io::Error::last_os_error();
+            let of = if file.is_some() {
+                " of a state file"
+            } else {
+                ""
+            };
+            return Err(StoreError::map(format_args!("mmap of {len} bytes{of}"), e));
         }
         // Transparent huge pages would make RSS grow in 2 MiB steps and turn
         // every 32 KiB span release into a huge-page split; density needs
@@ -82,7 +80,7 @@ impl Region {
             Some(f) => Some(f.try_clone().map_err(|e| {
                 // SAFETY: unmapping the mapping just made, which nothing uses.
                 unsafe { libc::munmap(ptr, len) };
-                StoreError::Map(format!("duplicating a state file's descriptor: {e}"))
+                StoreError::map("duplicating a state file's descriptor", e)
             })?),
             None => None,
         };

@@ -130,7 +130,10 @@ pub struct StateFiles {
 impl StateFiles {
     /// The same files through new descriptors (sharing the lock).
     pub fn try_clone(&self) -> Result<StateFiles> {
-        let dup = |f: &File| f.try_clone().map_err(|e| err(&self.dir, e));
+        let dup = |f: &File| {
+            f.try_clone()
+                .map_err(|e| StoreError::state(self.dir.display(), e))
+        };
         Ok(StateFiles {
             dir: self.dir.clone(),
             header: self.header.clone(),
@@ -157,7 +160,7 @@ impl StateFiles {
         let hpath = dir.join("header");
         let mut raw = [0u8; HEADER_LEN];
         lock.read_exact_at(&mut raw, 0)
-            .map_err(|e| err(&hpath, format!("cannot read the header: {e}")))?;
+            .map_err(|e| os_err(&hpath, "cannot read the header", e))?;
         let header = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
         let st = StateFiles {
             dir,
@@ -190,7 +193,10 @@ impl StateFiles {
             (&self.table, "table", want_table),
             (&self.arena, "arena", self.header.arena_bytes),
         ] {
-            let len = f.metadata().map_err(|e| err(&dir.join(name), e))?.len();
+            let len = f
+                .metadata()
+                .map_err(|e| StoreError::state(dir.join(name).display(), e))?
+                .len();
             if len != want {
                 return Err(err(
                     &dir.join(name),
@@ -212,7 +218,12 @@ impl StateFiles {
 }
 
 fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
-    StoreError::State(format!("{}: {msg}", path.display()))
+    StoreError::state(format_args!("{}: {msg}", path.display()), None)
+}
+
+/// `doing` on the file failed with `e`.
+fn os_err(path: &Path, doing: &str, e: std::io::Error) -> StoreError {
+    StoreError::state(format_args!("{}: {doing}", path.display()), e)
 }
 
 /// Names that are a plain file name, so a device's state stays in its root.
@@ -243,25 +254,12 @@ fn lock(file: &File, path: &Path) -> Result<()> {
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::WouldBlock {
-            return Err(err(path, format!("cannot lock: {e}")));
+            return Err(os_err(path, "cannot lock", e));
         }
         if std::time::Instant::now() >= deadline {
             return Err(err(path, "in use by another vzram process"));
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
-pub(crate) fn random_id() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom fills the buffer we own; on failure the time is used.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == 8 {
-        u64::from_ne_bytes(b)
-    } else {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
     }
 }
 
@@ -273,7 +271,7 @@ fn open_rw(path: &Path, create: bool) -> Result<File> {
         .mode(0o600)
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| err(path, e))
+        .map_err(|e| StoreError::state(path.display(), e))
 }
 
 /// Opens a device's state, making it if there is none (or if `fresh`).
@@ -291,7 +289,7 @@ pub fn open(
         .recursive(true)
         .mode(0o700)
         .create(&spec.root)
-        .map_err(|e| err(&spec.root, e))?;
+        .map_err(|e| StoreError::state(spec.root.display(), e))?;
     let dir = spec.root.join(&spec.name);
     remove_unfinished(&spec.root, &spec.name);
     if dir.exists() {
@@ -311,7 +309,7 @@ fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {
     let mut raw = [0u8; HEADER_LEN];
     hfile
         .read_exact(&mut raw)
-        .map_err(|e| err(&hpath, format!("cannot read the header: {e}")))?;
+        .map_err(|e| os_err(&hpath, "cannot read the header", e))?;
     let header = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
     if header.arena_bytes > crate::slot::MAX_ARENA_BYTES {
         return Err(err(
@@ -326,7 +324,7 @@ fn open_existing(dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {
         use std::os::unix::fs::FileExt;
         hfile
             .write_all_at(&header.encode(), 0)
-            .map_err(|e| err(&hpath, format!("cannot update the header: {e}")))?;
+            .map_err(|e| os_err(&hpath, "cannot update the header", e))?;
     }
     let st = StateFiles {
         table: open_rw(&dir.join("table"), false)?,
@@ -353,10 +351,15 @@ fn open_stats(path: &Path) -> Result<File> {
         .mode(0o600)
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
-        .map_err(|e| err(path, e))?;
+        .map_err(|e| StoreError::state(path.display(), e))?;
     let need = std::mem::size_of::<crate::cells::DeviceCells>() as u64;
-    if f.metadata().map_err(|e| err(path, e))?.len() < need {
-        f.set_len(need).map_err(|e| err(path, e))?;
+    if f.metadata()
+        .map_err(|e| StoreError::state(path.display(), e))?
+        .len()
+        < need
+    {
+        f.set_len(need)
+            .map_err(|e| StoreError::state(path.display(), e))?;
     }
     Ok(f)
 }
@@ -375,29 +378,29 @@ fn create(
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&tmp)
-        .map_err(|e| err(&tmp, e))?;
+        .map_err(|e| StoreError::state(tmp.display(), e))?;
     let header = Header {
         size_bytes,
         arena_bytes,
         codec: codec.to_string(),
         name: spec.name.clone(),
-        creation_id: random_id(),
+        creation_id: crate::id::random_id(),
     };
     let mut h = open_rw(&tmp.join("header"), true)?;
     h.write_all(&header.encode())
-        .map_err(|e| err(&tmp.join("header"), e))?;
+        .map_err(|e| StoreError::state(tmp.join("header").display(), e))?;
     let table = open_rw(&tmp.join("table"), true)?;
     let arena = open_rw(&tmp.join("arena"), true)?;
     table
         .set_len((size_bytes / crate::PAGE_SIZE as u64) * 8)
-        .map_err(|e| err(&tmp.join("table"), e))?;
+        .map_err(|e| StoreError::state(tmp.join("table").display(), e))?;
     arena
         .set_len(arena_bytes)
-        .map_err(|e| err(&tmp.join("arena"), e))?;
+        .map_err(|e| StoreError::state(tmp.join("arena").display(), e))?;
     let stats = open_stats(&tmp.join("stats"))?;
     lock(&h, &tmp)?;
     // Only a complete state ever carries the device's name.
-    std::fs::rename(&tmp, &dir).map_err(|e| err(&dir, e))?;
+    std::fs::rename(&tmp, &dir).map_err(|e| StoreError::state(dir.display(), e))?;
     Ok(StateFiles {
         dir,
         header,
@@ -414,7 +417,7 @@ pub fn discard(dir: &Path) -> Result<()> {
     if let Ok(h) = open_rw(&dir.join("header"), false) {
         lock(&h, dir)?;
     }
-    std::fs::remove_dir_all(dir).map_err(|e| err(dir, e))
+    std::fs::remove_dir_all(dir).map_err(|e| StoreError::state(dir.display(), e))
 }
 
 /// Deletes a device's state for good, only if `dir` holds one (its header

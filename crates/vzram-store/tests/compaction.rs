@@ -3,25 +3,13 @@
 
 use vzram_store::{Codec, Context, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
+mod common;
+use common::varied;
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
-}
-
-/// Compressible pages of varied size, so many classes get spans.
-fn page(i: u64) -> [u8; PAGE_SIZE] {
-    let mut p = [0u8; PAGE_SIZE];
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let noisy = 200 + (i % 13) as usize * 150;
-    for (j, b) in p.iter_mut().enumerate() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = if j < noisy { x as u8 } else { (j / 32) as u8 };
-    }
-    p[..8].copy_from_slice(&i.to_le_bytes());
-    p
 }
 
 #[test]
@@ -33,7 +21,7 @@ fn compaction_drops_rss_and_keeps_data() {
     let dev = pool.create_device(cfg).unwrap();
     let cx = &mut Context::new(0);
     for i in 0..N {
-        dev.write_page(cx, i, &page(i)).unwrap();
+        dev.write_page(cx, i, &varied(i)).unwrap();
     }
     dev.discard(cx, 0..0).unwrap();
     for i in (0..N).step_by(2) {
@@ -79,7 +67,7 @@ fn compaction_drops_rss_and_keeps_data() {
         if i % 2 == 0 {
             assert!(buf.iter().all(|&b| b == 0), "discarded slot {i} not zero");
         } else {
-            assert!(buf == page(i), "slot {i} changed by compaction");
+            assert!(buf == varied(i), "slot {i} changed by compaction");
         }
     }
     // A second pass finds nothing left worth moving.
@@ -101,7 +89,7 @@ fn isolation_across_devices_through_compaction() {
     let (a, b) = (mk(), mk());
     let cx = &mut Context::new(0);
     for i in 0..4096 {
-        a.write_page(cx, i, &page(i)).unwrap();
+        a.write_page(cx, i, &varied(i)).unwrap();
     }
     for i in 0..4096 {
         if i % 3 != 0 {
@@ -119,7 +107,7 @@ fn isolation_across_devices_through_compaction() {
         assert!(buf.iter().all(|&x| x == 0));
     }
     for i in 0..4096 {
-        b.write_page(cx, i, &page(i + 1_000_000)).unwrap();
+        b.write_page(cx, i, &varied(i + 1_000_000)).unwrap();
     }
     // Leave `b`'s spans (once `a`'s) half empty, so its compaction moves
     // objects between them.
@@ -134,7 +122,7 @@ fn isolation_across_devices_through_compaction() {
     for i in 0..4096 {
         b.read_page(cx, i, &mut buf).unwrap();
         if i % 2 == 0 {
-            assert!(buf == page(i + 1_000_000), "slot {i} of b changed");
+            assert!(buf == varied(i + 1_000_000), "slot {i} of b changed");
         } else {
             assert!(buf.iter().all(|&x| x == 0));
         }

@@ -10,27 +10,15 @@ use vzram_store::device::DEFAULT_HUGE_THRESHOLD;
 use vzram_store::pool::class::{class_of, classes};
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
+mod common;
+use common::varied;
+
 const P: u64 = PAGE_SIZE as u64;
 const WRITERS: u64 = 4;
 const PER_WRITER: u64 = 2048;
 const N: u64 = WRITERS * PER_WRITER;
 
-/// Compressible pages of varied size, so many classes get spans.
-fn page(i: u64) -> [u8; PAGE_SIZE] {
-    let mut p = [0u8; PAGE_SIZE];
-    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let noisy = 200 + (i % 13) as usize * 150;
-    for (j, b) in p.iter_mut().enumerate() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = if j < noisy { x as u8 } else { (j / 32) as u8 };
-    }
-    p[..8].copy_from_slice(&i.to_le_bytes());
-    p
-}
-
-/// A page that compresses to a few bytes: a class no `page(i)` uses.
+/// A page that compresses to a few bytes: a class no `varied(i)` uses.
 fn probe(t: u64) -> [u8; PAGE_SIZE] {
     let mut p = [0u8; PAGE_SIZE];
     p[..8].copy_from_slice(&(t + 1).to_le_bytes());
@@ -80,7 +68,7 @@ fn fragmented_four_shards() -> (Arc<Device>, u64) {
                 probed.wait();
                 checked.wait();
                 for i in t * PER_WRITER..(t + 1) * PER_WRITER {
-                    dev.write_page(cx, i, &page(i)).unwrap();
+                    dev.write_page(cx, i, &varied(i)).unwrap();
                 }
             });
         }
@@ -103,7 +91,7 @@ fn fragmented_four_shards() -> (Arc<Device>, u64) {
     let mut live: HashMap<(u64, usize), u64> = HashMap::new();
     for i in (1..N).step_by(2) {
         *live
-            .entry((i / PER_WRITER, class_for(&page(i))))
+            .entry((i / PER_WRITER, class_for(&varied(i))))
             .or_default() += 1;
     }
     let ideal = live
@@ -144,7 +132,7 @@ fn compact_and_check(dev: &Device, ideal: u64) {
         if i % 2 == 0 {
             assert!(buf.iter().all(|&b| b == 0), "discarded slot {i} not zero");
         } else {
-            assert!(buf == page(i), "slot {i} changed by compaction");
+            assert!(buf == varied(i), "slot {i} changed by compaction");
         }
     }
     assert_eq!(dev.compact(), 0, "a second pass found more to do");

@@ -3,17 +3,8 @@
 
 use vzram_store::{Codec, Context, DeviceConfig, Pool, PoolConfig, StateSpec};
 
-fn noise(seed: u64) -> [u8; 4096] {
-    let mut p = [0u8; 4096];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for b in p.iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    p
-}
+mod common;
+use common::noise;
 
 #[test]
 fn attach_write_detach_attach_discard() {

@@ -3,19 +3,10 @@
 
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, StoreError, PAGE_SIZE};
 
-const P: u64 = PAGE_SIZE as u64;
+mod common;
+use common::noise;
 
-fn noise(seed: u64) -> [u8; PAGE_SIZE] {
-    let mut p = [0u8; PAGE_SIZE];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for b in p.iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    p
-}
+const P: u64 = PAGE_SIZE as u64;
 
 /// Fills with incompressible pages until refused; checks the refusal and
 /// that overwriting stored data is refused too without changing it.

@@ -28,18 +28,14 @@ use vzram_store::{
     StoreError, PAGE_SIZE,
 };
 
+mod common;
+use common::xorshift;
+
 const P: u64 = PAGE_SIZE as u64;
 /// Different sizes, so a slot mixed up between the devices shows.
 const SLOTS: [u64; 2] = [64, 40];
 /// A write allocates at most one span, and a span has at most 8 pages.
 const MAX_SPAN: u64 = 8 * P;
-
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Shape {

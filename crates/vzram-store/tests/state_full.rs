@@ -10,19 +10,10 @@ use std::path::{Path, PathBuf};
 
 use vzram_store::{Codec, Context, DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
 
-const TMPFS_BYTES: u64 = 1 << 20;
+mod common;
+use common::noise;
 
-fn noise(seed: u64) -> [u8; 4096] {
-    let mut p = [0u8; 4096];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for b in p.iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    p
-}
+const TMPFS_BYTES: u64 = 1 << 20;
 
 struct Mount(PathBuf);
 

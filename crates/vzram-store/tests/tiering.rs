@@ -8,6 +8,9 @@ use vzram_store::{
     BackingSpec, Codec, Context, DeviceConfig, Filter, Pool, PoolConfig, StateSpec, StoreError,
 };
 
+mod common;
+use common::noise;
+
 const PAGE: usize = 4096;
 
 /// A directory on a real file system (the backing file wants O_DIRECT, which
@@ -55,19 +58,6 @@ fn text(seed: u64) -> [u8; PAGE] {
         let n = w.len().min(PAGE - i);
         p[i..i + n].copy_from_slice(&w[..n]);
         i += n;
-    }
-    p
-}
-
-/// Incompressible pages.
-fn noise(seed: u64) -> [u8; PAGE] {
-    let mut p = [0u8; PAGE];
-    let mut x = seed.wrapping_mul(0xd134_2543_de82_ef95) | 1;
-    for c in p.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes());
     }
     p
 }

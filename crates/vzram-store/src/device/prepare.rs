@@ -107,18 +107,22 @@ impl std::fmt::Debug for Prepared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::PoolConfig;
-    use crate::{Codec, DeviceConfig, Pool, StoreError, PAGE_SIZE};
+    use crate::codec::Codec;
+    use crate::device::DeviceConfig;
+    use crate::error::StoreError;
+    use crate::pool::{PoolConfig, Shared};
+    use crate::PAGE_SIZE;
 
-    fn setup() -> (Arc<Pool>, Arc<Device>) {
-        let pool = Pool::new(PoolConfig {
+    /// A device over what a pool shares (the pool's registry lives above it).
+    fn setup() -> (Arc<Shared>, Arc<Device>) {
+        let pool = PoolConfig {
             arena_bytes: 1 << 30,
             ..Default::default()
-        })
-        .unwrap();
+        };
+        let pool = Arc::new(Shared::new(&pool, None).unwrap());
         let mut cfg = DeviceConfig::new(256 * PAGE_SIZE as u64, Codec::Lz4);
         cfg.shards = 2;
-        let dev = pool.create_device(cfg).unwrap();
+        let dev = Arc::new(Device::new(pool.clone(), cfg).unwrap());
         (pool, dev)
     }
 
@@ -190,7 +194,7 @@ mod tests {
         );
         dev.discard(a, 0..256).unwrap();
         assert_eq!(dev.stats().orig_data_size, 0);
-        assert_eq!(pool.shared.host().used(), 0, "an object was leaked");
+        assert_eq!(pool.host().used(), 0, "an object was leaked");
     }
 
     /// Dropping prepared writes frees their objects and leaves the slots
@@ -200,14 +204,14 @@ mod tests {
         let (pool, dev) = setup();
         let cx = &mut Context::new(0);
         dev.write_page(cx, 3, &page(3)).unwrap();
-        let held = pool.shared.host().used();
+        let held = pool.host().used();
         let before = dev.stats();
         let dropped: Vec<Prepared> = (0..64)
             .map(|s| dev.prepare_write(cx, s, &noise(s + 1)).unwrap())
             .collect();
-        assert!(pool.shared.host().used() > held);
+        assert!(pool.host().used() > held);
         drop(dropped);
-        assert_eq!(pool.shared.host().used(), held);
+        assert_eq!(pool.host().used(), held);
         let after = dev.stats();
         assert_eq!(
             (

@@ -1,7 +1,7 @@
 //! The pool's memory machinery: size classes, each device's arena and heap,
 //! and what all devices share ([`Shared`]: the classes and the host-wide
 //! budget). Each device's objects live in its own arena, so each device's
-//! state can be its own files. The registry of devices is [`crate::Pool`].
+//! state can be its own files. The registry of devices is the crate's `Pool`.
 
 pub(crate) mod arena;
 pub mod class;

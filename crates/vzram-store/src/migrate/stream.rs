@@ -1,45 +1,17 @@
-//! Moving a device's pages to another daemon: which slots changed since a
-//! point in time (the dirty log), what one slot holds as it travels (a
-//! [`Record`]), and the stream that carries them.
-//!
-//! The stream runs over any byte pipe (the daemon gives it a socket):
-//!
-//! ```text
-//! source → destination
-//!   header   "VZRAMMIG"  version u32  block size u32 (4096)
-//!            device size u64  slots u64  codec id u8  codec name [u8; 15]
-//!   records  'E' slot u64                       empty (discarded)
-//!            'S' slot u64 value u64             every 8-byte word is value
-//!            'C' slot u64 codec u8 len u16 [len] a compressed page, as stored
-//!            'R' slot u64 [4096]                a raw page
-//!            'P' pass u32                       a pass over the device begins
-//!   final    'F' records u64 crc32 u32          crc32 of every byte before it
-//! destination → source
-//!   after the header       'A' (accepted)  or  'X' len u16 message
-//!   after the final marker 'K' pages u64   or  'X' len u16 message
-//! ```
-//!
-//! Integers are little-endian. The first pass sends every slot that holds
-//! something; later passes send the slots written or discarded since the
-//! pass before (empty ones as 'E'). Compressed pages travel as they are
-//! stored, with their codec id; huge and written-back pages travel raw.
-//!
-//! The destination trusts nothing: a header that does not describe its
-//! device is refused before anything is stored, and every record is checked
-//! (slot in range, known codec, length, a compressed page that expands to
-//! exactly one page) before it is. A stream that fails part-way, or whose
-//! checksum does not match, is undone: the device is emptied again.
+//! The migration stream: its header, records and replies (the format is in
+//! the module documentation), and the sending and receiving ends.
 
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use super::record::{ExportBuf, Record};
+use crate::cells::Progress;
+use crate::context::Context;
 use crate::device::Device;
 use crate::error::StoreError;
-use crate::{Context, Page, PAGE_SIZE};
+use crate::PAGE_SIZE;
 
 const MAGIC: [u8; 8] = *b"VZRAMMIG";
 /// Bumped when the stream changes incompatibly.
@@ -78,87 +50,6 @@ pub enum MigrateError {
 
 fn bad<T>(msg: impl Into<String>) -> Result<T, MigrateError> {
     Err(MigrateError::Bad(msg.into()))
-}
-
-/// What one slot holds, as it travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Record<'a> {
-    Empty,
-    Same(u64),
-    /// A page compressed with codec `codec` (a slot word's codec id).
-    Compressed {
-        codec: u8,
-        data: &'a [u8],
-    },
-    Raw(&'a Page),
-}
-
-/// The slots written or discarded since tracking started: one bit per slot,
-/// made the first time a device is tracked. Writers pay one relaxed load
-/// while tracking is off.
-#[derive(Default)]
-pub struct DirtyLog {
-    on: AtomicBool,
-    bits: OnceLock<Box<[AtomicU64]>>,
-}
-
-impl DirtyLog {
-    /// Called after a slot's new word is published, so a pass that clears
-    /// the bit and then reads the slot sees this write or sets it again.
-    #[inline]
-    pub(crate) fn mark(&self, slot: u64) {
-        if self.on.load(Ordering::Relaxed) {
-            self.mark_slow(slot);
-        }
-    }
-
-    #[cold]
-    fn mark_slow(&self, slot: u64) {
-        if let Some(b) = self.bits.get() {
-            b[(slot / 64) as usize].fetch_or(1 << (slot % 64), Ordering::SeqCst);
-        }
-    }
-
-    pub(crate) fn start(&self, slots: u64) {
-        let b = self
-            .bits
-            .get_or_init(|| (0..slots.div_ceil(64)).map(|_| AtomicU64::new(0)).collect());
-        for w in b.iter() {
-            w.store(0, Ordering::SeqCst);
-        }
-        self.on.store(true, Ordering::SeqCst);
-    }
-
-    pub(crate) fn stop(&self) {
-        self.on.store(false, Ordering::SeqCst);
-    }
-
-    /// The slots marked since the last call, in order; their marks cleared.
-    pub(crate) fn take(&self) -> Vec<u64> {
-        let mut out = Vec::new();
-        let Some(b) = self.bits.get() else {
-            return out;
-        };
-        for (i, w) in b.iter().enumerate() {
-            if w.load(Ordering::Relaxed) == 0 {
-                continue;
-            }
-            let mut bits = w.swap(0, Ordering::SeqCst);
-            while bits != 0 {
-                out.push(i as u64 * 64 + u64::from(bits.trailing_zeros()));
-                bits &= bits - 1;
-            }
-        }
-        out
-    }
-
-    pub(crate) fn count(&self) -> u64 {
-        self.bits.get().map_or(0, |b| {
-            b.iter()
-                .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
-                .sum()
-        })
-    }
 }
 
 /// What the header says about the device.
@@ -474,16 +365,6 @@ fn reply(r: &mut impl Read, want: u8, extra: &mut [u8]) -> Result<(), MigrateErr
     Ok(())
 }
 
-/// Where a transfer stands, for whoever shows progress.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Progress {
-    pub bytes: u64,
-    pub records: u64,
-    pub pass: u32,
-    /// Slots written since the pass began (source only).
-    pub dirty: u64,
-}
-
 /// What a finished send did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SendReport {
@@ -713,19 +594,4 @@ pub fn empty(dev: &Device, cx: &mut Context) -> Result<(), StoreError> {
     dev.discard(cx, 0..dev.num_slots())?;
     dev.compact();
     Ok(())
-}
-
-/// The buffers [`Device::export`] fills.
-pub struct ExportBuf {
-    pub(crate) page: Box<Page>,
-    pub(crate) io: Option<crate::backing::AlignedPages>,
-}
-
-impl ExportBuf {
-    pub fn new() -> Result<ExportBuf, StoreError> {
-        Ok(ExportBuf {
-            page: Box::new([0; PAGE_SIZE]),
-            io: None,
-        })
-    }
 }

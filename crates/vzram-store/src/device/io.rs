@@ -1,0 +1,290 @@
+//! The I/O paths: reads, whole and partial writes, discards, and the
+//! encoding and retiring of slot words they share with the other jobs.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use super::{fill, footprint, same_filled, Device, Spilled};
+use crate::backing::AlignedPages;
+use crate::codec::{Codec, CodecState};
+use crate::context::{Context, Work};
+use crate::error::{Result, StoreError};
+use crate::pool::heap::AllocError;
+use crate::slot::{self, Slot, SlotGuard};
+use crate::{Page, PAGE_SIZE};
+
+impl Device {
+    /// Reads a slot into `out`. Unwritten and discarded slots read as zeros.
+    pub fn read_page(&self, ctx: &mut Context, slot: u64, out: &mut Page) -> Result<()> {
+        let ctr = &self.counters()[self.shard(ctx)];
+        ctr.reads.fetch_add(1, Relaxed);
+        let r = self
+            .check(slot)
+            .and_then(|()| self.read_checked(&mut ctx.work, slot, out));
+        if r.is_err() {
+            ctr.failed_reads.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    fn read_checked(&self, work: &mut Work, slot: u64, out: &mut Page) -> Result<()> {
+        let w = self.table.word(slot);
+        // Empty and same-filled slots are answered from one atomic load:
+        // there is no object that could move or be freed.
+        let snap = w.load(std::sync::atomic::Ordering::Acquire);
+        if snap & slot::LOCK == 0 {
+            match Slot::decode(snap) {
+                Slot::Empty => {
+                    out.fill(0);
+                    return Ok(());
+                }
+                Slot::Same(v) => {
+                    fill(out, v);
+                    return Ok(());
+                }
+                Slot::Object { .. } | Slot::Backed { .. } => {}
+            }
+        }
+        let mut g = SlotGuard::lock(w);
+        g.touch();
+        self.load(&mut work.codec, &mut work.io, slot, &g, out)
+    }
+
+    /// Expands a slot word into a page; the caller holds the slot lock.
+    /// `io` is a page-aligned buffer for backing-file reads, made on first use.
+    pub(super) fn load(
+        &self,
+        codec: &mut CodecState,
+        io: &mut Option<AlignedPages>,
+        slot: u64,
+        g: &SlotGuard<'_>,
+        out: &mut Page,
+    ) -> Result<()> {
+        match Slot::decode(g.old()) {
+            Slot::Empty => out.fill(0),
+            Slot::Same(v) => fill(out, v),
+            Slot::Object {
+                huge, codec: id, ..
+            } => {
+                let src = self.heap.bytes(g);
+                if huge {
+                    out.copy_from_slice(src);
+                } else if !Codec::from_id(id).decompress(src, out, codec) {
+                    return Err(StoreError::Corrupt { slot });
+                }
+            }
+            Slot::Backed { block } => {
+                let Some(b) = &self.backing else {
+                    return Err(StoreError::Corrupt { slot });
+                };
+                let buf = match io {
+                    Some(p) => p,
+                    None => io.insert(AlignedPages::new(1)?),
+                };
+                b.read(block, buf.page_mut(0))?;
+                out.copy_from_slice(buf.page_mut(0));
+                self.counters()[0].backed_reads.fetch_add(1, Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a whole page. On any error the slot keeps its old content.
+    pub fn write_page(&self, ctx: &mut Context, slot: u64, data: &Page) -> Result<()> {
+        let sh = self.shard(ctx);
+        let ctr = &self.counters()[sh];
+        ctr.writes.fetch_add(1, Relaxed);
+        let r = self
+            .check(slot)
+            .and_then(|()| self.table.mark(slot))
+            .and_then(|()| self.encode(&mut ctx.work, data, sh))
+            .map(|new| self.publish_write(slot, new, sh));
+        if let Err(e) = &r {
+            ctr.failed_write(e);
+        }
+        r
+    }
+
+    /// Asks the CPU to start loading slot `slot`'s word, so that a request
+    /// on it a little later (its lock, its publish) does not wait on
+    /// memory: random slots are cache misses. Changes nothing; a slot past
+    /// the end is ignored.
+    pub fn prefetch_slot(&self, slot: u64) {
+        if slot < self.table.len() {
+            crate::mmap::prefetch((self.table.word(slot) as *const AtomicU64).cast());
+        }
+    }
+
+    /// Reads slot `slot`'s word (call [`Device::prefetch_slot`] well before)
+    /// and asks the CPU to load what a read or overwrite of the slot will
+    /// touch: its object and the object's span header. Changes nothing; the
+    /// word may change meanwhile, which costs only a wasted prefetch.
+    pub fn prefetch_object(&self, slot: u64) {
+        if slot >= self.table.len() {
+            return;
+        }
+        if let Slot::Object { offset, .. } = Slot::decode(self.table.word(slot).load(Relaxed)) {
+            self.heap.arena().prefetch(offset);
+        }
+    }
+
+    /// Makes `new` (an encoded whole page, never 0) the slot's content: the
+    /// one place a whole-page write lands, whether encoded here or on a
+    /// compress thread (`Prepared::commit`). A migration's dirty log hears
+    /// of it after the word is out, so a pass that reads the slot later
+    /// sees the new page.
+    pub(super) fn publish_write(&self, slot: u64, new: u64, shard: usize) {
+        let g = SlotGuard::lock(self.table.word(slot));
+        let old = g.old();
+        g.publish(new);
+        self.dirty.mark(slot);
+        self.retire(old, new, shard);
+    }
+
+    /// Read-modify-write of part of a page, under the slot lock: `f` sees the
+    /// current content and changes it in place.
+    pub fn modify_page(
+        &self,
+        ctx: &mut Context,
+        slot: u64,
+        f: impl FnOnce(&mut Page),
+    ) -> Result<()> {
+        let sh = self.shard(ctx);
+        let ctr = &self.counters()[sh];
+        ctr.writes.fetch_add(1, Relaxed);
+        let r = self.check(slot).and_then(|()| {
+            let Context { page, work, .. } = ctx;
+            let page = &mut **page;
+            let g = SlotGuard::lock(self.table.word(slot));
+            let old = g.old();
+            self.load(&mut work.codec, &mut work.io, slot, &g, page)?;
+            f(page);
+            // A partial write or zeroing that leaves nothing but zeros
+            // frees the slot, as a discard would. On an error the guard
+            // leaves the slot as it was.
+            let new = match same_filled(page) {
+                Some(0) => 0,
+                _ => {
+                    self.table.mark(slot)?;
+                    self.encode(work, page, sh)?
+                }
+            };
+            g.publish(new);
+            self.dirty.mark(slot);
+            self.retire(old, new, sh);
+            Ok(())
+        });
+        if let Err(e) = &r {
+            ctr.failed_write(e);
+        }
+        r
+    }
+
+    /// Writes `data` at byte `offset` of a slot, keeping the rest of the page.
+    pub fn write_partial(
+        &self,
+        ctx: &mut Context,
+        slot: u64,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        let end = offset.checked_add(data.len()).filter(|&e| e <= PAGE_SIZE);
+        let Some(end) = end else {
+            return Err(StoreError::BadPageRange {
+                offset,
+                len: data.len(),
+            });
+        };
+        self.modify_page(ctx, slot, |p| p[offset..end].copy_from_slice(data))
+    }
+
+    /// Zeroes `len` bytes at `offset` of a slot; a whole page is discarded.
+    pub fn zero_partial(
+        &self,
+        ctx: &mut Context,
+        slot: u64,
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let end = offset.checked_add(len).filter(|&e| e <= PAGE_SIZE);
+        let Some(end) = end else {
+            return Err(StoreError::BadPageRange { offset, len });
+        };
+        if len == PAGE_SIZE {
+            return self.discard(ctx, slot..slot + 1);
+        }
+        self.modify_page(ctx, slot, |p| p[offset..end].fill(0))
+    }
+
+    /// Frees a range of slots; they read as zeros afterwards.
+    pub fn discard(&self, ctx: &mut Context, slots: Range<u64>) -> Result<()> {
+        if slots.start > slots.end || slots.end > self.table.len() {
+            return Err(StoreError::OutOfRange {
+                slot: slots.end.saturating_sub(1),
+                slots: self.table.len(),
+            });
+        }
+        let sh = self.shard(ctx);
+        self.counters()[sh]
+            .discards
+            .fetch_add(slots.end - slots.start, Relaxed);
+        for s in slots {
+            let w = self.table.word(s);
+            if w.load(Relaxed) == 0 {
+                continue;
+            }
+            let g = SlotGuard::lock(w);
+            let old = g.old();
+            g.publish(0);
+            self.dirty.mark(s);
+            self.retire(old, 0, sh);
+        }
+        Ok(())
+    }
+
+    /// Turns a page into the word that will represent it, allocating and
+    /// filling an object if it needs one.
+    pub(super) fn encode(&self, work: &mut Work, data: &Page, shard: usize) -> Result<u64> {
+        if let Some(w) = same_filled(data).and_then(|v| Slot::Same(v).encode()) {
+            return Ok(w);
+        }
+        let Work { cbuf, codec, .. } = work;
+        let (src, huge): (&[u8], bool) =
+            match self.codec.compress(data, cbuf, self.huge_threshold, codec) {
+                Some(n) => (&cbuf[..n], false),
+                None => (&data[..], true),
+            };
+        let mut obj = match self.heap.alloc(&self.pool, self.budget(), src.len(), shard) {
+            Ok(obj) => obj,
+            Err(AllocError::Device | AllocError::Host) if self.backing.is_some() => {
+                match self.spill(src.len(), shard, data)? {
+                    Spilled::Room(obj) => obj,
+                    Spilled::Direct(word) => return Ok(word),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.heap.write(&mut obj, src);
+        let word = Slot::Object {
+            offset: obj.offset(),
+            len: src.len() as u32,
+            huge,
+            codec: self.codec.id(),
+        };
+        Ok(word.encode().expect("objects always encode"))
+    }
+
+    /// Accounts for a slot going from `old` to `new` and frees the old object.
+    pub(super) fn retire(&self, old: u64, new: u64, shard: usize) {
+        match Slot::decode(old) {
+            Slot::Object { offset, .. } => self.heap.free(&self.pool, self.budget(), offset),
+            Slot::Backed { block } => {
+                if let Some(b) = &self.backing {
+                    b.free(block);
+                }
+            }
+            _ => {}
+        }
+        self.counters()[shard].apply(footprint(old), footprint(new));
+    }
+}

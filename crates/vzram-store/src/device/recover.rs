@@ -1,0 +1,143 @@
+//! Recovery: a device whose state existed is rebuilt from its slot table.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::{footprint, Device, Recovery};
+use crate::error::{Result, StoreError};
+use crate::pool::class::{class_of, BLOCK_BYTES};
+use crate::slot::{self, Slot};
+use crate::state::{self, StateFiles};
+use crate::stats::Footprint;
+use crate::PAGE_SIZE;
+
+impl Device {
+    /// Rebuilds everything but the slot table from the slot table: spans,
+    /// free lists, budgets and gauges. An object no slot references is free.
+    /// A locked word (a writer or a move cut short) keeps the content it
+    /// had: its new object, if any, was never published, so it is free.
+    pub(super) fn recover(&self, st: &StateFiles) -> Result<Recovery> {
+        let t0 = std::time::Instant::now();
+        // The budget and gauges are recomputed below. The host budget holds
+        // the old charge only if it is the one this device was charged to
+        // (a worker restarted under the same daemon), not a new daemon's.
+        let cells = &self.cells;
+        if cells.charged_to.load(Relaxed) == self.pool.host_id {
+            self.pool.host().uncharge(cells.budget.used());
+        }
+        cells.budget.reset_used();
+        cells.charged_to.store(self.pool.host_id, Relaxed);
+        for c in &cells.counters {
+            c.clear_gauges();
+        }
+        let corrupt = |slot: u64, what: &str| {
+            StoreError::state(
+                format_args!(
+                    "{}: slot {slot} {what}; the state is damaged (start with --fresh to discard it)",
+                    st.dir.join("table").display()
+                ),
+                None,
+            )
+        };
+        // block -> (class, indices of live objects)
+        let mut spans: HashMap<u32, (usize, Vec<u16>)> = HashMap::new();
+        let mut rec = Recovery {
+            slots: 0,
+            spans: 0,
+            unlocked: 0,
+            backed: 0,
+            micros: 0,
+        };
+        if let Some(b) = &self.backing {
+            b.clear();
+        }
+        let mut owner_checked = false;
+        let ctr = &self.counters()[0];
+        for range in state::data_ranges(&st.table) {
+            let first = range.start / 8;
+            let end = range.end.div_ceil(8).min(self.table.len());
+            for s in first..end {
+                let w = self.table.word(s);
+                let mut word = w.load(Relaxed);
+                if word & slot::LOCK != 0 {
+                    word &= !slot::LOCK;
+                    w.store(word, Relaxed);
+                    rec.unlocked += 1;
+                }
+                if word == 0 {
+                    continue;
+                }
+                self.table.mark(s)?;
+                rec.slots += 1;
+                ctr.apply(Footprint::default(), footprint(word));
+                if let Slot::Backed { block } = Slot::decode(word) {
+                    let Some(b) = &self.backing else {
+                        return Err(StoreError::state(
+                            format_args!(
+                                "{}: slot {s} is in a backing file, but the device has none \
+                                 (give it its --backing-file, or start with --fresh to discard the state)",
+                                st.dir.join("table").display()
+                            ),
+                            None,
+                        ));
+                    };
+                    if !owner_checked {
+                        b.check_owner(st.header.creation_id).map_err(|e| {
+                            StoreError::state(
+                                format_args!(
+                                    "{}: {e} (start with --fresh to discard the state)",
+                                    st.dir.display()
+                                ),
+                                None,
+                            )
+                        })?;
+                        owner_checked = true;
+                    }
+                    if !b.mark(block) {
+                        return Err(corrupt(
+                            s,
+                            "names a backing block outside the file or another slot's",
+                        ));
+                    }
+                    rec.backed += 1;
+                    continue;
+                }
+                let Slot::Object { offset, len, .. } = Slot::decode(word) else {
+                    continue;
+                };
+                if len == 0 || len as usize > PAGE_SIZE {
+                    return Err(corrupt(s, "has an object of impossible length"));
+                }
+                let class = class_of(len as usize);
+                let c = self.pool.classes[class];
+                let block = offset / BLOCK_BYTES as u64;
+                let rel = offset % BLOCK_BYTES as u64;
+                if offset + u64::from(len) > self.heap.arena().bytes()
+                    || !rel.is_multiple_of(u64::from(c.size))
+                    || rel / u64::from(c.size) >= u64::from(c.capacity)
+                {
+                    return Err(corrupt(s, "points outside any object"));
+                }
+                let e = spans.entry(block as u32).or_insert((class, Vec::new()));
+                if e.0 != class {
+                    return Err(corrupt(s, "shares a span with objects of another size"));
+                }
+                e.1.push((rel / u64::from(c.size)) as u16);
+            }
+        }
+        let mut next = 0;
+        for (&block, (class, live)) in spans.iter_mut() {
+            live.sort_unstable();
+            if live.windows(2).any(|w| w[0] == w[1]) {
+                return Err(corrupt(0, "shares its object with another slot"));
+            }
+            self.heap
+                .restore_span(&self.pool, self.budget(), block, *class, live);
+            next = next.max(block + 1);
+        }
+        self.heap.arena().restore(next, |b| spans.contains_key(&b));
+        rec.spans = spans.len() as u64;
+        rec.micros = t0.elapsed().as_micros() as u64;
+        Ok(rec)
+    }
+}

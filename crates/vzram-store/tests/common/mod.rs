@@ -1,0 +1,37 @@
+//! Page generators the store's integration tests share. Each test binary
+//! uses some of them, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+use vzram_store::{Page, PAGE_SIZE};
+
+/// One xorshift64 step.
+pub fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// An incompressible page (random bytes), stored raw.
+pub fn noise(seed: u64) -> Page {
+    let mut p = [0u8; PAGE_SIZE];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for b in p.iter_mut() {
+        *b = xorshift(&mut x) as u8;
+    }
+    p
+}
+
+/// A compressible page whose compressed size varies with `i`, so many
+/// size classes get spans; its first 8 bytes are `i`.
+pub fn varied(i: u64) -> Page {
+    let mut p = [0u8; PAGE_SIZE];
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let noisy = 200 + (i % 13) as usize * 150;
+    for (j, b) in p.iter_mut().enumerate() {
+        let r = xorshift(&mut x);
+        *b = if j < noisy { r as u8 } else { (j / 32) as u8 };
+    }
+    p[..8].copy_from_slice(&i.to_le_bytes());
+    p
+}

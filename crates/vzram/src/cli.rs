@@ -4,9 +4,11 @@
 
 use std::path::PathBuf;
 
-use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft, SeccompMode};
+use crate::proto::addr::{parse_addr, Addr};
+pub use crate::proto::worker_spec::LogLevel;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -162,27 +164,6 @@ pub struct ServeArgs {
     pub log_level: LogLevel,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogLevel {
-    Error,
-    Warn,
-    Info,
-    Debug,
-    Trace,
-}
-
-impl LogLevel {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LogLevel::Error => "error",
-            LogLevel::Warn => "warn",
-            LogLevel::Info => "info",
-            LogLevel::Debug => "debug",
-            LogLevel::Trace => "trace",
-        }
-    }
-}
-
 /// `--control` when not given: systemd's runtime directory, else the
 /// path the unit in contrib/systemd uses.
 fn default_control() -> PathBuf {
@@ -208,7 +189,7 @@ impl ServeArgs {
         let mut single = self.single;
         if let Some(fd) = self.fd {
             single.socket = Some(
-                crate::listen::bound_path(fd)
+                crate::sys::listen::bound_path(fd)
                     .map_err(|e| ConfigError(format!("--fd {fd}: {e}")))?,
             );
         }
@@ -348,8 +329,8 @@ pub struct MigrateArgs {
     pub target: DeviceArgs,
     /// The destination device's incoming address: unix:PATH (tunnel it over
     /// SSH or TLS between hosts) or tcp:HOST:PORT (guest memory in clear).
-    #[arg(long, value_parser = crate::migration::parse_addr, value_name = "ADDR")]
-    pub to: crate::migration::Addr,
+    #[arg(long, value_parser = parse_addr, value_name = "ADDR")]
+    pub to: Addr,
     /// Keep the pages here once the destination has them.
     #[arg(long)]
     pub keep: bool,
@@ -431,13 +412,10 @@ mod tests {
             "tcp:127.0.0.1:4444",
         ])
         .unwrap();
-        assert_eq!(
-            c.devices[0].incoming,
-            Some(crate::migration::Addr::Unix("/tmp/a.in".into()))
-        );
+        assert_eq!(c.devices[0].incoming, Some(Addr::Unix("/tmp/a.in".into())));
         assert_eq!(
             c.devices[1].incoming,
-            Some(crate::migration::Addr::Tcp("127.0.0.1:4444".into()))
+            Some(Addr::Tcp("127.0.0.1:4444".into()))
         );
         let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=/tmp/x"]).unwrap_err();
         assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{e}");

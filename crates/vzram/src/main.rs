@@ -1,13 +1,12 @@
 //! `vzram`: the command line over the `vzram` library (daemon, client).
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
 
 use vzram::cli::{self, Cli, Command};
-use vzram::{client, daemon, launcher, worker};
 
 /// Exit code for bad input: flags, config files, requests the daemon refuses.
 const EXIT_USAGE: u8 = 2;
@@ -20,7 +19,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args();
     match args.nth(1).as_deref() {
         Some("__launcher") => {
-            return match launcher::run() {
+            return match vzram::run_launcher() {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("vzram launcher: {e}");
@@ -30,7 +29,7 @@ fn main() -> ExitCode {
         }
         Some("__worker") => {
             let spec = args.next().unwrap_or_default();
-            return ExitCode::from(worker::main(&spec) as u8);
+            return ExitCode::from(vzram::run_worker(&spec) as u8);
         }
         _ => {}
     }
@@ -64,30 +63,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
-            init_logging(log_level);
-            match daemon::run(cfg, log_level.as_str()) {
+            vzram::init_logging(log_level);
+            match vzram::serve(cfg, log_level) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     // Once, on stderr (the log's stream too): not also as a log line.
                     eprintln!("error: {}", one_line(&e.to_string()));
-                    // State that does not match the configuration, or a
-                    // backing file that is missing, too small or taken, is
-                    // a configuration error: the fix is a flag (--fresh) or
-                    // the config, not a retry.
-                    let store = match &e {
-                        daemon::Error::Store(s) | daemon::Error::Device { source: s, .. } => {
-                            Some(s)
-                        }
-                        _ => None,
-                    };
-                    if matches!(
-                        store,
-                        Some(
-                            vzram_store::StoreError::State(_)
-                                | vzram_store::StoreError::InvalidConfig(_)
-                                | vzram_store::StoreError::Backing(_)
-                        )
-                    ) {
+                    if e.is_config() {
                         ExitCode::from(EXIT_USAGE)
                     } else {
                         ExitCode::from(EXIT_FAILURE)
@@ -95,17 +77,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Stat(a) => client(client::stat(&a)),
-        Command::SetLimit(a) => client(client::set_limit(&a)),
-        Command::Compact(a) => client(client::compact(&a)),
-        Command::Add(a) => client(client::add(&a)),
-        Command::Remove(a) => client(client::remove(&a)),
-        Command::Reset(a) => client(client::reset(&a)),
-        Command::ResetMax(a) => client(client::reset_max(&a)),
-        Command::MarkIdle(a) => client(client::mark_idle(&a)),
-        Command::Recompress(a) => client(client::recompress(&a)),
-        Command::Writeback(a) => client(client::writeback(&a)),
-        Command::Migrate(a) => client(client::migrate(&a)),
+        other => client(vzram::run_client(other)),
     }
 }
 
@@ -121,7 +93,7 @@ fn print_capabilities() -> ExitCode {
     }
 }
 
-fn client(r: Result<String, client::ClientError>) -> ExitCode {
+fn client(r: Result<String, vzram::ClientError>) -> ExitCode {
     match r {
         Ok(out) => {
             let mut stdout = std::io::stdout().lock();
@@ -148,16 +120,4 @@ fn one_line(msg: &str) -> String {
         out.push_str(l);
     }
     out
-}
-
-/// Logs go to stderr; `RUST_LOG`, when set, filters them, else `--log-level`.
-fn init_logging(level: cli::LogLevel) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.as_str()));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // No colour codes in log files and journald.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
 }

@@ -1,23 +1,17 @@
-//! Live migration as the daemon runs it: the addresses (`unix:PATH`,
-//! `tcp:HOST:PORT`), the connection a transfer runs over, and the two
-//! halves ([`send`], [`receive`]) that the process owning the device's
-//! allocator runs: its worker while a frontend is connected, else the
-//! supervisor. Sockets are bound and connected by the launcher (or at
-//! start-up, before the sandbox): the supervisor and the workers may not.
-//! The stream itself is `vzram_store::migrate`'s.
+//! Live migration as the owner of a device runs it: the connection a
+//! transfer runs over, and the two halves ([`send`], [`receive`]). Sockets
+//! are bound and connected by the launcher (or at start-up, before the
+//! sandbox): the supervisor and the workers may not. The stream itself is
+//! `vzram_store::migrate`'s.
 
-use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
-use std::str::FromStr;
+use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use vzram_store::cells::{
     MIGRATION_FAILED, MIGRATION_INCOMING, MIGRATION_NONE, MIGRATION_RECEIVING, MIGRATION_SENDING,
     MIGRATION_SEND_FAILED, MIGRATION_SENT,
@@ -25,103 +19,12 @@ use vzram_store::cells::{
 use vzram_store::migrate::{self, Progress, ReceiveReport, SendReport};
 use vzram_store::{Context, Device};
 
+use crate::proto::addr::Addr;
+
 /// How long one read or write on a migration connection may stall before
 /// the transfer is given up: a peer that stops talking must not hold a
 /// device for ever.
 pub const STALL: Duration = Duration::from_secs(60);
-/// How long connecting to a destination may take.
-pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
-
-/// Where a migration stream goes or comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Addr {
-    Unix(PathBuf),
-    /// `HOST:PORT`, resolved when used.
-    Tcp(String),
-}
-
-impl FromStr for Addr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Addr, String> {
-        let bad = || format!("bad migration address {s:?}: expected unix:PATH or tcp:HOST:PORT");
-        if let Some(p) = s.strip_prefix("unix:") {
-            if p.is_empty() {
-                return Err(bad());
-            }
-            return Ok(Addr::Unix(PathBuf::from(p)));
-        }
-        if let Some(hp) = s.strip_prefix("tcp:") {
-            let (host, port) = hp.rsplit_once(':').ok_or_else(bad)?;
-            if host.is_empty() || port.parse::<u16>().is_err() {
-                return Err(bad());
-            }
-            return Ok(Addr::Tcp(hp.to_string()));
-        }
-        Err(bad())
-    }
-}
-
-impl fmt::Display for Addr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Addr::Unix(p) => write!(f, "unix:{}", p.display()),
-            Addr::Tcp(hp) => write!(f, "tcp:{hp}"),
-        }
-    }
-}
-
-impl Serialize for Addr {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for Addr {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Addr, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-pub fn parse_addr(s: &str) -> Result<Addr, String> {
-    s.parse()
-}
-
-impl Addr {
-    /// Connects (for the launcher, which may).
-    pub fn connect(&self) -> io::Result<OwnedFd> {
-        match self {
-            Addr::Unix(p) => Ok(UnixStream::connect(p)?.into()),
-            Addr::Tcp(hp) => {
-                let mut last = io::Error::other(format!("{hp} resolves to no address"));
-                for a in hp.to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&a, CONNECT_WAIT) {
-                        Ok(s) => {
-                            let _ = s.set_nodelay(true);
-                            return Ok(s.into());
-                        }
-                        Err(e) => last = e,
-                    }
-                }
-                Err(last)
-            }
-        }
-    }
-
-    /// Binds a listener for an incoming device (`mode` for a unix socket).
-    /// TCP binds only here, when an address asks for it.
-    pub fn bind(&self, mode: u32) -> Result<OwnedFd, String> {
-        match self {
-            Addr::Unix(p) => crate::daemon::bind_socket(p, mode)
-                .map(OwnedFd::from)
-                .map_err(|e| e.to_string()),
-            Addr::Tcp(hp) => TcpListener::bind(hp.as_str())
-                .map(OwnedFd::from)
-                .map_err(|e| format!("{self}: {e}")),
-        }
-    }
-}
 
 /// A migration connection: a socket as a file, whose reads and writes give
 /// up after [`STALL`] without progress.
@@ -266,34 +169,23 @@ impl Listener {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses() {
-        assert_eq!(
-            "unix:/run/m.sock".parse(),
-            Ok(Addr::Unix("/run/m.sock".into()))
-        );
-        assert_eq!(
-            "tcp:10.0.0.2:4444".parse(),
-            Ok(Addr::Tcp("10.0.0.2:4444".into()))
-        );
-        assert_eq!("tcp:[::1]:4444".parse(), Ok(Addr::Tcp("[::1]:4444".into())));
-        for bad in [
-            "",
-            "unix:",
-            "tcp:host",
-            "tcp::1",
-            "tcp:h:99999",
-            "/path",
-            "udp:h:1",
-        ] {
-            let e = bad.parse::<Addr>().unwrap_err();
-            assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{bad}: {e}");
+/// Marks a device configured `incoming=` as waiting for its pages, if its
+/// state is new or holds nothing; one left waiting by an earlier run (a
+/// transfer cut short) waits again. A state that holds pages keeps them
+/// and serves: receiving into it would drop them (`--fresh` starts empty).
+pub fn set_incoming(name: &str, dev: &Device) {
+    let m = &dev.cells().migration;
+    let empty = dev.stats().orig_data_size == 0;
+    match m.state.load(Relaxed) {
+        MIGRATION_RECEIVING => {
+            tracing::warn!(device = %name, "a migration stream was cut short by a restart; waiting for another");
+            m.state.store(MIGRATION_FAILED, Relaxed);
         }
-        let a: Addr = "unix:/x".parse().unwrap();
-        assert_eq!(a.to_string(), "unix:/x");
+        _ if m.incoming() => tracing::info!(device = %name, "still waiting for its pages"),
+        _ if empty => m.begin(MIGRATION_INCOMING),
+        _ => tracing::warn!(
+            device = %name,
+            "incoming is set, but the device's state holds pages: it serves them (start with --fresh to receive instead)"
+        ),
     }
 }

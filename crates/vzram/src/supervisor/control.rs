@@ -1,16 +1,5 @@
-//! The control socket: newline-delimited JSON, one reply line per request.
-//!
-//! ```text
-//! {"cmd":"stat"}
-//! {"cmd":"set-limit","device":"vm1","bytes":1073741824}    device by name or index
-//! {"cmd":"set-limit","host":true,"bytes":0}                 0 = no limit
-//! {"cmd":"compact"}                                         or with "device"
-//! {"cmd":"mark-idle","device":"vm1"}
-//! {"cmd":"recompress","device":"vm1","idle":true,"algo":"zstd:3"}   huge, algo optional
-//! {"cmd":"writeback","device":"vm1","cold":true,"max_pages":1000}    idle, huge, incompressible
-//! {"cmd":"migrate","device":"vm1","to":"unix:/run/m.sock","keep":false}
-//! ```
-//! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`.
+//! The control socket's server: one thread per connection, one reply
+//! line per request (the protocol is `proto::control`'s).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -18,100 +7,18 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use vzram_store::PoolStats;
 
+use super::metrics::{DeviceSample, Sample};
+use super::served::Served;
+use super::Supervisor;
 use crate::config::DeviceSpec;
-use crate::metrics::{DeviceSample, Sample};
-use crate::supervisor::{Served, Supervisor};
-use crate::worker::{Answer, Order, TierFilter};
+use crate::proto::addr::Addr;
+use crate::proto::control::{DeviceRef, Request};
+use crate::proto::order::{Answer, Order, TierFilter};
 
-/// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: u64 = 64 * 1024;
-
-/// A device named in a request: its name, or its index as a number or string.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum DeviceRef {
-    Index(u64),
-    Name(String),
-}
-
-/// A control request: what the client sends and the daemon parses, one
-/// JSON line each (`{"cmd":"set-limit",...}`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Request {
-    Stat {},
-    SetLimit {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        host: bool,
-        bytes: u64,
-    },
-    Compact {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-    },
-    /// A new device, in `--device` syntax (`socket=...,size=...`).
-    Add {
-        device: String,
-    },
-    Remove {
-        device: DeviceRef,
-    },
-    Reset {
-        device: DeviceRef,
-    },
-    ResetMax {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-    },
-    MarkIdle {
-        device: DeviceRef,
-    },
-    Recompress {
-        device: DeviceRef,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        idle: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        huge: bool,
-        /// `zstd:LEVEL`; the device's recompress-algo when absent.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        algo: Option<String>,
-    },
-    Writeback {
-        device: DeviceRef,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        idle: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        cold: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        huge: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        incompressible: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        max_pages: Option<u64>,
-    },
-    /// Send the device's pages to another vzram's incoming device.
-    Migrate {
-        device: DeviceRef,
-        /// `unix:PATH` or `tcp:HOST:PORT`.
-        to: String,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        keep: bool,
-    },
-}
-
-impl DeviceRef {
-    /// As the command line gives it: a name (a number is taken as an index
-    /// by the daemon if no device has that name).
-    pub fn named(s: &str) -> DeviceRef {
-        DeviceRef::Name(s.to_string())
-    }
-}
 
 pub struct Control {
     sup: Arc<Supervisor>,
@@ -344,7 +251,7 @@ impl Control {
                 };
                 let order = Order::Recompress {
                     filter,
-                    algo: codec.to_string(),
+                    algo: codec,
                 };
                 let Answer::Recompressed {
                     tried,
@@ -397,7 +304,7 @@ impl Control {
 
     fn migrate(&self, device: &DeviceRef, to: &str, keep: bool) -> Result<Value, String> {
         let (_, d) = self.find(device)?;
-        let to = crate::migration::parse_addr(to)?;
+        let to = to.parse::<Addr>()?;
         if d.cells.migration.incoming() {
             return Err(format!(
                 "device {} is waiting for its own pages (incoming); it has nothing to send",
@@ -569,62 +476,11 @@ fn handle_conn(stream: UnixStream, ctl: &Control) -> io::Result<()> {
     }
 }
 
-/// How long `vzram stat` and friends wait for the daemon.
-pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Client side: sends one request and returns the parsed reply.
-/// Gives up after [`CLIENT_TIMEOUT`] without a reply: a socket that is not
-/// a control socket (a device's, say) must not hang the command.
-pub fn request(path: &std::path::Path, req: &Value) -> io::Result<Value> {
-    request_waiting(path, req, CLIENT_TIMEOUT)
-}
-
-/// [`request`] for a request that may take up to `wait` to carry out (a
-/// writeback through a slow disk).
-pub fn request_waiting(
-    path: &std::path::Path,
-    req: &Value,
-    wait: std::time::Duration,
-) -> io::Result<Value> {
-    let hint = |e: io::Error| match e.kind() {
-        io::ErrorKind::BrokenPipe
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::WouldBlock
-        | io::ErrorKind::TimedOut => {
-            io::Error::new(e.kind(), format!("{e}: is this a vzram control socket?"))
-        }
-        _ => e,
-    };
-    exchange(path, req, wait).map_err(hint)
-}
-
-fn exchange(path: &std::path::Path, req: &Value, wait: std::time::Duration) -> io::Result<Value> {
-    let mut stream = UnixStream::connect(path)?;
-    stream.set_read_timeout(Some(wait))?;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-    writeln!(stream, "{req}")?;
-    let mut line = String::new();
-    BufReader::new(&stream)
-        .take(16 << 20)
-        .read_line(&mut line)?;
-    if line.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "closed without a reply: is this a vzram control socket?",
-        ));
-    }
-    serde_json::from_str(&line).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad reply ({e}): is this a vzram control socket?"),
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::WorkerEnv;
     use super::*;
-    use crate::supervisor::WorkerEnv;
+    use crate::proto::worker_spec::{LogLevel, SeccompMode};
     use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec};
 
     /// A supervisor over two devices with state in a temporary directory;
@@ -668,15 +524,15 @@ mod tests {
                 Arc::new(Served::new(spec, listener, files, None).unwrap())
             })
             .collect();
-        let (launcher, _) = crate::launcher::seqpacket_pair().unwrap();
+        let (launcher, _) = crate::proto::wire::seqpacket_pair().unwrap();
         let sup = Supervisor::new(
             devices,
             pool,
             host,
             launcher,
             WorkerEnv {
-                seccomp: "off".into(),
-                log_level: "info".into(),
+                seccomp: SeccompMode::Off,
+                log_level: LogLevel::Info,
                 socket_mode: 0o600,
                 state_dir: root.to_path_buf(),
                 compress_threads: None,

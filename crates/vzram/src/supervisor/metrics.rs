@@ -11,7 +11,6 @@ use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
@@ -19,8 +18,6 @@ use prometheus_client::encoding::{prometheus_text, DescriptorEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use vzram_store::{DeviceStats, LatencySnapshot, Op, PoolStats};
-
-use crate::control::Control;
 
 /// Longest request head accepted (request line and headers).
 const MAX_REQUEST: usize = 8 * 1024;
@@ -292,11 +289,11 @@ pub fn render(sample: Sample) -> String {
 }
 
 /// Serves scrapes forever, one at a time.
-pub fn serve(listener: TcpListener, ctl: Arc<Control>) {
+pub fn serve(listener: TcpListener, sample: impl Fn() -> Sample) {
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
-                if let Err(e) = handle(stream, &ctl) {
+                if let Err(e) = handle(stream, &sample) {
                     tracing::debug!(%peer, "metrics request: {e}");
                 }
             }
@@ -308,7 +305,7 @@ pub fn serve(listener: TcpListener, ctl: Arc<Control>) {
     }
 }
 
-fn handle(mut stream: TcpStream, ctl: &Control) -> io::Result<()> {
+fn handle(mut stream: TcpStream, sample: &impl Fn() -> Sample) -> io::Result<()> {
     // Non-blocking plus poll bounds every read and write by the deadline
     // (SO_RCVTIMEO would need setsockopt, which the filter refuses).
     set_nonblocking(&stream)?;
@@ -325,7 +322,7 @@ fn handle(mut stream: TcpStream, ctl: &Control) -> io::Result<()> {
             )
         }
     };
-    let (status, ctype, body) = route(&head, || render(ctl.sample()));
+    let (status, ctype, body) = route(&head, || render(sample()));
     respond(&mut stream, deadline, status, ctype, &body)
 }
 

@@ -1,30 +1,37 @@
-//! The serving daemon: binds every device's socket, opens (and recovers)
-//! every device's state, then supervises. Each frontend connection is
-//! served by a worker process of its own (see [`crate::supervisor`] and
-//! [`crate::worker`]); the device's state lives in shared files, so a
-//! worker's end, or the daemon's, loses nothing.
+//! Start-up of the serving daemon: binds every device's socket, opens (and
+//! recovers) every device's state, then supervises. Each frontend
+//! connection is served by a worker process of its own; the device's state
+//! lives in shared files, so a worker's end, or the daemon's, loses nothing.
 
 use std::ffi::CString;
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use thiserror::Error;
-use vzram_store::{BackingSpec, DeviceConfig, Pool, PoolConfig, StateSpec, StoreError};
+use vzram_store::{BackingSpec, Pool, PoolConfig, StateSpec, StoreError};
 
+use super::control::{self, Control};
+use super::launch;
+use super::metrics;
+use super::served::{BackingFile, Served};
+use super::{Supervisor, WorkerEnv};
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
-use crate::control::{self, Control};
-use crate::launcher;
-use crate::listen;
-use crate::metrics;
-use crate::notify::Notifier;
-use crate::seccomp;
-use crate::supervisor::{BackingFile, Served, Supervisor, WorkerEnv};
+use crate::owner::attach::device_config;
+use crate::owner::migration::{set_incoming, Listener};
+use crate::proto::addr::Addr;
+use crate::proto::worker_spec::LogLevel;
+use crate::sys::fds::{memfd, raise_fd_limit};
+use crate::sys::listen;
+use crate::sys::notify::Notifier;
+use crate::sys::seccomp;
+use crate::sys::signals::ShutdownSignals;
+use crate::sys::socket::{self, bind_socket, SocketError};
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -33,8 +40,8 @@ pub enum Error {
     /// A device that cannot start: its state or its backing file.
     #[error("device {name}: {source}")]
     Device { name: String, source: StoreError },
-    #[error("socket {path}: {source}")]
-    Socket { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Socket(#[from] SocketError),
     #[error("cannot start a thread: {0}")]
     Thread(io::Error),
     #[error("cannot wait for signals: {0}")]
@@ -47,6 +54,22 @@ pub enum Error {
     Launcher(io::Error),
     #[error("metrics address {addr}: {source}")]
     Metrics { addr: SocketAddr, source: io::Error },
+}
+
+impl Error {
+    /// State that does not match the configuration, or a backing file that
+    /// is missing, too small or taken, is a configuration error: the fix is
+    /// a flag (`--fresh`) or the config, not a retry.
+    pub fn is_config(&self) -> bool {
+        let store = match self {
+            Error::Store(s) | Error::Device { source: s, .. } => s,
+            _ => return false,
+        };
+        matches!(
+            store,
+            StoreError::State(_) | StoreError::InvalidConfig(_) | StoreError::Backing(_)
+        )
+    }
 }
 
 /// Removes the socket files we created when dropped, so every way out of
@@ -66,9 +89,11 @@ impl SocketFiles {
     /// Its directory is opened first, so a file we bound is always one we
     /// can remove, and a path we failed to bind is never removed.
     fn bind(&mut self, path: &Path, mode: u32) -> Result<UnixListener, Error> {
-        let fail = |source: io::Error| Error::Socket {
-            path: path.to_path_buf(),
-            source,
+        let fail = |source: io::Error| {
+            Error::Socket(SocketError {
+                path: path.to_path_buf(),
+                source,
+            })
         };
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -119,18 +144,18 @@ impl Drop for SocketFiles {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Returns the signal number.
-pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
+pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
     // Block the shutdown signals before any thread starts, so every thread
     // inherits the mask and only `sigwait` below ever sees them.
-    let signals = ShutdownSignals::block()?;
+    let signals = ShutdownSignals::block().map_err(Error::Signal)?;
     // Sockets passed in (systemd, `--fd`) are taken (close-on-exec, and
     // LISTEN_* cleared) before anything is started that could inherit them.
     let mut passed = listen::inherited(&cfg.inherit_fds).map_err(Error::Passed)?;
     // Before any thread and before the filter: the launcher is the one
     // process allowed to start workers.
-    let launcher = launcher::start().map_err(Error::Launcher)?;
+    let launcher = launch::start().map_err(Error::Launcher)?;
     seccomp::report_sigbus()?;
-    raise_fd_limit(&cfg.devices);
+    raise_fd_limit(fds_needed(&cfg.devices));
     // Connected now: the seccomp filter allows sending, not connecting.
     // One nobody listens on (left over in a shell) is not worth failing for.
     let notifier = Notifier::from_env()
@@ -170,17 +195,13 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
     for spec in &cfg.devices {
         incoming.push(match &spec.incoming {
             None => None,
-            Some(a @ crate::migration::Addr::Unix(p)) => Some(crate::migration::Listener::new(
-                a,
-                files.bind(p, cfg.socket_mode)?.into(),
-            )),
+            Some(a @ Addr::Unix(p)) => {
+                Some(Listener::new(a, files.bind(p, cfg.socket_mode)?.into()))
+            }
             Some(a) => {
-                let fd = a.bind(cfg.socket_mode).map_err(|e| Error::Socket {
-                    path: PathBuf::from(a.to_string()),
-                    source: io::Error::other(e),
-                })?;
+                let fd = socket::bind(a, cfg.socket_mode)?;
                 tracing::warn!(device = %spec.name, incoming = %a, "migration stream on plain TCP: guest memory travels unencrypted; prefer a unix socket through an SSH or TLS tunnel");
-                Some(crate::migration::Listener::new(a, fd))
+                Some(Listener::new(a, fd))
             }
         });
     }
@@ -191,9 +212,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
     // locked files stay, for the workers.
     let mut devices = Vec::with_capacity(cfg.devices.len());
     for ((spec, listener), incoming) in cfg.devices.iter().zip(listeners).zip(incoming) {
-        let mut dc = DeviceConfig::new(spec.size, spec.algo);
-        dc.mem_limit = spec.mem_limit;
-        dc.shards = usize::from(spec.queues);
+        let mut dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
         dc.state = Some(StateSpec {
             root: spec.state_root(&cfg).to_path_buf(),
             name: spec.name.clone(),
@@ -218,9 +237,8 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
         let state_files = state.try_clone().map_err(device_error)?;
         let backing = match store.backing() {
             Some(b) => {
-                let kept = BackingFile::of(b).map_err(|e| {
-                    device_error(StoreError::Backing(format!("{}: {e}", b.path().display())))
-                })?;
+                let kept = BackingFile::of(b)
+                    .map_err(|e| device_error(StoreError::backing(b.path().display(), e)))?;
                 tracing::info!(
                     device = %spec.name,
                     backing = %kept.path.display(),
@@ -247,7 +265,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             None => tracing::info!(device = %spec.name, state = %dir, "new device state"),
         }
         if spec.incoming.is_some() {
-            crate::supervisor::set_incoming(&spec.name, &store);
+            set_incoming(&spec.name, &store);
         } else if store.cells().migration.incoming() {
             tracing::warn!(device = %spec.name, "the device waits for its pages from a migration but has no incoming address: its requests wait; vzram reset serves it empty");
         }
@@ -305,8 +323,8 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
             host_file,
             launcher,
             WorkerEnv {
-                seccomp: cfg.seccomp.to_string(),
-                log_level: log_level.to_string(),
+                seccomp: cfg.seccomp,
+                log_level,
                 socket_mode: cfg.socket_mode,
                 state_dir: cfg.state_dir.clone(),
                 compress_threads: cfg.compress_threads,
@@ -339,7 +357,7 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
         let ctl = ctl.clone();
         std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || metrics::serve(l, ctl))
+            .spawn(move || metrics::serve(l, move || ctl.sample()))
             .map_err(Error::Thread)?;
         tracing::info!(metrics = %addr, "metrics endpoint ready: http://{addr}/metrics");
     }
@@ -368,25 +386,13 @@ pub fn run(cfg: DaemonConfig, log_level: &str) -> Result<i32, Error> {
         &format!("READY=1\nSTATUS=serving {} devices", sup.devices().len()),
     );
 
-    let sig = signals.wait()?;
+    let sig = signals.wait().map_err(Error::Signal)?;
     tracing::info!(signal = sig, "shutting down");
     notify(&notifier, "STOPPING=1");
     sup.stop();
     let _ = looping.join();
     drop(files);
     Ok(sig)
-}
-
-/// An anonymous shared memory file.
-fn memfd(name: &str) -> io::Result<std::fs::File> {
-    let name = CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: a NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor we own.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Tells the service manager, if there is one; a lost message is logged,
@@ -399,125 +405,14 @@ fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
     }
 }
 
-/// Creates a listening socket with the given mode. A stale socket file from
-/// a daemon that died is replaced; a live one is an error.
-pub(crate) fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, Error> {
-    let fail = |source: io::Error| Error::Socket {
-        path: path.to_path_buf(),
-        source,
-    };
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(fail(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    "another process is serving it",
-                )));
-            }
-            std::fs::remove_file(path).map_err(fail)?;
-        }
-        Ok(_) => {
-            return Err(fail(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "exists and is not a socket",
-            )))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fail(e)),
-    }
-    // bind() creates the file with 0777 & ~umask. Narrow the umask around it
-    // so that there is no moment where others may connect; this runs before
-    // any thread that creates files starts, so the process-wide umask is ours.
-    // SAFETY: umask only swaps the process file-mode mask.
-    let old = unsafe { libc::umask(!mode & 0o777) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above, restoring the previous mask.
-    unsafe { libc::umask(old) };
-    let listener = bound.map_err(fail)?;
-    // umask can only take bits away; set exactly what was asked for.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)?;
-    Ok(listener)
-}
-
-/// Lifts the soft open-file limit to the hard one. Each device holds a
-/// listening socket, the guard's private listener and its handle, its
-/// state's locked header, its backing file if any, and,
-/// while connected, two connections, guest memory files and three eventfds
-/// plus an epoll per queue; the usual soft limit of 1024 runs out near 170
-/// connected devices.
-fn raise_fd_limit(devices: &[DeviceSpec]) {
-    let need: u64 = 64
-        + devices
-            .iter()
-            .map(|d| 5 + 8 + 5 * u64::from(d.queues) + u64::from(d.tier.backing_file.is_some()))
-            .sum::<u64>();
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit we own.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return;
-    }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: setrlimit reads one valid rlimit; raising soft to hard needs no privilege.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim = raised;
-        }
-    }
-    if lim.rlim_cur < need {
-        tracing::warn!(
-            limit = lim.rlim_cur,
-            need,
-            "open-file limit is too low for every device to be connected at once; raise it (LimitNOFILE=, ulimit -Hn)"
-        );
-    }
-}
-
-/// SIGTERM, SIGINT and SIGHUP, blocked in every thread and taken with
-/// `sigwait`. SIGHUP's default action would kill the daemon and every
-/// device's data with it (a closed terminal, a reload by habit).
-struct ShutdownSignals {
-    set: libc::sigset_t,
-}
-
-impl ShutdownSignals {
-    fn block() -> Result<ShutdownSignals, Error> {
-        // SAFETY: sigset_t is plain data; the sig* calls only fill it in and
-        // change this thread's mask, which new threads inherit.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGTERM);
-            libc::sigaddset(&mut set, libc::SIGINT);
-            libc::sigaddset(&mut set, libc::SIGHUP);
-            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            if rc != 0 {
-                return Err(Error::Signal(io::Error::from_raw_os_error(rc)));
-            }
-            Ok(ShutdownSignals { set })
-        }
-    }
-
-    /// Waits for a shutdown signal; SIGHUP is logged and ignored (there is
-    /// nothing to reload).
-    fn wait(&self) -> Result<i32, Error> {
-        loop {
-            let mut sig = 0;
-            // SAFETY: `set` is a valid signal set and `sig` a valid out pointer.
-            let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
-            match rc {
-                0 if sig == libc::SIGHUP => {
-                    tracing::info!("SIGHUP ignored: vzram has no configuration to reload; devices keep serving")
-                }
-                0 => return Ok(sig),
-                libc::EINTR => continue,
-                e => return Err(Error::Signal(io::Error::from_raw_os_error(e))),
-            }
-        }
-    }
+/// What [`crate::sys::fds::raise_fd_limit`] must allow: each device holds
+/// a listening socket, the guard's private listener and its handle, its
+/// state's locked header, its backing file if any, and, while connected,
+/// two connections, guest memory files and three eventfds plus an epoll
+/// per queue.
+fn fds_needed(devices: &[DeviceSpec]) -> u64 {
+    64 + devices
+        .iter()
+        .map(|d| 5 + 8 + 5 * u64::from(d.queues) + u64::from(d.tier.backing_file.is_some()))
+        .sum::<u64>()
 }

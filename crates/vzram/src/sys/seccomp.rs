@@ -18,7 +18,6 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
-use std::str::FromStr;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -26,40 +25,7 @@ use seccompiler::{
 };
 use thiserror::Error;
 
-/// `--seccomp on|off|log`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// Refuse (and die on) anything outside the list.
-    #[default]
-    On,
-    /// No filter.
-    Off,
-    /// Allow everything; the kernel logs what `On` would refuse.
-    Log,
-}
-
-impl FromStr for Mode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Mode, String> {
-        match s {
-            "on" | "true" | "yes" | "1" => Ok(Mode::On),
-            "off" | "false" | "no" | "0" => Ok(Mode::Off),
-            "log" => Ok(Mode::Log),
-            _ => Err(format!("bad seccomp mode {s:?}: expected on, off or log")),
-        }
-    }
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Mode::On => "on",
-            Mode::Off => "off",
-            Mode::Log => "log",
-        })
-    }
-}
+use crate::proto::worker_spec::SeccompMode as Mode;
 
 /// Which process the filter is for. They differ in what only one needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

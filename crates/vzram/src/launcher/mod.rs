@@ -8,175 +8,21 @@
 //! with these descriptors". The launcher reads nothing else, from no one
 //! else. Each worker installs its own, tighter filter once set up.
 //!
-//! Messages are JSON, one per datagram, on a `SOCK_SEQPACKET` pair;
-//! descriptors travel with `SCM_RIGHTS`.
+//! Messages are `proto::launch`'s, framed by `proto::wire`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use vzram_store::{Codec, StateSpec};
 
-/// Where the launcher and each worker find their inherited descriptors.
-pub const FIRST_FD: RawFd = 3;
-
-/// The biggest message either side sends.
-const MAX_MESSAGE: usize = 64 << 10;
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum Request {
-    /// Start `vzram <args>` with the descriptors sent along placed at 3, 4, …
-    Spawn { id: u64, args: Vec<String> },
-    /// Bind a device socket and open (or make) its state, and open and
-    /// lock its backing file if it has one, for a device added at run
-    /// time: the supervisor may do none of it under its filter. The reply
-    /// carries the listener, the state's four files and the backing file.
-    Prepare {
-        id: u64,
-        socket: PathBuf,
-        mode: u32,
-        root: PathBuf,
-        name: String,
-        size: u64,
-        algo: String,
-        shards: usize,
-        backing: Option<PathBuf>,
-        /// An incoming device's migration address, bound too (last fd).
-        #[serde(default)]
-        incoming: Option<crate::migration::Addr>,
-    },
-    /// Connect to another vzram's migration address; the reply carries
-    /// the connection.
-    Connect {
-        id: u64,
-        addr: crate::migration::Addr,
-    },
-    /// Remove a device's socket file (only if it is a socket) and its state
-    /// directory (only if it holds a vzram state nobody has locked).
-    Remove {
-        id: u64,
-        socket: Option<PathBuf>,
-        state: Option<PathBuf>,
-    },
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum Report {
-    Spawned {
-        id: u64,
-        pid: u32,
-    },
-    Failed {
-        id: u64,
-        error: String,
-    },
-    Exited {
-        id: u64,
-        pid: u32,
-        code: Option<i32>,
-        signal: Option<i32>,
-    },
-    /// Descriptors: listener, state lock (header), table, arena, stats,
-    /// and the backing file when there is one.
-    Prepared {
-        id: u64,
-        dir: PathBuf,
-        existing: bool,
-        backing: Option<PreparedBacking>,
-    },
-    Removed {
-        id: u64,
-    },
-    /// Descriptor: the connection.
-    Connected {
-        id: u64,
-    },
-}
-
-/// What opening a backing file found.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct PreparedBacking {
-    pub direct: bool,
-    pub blocks: u64,
-}
-
-impl Report {
-    pub fn id(&self) -> u64 {
-        match self {
-            Report::Spawned { id, .. }
-            | Report::Failed { id, .. }
-            | Report::Exited { id, .. }
-            | Report::Prepared { id, .. }
-            | Report::Removed { id }
-            | Report::Connected { id } => *id,
-        }
-    }
-}
-
-/// A connected `SOCK_SEQPACKET` pair, close-on-exec.
-pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair fills the two ints we own; checked below.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created for us.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Sends one message with descriptors.
-pub fn send(sock: &impl AsRawFd, msg: &impl Serialize, fds: &[RawFd]) -> io::Result<()> {
-    let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
-    vzram_blk::guard::send_all(sock.as_raw_fd(), &bytes, fds, None)
-}
-
-/// Receives one message and its descriptors; None once the peer is gone.
-pub fn recv<T: DeserializeOwned>(sock: &impl AsRawFd) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut fds = Vec::new();
-    let (n, _) = vzram_blk::guard::recv_some(sock.as_raw_fd(), &mut buf, &mut fds)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?;
-    Ok(Some((msg, fds)))
-}
-
-/// Starts the launcher; returns the supervisor's end of its socket. Call
-/// it before any thread starts and before the seccomp filter.
-pub fn start() -> io::Result<OwnedFd> {
-    let (ours, theirs) = seqpacket_pair()?;
-    let child_fd = theirs.as_raw_fd();
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg("__launcher");
-    // SAFETY: between fork and exec only async-signal-safe calls: dup2
-    // places the socket at FIRST_FD (clearing close-on-exec), prctl makes
-    // the launcher die with the supervisor.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(child_fd, FIRST_FD) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn()?;
-    drop(theirs);
-    Ok(ours)
-}
+use crate::owner::attach::device_config;
+use crate::proto::launch::{PreparedBacking, Report, Request};
+use crate::proto::wire::{recv, send, FIRST_FD};
+use crate::sys::signals::ChildSignals;
+use crate::sys::socket;
 
 /// The launcher's main loop: start workers when asked, report their ends,
 /// exit when the supervisor goes away.
@@ -244,7 +90,7 @@ pub fn run() -> io::Result<()> {
                 Some((
                     Request::Prepare {
                         id,
-                        socket,
+                        socket: path,
                         mode,
                         root,
                         name,
@@ -255,18 +101,19 @@ pub fn run() -> io::Result<()> {
                         incoming,
                     },
                     _,
-                )) => match prepare(&socket, mode, root, name, size, &algo, shards, backing)
-                    .and_then(|p| match &incoming {
+                )) => match prepare(&path, mode, root, name, size, algo, shards, backing).and_then(
+                    |p| match &incoming {
                         None => Ok((p, None)),
-                        Some(a) => match a.bind(mode) {
+                        Some(a) => match socket::bind(a, mode) {
                             Ok(fd) => Ok((p, Some(fd))),
                             Err(e) => {
                                 drop(p);
-                                let _ = std::fs::remove_file(&socket);
-                                Err(e)
+                                let _ = std::fs::remove_file(&path);
+                                Err(e.to_string())
                             }
                         },
-                    }) {
+                    },
+                ) {
                     Ok(((listener, st, backing), incoming)) => {
                         let mut fds = vec![
                             listener.as_raw_fd(),
@@ -290,7 +137,7 @@ pub fn run() -> io::Result<()> {
                     }
                     Err(error) => send(&sock, &Report::Failed { id, error }, &[])?,
                 },
-                Some((Request::Connect { id, addr }, _)) => match addr.connect() {
+                Some((Request::Connect { id, addr }, _)) => match socket::connect(&addr) {
                     Ok(conn) => send(&sock, &Report::Connected { id }, &[conn.as_raw_fd()])?,
                     Err(e) => send(
                         &sock,
@@ -321,33 +168,32 @@ type Prepared = (
 
 #[allow(clippy::too_many_arguments)]
 fn prepare(
-    socket: &std::path::Path,
+    path: &Path,
     mode: u32,
     root: PathBuf,
     name: String,
     size: u64,
-    algo: &str,
+    algo: Codec,
     shards: usize,
     backing: Option<PathBuf>,
 ) -> Result<Prepared, String> {
-    let codec = crate::config::parse_codec(algo)?;
-    let listener = crate::daemon::bind_socket(socket, mode).map_err(|e| e.to_string())?;
+    let listener = socket::bind_socket(path, mode).map_err(|e| e.to_string())?;
     // Before the state: a missing or locked backing file leaves nothing
     // made behind but the socket, removed below.
     let backing = match backing {
         None => None,
-        Some(path) => match vzram_store::Backing::open(&vzram_store::BackingSpec { path }) {
+        Some(file) => match vzram_store::Backing::open(&vzram_store::BackingSpec { path: file }) {
             Ok(b) => Some(b),
             Err(e) => {
                 drop(listener);
-                let _ = std::fs::remove_file(socket);
+                let _ = std::fs::remove_file(path);
                 return Err(e.to_string());
             }
         },
     };
-    let mut dc = vzram_store::DeviceConfig::new(size, codec);
-    dc.shards = shards;
-    dc.state = Some(vzram_store::StateSpec {
+    let queues = u16::try_from(shards).map_err(|_| format!("{shards} queues"))?;
+    let mut dc = device_config(size, algo, queues, 0);
+    dc.state = Some(StateSpec {
         root,
         name,
         fresh: false,
@@ -356,13 +202,13 @@ fn prepare(
         Ok(st) => Ok((listener, st, backing)),
         Err(e) => {
             drop(listener);
-            let _ = std::fs::remove_file(socket);
+            let _ = std::fs::remove_file(path);
             Err(e.to_string())
         }
     }
 }
 
-fn remove(socket: Option<&std::path::Path>, state: Option<&std::path::Path>) -> Result<(), String> {
+fn remove(socket: Option<&Path>, state: Option<&Path>) -> Result<(), String> {
     use std::os::unix::fs::FileTypeExt;
     if let Some(p) = socket {
         match std::fs::symlink_metadata(p) {
@@ -437,38 +283,4 @@ fn spawn(args: &[String], fds: Vec<OwnedFd>) -> io::Result<Child> {
     let child = cmd.spawn();
     drop(fds);
     child
-}
-
-/// SIGCHLD as a readable descriptor.
-struct ChildSignals {
-    fd: OwnedFd,
-}
-
-impl ChildSignals {
-    fn new() -> io::Result<ChildSignals> {
-        // SAFETY: sigset_t is plain data; blocking SIGCHLD in this
-        // single-threaded process and reading it from a signalfd instead.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGCHLD);
-            if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(ChildSignals {
-                fd: OwnedFd::from_raw_fd(fd),
-            })
-        }
-    }
-
-    fn drain(&self) {
-        let mut info = [0u8; 128];
-        // SAFETY: reading whole signalfd_siginfo records into our buffer.
-        while unsafe { libc::read(self.fd.as_raw_fd(), info.as_mut_ptr().cast(), info.len()) } > 0 {
-        }
-    }
 }

@@ -1,0 +1,115 @@
+//! A device as the user describes it (flags, `--device`, `[[device]]`),
+//! before defaults and checks.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use vzram_store::Codec;
+
+use super::de;
+use super::parse::{parse_bool, parse_codec, parse_duration, parse_size};
+use crate::proto::addr::Addr;
+
+/// One device as given, before defaults and checks. The one form of all
+/// three ways to give a device: the single-device flags of `vzram serve`
+/// (`clap::Args`, flattened), a `[[device]]` table of the config file, and a
+/// `--device` / `vzram add` spec (`socket=...,size=...`, read through the
+/// same `Deserialize`), so every key means the same everywhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceDraft {
+    /// Name of that device in stats and control requests [default: vzramN,
+    /// N its place among all devices: vzram0 when it is the only one].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// vhost-user socket of a single device (with --size). `--socket-path`
+    /// is the same, as QEMU's backend-program convention names it.
+    #[arg(long, alias = "socket-path", value_name = "PATH")]
+    #[serde(alias = "path")]
+    pub socket: Option<PathBuf>,
+    /// Capacity of that device: 512M, 8G, 1T or bytes (a multiple of 4096).
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, deserialize_with = "de::size")]
+    pub size: Option<u64>,
+    /// Virtqueues of that device, one worker thread each [default: 4].
+    #[arg(long)]
+    #[serde(default, alias = "num-queues", deserialize_with = "de::number")]
+    pub queues: Option<u16>,
+    /// Compression: lz4, zstd or zstd:LEVEL [default: lz4].
+    #[arg(long, value_parser = parse_codec)]
+    #[serde(default, alias = "comp-algorithm", deserialize_with = "de::codec")]
+    pub algo: Option<Codec>,
+    /// Cap on the memory that device may use (0 = none).
+    #[arg(long, value_parser = parse_size)]
+    #[serde(default, alias = "mem-limit", deserialize_with = "de::size")]
+    pub mem_limit: Option<u64>,
+    /// Serial the guest reads with GET_ID (at most 20 bytes) [default:
+    /// vzram-NAME, cut to 20 bytes; contrib/udev/60-vzram.rules matches vzram*].
+    #[arg(long)]
+    pub serial: Option<String>,
+    /// Offer the device read-only.
+    #[arg(long, visible_alias = "read-only", num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
+    #[serde(
+        default,
+        alias = "read-only",
+        alias = "ro",
+        deserialize_with = "de::boolean"
+    )]
+    pub readonly: Option<bool>,
+    /// Where this device keeps its state (`state-dir=` in a spec, `state_dir`
+    /// in the file; the daemon's `--state-dir` otherwise).
+    #[arg(skip)]
+    #[serde(alias = "state-dir")]
+    pub state_dir: Option<PathBuf>,
+    /// A file or block device on host storage that written-back pages go
+    /// to, and that writes past a memory limit spill to (it must exist and
+    /// hold at least 8 KiB: a header block and one page; opened with
+    /// O_DIRECT where the file system takes it).
+    #[arg(long, value_name = "PATH")]
+    #[serde(alias = "backing-file")]
+    pub backing_file: Option<PathBuf>,
+    /// Codec `vzram recompress` and --auto-recompress use [default: zstd:3
+    /// for an lz4 device, zstd:9 for a zstd one].
+    #[arg(long, value_parser = parse_codec, value_name = "ALGO")]
+    #[serde(default, alias = "recompress-algo", deserialize_with = "de::codec")]
+    pub recompress_algo: Option<Codec>,
+    /// Pages not read or written for this long count as cold (90s, 10m,
+    /// 1h; at least 3s): runs the ager every third of it while a frontend
+    /// is connected.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, alias = "idle-after", deserialize_with = "de::duration")]
+    pub idle_after: Option<Duration>,
+    /// After each ager pass, move cold pages to the backing file, paced
+    /// (needs --backing-file and --idle-after).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
+    #[serde(default, alias = "auto-writeback", deserialize_with = "de::boolean")]
+    pub auto_writeback: Option<bool>,
+    /// After each ager pass, recompress cold pages with the recompress
+    /// codec, paced (needs --idle-after). With --auto-writeback too, only
+    /// the cold pages recompression cannot shrink go to the backing file.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
+    #[serde(default, alias = "auto-recompress", deserialize_with = "de::boolean")]
+    pub auto_recompress: Option<bool>,
+    /// That device waits for its pages from another vzram (`vzram migrate`
+    /// there) before it serves a request: unix:PATH (recommended; tunnel it
+    /// over SSH or TLS between hosts) or tcp:HOST:PORT (unencrypted: it
+    /// carries guest memory in clear).
+    #[arg(long, value_parser = crate::proto::addr::parse_addr, value_name = "ADDR")]
+    #[serde(default, deserialize_with = "de::addr")]
+    pub incoming: Option<Addr>,
+}
+
+/// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`, with the
+/// keys of a `[[device]]` table.
+pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, String> {
+    let mut map = serde_json::Map::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("bad device option {part:?}: expected key=value"))?;
+        map.insert(k.to_string(), serde_json::Value::String(v.to_string()));
+    }
+    DeviceDraft::deserialize(serde_json::Value::Object(map))
+        .map_err(|e| format!("device spec {s:?}: {e}"))
+}

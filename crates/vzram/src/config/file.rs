@@ -1,0 +1,195 @@
+//! The TOML configuration file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::draft::DeviceDraft;
+use super::parse::{parse_metrics_addr, parse_mode, parse_size, ConfigError, MAX_POLL_US};
+use crate::proto::worker_spec::SeccompMode;
+
+/// A size in the config file: a number of bytes or a string like "8G".
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self, what: &str) -> Result<u64, ConfigError> {
+        match self {
+            SizeValue::Bytes(n) => Ok(*n),
+            SizeValue::Text(s) => parse_size(s).map_err(|e| ConfigError(format!("{what}: {e}"))),
+        }
+    }
+}
+
+/// `socket_mode` or `control_mode` in the config file: an integer written in octal
+/// (`0o600`), or octal text (`"0600"`, `"600"`, `"0o600"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ModeValue {
+    Number(i64),
+    Text(String),
+    /// Anything else (a boolean, a float, a table), refused in [`ModeValue::mode`].
+    Other(serde::de::IgnoredAny),
+}
+
+impl ModeValue {
+    /// The mode of setting `key`; `raw` is the value as written in the file.
+    fn mode(&self, key: &str, raw: &str) -> Result<u32, String> {
+        let example = format!("{key} = 0o600 or {key} = \"0600\"");
+        let n = match self {
+            ModeValue::Text(s) => return parse_mode(s).map_err(|e| format!("{key}: {e}")),
+            ModeValue::Number(n) => *n,
+            ModeValue::Other(_) => {
+                return Err(format!(
+                    "{key} = {raw} is not a mode; write it in octal: {example}"
+                ))
+            }
+        };
+        // TOML reads `600` as six hundred, which as a mode is 0o1130, and
+        // `400` as 0o620, which lets the group connect: a mode written in
+        // decimal is never what was meant, so only octal (or hex, binary)
+        // integers are taken, as the value they are.
+        let decimal = !["0o", "0x", "0b"].iter().any(|p| raw.starts_with(p));
+        if decimal {
+            let hint = if (1..=4).contains(&raw.len())
+                && raw.bytes().all(|b| (b'0'..=b'7').contains(&b))
+                && u32::from_str_radix(raw, 8).is_ok_and(|m| m <= 0o777)
+            {
+                format!("{key} = 0o{raw} or {key} = \"{raw:0>4}\"")
+            } else {
+                example
+            };
+            return Err(format!(
+                "{key} = {raw} is a decimal number; write the mode in octal: {hint}"
+            ));
+        }
+        match u32::try_from(n) {
+            Ok(m) if m <= 0o777 => Ok(m),
+            _ => Err(format!(
+                "{key} = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {example}"
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(alias = "host-mem-limit")]
+    host_mem_limit: Option<SizeValue>,
+    control: Option<PathBuf>,
+    /// `"127.0.0.1:9100"`.
+    metrics: Option<String>,
+    #[serde(alias = "state-dir")]
+    state_dir: Option<PathBuf>,
+    #[serde(alias = "socket-mode")]
+    socket_mode: Option<toml::Spanned<ModeValue>>,
+    #[serde(alias = "control-mode")]
+    control_mode: Option<toml::Spanned<ModeValue>>,
+    /// `true`/`false`, or "on", "off", "log".
+    seccomp: Option<SeccompValue>,
+    #[serde(alias = "compress-threads")]
+    compress_threads: Option<usize>,
+    #[serde(alias = "poll-us")]
+    poll_us: Option<u64>,
+    #[serde(default)]
+    device: Vec<DeviceDraft>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SeccompValue {
+    Bool(bool),
+    Text(String),
+}
+
+/// What the config file holds, as drafts for the command line to extend.
+#[derive(Debug, Default)]
+pub struct FileDrafts {
+    pub host_mem_limit: Option<u64>,
+    pub control: Option<PathBuf>,
+    pub metrics: Option<SocketAddr>,
+    pub state_dir: Option<PathBuf>,
+    pub socket_mode: Option<u32>,
+    pub control_mode: Option<u32>,
+    pub seccomp: Option<SeccompMode>,
+    pub compress_threads: Option<usize>,
+    pub poll_us: Option<u64>,
+    pub devices: Vec<DeviceDraft>,
+}
+
+/// Reads and parses a TOML config file.
+pub fn load_file(path: &Path) -> Result<FileDrafts, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+    parse_file(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+}
+
+pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
+    let f: FileConfig = toml::from_str(text).map_err(|e| {
+        // toml's messages span several lines (they quote the input); keep one.
+        let msg = e
+            .message()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        match e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+        {
+            Some(line) => ConfigError(format!("line {line}: {msg}")),
+            None => ConfigError(msg),
+        }
+    })?;
+    let mode = |key: &str, m: Option<toml::Spanned<ModeValue>>| match m {
+        None => Ok(None),
+        Some(m) => {
+            let span = m.span();
+            let raw = text.get(span.clone()).unwrap_or_default().trim();
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            m.get_ref()
+                .mode(key, raw)
+                .map(Some)
+                .map_err(|e| ConfigError(format!("line {line}: {e}")))
+        }
+    };
+    let socket_mode = mode("socket_mode", f.socket_mode)?;
+    let control_mode = mode("control_mode", f.control_mode)?;
+    let seccomp = match f.seccomp {
+        None => None,
+        Some(SeccompValue::Bool(true)) => Some(SeccompMode::On),
+        Some(SeccompValue::Bool(false)) => Some(SeccompMode::Off),
+        Some(SeccompValue::Text(s)) => Some(s.parse().map_err(ConfigError)?),
+    };
+    if let Some(us) = f.poll_us.filter(|&us| us > MAX_POLL_US) {
+        return Err(ConfigError(format!(
+            "poll_us: {us} is more than {MAX_POLL_US} (1 s)"
+        )));
+    }
+    let devices = f.device;
+    Ok(FileDrafts {
+        host_mem_limit: f
+            .host_mem_limit
+            .map(|s| s.bytes("host_mem_limit"))
+            .transpose()?,
+        control: f.control,
+        metrics: f
+            .metrics
+            .map(|m| parse_metrics_addr(&m).map_err(|e| ConfigError(format!("metrics: {e}"))))
+            .transpose()?,
+        state_dir: f.state_dir,
+        socket_mode,
+        control_mode,
+        seccomp,
+        compress_threads: f.compress_threads,
+        poll_us: f.poll_us,
+        devices,
+    })
+}

@@ -1,0 +1,348 @@
+//! The daemon's configuration: sizes, the TOML file, `--device` specs, and
+//! the checks that turn them into a [`DaemonConfig`]. Every error here is
+//! the user's input, so the binary reports it in one line and exits 2.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use vzram_blk::config::{MAX_QUEUES, SERIAL_LEN};
+use vzram_store::{Codec, PAGE_SIZE};
+
+mod de;
+mod draft;
+mod file;
+mod parse;
+#[cfg(test)]
+mod tests;
+
+pub use crate::proto::worker_spec::SeccompMode;
+pub use draft::{parse_device_spec, DeviceDraft};
+pub use file::{load_file, parse_file, FileDrafts};
+pub use parse::{
+    default_recompress_algo, parse_bool, parse_codec, parse_duration, parse_metrics_addr,
+    parse_mode, parse_size, ConfigError, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US,
+    MIN_IDLE_AFTER,
+};
+
+use crate::proto::addr::Addr;
+use parse::err;
+
+/// One device, checked and with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub name: String,
+    pub socket: PathBuf,
+    pub size: u64,
+    pub queues: u16,
+    pub algo: Codec,
+    pub mem_limit: u64,
+    pub serial: String,
+    pub readonly: bool,
+    /// Where this device keeps its state, if not in the daemon's directory.
+    pub state_dir: Option<PathBuf>,
+    /// Tiering: the backing file, the recompression codec, the ager.
+    pub tier: TierSpec,
+    /// Wait for the pages from another vzram at this address.
+    pub incoming: Option<Addr>,
+}
+
+/// A device's tiering settings, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierSpec {
+    pub backing_file: Option<PathBuf>,
+    pub recompress_algo: Codec,
+    /// Run the ager (every third of this) while a frontend is connected.
+    pub idle_after: Option<Duration>,
+    pub auto_writeback: bool,
+    pub auto_recompress: bool,
+}
+
+impl TierSpec {
+    /// No backing file, no ager; recompression on request only.
+    pub fn none(algo: Codec) -> TierSpec {
+        TierSpec {
+            backing_file: None,
+            recompress_algo: default_recompress_algo(algo),
+            idle_after: None,
+            auto_writeback: false,
+            auto_recompress: false,
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// The directory holding this device's state directory.
+    pub fn state_root<'a>(&'a self, daemon: &'a DaemonConfig) -> &'a std::path::Path {
+        self.state_dir.as_deref().unwrap_or(&daemon.state_dir)
+    }
+}
+
+/// How a device's serial starts unless one is given: what the udev rule in
+/// `contrib/udev/60-vzram.rules` matches to tell the guest the disk is not
+/// rotational. A guest sees the serial as `/sys/block/vdX/serial` and
+/// `/dev/disk/by-id/virtio-<serial>`.
+pub const SERIAL_PREFIX: &str = "vzram-";
+
+/// `vzram-<name>`, cut to the 20 bytes GET_ID has room for (at a character
+/// boundary).
+pub fn default_serial(name: &str) -> String {
+    let mut s = format!("{SERIAL_PREFIX}{name}");
+    let mut end = s.len().min(SERIAL_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s
+}
+
+/// Where state lives when no flag or file says: `$VZRAM_STATE_DIR`, else
+/// systemd's runtime directory (kept across restarts with
+/// `RuntimeDirectoryPreserve=yes`), else `/dev/shm/vzram`. The last two are
+/// tmpfs, where the state's pages are plain memory.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("VZRAM_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    match std::env::var_os("RUNTIME_DIRECTORY") {
+        Some(d) if !d.is_empty() => {
+            let first = d
+                .to_string_lossy()
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            PathBuf::from(first).join("state")
+        }
+        _ => PathBuf::from("/dev/shm/vzram"),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonConfig {
+    /// Pool-wide cap on memory; 0 = none.
+    pub host_mem_limit: u64,
+    pub control: Option<PathBuf>,
+    pub socket_mode: u32,
+    /// The control socket's own mode: it changes limits, so it stays the
+    /// admin's even when the VMM's group may reach the device sockets.
+    pub control_mode: u32,
+    /// Where to serve `/metrics`, if anywhere.
+    pub metrics: Option<SocketAddr>,
+    /// The sandbox; [`DaemonConfig::build`] leaves it on.
+    pub seccomp: SeccompMode,
+    /// Directory of the devices' state ([`default_state_dir`] unless given).
+    pub state_dir: PathBuf,
+    /// Discard existing state and start every device empty.
+    pub fresh: bool,
+    /// Listening sockets passed in (`--fd`), besides systemd's.
+    pub inherit_fds: Vec<std::os::fd::RawFd>,
+    /// Compress-pool threads per worker; None: the cores, at most 4.
+    pub compress_threads: Option<usize>,
+    /// Longest poll of a ring that ran dry, in µs; None: the default.
+    pub poll_us: Option<u64>,
+    pub devices: Vec<DeviceSpec>,
+}
+
+impl DaemonConfig {
+    /// Fills in defaults and checks everything that can be checked before
+    /// touching the system.
+    pub fn build(
+        host_mem_limit: Option<u64>,
+        control: Option<PathBuf>,
+        socket_mode: Option<u32>,
+        drafts: Vec<DeviceDraft>,
+    ) -> Result<DaemonConfig, ConfigError> {
+        if drafts.is_empty() {
+            return err("no device to serve: give --socket and --size, --device socket=...,size=..., or --config FILE");
+        }
+        let mut devices = Vec::with_capacity(drafts.len());
+        let mut sockets = HashSet::new();
+        let mut names = HashSet::new();
+        let mut backing: Vec<(PathBuf, String)> = Vec::new();
+        let mut incoming = HashSet::new();
+        for (i, d) in drafts.into_iter().enumerate() {
+            let name = d.name.clone().unwrap_or_else(|| format!("vzram{i}"));
+            // The name is also the state directory's name.
+            if name.is_empty()
+                || name.len() > 64
+                || name.starts_with('.')
+                || name.contains('/')
+                || name.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
+                return err(format!(
+                    "device {i}: bad name {name:?} (1 to 64 bytes, no spaces or '/', not starting with '.')"
+                ));
+            }
+            let algo = d.algo.unwrap_or(Codec::Lz4);
+            let tier = tier_spec(&name, algo, &d, &mut backing)?;
+            let Some(socket) = d.socket else {
+                return err(format!("device {name}: no socket path"));
+            };
+            if socket.as_os_str().is_empty() {
+                return err(format!("device {name}: empty socket path"));
+            }
+            let Some(size) = d.size else {
+                return err(format!("device {name}: no size"));
+            };
+            if size == 0 || size % PAGE_SIZE as u64 != 0 {
+                return err(format!(
+                    "device {name}: size {size} bytes is not a positive multiple of {PAGE_SIZE} (sizes are whole pages)"
+                ));
+            }
+            let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
+            if !(1..=MAX_QUEUES).contains(&usize::from(queues)) {
+                return err(format!(
+                    "device {name}: queues must be 1..={MAX_QUEUES}, not {queues}"
+                ));
+            }
+            let serial = d.serial.unwrap_or_else(|| default_serial(&name));
+            if serial.len() > SERIAL_LEN {
+                return err(format!(
+                    "device {name}: serial {serial:?} is longer than {SERIAL_LEN} bytes"
+                ));
+            }
+            if !sockets.insert(socket.clone()) {
+                return err(format!(
+                    "socket {} is used by two devices",
+                    socket.display()
+                ));
+            }
+            if !names.insert(name.clone()) {
+                return err(format!("device name {name:?} is used twice"));
+            }
+            if let Some(a) = &d.incoming {
+                if !incoming.insert(a.clone()) {
+                    return err(format!(
+                        "device {name}: incoming {a} is another device's too"
+                    ));
+                }
+            }
+            let mem_limit = d.mem_limit.unwrap_or(0);
+            if mem_limit > size {
+                // Compressed pages take at most a page each: a limit above
+                // the size is a typo, or meant for another device.
+                return err(format!(
+                    "device {name}: mem-limit {mem_limit} is above its size {size} (0 means no limit)"
+                ));
+            }
+            let host = host_mem_limit.unwrap_or(0);
+            if mem_limit != 0 && host != 0 && mem_limit > host {
+                return err(format!(
+                    "device {name}: mem-limit {mem_limit} is above the host limit {host}"
+                ));
+            }
+            devices.push(DeviceSpec {
+                name,
+                socket,
+                size,
+                queues,
+                algo,
+                mem_limit,
+                serial,
+                readonly: d.readonly.unwrap_or(false),
+                state_dir: d.state_dir,
+                tier,
+                incoming: d.incoming,
+            });
+        }
+        for d in &devices {
+            if let Some(Addr::Unix(p)) = &d.incoming {
+                if sockets.contains(p) || control.as_ref() == Some(p) {
+                    return err(format!(
+                        "device {}: incoming socket {} is also a device or control socket",
+                        d.name,
+                        p.display()
+                    ));
+                }
+            }
+        }
+        if let Some(c) = &control {
+            if sockets.contains(c) {
+                return err(format!(
+                    "control socket {} is also a device socket",
+                    c.display()
+                ));
+            }
+        }
+        Ok(DaemonConfig {
+            host_mem_limit: host_mem_limit.unwrap_or(0),
+            control,
+            socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
+            control_mode: DEFAULT_SOCKET_MODE,
+            metrics: None,
+            seccomp: SeccompMode::default(),
+            state_dir: default_state_dir(),
+            fresh: false,
+            inherit_fds: Vec::new(),
+            compress_threads: None,
+            poll_us: None,
+            devices,
+        })
+    }
+}
+
+/// Checks a draft's tiering keys. `taken` holds the backing files of the
+/// devices checked so far (path, device): two devices may not share one.
+fn tier_spec(
+    name: &str,
+    algo: Codec,
+    d: &DeviceDraft,
+    taken: &mut Vec<(PathBuf, String)>,
+) -> Result<TierSpec, ConfigError> {
+    let backing_file = d.backing_file.clone();
+    if let Some(p) = &backing_file {
+        if p.as_os_str().is_empty() {
+            return err(format!("device {name}: empty backing-file path"));
+        }
+        if let Some((_, other)) = taken.iter().find(|(q, _)| q == p) {
+            return err(format!(
+                "backing file {} is given to devices {other} and {name}; each device needs its own",
+                p.display()
+            ));
+        }
+        taken.push((p.clone(), name.to_string()));
+    }
+    let recompress_algo = d
+        .recompress_algo
+        .unwrap_or_else(|| default_recompress_algo(algo));
+    if d.recompress_algo == Some(algo) {
+        return err(format!(
+            "device {name}: recompress-algo {recompress_algo} is the device's own algo; recompression needs another (such as zstd:3 for lz4)"
+        ));
+    }
+    if let Some(t) = d.idle_after {
+        if t < MIN_IDLE_AFTER {
+            return err(format!(
+                "device {name}: idle-after {}s is below the least, {}s",
+                t.as_secs(),
+                MIN_IDLE_AFTER.as_secs()
+            ));
+        }
+    }
+    let auto_writeback = d.auto_writeback.unwrap_or(false);
+    let auto_recompress = d.auto_recompress.unwrap_or(false);
+    if auto_writeback && backing_file.is_none() {
+        return err(format!(
+            "device {name}: auto-writeback needs a backing-file to write to"
+        ));
+    }
+    if (auto_writeback || auto_recompress) && d.idle_after.is_none() {
+        let which = if auto_writeback {
+            "auto-writeback"
+        } else {
+            "auto-recompress"
+        };
+        return err(format!(
+            "device {name}: {which} needs idle-after (how long a page must go unread before it counts as cold)"
+        ));
+    }
+    Ok(TierSpec {
+        backing_file,
+        recompress_algo,
+        idle_after: d.idle_after,
+        auto_writeback,
+        auto_recompress,
+    })
+}

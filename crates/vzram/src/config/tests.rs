@@ -1,0 +1,381 @@
+use super::*;
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("512M"), Ok(512 << 20));
+    assert_eq!(parse_size("8G"), Ok(8 << 30));
+    assert_eq!(parse_size("1T"), Ok(1 << 40));
+    assert_eq!(parse_size("64k"), Ok(64 << 10));
+    assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+    assert_eq!(parse_size("4096"), Ok(4096));
+    assert_eq!(parse_size("0"), Ok(0));
+    assert_eq!(parse_size("8Gi"), Ok(8 << 30));
+    assert_eq!(parse_size("512Mi"), Ok(512 << 20));
+    assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+    assert_eq!(parse_size("0.5M"), Ok(512 << 10));
+    assert_eq!(parse_size("1.25GiB"), Ok(5 << 28));
+    assert!(parse_size("1.3M")
+        .unwrap_err()
+        .contains("multiples of 4096"));
+    for bad in [
+        "",
+        "G",
+        "12Q",
+        "-1G",
+        "8 G",
+        "99999999999T",
+        "1.G",
+        ".5G",
+        "1..5G",
+        "1.5.G",
+        "8iG",
+        "1.0000000000000000000000000000000000000001G",
+    ] {
+        assert!(parse_size(bad).is_err(), "{bad:?} parsed");
+    }
+}
+
+#[test]
+fn modes() {
+    assert_eq!(parse_mode("0600"), Ok(0o600));
+    assert_eq!(parse_mode("660"), Ok(0o660));
+    assert!(parse_mode("0800").is_err());
+    assert!(parse_mode("1777").is_err());
+    assert!(parse_mode("").is_err());
+}
+
+#[test]
+fn device_spec() {
+    let d = parse_device_spec(
+        "socket=/tmp/a.sock,size=1G,queues=2,mem-limit=256M,algo=zstd:3,serial=abc,readonly=true",
+    )
+    .unwrap();
+    assert_eq!(d.socket, Some(PathBuf::from("/tmp/a.sock")));
+    assert_eq!(d.size, Some(1 << 30));
+    assert_eq!(d.queues, Some(2));
+    assert_eq!(d.mem_limit, Some(256 << 20));
+    assert_eq!(d.algo, Some(Codec::Zstd { level: 3 }));
+    assert_eq!(d.readonly, Some(true));
+    assert!(parse_device_spec("socket=/a,colour=red").is_err());
+    assert!(parse_device_spec("socket").is_err());
+    assert!(parse_device_spec("size=12Q").is_err());
+    assert!(parse_device_spec("algo=gzip").is_err());
+}
+
+fn draft(sock: &str, size: u64) -> DeviceDraft {
+    DeviceDraft {
+        socket: Some(sock.into()),
+        size: Some(size),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn default_serials() {
+    assert_eq!(default_serial("vm1"), "vzram-vm1");
+    // Cut to 20 bytes, not across a character.
+    assert_eq!(default_serial("a-rather-long-name"), "vzram-a-rather-long-");
+    assert_eq!(default_serial("abcdefghijklmé"), "vzram-abcdefghijklm");
+    let named = DaemonConfig::build(
+        None,
+        None,
+        None,
+        vec![DeviceDraft {
+            name: Some("a-name-far-longer-than-twenty-bytes".into()),
+            ..draft("/a", 4096)
+        }],
+    )
+    .unwrap();
+    assert_eq!(named.devices[0].serial, "vzram-a-name-far-lon");
+}
+
+#[test]
+fn build_checks() {
+    let ok = DaemonConfig::build(None, None, None, vec![draft("/a", 1 << 20)]).unwrap();
+    assert_eq!(ok.devices[0].queues, DEFAULT_QUEUES);
+    assert_eq!(ok.devices[0].name, "vzram0");
+    assert_eq!(ok.devices[0].serial, "vzram-vzram0");
+    assert_eq!(ok.socket_mode, 0o600);
+    let bad = |drafts: Vec<DeviceDraft>| DaemonConfig::build(None, None, None, drafts).unwrap_err();
+    bad(vec![]);
+    bad(vec![draft("/a", 0)]);
+    bad(vec![draft("/a", 5000)]);
+    bad(vec![draft("/a", 4096), draft("/a", 4096)]);
+    bad(vec![DeviceDraft {
+        queues: Some(0),
+        ..draft("/a", 4096)
+    }]);
+    bad(vec![DeviceDraft {
+        queues: Some(65),
+        ..draft("/a", 4096)
+    }]);
+    bad(vec![DeviceDraft {
+        serial: Some("x".repeat(21)),
+        ..draft("/a", 4096)
+    }]);
+    bad(vec![DeviceDraft {
+        size: None,
+        ..draft("/a", 4096)
+    }]);
+    bad(vec![
+        DeviceDraft {
+            name: Some("d".into()),
+            ..draft("/a", 4096)
+        },
+        DeviceDraft {
+            name: Some("d".into()),
+            ..draft("/b", 4096)
+        },
+    ]);
+    assert!(DaemonConfig::build(None, Some("/a".into()), None, vec![draft("/a", 4096)]).is_err());
+    let limited = DeviceDraft {
+        mem_limit: Some(2 << 20),
+        ..draft("/a", 4 << 20)
+    };
+    let e = DaemonConfig::build(Some(1 << 20), None, None, vec![limited.clone()]).unwrap_err();
+    assert!(e.0.contains("above the host limit"), "{e}");
+    assert!(DaemonConfig::build(Some(2 << 20), None, None, vec![limited.clone()]).is_ok());
+    assert!(DaemonConfig::build(Some(0), None, None, vec![limited.clone()]).is_ok());
+    // A limit above the device's size, with or without a host limit.
+    let e = bad(vec![DeviceDraft {
+        size: Some(1 << 20),
+        ..limited.clone()
+    }]);
+    assert!(e.0.contains("above its size"), "{e}");
+    let e = DaemonConfig::build(
+        Some(8 << 20),
+        None,
+        None,
+        vec![DeviceDraft {
+            size: Some(1 << 20),
+            ..limited.clone()
+        }],
+    )
+    .unwrap_err();
+    assert!(e.0.contains("above its size"), "{e}");
+    // Equal to the size is allowed.
+    assert!(DaemonConfig::build(
+        None,
+        None,
+        None,
+        vec![DeviceDraft {
+            size: Some(2 << 20),
+            ..limited
+        }]
+    )
+    .is_ok());
+}
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+    assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    for bad in [
+        "",
+        "10",
+        "m",
+        "1.5m",
+        "-1m",
+        "10d",
+        "10 m",
+        "99999999999999999999h",
+    ] {
+        assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
+    }
+}
+
+#[test]
+fn tiering_keys() {
+    let d = parse_device_spec(
+        "socket=/a,size=1G,backing-file=/var/lib/vz/a.img,recompress-algo=zstd:5,idle-after=10m,auto-writeback=true,auto-recompress=yes",
+    )
+    .unwrap();
+    assert_eq!(d.backing_file, Some(PathBuf::from("/var/lib/vz/a.img")));
+    assert_eq!(d.recompress_algo, Some(Codec::Zstd { level: 5 }));
+    assert_eq!(d.idle_after, Some(Duration::from_secs(600)));
+    assert_eq!(
+        (d.auto_writeback, d.auto_recompress),
+        (Some(true), Some(true))
+    );
+    let c = DaemonConfig::build(None, None, None, vec![d]).unwrap();
+    let t = &c.devices[0].tier;
+    assert!(t.auto_writeback && t.auto_recompress);
+    assert_eq!(t.recompress_algo, Codec::Zstd { level: 5 });
+
+    // Defaults: zstd:3 for lz4, zstd:9 (or its own, higher) for zstd.
+    let plain = DaemonConfig::build(None, None, None, vec![draft("/a", 4096)]).unwrap();
+    assert_eq!(plain.devices[0].tier, TierSpec::none(Codec::Lz4));
+    assert_eq!(
+        plain.devices[0].tier.recompress_algo,
+        Codec::Zstd { level: 3 }
+    );
+    assert_eq!(
+        default_recompress_algo(Codec::Zstd { level: 1 }),
+        Codec::Zstd { level: 9 }
+    );
+    assert_eq!(
+        default_recompress_algo(Codec::Zstd { level: 15 }),
+        Codec::Zstd { level: 15 }
+    );
+
+    let bad =
+        |drafts: Vec<DeviceDraft>| DaemonConfig::build(None, None, None, drafts).unwrap_err().0;
+    let with = |f: fn(&mut DeviceDraft)| {
+        let mut d = draft("/a", 4096);
+        d.name = Some("vm1".into());
+        f(&mut d);
+        d
+    };
+    let e = bad(vec![with(|d| d.auto_writeback = Some(true))]);
+    assert!(e.contains("vm1") && e.contains("backing-file"), "{e}");
+    let e = bad(vec![with(|d| {
+        d.auto_writeback = Some(true);
+        d.backing_file = Some("/b".into());
+    })]);
+    assert!(e.contains("idle-after"), "{e}");
+    let e = bad(vec![with(|d| d.auto_recompress = Some(true))]);
+    assert!(e.contains("auto-recompress needs idle-after"), "{e}");
+    // Recompression alone needs no backing file.
+    assert!(DaemonConfig::build(
+        None,
+        None,
+        None,
+        vec![with(|d| {
+            d.auto_recompress = Some(true);
+            d.idle_after = Some(Duration::from_secs(60));
+        })]
+    )
+    .is_ok());
+    let e = bad(vec![with(|d| d.idle_after = Some(Duration::from_secs(2)))]);
+    assert!(e.contains("idle-after 2s"), "{e}");
+    let e = bad(vec![with(|d| d.recompress_algo = Some(Codec::Lz4))]);
+    assert!(e.contains("own algo"), "{e}");
+    let e = bad(vec![
+        with(|d| d.backing_file = Some("/b".into())),
+        DeviceDraft {
+            backing_file: Some("/b".into()),
+            ..draft("/c", 4096)
+        },
+    ]);
+    assert!(
+        e.contains("backing file /b") && e.contains("vm1") && e.contains("vzram1"),
+        "{e}"
+    );
+    assert!(parse_device_spec("socket=/a,idle-after=10").is_err());
+    assert!(parse_device_spec("socket=/a,auto-writeback=maybe").is_err());
+    assert!(parse_device_spec("socket=/a,recompress-algo=gzip").is_err());
+
+    let f = parse_file(
+        "[[device]]\nsocket = \"/a\"\nsize = \"1G\"\nbacking_file = \"/b\"\nidle_after = \"1h\"\nauto_writeback = true\nrecompress_algo = \"zstd:7\"\n",
+    )
+    .unwrap();
+    let d = &f.devices[0];
+    assert_eq!(d.backing_file, Some(PathBuf::from("/b")));
+    assert_eq!(d.idle_after, Some(Duration::from_secs(3600)));
+    assert_eq!(d.auto_writeback, Some(true));
+    let e = parse_file("[[device]]\nidle_after = 600\n").unwrap_err().0;
+    assert!(e.contains("duration"), "{e}");
+}
+
+#[test]
+fn toml_file() {
+    let f = parse_file(
+        r#"
+        host_mem_limit = "16G"
+        control = "/run/vzram/control.sock"
+        socket_mode = "0660"
+
+        [[device]]
+        socket = "/run/vzram/vm1.sock"
+        size = "8G"
+        queues = 2
+        algo = "zstd"
+        mem_limit = 1073741824
+        serial = "vm1-swap"
+
+        [[device]]
+        name = "scratch"
+        socket = "/run/vzram/vm2.sock"
+        size = 4194304
+        readonly = true
+        "#,
+    )
+    .unwrap();
+    assert_eq!(f.host_mem_limit, Some(16 << 30));
+    assert_eq!(f.socket_mode, Some(0o660));
+    assert_eq!(f.devices.len(), 2);
+    assert_eq!(f.devices[0].mem_limit, Some(1 << 30));
+    assert_eq!(f.devices[1].readonly, Some(true));
+    let e = parse_file("[[device]]\nsocket = \"/a\"\nsise = \"1G\"\n").unwrap_err();
+    assert!(e.0.contains("sise") && e.0.starts_with("line 3"), "{e}");
+    assert!(!e.0.contains('\n'));
+    assert!(parse_file("host_mem_limit = \"lots\"").is_err());
+    assert!(parse_file("[[device]]\nsize = \"8X\"").is_err());
+    let mode = |text: &str| parse_file(text).map(|f| f.socket_mode.unwrap());
+    // A TOML integer is the mode as written, in octal; a string is
+    // octal text.
+    assert_eq!(mode("socket_mode = 0o600"), Ok(0o600));
+    assert_eq!(mode("socket_mode = 0o660"), Ok(0o660));
+    assert_eq!(mode("socket_mode = 0o0"), Ok(0));
+    assert_eq!(mode("socket_mode = 0x1b0"), Ok(0o660));
+    assert_eq!(mode("socket_mode = \"0660\""), Ok(0o660));
+    assert_eq!(mode("socket_mode = \"660\""), Ok(0o660));
+    assert_eq!(mode("socket_mode = \"0o660\""), Ok(0o660));
+    assert_eq!(mode("socket-mode = '0640'"), Ok(0o640));
+    // Neither 0o1130 nor a guess at 0o600: refused, with a hint.
+    let e = mode("\n\nsocket_mode = 600").unwrap_err().0;
+    assert!(e.starts_with("line 3: socket_mode = 600 "), "{e}");
+    assert!(e.contains("0o600") && e.contains("\"0600\""), "{e}");
+    // 400 would be 0o620 (the group may connect): refused too.
+    let e = mode("socket_mode = 400").unwrap_err().0;
+    assert!(e.contains("0o400") && e.contains("\"0400\""), "{e}");
+    let e = mode("socket_mode = 384").unwrap_err().0;
+    assert!(e.contains("decimal") && e.contains("0o600"), "{e}");
+    for bad in [
+        "socket_mode = 0",
+        "socket_mode = -1",
+        "socket_mode = 0o1777",
+        "socket_mode = 0o4600",
+        "socket_mode = 0x10000",
+        "socket_mode = 99999999999",
+        "socket_mode = \"999\"",
+        "socket_mode = \"0o1777\"",
+        "socket_mode = \"\"",
+        "socket_mode = true",
+    ] {
+        let e = mode(bad).unwrap_err().0;
+        assert!(
+            e.contains("socket_mode") || e.contains("socket mode"),
+            "{bad}: {e}"
+        );
+        assert!(!e.contains('\n'), "{bad}: {e}");
+    }
+    assert_eq!(
+        parse_file("seccomp = false").unwrap().seccomp,
+        Some(SeccompMode::Off)
+    );
+    assert_eq!(
+        parse_file("seccomp = \"log\"").unwrap().seccomp,
+        Some(SeccompMode::Log)
+    );
+    assert_eq!(parse_file("").unwrap().seccomp, None);
+    assert_eq!(parse_file("poll_us = 50").unwrap().poll_us, Some(50));
+    assert_eq!(parse_file("poll-us = 0").unwrap().poll_us, Some(0));
+    assert_eq!(parse_file("").unwrap().poll_us, None);
+    let e = parse_file("poll_us = 1000001").unwrap_err().0;
+    assert!(e.contains("poll_us") && !e.contains('\n'), "{e}");
+    assert!(parse_file("seccomp = \"sometimes\"").is_err());
+    assert_eq!(
+        parse_file("metrics = \"127.0.0.1:9100\"").unwrap().metrics,
+        Some("127.0.0.1:9100".parse().unwrap())
+    );
+    assert!(parse_file("metrics = \"localhost\"")
+        .unwrap_err()
+        .0
+        .contains("metrics"));
+    let f = parse_file("socket_mode = 0o660\ncontrol_mode = \"0640\"").unwrap();
+    assert_eq!((f.socket_mode, f.control_mode), (Some(0o660), Some(0o640)));
+    let e = parse_file("control_mode = 600").unwrap_err().0;
+    assert!(e.contains("control_mode = 0o600"), "{e}");
+}

@@ -1,0 +1,129 @@
+//! Carries out an [`Order`] on a device, in whichever process owns it:
+//! its worker while a frontend is connected, else the supervisor.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering::Relaxed;
+
+use vzram_store::Device;
+
+use super::migration::{self, Conn};
+use crate::proto::order::{Answer, Order};
+
+/// What the migration orders need besides the device: the connection
+/// that came with the order, whether the device is quiet, and the gate to
+/// open once an incoming device has its pages.
+pub struct Migrating<'a> {
+    pub conn: Option<OwnedFd>,
+    pub quiet: &'a dyn Fn() -> bool,
+    pub open_gate: &'a dyn Fn(),
+}
+
+/// Carries out a migration order on `dev`, here.
+pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answer {
+    let failed = |error: String| Answer::Failed { error };
+    let answer = match order {
+        Order::Receive | Order::Send { .. } if m.conn.is_none() => {
+            failed("no migration connection came with the order".into())
+        }
+        Order::Receive => {
+            let conn = Conn::new(m.conn.expect("checked"));
+            let r = migration::receive(dev, &conn, &|| {});
+            // Committed even if the source's confirmation was lost.
+            if !dev.cells().migration.incoming() {
+                (m.open_gate)();
+            }
+            match r {
+                Ok(r) => Answer::Received {
+                    pages: r.pages,
+                    bytes: r.bytes,
+                    records: r.records,
+                    passes: r.passes,
+                    micros: r.micros,
+                },
+                Err(e) => failed(e),
+            }
+        }
+        Order::Send { keep } => {
+            let conn = Conn::new(m.conn.expect("checked"));
+            match migration::send(dev, &conn, m.quiet, *keep) {
+                Ok(r) => Answer::Sent {
+                    pages: r.pages,
+                    bytes: r.bytes,
+                    records: r.records,
+                    passes: r.passes,
+                    final_records: r.final_records,
+                    final_micros: r.final_micros,
+                    total_micros: r.total_micros,
+                },
+                Err(e) => failed(e),
+            }
+        }
+        Order::ResetIncoming => {
+            let mig = &dev.cells().migration;
+            if mig.state.load(Relaxed) == vzram_store::cells::MIGRATION_RECEIVING {
+                failed("a migration stream is arriving; reset it once it has failed".into())
+            } else {
+                let pages = dev.stats().orig_data_size / vzram_store::PAGE_SIZE as u64;
+                match vzram_store::migrate::empty(dev, &mut vzram_store::Context::new(0)) {
+                    Ok(()) => {
+                        mig.state.store(vzram_store::cells::MIGRATION_NONE, Relaxed);
+                        (m.open_gate)();
+                        Answer::IncomingReset { pages }
+                    }
+                    Err(e) => failed(e.to_string()),
+                }
+            }
+        }
+        o => execute(dev, o),
+    };
+    dev.stats();
+    answer
+}
+
+/// Carries out an order on `dev`, here.
+pub fn execute(dev: &Device, order: &Order) -> Answer {
+    let answer = match order {
+        Order::Compact => Answer::Compacted {
+            pages: dev.compact(),
+        },
+        Order::MarkIdle => Answer::MarkedIdle {
+            pages: dev.mark_idle(),
+        },
+        Order::Recompress { filter, algo } => match dev.recompress((*filter).into(), *algo) {
+            Ok(r) => Answer::Recompressed {
+                tried: r.tried,
+                pages: r.pages,
+                saved_bytes: r.saved_bytes,
+                freed_bytes: r.freed_bytes,
+            },
+            Err(e) => Answer::Failed {
+                error: e.to_string(),
+            },
+        },
+        Order::Writeback { filter, max_pages } => {
+            match dev.writeback((*filter).into(), *max_pages) {
+                Ok(r) => Answer::WrittenBack {
+                    pages: r.pages,
+                    freed_bytes: r.freed_bytes,
+                },
+                Err(e) => Answer::Failed {
+                    error: e.to_string(),
+                },
+            }
+        }
+        Order::Receive | Order::Send { .. } | Order::ResetIncoming => {
+            return execute_migration(
+                dev,
+                order,
+                Migrating {
+                    conn: None,
+                    quiet: &|| true,
+                    open_gate: &|| {},
+                },
+            )
+        }
+    };
+    // The counters the supervisor shows are current once it answers.
+    dev.stats();
+    answer
+}

@@ -1,0 +1,95 @@
+//! Migration addresses: `unix:PATH` or `tcp:HOST:PORT`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a migration stream goes or comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Addr {
+    Unix(PathBuf),
+    /// `HOST:PORT`, resolved when used.
+    Tcp(String),
+}
+
+impl FromStr for Addr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Addr, String> {
+        let bad = || format!("bad migration address {s:?}: expected unix:PATH or tcp:HOST:PORT");
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err(bad());
+            }
+            return Ok(Addr::Unix(PathBuf::from(p)));
+        }
+        if let Some(hp) = s.strip_prefix("tcp:") {
+            let (host, port) = hp.rsplit_once(':').ok_or_else(bad)?;
+            if host.is_empty() || port.parse::<u16>().is_err() {
+                return Err(bad());
+            }
+            return Ok(Addr::Tcp(hp.to_string()));
+        }
+        Err(bad())
+    }
+}
+
+impl fmt::Display for Addr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Addr::Unix(p) => write!(f, "unix:{}", p.display()),
+            Addr::Tcp(hp) => write!(f, "tcp:{hp}"),
+        }
+    }
+}
+
+impl Serialize for Addr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Addr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Addr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+pub fn parse_addr(s: &str) -> Result<Addr, String> {
+    s.parse()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        assert_eq!(
+            "unix:/run/m.sock".parse(),
+            Ok(Addr::Unix("/run/m.sock".into()))
+        );
+        assert_eq!(
+            "tcp:10.0.0.2:4444".parse(),
+            Ok(Addr::Tcp("10.0.0.2:4444".into()))
+        );
+        assert_eq!("tcp:[::1]:4444".parse(), Ok(Addr::Tcp("[::1]:4444".into())));
+        for bad in [
+            "",
+            "unix:",
+            "tcp:host",
+            "tcp::1",
+            "tcp:h:99999",
+            "/path",
+            "udp:h:1",
+        ] {
+            let e = bad.parse::<Addr>().unwrap_err();
+            assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{bad}: {e}");
+        }
+        let a: Addr = "unix:/x".parse().unwrap();
+        assert_eq!(a.to_string(), "unix:/x");
+    }
+}

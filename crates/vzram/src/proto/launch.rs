@@ -1,0 +1,99 @@
+//! Supervisor ↔ launcher: what the supervisor asks for (a worker started,
+//! a device's socket and state prepared, a connection made, files
+//! removed) and what the launcher reports back, with the ends of workers.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use vzram_store::Codec;
+
+use super::addr::Addr;
+use super::codec;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Start `vzram <args>` with the descriptors sent along placed at 3, 4, …
+    Spawn { id: u64, args: Vec<String> },
+    /// Bind a device socket and open (or make) its state, and open and
+    /// lock its backing file if it has one, for a device added at run
+    /// time: the supervisor may do none of it under its filter. The reply
+    /// carries the listener, the state's four files and the backing file.
+    Prepare {
+        id: u64,
+        socket: PathBuf,
+        mode: u32,
+        root: PathBuf,
+        name: String,
+        size: u64,
+        #[serde(with = "codec")]
+        algo: Codec,
+        shards: usize,
+        backing: Option<PathBuf>,
+        /// An incoming device's migration address, bound too (last fd).
+        #[serde(default)]
+        incoming: Option<Addr>,
+    },
+    /// Connect to another vzram's migration address; the reply carries
+    /// the connection.
+    Connect { id: u64, addr: Addr },
+    /// Remove a device's socket file (only if it is a socket) and its state
+    /// directory (only if it holds a vzram state nobody has locked).
+    Remove {
+        id: u64,
+        socket: Option<PathBuf>,
+        state: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Report {
+    Spawned {
+        id: u64,
+        pid: u32,
+    },
+    Failed {
+        id: u64,
+        error: String,
+    },
+    Exited {
+        id: u64,
+        pid: u32,
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// Descriptors: listener, state lock (header), table, arena, stats,
+    /// and the backing file when there is one.
+    Prepared {
+        id: u64,
+        dir: PathBuf,
+        existing: bool,
+        backing: Option<PreparedBacking>,
+    },
+    Removed {
+        id: u64,
+    },
+    /// Descriptor: the connection.
+    Connected {
+        id: u64,
+    },
+}
+
+/// What opening a backing file found.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct PreparedBacking {
+    pub direct: bool,
+    pub blocks: u64,
+}
+
+impl Report {
+    pub fn id(&self) -> u64 {
+        match self {
+            Report::Spawned { id, .. }
+            | Report::Failed { id, .. }
+            | Report::Exited { id, .. }
+            | Report::Prepared { id, .. }
+            | Report::Removed { id }
+            | Report::Connected { id } => *id,
+        }
+    }
+}

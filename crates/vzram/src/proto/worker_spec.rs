@@ -1,0 +1,136 @@
+//! The worker's command line: the spec the supervisor has the launcher
+//! pass it, the order of the descriptors it inherits, and the exit codes
+//! the supervisor tells apart. Values travel typed (serde), as text where
+//! a person may read them in `ps`.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use vzram_store::Codec;
+
+use super::codec;
+
+/// `--seccomp on|off|log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeccompMode {
+    /// Refuse (and die on) anything outside the list.
+    #[default]
+    On,
+    /// No filter.
+    Off,
+    /// Allow everything; the kernel logs what `On` would refuse.
+    Log,
+}
+
+impl FromStr for SeccompMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<SeccompMode, String> {
+        match s {
+            "on" | "true" | "yes" | "1" => Ok(SeccompMode::On),
+            "off" | "false" | "no" | "0" => Ok(SeccompMode::Off),
+            "log" => Ok(SeccompMode::Log),
+            _ => Err(format!("bad seccomp mode {s:?}: expected on, off or log")),
+        }
+    }
+}
+
+impl std::fmt::Display for SeccompMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SeccompMode::On => "on",
+            SeccompMode::Off => "off",
+            SeccompMode::Log => "log",
+        })
+    }
+}
+
+/// `--log-level`, and the level a worker logs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// Exit codes the supervisor tells apart.
+pub const EXIT_DONE: i32 = 0;
+pub const EXIT_SETUP: i32 = 1;
+/// The device's state is damaged or does not match: retrying cannot help.
+pub const EXIT_STATE: i32 = 2;
+
+/// What a worker is told on its command line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Spec {
+    pub name: String,
+    pub size: u64,
+    pub queues: u16,
+    #[serde(with = "codec")]
+    pub algo: Codec,
+    pub serial: String,
+    pub readonly: bool,
+    pub mem_limit: u64,
+    /// The state directory, for messages only (the files come as descriptors).
+    pub state_dir: PathBuf,
+    pub seccomp: SeccompMode,
+    pub log_level: LogLevel,
+    /// Compress-pool threads (capped at the cores); None: the cores, at
+    /// most 4.
+    #[serde(default)]
+    pub compress_threads: Option<usize>,
+    /// Longest poll of a ring that ran dry, in µs; None: the default.
+    #[serde(default)]
+    pub poll_us: Option<u64>,
+    /// The backing file comes as descriptor [`Fds::Backing`] when set.
+    pub backing: Option<BackingSpec>,
+    pub tier: TierSettings,
+}
+
+/// The backing file handed over: its path (for messages and stats) and
+/// whether it was opened with O_DIRECT.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackingSpec {
+    pub path: PathBuf,
+    pub direct: bool,
+}
+
+/// The automatic tiering a worker runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TierSettings {
+    /// The ager runs every third of this (milliseconds); None: no ager.
+    pub idle_after_ms: Option<u64>,
+    pub auto_writeback: bool,
+    pub auto_recompress: bool,
+    #[serde(with = "codec")]
+    pub recompress_algo: Codec,
+}
+
+/// The order of the inherited descriptors, from [`super::wire::FIRST_FD`].
+pub enum Fds {
+    Control = 0,
+    Host,
+    Lock,
+    Table,
+    Arena,
+    Stats,
+    Frontend,
+    /// Only when the spec names a backing file.
+    Backing,
+}

@@ -1,0 +1,468 @@
+//! The supervisor's loop: accepts frontends, holds each connection until
+//! it has something to say, has the launcher start a worker for it, and
+//! hears how workers end.
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::served::{failed, Phase, Served};
+use super::{Supervisor, STOP_WAIT};
+use crate::proto::launch::{Report, Request};
+use crate::proto::wire;
+use crate::proto::worker_spec::{self as spec, Spec, EXIT_DONE};
+use crate::sys::epoll::{EventSet, Poller, Token};
+use crate::sys::signals::signal_name;
+use crate::sys::socket::{hung_up, readable};
+
+/// How long a client may take to send its first message.
+pub const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(10);
+/// How long a client that connects while the device's frontend still
+/// looks connected waits before it is refused as a second frontend. A
+/// frontend that closes and reconnects at once can beat its own hang-up
+/// here (the close lands after the connect, for example while another
+/// process forked from it still holds the socket until its exec).
+const SECOND_FRONTEND_GRACE: Duration = Duration::from_secs(1);
+
+/// What the loop watches: each device's listener, by index, and whether
+/// it is armed (false while a reconnecting frontend waits for its worker
+/// to go).
+#[derive(Default)]
+struct Watch {
+    listening: std::collections::HashMap<usize, bool>,
+}
+
+impl Supervisor {
+    /// The epoll loop; returns when stopping.
+    pub fn run(self: Arc<Self>) {
+        if let Err(e) = self.run_loop() {
+            tracing::error!("supervisor loop failed: {e}; devices no longer accept frontends");
+        }
+    }
+
+    fn run_loop(&self) -> io::Result<()> {
+        let mut ep = Poller::new()?;
+        ep.add(self.launcher.as_raw_fd(), Token::Launcher, EventSet::IN)?;
+        ep.add(self.wake.as_raw_fd(), Token::Wake, EventSet::IN)?;
+        let mut watch = Watch::default();
+        self.sync_devices(&ep, &mut watch)?;
+        let mut stop_seen: Option<Instant> = None;
+        loop {
+            let timeout = if self.stopping.load(Relaxed) {
+                50
+            } else {
+                self.next_deadline()
+            };
+            for token in ep.wait(timeout)? {
+                match token {
+                    Token::Launcher => self.on_report(&ep, &mut watch)?,
+                    Token::Wake => {
+                        // Non-blocking: nothing to read means a wake-up
+                        // already taken.
+                        let _ = self.wake.read();
+                        self.sync_devices(&ep, &mut watch)?;
+                    }
+                    Token::Listener(i) => {
+                        let Some(d) = self.device(i) else { continue };
+                        self.on_listener(&ep, i, &d, &mut watch)?;
+                    }
+                    Token::Pending(i) => {
+                        let Some(d) = self.device(i) else { continue };
+                        self.on_pending(&ep, &d)?;
+                    }
+                }
+            }
+            self.on_timers(&ep, &mut watch)?;
+            if self.stopping.load(Relaxed) {
+                // Stay to hear the workers' exits (stop() waits on them),
+                // but not for ever.
+                let since = *stop_seen.get_or_insert_with(Instant::now);
+                let running = self
+                    .devices()
+                    .iter()
+                    .any(|(_, d)| matches!(*d.phase(), Phase::Running { .. }));
+                if !running || since.elapsed() > STOP_WAIT {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Watches devices added since the last call, lets go of those being
+    /// removed, and listens again on those a hold has let go of.
+    fn sync_devices(&self, ep: &Poller, watch: &mut Watch) -> io::Result<()> {
+        for (i, d) in self.devices() {
+            let removing = d.removing.load(Relaxed);
+            match watch.listening.get(&i).copied() {
+                None if !removing => {
+                    ep.add(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
+                    watch.listening.insert(i, true);
+                }
+                Some(_) if removing => {
+                    let _ = ep.delete(d.listener.as_raw_fd());
+                    watch.listening.remove(&i);
+                    let mut ph = d.phase();
+                    match &*ph {
+                        Phase::Pending { conn, .. } => {
+                            let _ = ep.delete(conn.as_raw_fd());
+                            *ph = Phase::Idle;
+                        }
+                        Phase::Running { .. } => {
+                            // Closing its control channel ends the worker.
+                            *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        }
+                        _ => {}
+                    }
+                }
+                // Disarmed while the supervisor held the device (a frontend
+                // came meanwhile and waits in the backlog): the hold is over.
+                Some(false) if matches!(*d.phase(), Phase::Idle) => {
+                    ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
+                    watch.listening.insert(i, true);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Milliseconds until the nearest first-message deadline or backoff end.
+    fn next_deadline(&self) -> i32 {
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        for (_, d) in self.devices() {
+            match &*d.phase() {
+                Phase::Pending { since, .. } => {
+                    let mut t = *since + FIRST_MESSAGE_WAIT;
+                    if let Some((_, until)) = *d.backoff() {
+                        t = t.min(until.max(now));
+                    }
+                    at(t);
+                }
+                Phase::Busy => at(now + Duration::from_millis(50)),
+                Phase::Running {
+                    contender: Some(t), ..
+                } => at((*t + SECOND_FRONTEND_GRACE).max(now)),
+                _ => {}
+            }
+        }
+        match next {
+            None => -1,
+            Some(t) => t.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1,
+        }
+    }
+
+    fn on_listener(&self, ep: &Poller, i: usize, d: &Served, watch: &mut Watch) -> io::Result<()> {
+        if d.removing.load(Relaxed) || self.stopping.load(Relaxed) {
+            return Ok(());
+        }
+        let mut ph = d.phase();
+        match &mut *ph {
+            Phase::Running { contender, .. } => {
+                // Likely our frontend reconnecting: leave the new client in
+                // the backlog until the worker has gone (its end arms the
+                // listener again). If the frontend still looks connected
+                // after a grace, the timers refuse the newcomer.
+                ep.modify(
+                    d.listener.as_raw_fd(),
+                    Token::Listener(i),
+                    EventSet::empty(),
+                )?;
+                watch.listening.insert(i, false);
+                contender.get_or_insert_with(Instant::now);
+            }
+            Phase::Busy => {
+                ep.modify(
+                    d.listener.as_raw_fd(),
+                    Token::Listener(i),
+                    EventSet::empty(),
+                )?;
+                watch.listening.insert(i, false);
+            }
+            Phase::Pending { conn, since } => {
+                if let Ok((s, _)) = d.listener.accept() {
+                    tracing::info!(device = %d.spec.name, "a client that sent nothing gave way to the next one");
+                    let _ = ep.delete(conn.as_raw_fd());
+                    *conn = s;
+                    *since = Instant::now();
+                    ep.add(
+                        conn.as_raw_fd(),
+                        Token::Pending(i),
+                        EventSet::IN | EventSet::READ_HANG_UP,
+                    )?;
+                }
+            }
+            Phase::Idle => {
+                if let Ok((s, _)) = d.listener.accept() {
+                    ep.add(
+                        s.as_raw_fd(),
+                        Token::Pending(i),
+                        EventSet::IN | EventSet::READ_HANG_UP,
+                    )?;
+                    *ph = Phase::Pending {
+                        conn: s,
+                        since: Instant::now(),
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A pending connection has something to say (or has gone).
+    fn on_pending(&self, ep: &Poller, d: &Served) -> io::Result<()> {
+        let mut ph = d.phase();
+        let Phase::Pending { conn, .. } = &*ph else {
+            return Ok(());
+        };
+        if d.removing.load(Relaxed) {
+            let _ = ep.delete(conn.as_raw_fd());
+            *ph = Phase::Idle;
+            return Ok(());
+        }
+        let mut b = [0u8; 1];
+        // SAFETY: a one-byte peek into b; nothing is consumed.
+        let n = unsafe {
+            libc::recv(
+                conn.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            if n == 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
+                tracing::debug!(device = %d.spec.name, "a client connected and left without a request");
+                let _ = ep.delete(conn.as_raw_fd());
+                *ph = Phase::Idle;
+            }
+            return Ok(());
+        }
+        if d.backing_off() {
+            // Stop watching it; the timer starts the worker.
+            let _ = ep.delete(conn.as_raw_fd());
+            return Ok(());
+        }
+        let Phase::Pending { conn, .. } = std::mem::replace(&mut *ph, Phase::Idle) else {
+            unreachable!()
+        };
+        let _ = ep.delete(conn.as_raw_fd());
+        self.start_worker(d, &mut ph, conn);
+        Ok(())
+    }
+
+    /// Deadlines: silent clients are closed, backoffs end, second
+    /// frontends are refused.
+    fn on_timers(&self, ep: &Poller, watch: &mut Watch) -> io::Result<()> {
+        for (i, d) in self.devices() {
+            let mut ph = d.phase();
+            if let Phase::Running {
+                frontend,
+                contender,
+                ..
+            } = &mut *ph
+            {
+                let Some(t) = *contender else { continue };
+                if t.elapsed() < SECOND_FRONTEND_GRACE {
+                    continue;
+                }
+                *contender = None;
+                // A frontend that has hung up is going: its worker's end
+                // arms the listener again and serves the newcomer.
+                if frontend.as_ref().is_some_and(|f| hung_up(f.as_raw_fd())) {
+                    continue;
+                }
+                // Only if one is there: the listener blocks.
+                let waiting = readable(d.listener.as_raw_fd());
+                if let Some(Ok((s, _))) = waiting.then(|| d.listener.accept()) {
+                    tracing::warn!(device = %d.spec.name, "refused a second frontend: the device already has one");
+                    drop(s);
+                }
+                if !d.removing.load(Relaxed) {
+                    ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
+                    watch.listening.insert(i, true);
+                }
+                continue;
+            }
+            let Phase::Pending { conn, since } = &*ph else {
+                continue;
+            };
+            if since.elapsed() >= FIRST_MESSAGE_WAIT && !d.backing_off() {
+                tracing::info!(device = %d.spec.name, "a client connected and sent nothing for {FIRST_MESSAGE_WAIT:?}; closed");
+                let _ = ep.delete(conn.as_raw_fd());
+                *ph = Phase::Idle;
+                continue;
+            }
+            // A backoff ended with a connection waiting that has spoken.
+            if !d.backing_off() && readable(conn.as_raw_fd()) {
+                drop(ph);
+                self.on_pending(ep, &d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the launcher for a worker for `d`, serving `conn`.
+    fn start_worker(&self, d: &Served, ph: &mut Phase, conn: UnixStream) {
+        let id = self.next_id.fetch_add(1, Relaxed);
+        match self.spawn(d, id, &conn) {
+            Ok(control) => {
+                *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(control));
+                d.workers.fetch_add(1, Relaxed);
+                d.connected.store(true, Relaxed);
+                *ph = Phase::Running {
+                    id,
+                    pid: None,
+                    frontend: Some(conn),
+                    started: Instant::now(),
+                    contender: None,
+                };
+                self.tell_status();
+            }
+            Err(e) => {
+                tracing::error!(device = %d.spec.name, "cannot start a worker: {e}");
+                failed(d, format!("cannot start: {e}"), Duration::ZERO);
+                *ph = Phase::Idle;
+            }
+        }
+    }
+
+    fn spawn(&self, d: &Served, id: u64, conn: &UnixStream) -> io::Result<UnixStream> {
+        let spec = Spec {
+            name: d.spec.name.clone(),
+            size: d.spec.size,
+            queues: d.spec.queues,
+            algo: d.spec.algo,
+            serial: d.spec.serial.clone(),
+            readonly: d.spec.readonly,
+            mem_limit: d.cells.budget().limit(),
+            state_dir: d.files.dir.clone(),
+            seccomp: self.env.seccomp,
+            log_level: self.env.log_level,
+            compress_threads: self.env.compress_threads,
+            poll_us: self.env.poll_us,
+            backing: d.backing.as_ref().map(|b| spec::BackingSpec {
+                path: b.path.clone(),
+                direct: b.direct,
+            }),
+            tier: spec::TierSettings {
+                idle_after_ms: d.spec.tier.idle_after.map(|t| t.as_millis() as u64),
+                auto_writeback: d.spec.tier.auto_writeback,
+                auto_recompress: d.spec.tier.auto_recompress,
+                recompress_algo: d.spec.tier.recompress_algo,
+            },
+        };
+        let (ours, theirs) = wire::seqpacket_pair()?;
+        // In the order of `spec::Fds`.
+        let mut fds: Vec<RawFd> = vec![
+            theirs.as_raw_fd(),
+            self.host_file.as_raw_fd(),
+            d.files.lock.as_raw_fd(),
+            d.files.table.as_raw_fd(),
+            d.files.arena.as_raw_fd(),
+            d.files.stats.as_raw_fd(),
+            conn.as_raw_fd(),
+        ];
+        if let Some(b) = &d.backing {
+            fds.push(b.file.as_raw_fd());
+        }
+        let args = vec![
+            "__worker".to_string(),
+            serde_json::to_string(&spec).map_err(io::Error::other)?,
+        ];
+        wire::send(&self.launcher, &Request::Spawn { id, args }, &fds)?;
+        Ok(UnixStream::from(ours))
+    }
+
+    fn on_report(&self, ep: &Poller, watch: &mut Watch) -> io::Result<()> {
+        let (report, fds) = match wire::recv::<Report>(&self.launcher)? {
+            Some(r) => r,
+            None => {
+                tracing::error!("the launcher is gone; no new workers can start");
+                return Err(io::Error::other("launcher gone"));
+            }
+        };
+        let id = report.id();
+        let waiting = self
+            .replies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        if let Some(tx) = waiting {
+            let _ = tx.send((report, fds));
+            return Ok(());
+        }
+        let Some((i, d)) = self
+            .devices()
+            .into_iter()
+            .find(|(_, d)| matches!(&*d.phase(), Phase::Running { id: r, .. } if *r == id))
+        else {
+            return Ok(());
+        };
+        match report {
+            Report::Spawned { pid, .. } => {
+                if let Phase::Running { pid: p, .. } = &mut *d.phase() {
+                    *p = Some(pid);
+                }
+                tracing::info!(device = %d.spec.name, pid, "worker started");
+            }
+            Report::Failed { error, .. } => {
+                tracing::error!(device = %d.spec.name, "cannot start a worker: {error}");
+                self.ended(ep, i, &d, watch);
+                failed(&d, format!("cannot start: {error}"), Duration::ZERO);
+            }
+            Report::Exited {
+                pid, code, signal, ..
+            } => {
+                let ran = match &*d.phase() {
+                    Phase::Running { started, .. } => started.elapsed(),
+                    _ => Duration::ZERO,
+                };
+                self.ended(ep, i, &d, watch);
+                match (code, signal) {
+                    (Some(EXIT_DONE), _) => {
+                        tracing::debug!(device = %d.spec.name, pid, "worker done");
+                        *d.backoff() = None;
+                    }
+                    (Some(c), _) => {
+                        let why = format!("worker {pid} exited with code {c}");
+                        tracing::error!(device = %d.spec.name, "{why}; the device's state is kept, its next frontend gets a new worker");
+                        failed(&d, why, ran);
+                    }
+                    (None, Some(s)) => {
+                        let why = format!("worker {pid} killed by {}", signal_name(s));
+                        let hint = if s == libc::SIGSYS {
+                            " (a call outside its seccomp filter; the worker's last log line names it)"
+                        } else {
+                            ""
+                        };
+                        tracing::error!(device = %d.spec.name, "{why}{hint}; the device's state is kept, its next frontend gets a new worker");
+                        failed(&d, why, ran);
+                    }
+                    (None, None) => failed(&d, format!("worker {pid} ended"), ran),
+                }
+            }
+            Report::Prepared { .. } | Report::Removed { .. } | Report::Connected { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// A worker of device `i` is gone: the device is idle again.
+    fn ended(&self, ep: &Poller, i: usize, d: &Served, watch: &mut Watch) {
+        *d.phase() = Phase::Idle;
+        *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        d.connected.store(false, Relaxed);
+        self.tell_status();
+        if watch.listening.get(&i) == Some(&false) && !d.removing.load(Relaxed) {
+            if let Err(e) = ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN) {
+                tracing::error!(device = %d.spec.name, "cannot watch the socket again: {e}");
+            } else {
+                watch.listening.insert(i, true);
+            }
+        }
+    }
+}

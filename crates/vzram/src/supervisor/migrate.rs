@@ -1,0 +1,143 @@
+//! `vzram migrate` (send a device to another vzram) and the incoming
+//! side (accept a stream for a device that waits for its pages).
+
+use std::io;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::orders::{unexpected, HOLD_WAIT};
+use super::served::Served;
+use super::Supervisor;
+use crate::owner::migration::{refuse, Conn, Listener};
+use crate::proto::addr::Addr;
+use crate::proto::control::MIGRATE_WAIT;
+use crate::proto::launch::{Report, Request};
+use crate::proto::order::{Answer, Order};
+
+impl Supervisor {
+    /// Sends device `d` to the vzram at `to` (see `vzram migrate`): its
+    /// worker does while a frontend is connected, else this process. A
+    /// worker that goes away mid-way (its frontend left, or it died) is
+    /// replaced by another attempt from the start.
+    pub fn migrate(&self, d: &Served, to: &Addr, keep: bool) -> Result<Answer, String> {
+        const ATTEMPTS: usize = 3;
+        let mut last = String::new();
+        for attempt in 1..=ATTEMPTS {
+            let (report, mut fds) = self.ask(|id| Request::Connect {
+                id,
+                addr: to.clone(),
+            })?;
+            match report {
+                Report::Connected { .. } => {}
+                Report::Failed { error, .. } => {
+                    return Err(format!("cannot connect to {to}: {error}"))
+                }
+                r => return Err(format!("unexpected answer from the launcher: {r:?}")),
+            }
+            let fd = fds
+                .pop()
+                .ok_or_else(|| "the launcher sent no connection".to_string())?;
+            tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
+            match self.on_owner(d, &Order::Send { keep }, Some(fd), HOLD_WAIT) {
+                Ok((Answer::Failed { error }, _)) => {
+                    d.set_migration_error(Some(error.clone()));
+                    return Err(format!("device {}: {error}", d.spec.name));
+                }
+                Ok((a, _)) => {
+                    d.set_migration_error(None);
+                    return Ok(a);
+                }
+                // The channel broke: the worker is gone.
+                Err(e) => {
+                    tracing::warn!(device = %d.spec.name, "migration attempt {attempt}: {e}");
+                    last = e;
+                }
+            }
+        }
+        d.cells
+            .migration
+            .state
+            .store(vzram_store::cells::MIGRATION_SEND_FAILED, Relaxed);
+        d.set_migration_error(Some(last.clone()));
+        Err(format!("device {}: {last}", d.spec.name))
+    }
+
+    /// Accepts migration streams for incoming device `d` on its own thread
+    /// until one has brought its pages.
+    pub fn start_incoming(self: &Arc<Self>, d: Arc<Served>) -> io::Result<()> {
+        let Some(l) = d.incoming.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Ok(());
+        };
+        let sup = self.clone();
+        std::thread::Builder::new()
+            .name(format!("incoming-{}", d.spec.name))
+            .spawn(move || sup.incoming_loop(&d, l))
+            .map(drop)
+    }
+
+    fn incoming_loop(&self, d: &Served, l: Listener) {
+        loop {
+            if self.stopping.load(Relaxed) || d.removing.load(Relaxed) {
+                return;
+            }
+            match vzram_blk::guard::wait_fd(l.fd(), libc::POLLIN, Some(Duration::from_millis(500)))
+            {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::error!(device = %d.spec.name, "migration listener: {e}");
+                    return;
+                }
+            }
+            let fd = match l.accept() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    tracing::warn!(device = %d.spec.name, "migration listener accept: {e}");
+                    continue;
+                }
+            };
+            if !d.cells.migration.incoming() {
+                refuse(
+                    &Conn::new(fd),
+                    &format!("device {} is not waiting for a migration", d.spec.name),
+                );
+                return;
+            }
+            tracing::info!(device = %d.spec.name, "a migration stream connected");
+            match self.on_owner(d, &Order::Receive, Some(fd), MIGRATE_WAIT) {
+                Ok((
+                    Answer::Received {
+                        pages,
+                        bytes,
+                        micros,
+                        ..
+                    },
+                    by_worker,
+                )) => {
+                    d.set_migration_error(None);
+                    tracing::info!(
+                        device = %d.spec.name,
+                        pages,
+                        bytes,
+                        ms = micros / 1000,
+                        by_worker,
+                        "migration received: the device serves"
+                    );
+                }
+                Ok((Answer::Failed { error }, _)) | Err(error) => {
+                    tracing::error!(device = %d.spec.name, "migration stream failed: {error}; requests keep waiting for another (or vzram reset)");
+                    let m = &d.cells.migration;
+                    if m.incoming() {
+                        m.state.store(vzram_store::cells::MIGRATION_FAILED, Relaxed);
+                    }
+                    d.set_migration_error(Some(error));
+                }
+                Ok((a, _)) => tracing::error!(device = %d.spec.name, "{}", unexpected(a)),
+            }
+            if !d.cells.migration.incoming() {
+                return;
+            }
+        }
+    }
+}

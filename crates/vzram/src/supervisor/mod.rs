@@ -1,0 +1,212 @@
+//! The supervisor (`vzram serve`): owns every device's listening socket
+//! and locked state, and serves each connected frontend with a worker
+//! process of its own.
+//!
+//! One thread runs an epoll loop ([`admission`]) over the listening
+//! sockets, connections waiting for their first message, the launcher's
+//! reports (worker starts and exits) and a wake-up eventfd. It never reads
+//! what a frontend sends: it only waits until a connection has something
+//! to say, and hands it over. A worker that dies costs its VM a reconnect;
+//! the others notice nothing. A device whose workers keep dying waits
+//! longer each time (capped) and shows as failing in `vzram stat`.
+//!
+//! The rest: orders to devices ([`orders`]), migration ([`migrate`]),
+//! devices added and removed at run time ([`devices`]), requests to the
+//! launcher ([`launch`]), the control socket ([`control`]), `/metrics`
+//! ([`metrics`]) and start-up ([`daemon`]).
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vzram_store::Pool;
+
+use crate::proto::launch::{Report, Request};
+use crate::proto::worker_spec::{LogLevel, SeccompMode};
+use crate::sys::notify::Notifier;
+use served::{Phase, Served, WorkerStatus};
+
+mod admission;
+pub mod control;
+pub mod daemon;
+mod devices;
+mod launch;
+pub mod metrics;
+mod migrate;
+mod orders;
+pub mod served;
+
+/// How long stopping waits for workers to go.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// What the daemon passes every worker besides its device.
+#[derive(Clone)]
+pub struct WorkerEnv {
+    pub seccomp: SeccompMode,
+    pub log_level: LogLevel,
+    /// For devices added at run time: their sockets' mode, and where their
+    /// state goes unless they say.
+    pub socket_mode: u32,
+    pub state_dir: PathBuf,
+    /// `--compress-threads`; None: the cores, at most 4.
+    pub compress_threads: Option<usize>,
+    /// `--poll-us`; None: the default.
+    pub poll_us: Option<u64>,
+}
+/// A launcher's answer and the descriptors that came with it.
+type Reply = (Report, Vec<OwnedFd>);
+
+/// Supervisor state shared by its loop, the control server and `run`.
+pub struct Supervisor {
+    /// By index; a removed device leaves a hole, so indices stay put.
+    devices: RwLock<Vec<Option<Arc<Served>>>>,
+    pub pool: Arc<Pool>,
+    host_file: std::fs::File,
+    launcher: OwnedFd,
+    wake: EventFd,
+    env: WorkerEnv,
+    next_id: AtomicU64,
+    stopping: AtomicBool,
+    /// The service manager, told how many devices are connected.
+    notifier: Mutex<Option<Arc<Notifier>>>,
+    /// One `add` at a time (names and sockets must stay unique).
+    adding: Mutex<()>,
+    /// Launcher requests waiting for their reply, by id.
+    replies: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
+}
+
+impl Supervisor {
+    pub fn new(
+        devices: Vec<Arc<Served>>,
+        pool: Arc<Pool>,
+        host_file: std::fs::File,
+        launcher: OwnedFd,
+        env: WorkerEnv,
+    ) -> io::Result<Supervisor> {
+        Ok(Supervisor {
+            devices: RwLock::new(devices.into_iter().map(Some).collect()),
+            pool,
+            host_file,
+            launcher,
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            env,
+            next_id: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
+            replies: Mutex::new(HashMap::new()),
+            adding: Mutex::new(()),
+            notifier: Mutex::new(None),
+        })
+    }
+
+    /// Device `i`, if it exists (and was not removed).
+    pub fn device(&self, i: usize) -> Option<Arc<Served>> {
+        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
+        list.get(i).cloned().flatten()
+    }
+
+    /// Every device, with its index.
+    pub fn devices(&self) -> Vec<(usize, Arc<Served>)> {
+        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
+        list.iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.clone().map(|d| (i, d)))
+            .collect()
+    }
+
+    /// Status lines for the service manager from now on.
+    pub fn set_notifier(&self, n: Option<Arc<Notifier>>) {
+        *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = n;
+    }
+
+    /// `STATUS=` for systemd: devices, and how many have a frontend.
+    fn tell_status(&self) {
+        let n = self
+            .notifier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(n) = n {
+            let all = self.devices();
+            let connected = all
+                .iter()
+                .filter(|(_, d)| d.connected.load(Relaxed))
+                .count();
+            let msg = format!(
+                "STATUS=serving {} devices, {connected} connected",
+                all.len()
+            );
+            if let Err(e) = n.send(&msg) {
+                tracing::debug!("cannot tell the service manager ({msg}): {e}");
+            }
+        }
+    }
+
+    pub fn wake(&self) {
+        // Only fails when the counter is full, and then a wake-up is due.
+        let _ = self.wake.write(1);
+    }
+
+    /// Stops every worker (closing its control channel ends it) and waits
+    /// a little for them to go, so their state locks are free for whoever
+    /// starts next.
+    pub fn stop(&self) {
+        // Sockets added at run time are the launcher's to remove, while
+        // it is still there to ask.
+        for (_, d) in self.devices() {
+            if d.added {
+                let _ = self.ask(|id| Request::Remove {
+                    id,
+                    socket: Some(d.spec.socket.clone()),
+                    state: None,
+                });
+            }
+        }
+        self.stopping.store(true, Relaxed);
+        let all = self.devices();
+        for (_, d) in &all {
+            *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        self.wake();
+        let deadline = Instant::now() + STOP_WAIT;
+        while Instant::now() < deadline
+            && all
+                .iter()
+                .any(|(_, d)| matches!(*d.phase(), Phase::Running { .. }))
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn worker_status(&self, d: &Served) -> WorkerStatus {
+        let (state, pid) = match &*d.phase() {
+            Phase::Idle => ("idle", None),
+            Phase::Pending { .. } => ("starting", None),
+            Phase::Running { pid, .. } => ("running", *pid),
+            // The supervisor itself holds the device: compacting, resetting
+            // or tiering it.
+            Phase::Busy => ("busy", None),
+        };
+        let failing = d.backoff().map_or(0, |b| u64::from(b.0));
+        WorkerStatus {
+            state: if failing > 0 && state != "running" {
+                "failing"
+            } else {
+                state
+            },
+            pid,
+            started: d.workers.load(Relaxed),
+            failures: d.failures.load(Relaxed),
+            failing,
+            last_failure: d
+                .last_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Orders to a device: carried out by its worker when it has one, else
+//! here, holding the device so that no worker starts meanwhile.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vzram_store::Device;
+
+use super::served::{Phase, Served};
+use super::Supervisor;
+use crate::owner::attach::{attach, device_config};
+use crate::owner::execute::{execute, execute_migration, Migrating};
+use crate::proto::control::{MIGRATE_WAIT, TIER_WAIT};
+use crate::proto::order::{Answer, Order};
+use crate::proto::wire;
+
+/// How long a compaction order may take.
+const COMPACT_WAIT: Duration = Duration::from_secs(120);
+/// How long an order waits for a device that a worker is just taking over
+/// (or giving back) before it is refused as busy.
+pub(super) const HOLD_WAIT: Duration = Duration::from_secs(5);
+/// How long a compaction waits for a busy device before skipping it.
+const COMPACT_PATIENCE: Duration = Duration::from_secs(1);
+
+impl Supervisor {
+    /// Compacts device `d`: through its worker when it has one, else here,
+    /// holding the device so that no worker starts meanwhile.
+    ///
+    /// The pages given back are read from the device's shared counter: a
+    /// worker that compacted and then went before it could answer (its
+    /// frontend had just left) is asked again, and the second pass finds
+    /// nothing left to do. The count includes any compaction the worker
+    /// ran by itself meanwhile. A device that stays busy (a frontend
+    /// connecting, another command holding it) for a second is skipped:
+    /// 0 pages, as compaction is only ever an optimisation.
+    pub fn compact(&self, d: &Served) -> Result<u64, String> {
+        let counted = || d.cells.stats(d.spec.size).pages_compacted;
+        let before = counted();
+        match self.carry_out(d, &Order::Compact, COMPACT_WAIT, COMPACT_PATIENCE)? {
+            Some(Answer::Compacted { pages }) => Ok(pages.max(counted().saturating_sub(before))),
+            Some(a) => Err(unexpected(a)),
+            None => {
+                tracing::info!(device = %d.spec.name, "busy; not compacted");
+                Ok(0)
+            }
+        }
+    }
+
+    /// Carries out a tiering order on device `d`: through its worker when
+    /// it has one, else here, holding the device. A failure the order met
+    /// (a full backing file) is an error, with what was done kept.
+    pub fn tier(&self, d: &Served, order: &Order) -> Result<Answer, String> {
+        let needs_backing = matches!(order, Order::Writeback { .. });
+        if needs_backing && d.backing.is_none() {
+            return Err(format!(
+                "device {} has no backing file (give it backing-file=PATH)",
+                d.spec.name
+            ));
+        }
+        self.carry_out(d, order, TIER_WAIT, HOLD_WAIT)?.ok_or_else(|| {
+            format!(
+                "device {} is busy (a frontend is connecting, or another command holds it); try again",
+                d.spec.name
+            )
+        })
+    }
+
+    /// Carries out `order` on `d`: through its worker when it has one, else
+    /// here, holding the device. A worker that is going (its frontend had
+    /// just left) or starting is asked again, never skipped: an order that
+    /// met a device in transition used to report nothing done. None if
+    /// the device was neither served nor free to hold for `patience`.
+    pub(super) fn carry_out(
+        &self,
+        d: &Served,
+        order: &Order,
+        wait: Duration,
+        patience: Duration,
+    ) -> Result<Option<Answer>, String> {
+        let deadline = Instant::now() + patience;
+        let answer = loop {
+            match self.order_worker(d, order, wait) {
+                Some(Ok(a)) => break a,
+                Some(Err(Asked::Silent)) => return Err(Asked::Silent.to_string()),
+                // The worker was going (its frontend had just left) or died:
+                // whatever it did is in the device, and every tiering order
+                // can run again; whoever holds the device next takes it.
+                Some(Err(Asked::Gone(e))) => {
+                    tracing::info!(device = %d.spec.name, "worker went away during an order ({e}); asking again")
+                }
+                None => {}
+            }
+            if let Some(a) = self.hold(d, |dev| execute(dev, order))? {
+                break a;
+            }
+            // A worker is being started or is going: ask again soon.
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        match answer {
+            Answer::Failed { error } => Err(format!("device {}: {error}", d.spec.name)),
+            a => Ok(Some(a)),
+        }
+    }
+
+    /// Sends `order` to `d`'s worker and waits for its answer; None if no
+    /// worker serves `d`. A worker that cannot be asked loses its channel,
+    /// which ends it (its frontend reconnects to a new one).
+    pub(super) fn order_worker(
+        &self,
+        d: &Served,
+        order: &Order,
+        wait: Duration,
+    ) -> Option<Result<Answer, Asked>> {
+        self.order_worker_with(d, order, wait, &mut None)
+    }
+
+    /// [`Supervisor::order_worker`], handing the worker `fd` with the
+    /// order (taken out of it only if there is a worker to send it to).
+    pub(super) fn order_worker_with(
+        &self,
+        d: &Served,
+        order: &Order,
+        wait: Duration,
+        fd: &mut Option<OwnedFd>,
+    ) -> Option<Result<Answer, Asked>> {
+        let _one = d.ordering.lock().unwrap_or_else(|e| e.into_inner());
+        let c = d
+            .control
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let fd = fd.take();
+        let raw: Vec<RawFd> = fd.iter().map(AsRawFd::as_raw_fd).collect();
+        let r = ask_worker(&c, order, &raw, wait);
+        drop(fd);
+        if r.is_err() {
+            let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
+            // Unless a new worker took over meanwhile.
+            if ctl.as_ref().is_some_and(|now| Arc::ptr_eq(now, &c)) {
+                *ctl = None;
+            }
+        }
+        Some(r)
+    }
+
+    /// Drops every page of `d`; refused while a frontend is connected,
+    /// unless the device waits for its pages (incoming): then it gives up
+    /// waiting and serves, empty, whether a frontend is connected or not.
+    pub fn reset(&self, d: &Served) -> Result<u64, String> {
+        let m = &d.cells.migration;
+        if m.incoming() {
+            if m.state.load(Relaxed) == vzram_store::cells::MIGRATION_RECEIVING {
+                return Err(format!(
+                    "device {}: a migration stream is arriving; reset once it has failed",
+                    d.spec.name
+                ));
+            }
+            let (answer, _) = self.on_owner(d, &Order::ResetIncoming, None, HOLD_WAIT)?;
+            return match answer {
+                Answer::IncomingReset { pages } => {
+                    d.set_migration_error(None);
+                    tracing::warn!(device = %d.spec.name, "incoming device reset: it serves, empty");
+                    Ok(pages)
+                }
+                Answer::Failed { error } => Err(format!("device {}: {error}", d.spec.name)),
+                a => Err(unexpected(a)),
+            };
+        }
+        let dropped = self.hold(d, |dev| {
+            let pages = dev.stats().orig_data_size / 4096;
+            let r = dev.discard(&mut vzram_store::Context::new(0), 0..dev.num_slots());
+            dev.compact();
+            r.map(|()| pages)
+        })?;
+        match dropped {
+            Some(r) => r.map_err(|e| e.to_string()),
+            None => Err(format!(
+                "device {} has a frontend (or one connecting); disconnect it first",
+                d.spec.name
+            )),
+        }
+    }
+
+    /// Carries out a migration order where the device's allocator is: its
+    /// worker, or here (holding the device) when it has none. `fd` goes
+    /// with the order. Waits up to `hold_wait` for a worker that is just
+    /// starting or going. Also says whether a worker took the order.
+    pub(super) fn on_owner(
+        &self,
+        d: &Served,
+        order: &Order,
+        fd: Option<OwnedFd>,
+        hold_wait: Duration,
+    ) -> Result<(Answer, bool), String> {
+        let mut fd = fd;
+        let deadline = Instant::now() + hold_wait;
+        loop {
+            if let Some(r) = self.order_worker_with(d, order, MIGRATE_WAIT, &mut fd) {
+                return r.map(|a| (a, true)).map_err(|e| e.to_string());
+            }
+            let here = self.hold(d, |dev| {
+                let open = || {};
+                execute_migration(
+                    dev,
+                    order,
+                    Migrating {
+                        conn: fd.take(),
+                        quiet: &|| true,
+                        open_gate: &open,
+                    },
+                )
+            })?;
+            if let Some(a) = here {
+                return Ok((a, false));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "device {} is busy (a frontend is connecting, or another command holds it); try again",
+                    d.spec.name
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs `f` on device `d` in this process, if no worker serves it (None
+    /// if one does); no worker starts meanwhile.
+    pub(super) fn hold<T>(
+        &self,
+        d: &Served,
+        f: impl FnOnce(&Device) -> T,
+    ) -> Result<Option<T>, String> {
+        {
+            let mut ph = d.phase();
+            match *ph {
+                Phase::Idle => *ph = Phase::Busy,
+                _ => return Ok(None),
+            }
+        }
+        let r = self.attach(d).map(|dev| {
+            let out = f(&dev);
+            dev.stats();
+            out
+        });
+        *d.phase() = Phase::Idle;
+        self.wake();
+        r.map(Some)
+    }
+
+    /// The device of `d`, recovered in this process from its state.
+    pub(super) fn attach(&self, d: &Served) -> Result<Arc<Device>, String> {
+        let backing = d.backing.as_ref().map(|b| b.open()).transpose()?;
+        let s = &d.spec;
+        let dc = device_config(s.size, s.algo, s.queues, d.cells.budget().limit());
+        attach(&self.pool, dc, &d.files, backing).map_err(|e| e.to_string())
+    }
+}
+
+pub(super) enum Asked {
+    /// Its channel broke: it was exiting (its frontend had left) or died.
+    Gone(String),
+    /// It did not answer within the wait.
+    Silent,
+}
+
+impl std::fmt::Display for Asked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Asked::Gone(e) => write!(f, "worker: {e}"),
+            Asked::Silent => write!(f, "the worker did not answer"),
+        }
+    }
+}
+
+/// Sends a worker an order and waits up to `wait` for its answer.
+fn ask_worker(
+    c: &UnixStream,
+    order: &Order,
+    fds: &[RawFd],
+    wait: Duration,
+) -> Result<Answer, Asked> {
+    wire::send(c, order, fds).map_err(|e| Asked::Gone(e.to_string()))?;
+    match vzram_blk::guard::wait_fd(c.as_raw_fd(), libc::POLLIN, Some(wait)) {
+        Ok(true) => {}
+        Ok(false) => return Err(Asked::Silent),
+        Err(e) => return Err(Asked::Gone(e.to_string())),
+    }
+    match wire::recv::<Answer>(c) {
+        Ok(Some((a, _))) => Ok(a),
+        Ok(None) => Err(Asked::Gone("it went away".into())),
+        Err(e) => Err(Asked::Gone(e.to_string())),
+    }
+}
+
+pub(super) fn unexpected(a: Answer) -> String {
+    format!("unexpected answer from the worker: {a:?}")
+}

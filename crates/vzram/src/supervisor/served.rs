@@ -1,0 +1,214 @@
+//! A configured device as the supervisor holds it: its socket, its
+//! locked state and backing file, and what its worker is doing.
+
+use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use vzram_store::{Backing, Cells, DeviceCells, StateFiles};
+
+use crate::config::DeviceSpec;
+use crate::owner::migration::Listener;
+
+/// Waits before the next worker of a device whose workers keep failing
+/// (from the second failure in a row): doubling from the first, up to the
+/// last.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A worker that served this long before failing starts the count afresh.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// A device's backing file as the supervisor keeps it open: holding the
+/// descriptor holds the file's lock (taken when it was opened) for as long
+/// as the device exists, and each worker gets a copy.
+pub struct BackingFile {
+    pub file: std::fs::File,
+    pub path: PathBuf,
+    /// Opened with O_DIRECT (false: a file system that refuses it, such as
+    /// tmpfs; buffered I/O with the cache dropped after each write).
+    pub direct: bool,
+    /// Page blocks (the header block not counted).
+    pub blocks: u64,
+}
+
+impl BackingFile {
+    /// Keeps `b`'s file (a second descriptor of the same open file, so the
+    /// lock stays with it when `b` goes).
+    pub fn of(b: &Backing) -> io::Result<BackingFile> {
+        Ok(BackingFile {
+            file: b.file().try_clone()?,
+            path: b.path().to_path_buf(),
+            direct: b.direct(),
+            blocks: b.blocks(),
+        })
+    }
+
+    /// A [`Backing`] over another descriptor of the same file, for a
+    /// device served in this process.
+    pub(super) fn open(&self) -> Result<Backing, String> {
+        let file = self.file.try_clone().map_err(|e| e.to_string())?;
+        Backing::from_file(file, self.path.clone(), self.direct).map_err(|e| e.to_string())
+    }
+}
+
+/// A configured device as the supervisor holds it.
+pub struct Served {
+    pub spec: DeviceSpec,
+    pub(super) listener: UnixListener,
+    /// The state, opened and locked once; each worker gets clones.
+    pub(super) files: StateFiles,
+    /// The backing file, if the device has one.
+    pub backing: Option<BackingFile>,
+    pub cells: Cells<DeviceCells>,
+    /// Workers started so far, and those that ended badly.
+    pub workers: AtomicU64,
+    pub failures: AtomicU64,
+    pub connected: AtomicBool,
+    pub(super) phase: Mutex<Phase>,
+    /// Last abnormal end of a worker, for `vzram stat`.
+    pub(super) last_failure: Mutex<Option<String>>,
+    /// The control channel of the running worker, for orders. Dropping it
+    /// (once no order holds a reference) ends the worker. An order holds
+    /// its own reference and not this lock, so that the loop, `remove` and
+    /// `stop` never wait for a long writeback.
+    pub(super) control: Mutex<Option<Arc<UnixStream>>>,
+    /// One order at a time on the channel, so answers match their orders.
+    pub(super) ordering: Mutex<()>,
+    /// Consecutive failures and when the next worker may start.
+    pub(super) backoff: Mutex<Option<(u32, Instant)>>,
+    /// Added at run time (`vzram add`): its socket is the launcher's to remove.
+    pub added: bool,
+    /// Being removed: the loop lets go of it.
+    pub(super) removing: AtomicBool,
+    /// An incoming device's migration listener, until its thread takes it.
+    pub(super) incoming: Mutex<Option<Listener>>,
+    /// Why the last migration of the device failed, for `vzram stat`.
+    pub migration_error: Mutex<Option<String>>,
+}
+
+pub(super) enum Phase {
+    Idle,
+    /// A connection waiting to say something (or for a backoff to end).
+    Pending {
+        conn: UnixStream,
+        since: Instant,
+    },
+    /// A worker serves it (or is being started). `frontend` is our copy of
+    /// its connection, to tell a reconnect from a second frontend.
+    Running {
+        id: u64,
+        pid: Option<u32>,
+        frontend: Option<UnixStream>,
+        started: Instant,
+        /// Since when another client waits in the backlog while our
+        /// frontend still looks connected.
+        contender: Option<Instant>,
+    },
+    /// The supervisor itself holds the device (compacting, resetting or
+    /// tiering one that has no frontend).
+    Busy,
+}
+
+/// The worker state shown by `vzram stat`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerStatus {
+    pub state: &'static str,
+    pub pid: Option<u32>,
+    pub started: u64,
+    pub failures: u64,
+    /// Consecutive failures (what the backoff counts).
+    pub failing: u64,
+    pub last_failure: Option<String>,
+}
+
+impl Served {
+    pub fn new(
+        spec: DeviceSpec,
+        listener: UnixListener,
+        files: StateFiles,
+        backing: Option<BackingFile>,
+    ) -> Result<Served, vzram_store::StoreError> {
+        let cells = Cells::<DeviceCells>::shared(&files.stats)?;
+        // Counted per daemon run (the worker adds to it).
+        cells.connections.store(0, Relaxed);
+        Ok(Served {
+            spec,
+            listener,
+            files,
+            backing,
+            cells,
+            workers: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            connected: AtomicBool::new(false),
+            phase: Mutex::new(Phase::Idle),
+            last_failure: Mutex::new(None),
+            control: Mutex::new(None),
+            ordering: Mutex::new(()),
+            backoff: Mutex::new(None),
+            added: false,
+            removing: AtomicBool::new(false),
+            incoming: Mutex::new(None),
+            migration_error: Mutex::new(None),
+        })
+    }
+
+    /// Gives an incoming device its listener (taken by
+    /// [`Supervisor::start_incoming`]).
+    pub fn with_incoming(self, l: Option<Listener>) -> Served {
+        *self.incoming.lock().unwrap_or_else(|e| e.into_inner()) = l;
+        self
+    }
+
+    pub(super) fn set_migration_error(&self, e: Option<String>) {
+        *self
+            .migration_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = e;
+    }
+
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.files.dir
+    }
+
+    pub fn state_bytes(&self) -> u64 {
+        self.files.bytes()
+    }
+
+    pub(super) fn phase(&self) -> MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn backoff(&self) -> MutexGuard<'_, Option<(u32, Instant)>> {
+        self.backoff.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn backing_off(&self) -> bool {
+        self.backoff()
+            .is_some_and(|(_, until)| Instant::now() < until)
+    }
+}
+
+/// Counts a worker's bad end and sets when the next may start: a first
+/// failure costs only the reconnect, repeats wait, doubling.
+pub fn failed(d: &Served, why: String, ran: Duration) {
+    d.failures.fetch_add(1, Relaxed);
+    *d.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+    let mut b = d.backoff();
+    let n = match *b {
+        Some((n, _)) if ran < HEALTHY_AFTER => n + 1,
+        _ => 1,
+    };
+    // A first failure costs only the reconnect; repeats wait, doubling.
+    let wait = if n == 1 {
+        Duration::ZERO
+    } else {
+        BACKOFF_FIRST
+            .saturating_mul(1 << (n - 2).min(16))
+            .min(BACKOFF_MAX)
+    };
+    tracing::warn!(device = %d.spec.name, failures = n, "next worker in {wait:?}");
+    *b = Some((n, Instant::now() + wait));
+}

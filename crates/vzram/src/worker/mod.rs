@@ -1,0 +1,292 @@
+//! A worker: the process that serves one frontend connection of one device.
+//!
+//! The supervisor accepts the connection and has the launcher start
+//! `vzram __worker SPEC` with these descriptors (see [`Fds`]): its control
+//! channel, the host budget, the device's locked state files, the
+//! connection and, for a device with one, its backing file. Nothing is
+//! opened by path. The worker recovers the device
+//! from its slot table, installs its own seccomp filter, and relays the
+//! frontend's messages through the guard ([`relay`]) to the `vhost` crate
+//! until the frontend leaves; then it exits. It maps this one guest's
+//! memory and this one device's state: a fault here costs this VM a
+//! reconnect, no one else.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vhost::vhost_user::Error as VhostUserError;
+use vhost_user_backend::{Error as DaemonError, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vzram_blk::guard::{self, Guard};
+use vzram_blk::{BlkBackend, BlkDevice, CompressPool};
+use vzram_store::{Backing, Device, Pool, PoolConfig, StateFiles, StoreError};
+
+use crate::owner::attach::device_config;
+use crate::owner::autotier::AutoTier;
+use crate::owner::execute::{execute_migration, Migrating};
+use crate::proto::order::Order;
+use crate::proto::wire::{self, FIRST_FD};
+use crate::proto::worker_spec::{Fds, Spec, EXIT_DONE, EXIT_SETUP, EXIT_STATE};
+use crate::sys::{logging, seccomp};
+use relay::{guarded_recv, relay, InnerSocket, Rings};
+
+mod relay;
+
+/// How often the worker publishes the gauges only it can measure.
+const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// Auto-compaction inside the worker, as the daemon always did.
+const COMPACT_INTERVAL: Duration = Duration::from_secs(10);
+pub const COMPACT_WASTE_RATIO: f64 = 0.25;
+pub const COMPACT_MIN_WASTE: u64 = 16 << 20;
+
+fn take(fd: Fds) -> OwnedFd {
+    // SAFETY: the launcher placed our descriptors at FIRST_FD.. in the
+    // order of `Fds`; each is taken once.
+    unsafe { OwnedFd::from_raw_fd(FIRST_FD + fd as RawFd) }
+}
+
+/// `vzram __worker SPEC`: returns the process exit code.
+pub fn main(spec_json: &str) -> i32 {
+    let spec: Spec = match serde_json::from_str(spec_json) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vzram worker: bad spec: {e}");
+            return EXIT_SETUP;
+        }
+    };
+    logging::init(spec.log_level);
+    let span = tracing::info_span!("worker", device = %spec.name);
+    let _enter = span.enter();
+    // SAFETY: ignoring signals changes no memory. The supervisor ends a
+    // worker by closing its control channel, not the terminal.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+    }
+    match serve(&spec) {
+        Ok(()) => EXIT_DONE,
+        Err(WorkerError::State(e)) => {
+            tracing::error!("{e}");
+            EXIT_STATE
+        }
+        Err(WorkerError::Setup(e)) => {
+            tracing::error!("{e}");
+            EXIT_SETUP
+        }
+    }
+}
+
+enum WorkerError {
+    State(String),
+    Setup(String),
+}
+
+impl From<StoreError> for WorkerError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::State(_) | StoreError::InvalidConfig(_) => {
+                WorkerError::State(e.to_string())
+            }
+            e => WorkerError::Setup(e.to_string()),
+        }
+    }
+}
+
+fn setup(what: &str) -> impl FnOnce(io::Error) -> WorkerError + '_ {
+    move |e| WorkerError::Setup(format!("{what}: {e}"))
+}
+
+fn serve(spec: &Spec) -> Result<(), WorkerError> {
+    seccomp::report_sigbus().map_err(|e| WorkerError::Setup(e.to_string()))?;
+    let control = UnixStream::from(take(Fds::Control));
+    let host = std::fs::File::from(take(Fds::Host));
+    let files = StateFiles::from_files(
+        spec.state_dir.clone(),
+        take(Fds::Lock).into(),
+        take(Fds::Table).into(),
+        take(Fds::Arena).into(),
+        take(Fds::Stats).into(),
+        spec.size,
+    )?;
+    let backing = match &spec.backing {
+        Some(b) => Some(Backing::from_file(
+            take(Fds::Backing).into(),
+            b.path.clone(),
+            b.direct,
+        )?),
+        None => None,
+    };
+    let pool = Pool::with_host_file(PoolConfig::default(), &host)?;
+    // The supervisor sized the state's arena for one allocator shard per
+    // queue; the pool threads share those (their contexts wrap around).
+    let dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
+    let store = pool.attach_device(dc, files, backing)?;
+    if let Some(r) = store.recovery() {
+        tracing::info!(
+            pages = r.slots,
+            spans = r.spans,
+            cut_short = r.unlocked,
+            ms = r.micros as f64 / 1000.0,
+            "recovered the device from its state"
+        );
+    }
+    let frontend = UnixStream::from(take(Fds::Frontend));
+
+    let blk = Arc::new(BlkDevice::new(
+        store.clone(),
+        spec.queues,
+        spec.readonly,
+        &spec.serial,
+    ));
+    // One pool per process: this worker serves one device, so its threads
+    // compress for this device's queues only.
+    let threads = vzram_blk::pool::pool_threads(spec.compress_threads);
+    let compress = Some(CompressPool::new(threads, 0).map_err(setup("thread"))?);
+    // An incoming device serves nothing until its pages have arrived.
+    let gated = store.cells().migration.incoming();
+    if gated {
+        tracing::info!("waiting for the device's pages (incoming migration): requests wait");
+    }
+    let poll = spec.poll_us.map_or(
+        vzram_blk::poll::DEFAULT_POLL,
+        std::time::Duration::from_micros,
+    );
+    let backend = Arc::new(
+        if gated {
+            BlkBackend::new_gated(blk, compress)
+        } else {
+            BlkBackend::with_pool(blk, compress)
+        }
+        .with_poll(poll),
+    );
+    let rings = Arc::new(Rings::default());
+    let busy = Arc::new(std::sync::Mutex::new(()));
+    // However this returns (set-up errors included), the order lock is
+    // taken on the way out and kept until the process ends: an order under
+    // way finishes (a migration's last delta is sent once the frontend is
+    // gone), and none starts only to be cut short by the exit; the
+    // supervisor sees the channel close and carries the order out itself.
+    let quiesce = Quiesce(busy.clone());
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<vzram_blk::dirty::LogBitmap>::new());
+    let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
+        .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
+    // The crate accepts from a listener; ours has no name anyone else can
+    // reach, and we connect before it accepts, so it finds us waiting.
+    let mut inner = InnerSocket::new().map_err(setup("private socket"))?;
+    let to_crate = inner.connect().map_err(setup("private socket"))?;
+    daemon
+        .start(&mut inner.listener)
+        .map_err(|e| WorkerError::Setup(format!("vhost-user handler: {e}")))?;
+    drop(inner);
+    pool.spawn_auto_compaction(COMPACT_INTERVAL, COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE)
+        .map_err(setup("thread"))?;
+    {
+        let store = store.clone();
+        let (backend, rings, busy) = (backend.clone(), rings.clone(), busy.clone());
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || control_loop(control, store, &backend, &rings, &busy))
+            .map_err(setup("thread"))?;
+    }
+    if let Some(ms) = spec.tier.idle_after_ms {
+        let auto = AutoTier::new(&spec.tier);
+        let store = store.clone();
+        let every = Duration::from_millis(ms / 3);
+        std::thread::Builder::new()
+            .name("ager".into())
+            .spawn(move || auto.run(&store, every))
+            .map_err(setup("thread"))?;
+    }
+
+    // Set-up done: nothing the frontend sends has been read yet.
+    seccomp::install_worker(spec.seccomp).map_err(|e| WorkerError::Setup(e.to_string()))?;
+
+    let mut guard = Guard::new(
+        vzram_blk::config::virtio_features(spec.readonly),
+        vzram_blk::config::protocol_features(),
+    );
+    let end = match guarded_recv(&frontend, &mut guard) {
+        Some(first) => {
+            let n = store.cells().connections.fetch_add(1, Relaxed) + 1;
+            tracing::info!(connection = n, "frontend connected");
+            relay(&frontend, &to_crate, &mut guard, first, &rings)
+        }
+        None => "frontend left before its first message",
+    };
+    rings
+        .disconnected
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    tracing::info!("frontend disconnected ({end}); data kept for the next one");
+    let _ = to_crate.shutdown(std::net::Shutdown::Both);
+    let _ = frontend.shutdown(std::net::Shutdown::Both);
+    match daemon.wait() {
+        Ok(())
+        | Err(DaemonError::HandleRequest(
+            VhostUserError::Disconnected | VhostUserError::PartialMessage,
+        )) => {}
+        Err(e) => tracing::debug!("vhost-user handler ended: {e}"),
+    }
+    // Leave the device compact for its idle time, and its gauges current.
+    pool.compact_fragmented(COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE);
+    store.stats();
+    // Before anything else of this connection is dropped, as an order under
+    // way (a migration's last delta) may still be using the device.
+    drop(quiesce);
+    Ok(())
+}
+
+/// Takes the worker's order lock when dropped and never gives it back.
+struct Quiesce(Arc<std::sync::Mutex<()>>);
+
+impl Drop for Quiesce {
+    fn drop(&mut self) {
+        std::mem::forget(self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// Answers the supervisor; publishes gauges meanwhile. The supervisor
+/// closing the channel (it is stopping, or gone) ends the worker: the
+/// device's state is in the shared files, so there is nothing to save.
+fn control_loop(
+    control: UnixStream,
+    store: Arc<Device>,
+    backend: &BlkBackend,
+    rings: &Rings,
+    busy: &std::sync::Mutex<()>,
+) {
+    loop {
+        store.stats();
+        match guard::wait_fd(control.as_raw_fd(), libc::POLLIN, Some(PUBLISH_EVERY)) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(_) => std::process::exit(EXIT_DONE),
+        }
+        match wire::recv::<Order>(&control) {
+            Ok(Some((order, mut fds))) => {
+                let one = busy.lock().unwrap_or_else(|e| e.into_inner());
+                let m = Migrating {
+                    conn: fds.pop(),
+                    quiet: &|| rings.quiet(),
+                    open_gate: &|| {
+                        tracing::info!("the device's pages are here: requests run");
+                        backend.open_gate()
+                    },
+                };
+                let answer = execute_migration(&store, &order, m);
+                let sent = wire::send(&control, &answer, &[]);
+                drop(one);
+                if sent.is_err() {
+                    std::process::exit(EXIT_DONE);
+                }
+            }
+            Ok(None) | Err(_) => {
+                tracing::info!("the supervisor closed the control channel; stopping");
+                std::process::exit(EXIT_DONE);
+            }
+        }
+    }
+}

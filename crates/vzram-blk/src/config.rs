@@ -1,8 +1,8 @@
 //! What the device advertises: virtio feature bits, vhost-user protocol
 //! features, and the `virtio_blk_config` space the guest reads.
 //!
-//! Every limit the guest is told about is a real one that [`crate::device`]
-//! and [`crate::request`] enforce. The discard and write-zeroes limits are
+//! Every limit the guest is told about is a real one that the device and
+//! request modules enforce. The discard and write-zeroes limits are
 //! nonzero on purpose: some guests (Windows on cloud-hypervisor) divide by
 //! them.
 
@@ -57,7 +57,7 @@ pub const CONFIG_SPACE_LEN: usize = size_of::<virtio_blk_config>();
 /// Virtio feature bits offered to the frontend.
 ///
 /// IN_ORDER: each queue is drained by one thread that completes requests in
-/// the order it took them (see `backend.rs`). That is what makes a frontend's
+/// the order it took them (see `queue.rs`). That is what makes a frontend's
 /// replay after a backend restart exact: QEMU rewinds the avail index to the
 /// used index and submits from there (it has no INFLIGHT_SHMFD from us), and
 /// cloud-hypervisor replays from the used index only when IN_ORDER was

@@ -52,11 +52,18 @@ pub enum ExecError {
 }
 
 impl ExecError {
-    /// The virtio status byte for this error.
+    /// The virtio status byte for this error: the one place an execution
+    /// outcome becomes what the guest sees. No catch-all arm, so a new
+    /// variant must say what the guest gets.
     pub fn status(&self) -> u8 {
         match self {
             ExecError::Unsupported => VIRTIO_BLK_S_UNSUPP as u8,
-            _ => VIRTIO_BLK_S_IOERR as u8,
+            ExecError::OutOfRange
+            | ExecError::ReadOnly
+            | ExecError::Store(_)
+            | ExecError::GuestMemory(_)
+            | ExecError::SegmentTooLong(_)
+            | ExecError::Lost => VIRTIO_BLK_S_IOERR as u8,
         }
     }
 }
@@ -422,9 +429,28 @@ mod tests {
         }
     }
 
+    /// Only an unknown request or flag is UNSUPP; every other failure is
+    /// IOERR.
+    #[test]
+    fn each_error_has_its_status() {
+        let unsupp = VIRTIO_BLK_S_UNSUPP as u8;
+        let ioerr = VIRTIO_BLK_S_IOERR as u8;
+        for (e, want) in [
+            (ExecError::Unsupported, unsupp),
+            (ExecError::OutOfRange, ioerr),
+            (ExecError::ReadOnly, ioerr),
+            (ExecError::Store(StoreError::Corrupt { slot: 0 }), ioerr),
+            (ExecError::GuestMemory(String::new()), ioerr),
+            (ExecError::SegmentTooLong(0), ioerr),
+            (ExecError::Lost, ioerr),
+        ] {
+            assert_eq!(e.status(), want, "{e:?}");
+        }
+    }
+
     impl Fixture {
-        /// Runs one chain the way the queue thread does (`handle_chain` in
-        /// backend.rs): a chain that does not parse gets IOERR and is not
+        /// Runs one chain the way the queue thread does (`run_chain` in
+        /// queue.rs): a chain that does not parse gets IOERR and is not
         /// executed. Returns (status, used payload bytes).
         fn run(&mut self, descs: &[RawDescriptor]) -> (u8, u32) {
             let q = MockSplitQueue::new(&self.mem, 1024);

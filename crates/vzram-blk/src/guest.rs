@@ -72,12 +72,24 @@ pub fn write<M: GuestMemory + ?Sized>(
 ///
 /// # Safety
 ///
-/// The guest chooses the address: other queues' threads (another request
-/// naming the same buffer, or the used ring) and the guest itself may
-/// write the same bytes at the same time. `f` must only write the slice
-/// and never rely on what it reads back from it (for control flow, lengths
-/// or indices), so that any interleaving only spoils the data the guest
-/// gets, as with any DMA into memory it is changing.
+/// The slice is not exclusive, though `&mut` says it is. The guest chooses
+/// the address, and while `f` runs the guest's vCPUs, the frontend, and our
+/// other queue threads (another request naming the same buffer, or a used
+/// ring placed there) may write the same bytes. That breaks Rust's aliasing
+/// rule for `&mut`; vm-memory's volatile slices exist to avoid it. It is
+/// kept because it saves a bounce page and a 4 KiB copy on every whole-page
+/// read, and because what it can break is bounded:
+///
+/// - the bytes are `u8`, with no validity invariant: any value another
+///   writer leaves is a valid `u8`, and no Rust object lives in guest RAM;
+/// - `f` must only write the slice and never take control flow, lengths or
+///   indices from what it reads back (a decoder's match copies read earlier
+///   output, as data only). Then whatever the compiler assumes about the
+///   bytes, and however the writers interleave, only the data the guest
+///   gets can be wrong;
+/// - the guest chooses every address involved, so only it can cause the
+///   race (by changing a buffer it gave us, or naming it twice), and it
+///   spoils only its own data, as with DMA into memory it is changing.
 pub(crate) unsafe fn with_mut<M: GuestMemory + ?Sized, T>(
     mem: &M,
     addr: GuestAddress,
@@ -90,8 +102,9 @@ pub(crate) unsafe fn with_mut<M: GuestMemory + ?Sized, T>(
     }
     let guard = s.ptr_guard_mut();
     // SAFETY: `len` bytes at the pointer lie in one region (get_slice checked
-    // them), which stays mapped while `mem` is borrowed; that other writers
-    // may change them meanwhile is the caller's contract above.
+    // them), which stays mapped while `mem` is borrowed. The slice is not
+    // exclusive: others may write these bytes while `f` runs. Our caller's
+    // contract (above) is what makes that harmless to anyone but the guest.
     let buf = unsafe { std::slice::from_raw_parts_mut(guard.as_ptr(), len) };
     let r = f(buf);
     s.bitmap().mark_dirty(0, len);

@@ -3,7 +3,7 @@
 //! ([`vzram_store::Device::prepare_write`]) while the queue thread goes on
 //! parsing. The queue thread commits and completes in its own order; the
 //! pool only ever sees pages, never the ring. Writes smaller than
-//! [`crate::backend::POOL_MIN_PAGES`] stay on the queue thread.
+//! `POOL_MIN_PAGES` (queue.rs) stay on the queue thread.
 //!
 //! A queue thread hands over a [`Batch`] of jobs and then helps: it runs
 //! jobs off the shared list itself until its own are done, so a pool of N

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use blkio::{Completion, ReqFlags};
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
 const DEPTH: usize = 32;
 const SPAN: u64 = 256 << 20;
 const RUN: Duration = Duration::from_secs(2);

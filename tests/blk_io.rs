@@ -1,17 +1,10 @@
 //! The real `vzram` daemon, driven over vhost-user-blk by the blkio crate
 //! (driver `virtio-blk-vhost-user`), the way QEMU or cloud-hypervisor use it.
 
-use std::path::Path;
-
 use vzram_tests::*;
 
-const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 const EIO: i32 = -libc::EIO;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// One device with `queues` queues and a client connected to all of them.
 fn one_device(tag: &str, size: &str, queues: usize, extra: &[&str]) -> (TempDir, Daemon, Client) {

@@ -9,10 +9,6 @@ use std::time::Duration;
 
 use vzram_tests::*;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 fn vzram(args: &[&str]) -> Output {
     // A daemon started here keeps its state in a directory of its own.
     let state = TempDir::new("clistate");

@@ -33,16 +33,12 @@
 //! with SIGTERM; after the reconnect they complete, in order, and every
 //! byte reads back.
 
-#[allow(dead_code)]
-mod hostile_support;
-
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use hostile_support::{Ram, REPLY_TIMEOUT};
 use vhost::vhost_user::message::{
     VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
@@ -50,6 +46,7 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VringConfigData};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vzram_tests::frontend::{Ram, REPLY_TIMEOUT};
 use vzram_tests::*;
 
 // Feature bits, as cloud-hypervisor names them.

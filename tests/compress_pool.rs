@@ -2,16 +2,8 @@
 //! off the queue thread still complete, commit and read back in the order
 //! the guest submitted them.
 
-use std::path::Path;
-
 use blkio::ReqFlags;
 use vzram_tests::*;
-
-const PAGE: usize = 4096;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// A daemon with one 16 MiB device; `threads` "" leaves
 /// `--compress-threads` out (the default).

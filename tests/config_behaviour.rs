@@ -5,30 +5,22 @@
 //! its effect over the real vhost-user socket: the codec by the compressed
 //! size of the same data (and a byte-exact read back), the serial by GET_ID,
 //! read-only by a write that reaches the daemon (through the raw frontend of
-//! tests/hostile_support; blkio refuses such writes itself), the queue
+//! tests/support/frontend; blkio refuses such writes itself), the queue
 //! count by what the device offers and serves, the memory limit by refused
 //! writes, and SIGINT and SIGTERM each on their own.
-
-#[allow(dead_code)]
-mod hostile_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hostile_support::{d as desc, Ram, RawDev, DATA, F_WRITE, S_IOERR, S_OK, T_GET_ID};
 use serde_json::Value;
 use vhost::vhost_user::VhostUserFrontend;
+use vzram_tests::frontend::{d as desc, Ram, RawDev, DATA, F_WRITE, S_IOERR, S_OK, T_GET_ID};
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
 /// virtio-blk feature bit: the device is read-only.
 const VIRTIO_BLK_F_RO: u64 = 1 << 5;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// `vzram stat --json --control PATH`, the way an operator reads it.
 fn stat_json(d: &Daemon) -> Value {

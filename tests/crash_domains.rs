@@ -4,16 +4,13 @@
 //! same time sees no error and no stall; a device whose workers keep dying
 //! is backed off; no process maps two guests' memory.
 
-#[allow(dead_code)]
-mod hostile_support;
-
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hostile_support::*;
+use vzram_tests::frontend::*;
 use vzram_tests::*;
 
 const SIZE: u64 = 16 << 20;

@@ -3,22 +3,19 @@
 //! one bit per 4 KiB page of guest address space, and copies again every
 //! page whose bit the backend sets. Without it QEMU refuses to migrate.
 //!
-//! A raw frontend (tests/hostile_support) negotiates both, passes a memfd
+//! A raw frontend (tests/support/frontend) negotiates both, passes a memfd
 //! log and checks that the daemon marks exactly the pages it writes: the
 //! data of a read, status bytes and the used ring, never what it only
 //! reads.
-
-#[allow(dead_code)]
-mod hostile_support;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
-use hostile_support::*;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VhostUserDirtyLogRegion};
+use vzram_tests::frontend::*;
 use vzram_tests::*;
 
 const LOG_PAGE: u64 = 4096;

@@ -9,28 +9,8 @@ use std::path::Path;
 
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
 const DEV: &str = "16M";
 const PAGES: u64 = 16 << 8; // 16 MiB
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Page `i` of version `v`: compressible, incompressible or same-filled by
-/// turns, stamped with its index and version.
-fn page(i: u64, v: u64) -> Vec<u8> {
-    let mut p = match (i + v) % 3 {
-        0 => pattern(i ^ v << 32, i * PAGE as u64, PAGE),
-        1 => noise(i ^ v << 32, PAGE),
-        _ => vec![(i as u8) ^ (v as u8); PAGE],
-    };
-    if (i + v) % 3 != 2 {
-        p[..8].copy_from_slice(&i.to_le_bytes());
-        p[8..16].copy_from_slice(&v.to_le_bytes());
-    }
-    p
-}
 
 /// Starts the daemon; a killed one's socket files are removed first, so
 /// that waiting for them waits for the new daemon.
@@ -55,7 +35,7 @@ fn write_all(sock: &Path, v: u64, every: u64) {
     let mut c = Client::connect(sock, 2).expect("connect");
     for i in (0..PAGES).step_by(every as usize) {
         c.q((i % 2) as usize)
-            .write(i * PAGE as u64, &page(i, v))
+            .write(i * PAGE as u64, &versioned_page(i, v))
             .unwrap_or_else(|e| panic!("write page {i}: {e}"));
     }
 }
@@ -65,7 +45,7 @@ fn check_all(sock: &Path, v: u64, every: u64, what: &str) {
     for i in 0..PAGES {
         let got = c.q(0).read(i * PAGE as u64, PAGE).unwrap();
         let want = if every != 0 && i % every == 0 {
-            page(i, v)
+            versioned_page(i, v)
         } else {
             vec![0; PAGE]
         };
@@ -118,7 +98,7 @@ fn sigkill_then_the_same_command_line_serves_every_page() {
     // And it goes on working: overwrite, read back.
     write_all(&sock, 2, 5);
     let mut c = Client::connect(&sock, 1).unwrap();
-    assert_eq!(c.q(0).read(0, PAGE).unwrap(), page(0, 2));
+    assert_eq!(c.q(0).read(0, PAGE).unwrap(), versioned_page(0, 2));
 }
 
 #[test]

@@ -8,14 +8,12 @@
 //! Each prints its wall time; see them with
 //! `cargo test --test e2e -- --nocapture`.
 
-#[macro_use]
-mod e2e_support;
-
 use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use e2e_support::{Ctx, Daemon, GuestOpts, GuestOutput, Stats, MIB};
+use vzram_tests::guest::{Ctx, GuestOpts, GuestOutput};
+use vzram_tests::{ensure, mib, Daemon, Stats, MIB};
 
 /// Boot timeout for the short scenarios.
 const BOOT: Duration = Duration::from_secs(120);
@@ -26,10 +24,6 @@ fn args(a: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<String> {
     a.iter()
         .map(|s| s.as_ref().to_string_lossy().into_owned())
         .collect()
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / MIB as f64
 }
 
 /// The guest sees the size, queue count and 4 KiB blocks vzram advertises,
@@ -61,7 +55,7 @@ fn disk_info() {
     ensure!(disk.num("write_zeroes_max") > 0, "{}", disk.line);
     ensure!(disk.num("ro") == 0, "{}", disk.line);
 
-    let st = d.stat();
+    let st = d.stat_cli();
     let dev = st.device(&sock);
     eprintln!("  stat: {}", dev.summary());
     ensure!(
@@ -76,7 +70,7 @@ fn disk_info() {
         "nothing was written: {}",
         dev.v
     );
-    ensure!(st.pool().get("devices") == 1, "{}", st.json);
+    ensure!(st.pool_counters().get("devices") == 1, "{}", st.0);
 
     // A QEMU with fewer queues than the device offers works too...
     let raw = |tests: &str, q: u32| {
@@ -106,7 +100,7 @@ fn disk_info() {
     let out = ctx.run_guest("after-refusal", &raw("raw-verify", 2), BOOT);
     out.expect_ok();
     ensure!(raw_verify(&out) == (true, 0), "after a refused QEMU");
-    let st = d.stat();
+    let st = d.stat_cli();
     let dev = st.device(&sock);
     ensure!(dev.get("connections") >= 3, "{}", dev.v);
     ensure!(
@@ -174,7 +168,7 @@ fn swap_under_pressure() {
         swap.line
     );
 
-    let st = d.stat();
+    let st = d.stat_cli();
     let dev = st.device(&sock);
     eprintln!("  stat: {}", dev.summary());
     let orig = dev.get("orig_data_size");
@@ -252,7 +246,7 @@ fn filesystem_roundtrip() {
         out.fields("FS verify ").str("files") == "8" && out.line("FS verify ok").is_some(),
         "same-boot verify"
     );
-    let st1 = d.stat();
+    let st1 = d.stat_cli();
     let dev = st1.device(&sock);
     eprintln!("  stat after write: {}", dev.summary());
     ensure!(dev.text("algo").starts_with("zstd"), "{}", dev.v);
@@ -278,7 +272,7 @@ fn filesystem_roundtrip() {
     );
     out.expect_ok();
     ensure!(out.fields("FS verify ok").num("files") == 8, "second boot");
-    let st2 = d.stat();
+    let st2 = d.stat_cli();
     let dev2 = st2.device(&sock);
     eprintln!("  stat after verify: {}", dev2.summary());
     ensure!(
@@ -311,7 +305,7 @@ fn discard_frees_memory() {
         .arg("vzram.fs_files=8")
         .arg("vzram.fs_file_mib=8");
     ctx.run_guest("fs-write", &opts, BOOT).expect_ok();
-    let full = d.stat();
+    let full = d.stat_cli();
     let full = full.device(&sock);
     eprintln!("  stat after fs-write: {}", full.summary());
     let x = full.get("mem_used_total");
@@ -324,7 +318,7 @@ fn discard_frees_memory() {
         out.fields("TRIM done").num("bytes") > 0,
         "fstrim trimmed nothing"
     );
-    let trimmed = d.stat();
+    let trimmed = d.stat_cli();
     let trimmed = trimmed.device(&sock);
     eprintln!("  stat after fs-trim: {}", trimmed.summary());
     let y = trimmed.get("mem_used_total");
@@ -360,7 +354,7 @@ fn discard_frees_memory() {
     let out =
         ctx.boot("swap-discard", &opts)
             .wait_polling(SWAP_BOOT, Duration::from_secs(2), || {
-                let s = d.stat();
+                let s = d.stat_cli();
                 let c = s.device(&sock);
                 peak_used = peak_used.max(c.get("mem_used_total"));
                 peak_orig = peak_orig.max(c.get("orig_data_size"));
@@ -383,7 +377,7 @@ fn discard_frees_memory() {
         "contrib/udev/60-vzram.rules did not mark the disk non-rotational: {}",
         start.line
     );
-    let end = d.stat();
+    let end = d.stat_cli();
     let end = end.device(&sock);
     eprintln!("  stat after swap-discard: {}", end.summary());
     let z = end.get("mem_used_total");
@@ -419,7 +413,7 @@ fn discard_frees_memory() {
 
     // 4) What the frees left fragmented, compaction gives back.
     let line = d.compact();
-    let c = d.stat();
+    let c = d.stat_cli();
     let c = c.device(&sock);
     eprintln!("  {line}; stat after compact: {}", c.summary());
     let compacted = c.get("mem_used_total");
@@ -458,7 +452,7 @@ fn reconnect_keeps_data() {
     // 1) Write, then hold; kill QEMU while the guest is up.
     let g = ctx.boot("write-hold", &raw("raw-write,hold"));
     g.wait_for("HOLD ready", BOOT);
-    let written = d.stat();
+    let written = d.stat_cli();
     let written = written.device(&sock);
     eprintln!("  stat after raw-write: {}", written.summary());
     ensure!(written.get("orig_data_size") >= 40 * MIB, "{}", written.v);
@@ -499,7 +493,7 @@ fn reconnect_keeps_data() {
         v.line
     );
 
-    let end = d.stat();
+    let end = d.stat_cli();
     let end = end.device(&sock);
     eprintln!("  stat at the end: {}", end.summary());
     ensure!(
@@ -556,7 +550,7 @@ fn two_vms_host_limit() {
             .arg("vzram.raw_mib=32")
     };
     let check_limit = |st: &Stats, when: &str| {
-        let pool = st.pool();
+        let pool = st.pool_counters();
         eprintln!("  pool {when}: {}", pool.summary());
         ensure!(
             pool.get("mem_limit") == limit,
@@ -581,7 +575,7 @@ fn two_vms_host_limit() {
     ob.expect_ok();
     ensure!(raw_verify(&oa) == (true, 0), "A");
     ensure!(raw_verify(&ob) == (true, 0), "B");
-    let st = d.stat();
+    let st = d.stat_cli();
     check_limit(&st, "after both wrote");
     for s in [&a, &b] {
         let c = st.device(s);
@@ -589,12 +583,8 @@ fn two_vms_host_limit() {
         ensure!(c.get("orig_data_size") >= 16 * MIB, "{}", c.v);
         ensure!(c.get("failed_writes") == 0, "{}", c.v);
     }
-    ensure!(st.device(&a).text("algo") == "lz4", "{}", st.json);
-    ensure!(
-        st.device(&b).text("algo").starts_with("zstd"),
-        "{}",
-        st.json
-    );
+    ensure!(st.device(&a).text("algo") == "lz4", "{}", st.0);
+    ensure!(st.device(&b).text("algo").starts_with("zstd"), "{}", st.0);
 
     // 2) Neither sees the other's data: each disk fails a check with the
     //    other VM's seed.
@@ -632,7 +622,7 @@ fn two_vms_host_limit() {
         ob.line("RAW error=write").is_some(),
         "B: no write error reported"
     );
-    let st = d.stat();
+    let st = d.stat_cli();
     check_limit(&st, "after B hit the limit");
     ensure!(
         st.device(&b).get("failed_writes") > 0,
@@ -652,7 +642,7 @@ fn two_vms_host_limit() {
         raw_verify(&ob) == (true, 0),
         "B's data after its failed writes"
     );
-    check_limit(&d.stat(), "at the end");
+    check_limit(&d.stat_cli(), "at the end");
     d.shutdown();
 }
 
@@ -706,7 +696,7 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
     //    daemon. Wait until the next pass swaps them back in and others out.
     g.wait_for("PRESSURE-ROUND pass=0", SWAP_BOOT);
     let io = |d: &mut Daemon| {
-        let s = d.stat();
+        let s = d.stat_cli();
         let c = s.device(&sock);
         (c.get("reads"), c.get("writes"), c.get("orig_data_size"))
     };
@@ -740,9 +730,9 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
     let mut d2 = match stop {
         Stop::Kill | Stop::Term => {
             if let Stop::Kill = stop {
-                d.kill();
+                d.kill9();
             } else {
-                d.terminate();
+                d.terminate_cleanly();
             }
             thread::sleep(OUTAGE);
             let d2 = ctx.restart(&mut d);
@@ -750,10 +740,10 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
             d2
         }
         Stop::Worker => {
-            let s = d.stat();
+            let s = d.stat_cli();
             let pid = s.device(&sock).v["worker"]["pid"]
                 .as_i64()
-                .unwrap_or_else(|| panic!("no worker pid: {}", s.json));
+                .unwrap_or_else(|| panic!("no worker pid: {}", s.0));
             // SAFETY: signalling the worker process the daemon reported.
             let rc = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             ensure!(rc == 0, "cannot kill worker {pid}");
@@ -764,7 +754,7 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
     let connections = if let Stop::Worker = stop { 2 } else { 1 };
     // What it found, before QEMU is back (checked once the guest is done,
     // so that a daemon that lost the data fails on what the guest saw).
-    let at_restart = d2.stat();
+    let at_restart = d2.stat_cli();
     let io_at_restart = {
         let c = at_restart.device(&sock);
         c.get("reads") + c.get("writes")
@@ -773,7 +763,7 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
     // 3) QEMU comes back on its own and the guest carries on.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let s = d2.stat();
+        let s = d2.stat_cli();
         let c = s.device(&sock);
         if c.get("connections") >= connections && c.get("reads") + c.get("writes") > io_at_restart {
             break;
@@ -786,7 +776,7 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
         thread::sleep(Duration::from_millis(100));
     }
     let resumed = t.elapsed().as_secs_f64();
-    let first = d2.stat();
+    let first = d2.stat_cli();
     let first = first.device(&sock);
     eprintln!(
         "  guest I/O resumed {resumed:.1}s after the stop: {}",
@@ -856,7 +846,7 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
 
     // 5) The restarted daemon served the rest of the run: the rounds after
     //    the stop read the recovered pages and wrote new ones.
-    let end = d2.stat();
+    let end = d2.stat_cli();
     let end = end.device(&sock);
     eprintln!("  stat at the end: {}", end.summary());
     ensure!(

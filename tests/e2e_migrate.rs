@@ -7,20 +7,14 @@
 //! Like tests/e2e.rs: skipped only when QEMU is absent and `VZRAM_E2E` is
 //! unset. Numbers: `cargo test --test e2e_migrate -- --nocapture`.
 
-#[macro_use]
-mod e2e_support;
-
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use e2e_support::{Ctx, GuestOpts, Qmp, MIB};
+use vzram_tests::guest::{Ctx, GuestOpts, Qmp};
+use vzram_tests::{ensure, s, MIB};
 
 const SWAP_BOOT: Duration = Duration::from_secs(300);
-
-fn s(p: &std::path::Path) -> String {
-    p.display().to_string()
-}
 
 #[test]
 fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
@@ -35,7 +29,7 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     let dev = |sock: &std::path::Path, name: &str| {
         vec![
             "--socket".to_string(),
-            s(sock),
+            s(sock).into(),
             "--size".into(),
             "1G".into(),
             "--queues".into(),
@@ -61,7 +55,7 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     };
     let ga = ctx.boot("source", &guest(&sock_a, &qmp_a));
     ga.wait_for("PRESSURE-ROUND pass=0", SWAP_BOOT);
-    let stored = da.stat().device(&sock_a).get("orig_data_size");
+    let stored = da.stat_cli().device(&sock_a).get("orig_data_size");
     ensure!(stored > 32 * MIB, "the source holds only {stored} bytes");
 
     // The destination QEMU waits for the guest; its disk waits for its pages.
@@ -81,7 +75,7 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
         .args([
             "migrate",
             "--control",
-            &s(&ctx.path("a.ctl")),
+            s(&ctx.path("a.ctl")),
             "--device",
             "a",
         ])
@@ -134,7 +128,7 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
         info["downtime"],
         info["ram"]["transferred"].as_u64().unwrap_or(0) / MIB,
     );
-    let m = da.stat().device(&sock_a).v["migration"].clone();
+    let m = da.stat_cli().device(&sock_a).v["migration"].clone();
     eprintln!("  source migration stat: {m}");
     let _ = qa.execute("quit", serde_json::json!({}));
     drop(ga);
@@ -149,7 +143,7 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
         !out.lines.iter().any(|l| l.contains("MISMATCH")),
         "page mismatches reported"
     );
-    let st = db.stat();
+    let st = db.stat_cli();
     let b = st.device(&sock_b);
     eprintln!("  destination stat: {}", b.summary());
     ensure!(b.get("reads") > 0 && b.get("failed_reads") == 0, "{}", b.v);

@@ -4,13 +4,11 @@
 //! Like tests/e2e.rs: they skip only when QEMU is absent and `VZRAM_E2E` is
 //! unset. See the numbers with `cargo test --test e2e_tiering -- --nocapture`.
 
-#[macro_use]
-mod e2e_support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_support::{Ctx, Daemon, GuestOpts, GuestOutput, MIB};
+use vzram_tests::guest::{Ctx, GuestOpts, GuestOutput};
+use vzram_tests::{ensure, mib, Daemon, MIB};
 
 /// Boot timeout for swap under pressure (about 40 s on a 2-core TCG host).
 const SWAP_BOOT: Duration = Duration::from_secs(300);
@@ -18,10 +16,6 @@ const GUEST_MEM: &str = "256M";
 /// The pressure both guests run: 1.5 x RAM, three passes (fill, rewrite,
 /// verify), the same seed.
 const ROUNDS: &str = "vzram.rounds=3";
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / MIB as f64
-}
 
 /// A sparse backing file on the test directory's file system (not tmpfs,
 /// so the daemon uses O_DIRECT).
@@ -93,7 +87,7 @@ fn guest_swap_four_times_the_limit_spills_to_the_backing_file() {
         .arg(ROUNDS);
     let out = ctx.run_guest("swap", &opts, SWAP_BOOT);
     pressure_ok(&out);
-    let st = d.stat();
+    let st = d.stat_cli();
     let dev = st.device(&sock);
     eprintln!("  stat: {}", dev.summary());
     let stored = dev.get("orig_data_size");
@@ -183,7 +177,7 @@ fn tiering_holds_less_host_memory_per_swapped_byte_than_in_guest_zram() {
     pressure_ok(&out);
     let name = "vzram0".to_string(); // the default name of the first device
     let per_byte = |d: &mut Daemon| {
-        let st = d.stat();
+        let st = d.stat_cli();
         let dev = st.device(&sock);
         ensure!(dev.get("failed_writes") == 0, "{}", dev.v);
         (

@@ -14,10 +14,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vzram_tests::*;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// Runs `vzram ARGS`; kills it and fails the test if it is still running
 /// after `limit`. Returns its output and how long it took.
 fn vzram(args: &[&str], limit: Duration) -> (Output, Duration) {

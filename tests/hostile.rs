@@ -2,15 +2,13 @@
 //! and 6).
 //!
 //! Every test runs a daemon with two devices: `victim`, driven by a raw
-//! frontend (tests/hostile_support) that sends what no VMM should, and
+//! frontend (tests/support/frontend) that sends what no VMM should, and
 //! `other`, driven by the well-behaved blkio client the whole time. Each
 //! hostile request must get IOERR or UNSUPP, or complete with nothing
 //! written, or get its connection dropped; and afterwards the daemon is
 //! alive, `other` still reads back every byte it wrote and takes new
 //! writes, and `victim` serves a fresh, well-behaved frontend with its
 //! data intact.
-
-mod hostile_support;
 
 use std::io::Write;
 use std::net::Shutdown;
@@ -21,22 +19,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hostile_support::*;
 use vhost::vhost_user::message::VhostUserConfigFlags;
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
+use vzram_tests::frontend::*;
 use vzram_tests::*;
 
 const DEV_SIZE: u64 = 16 * MIB;
 const SECTORS: u64 = DEV_SIZE / 512;
-const PAGE: usize = 4096;
 /// How long "nothing happens" is watched for.
 const QUIET: Duration = Duration::from_millis(300);
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// After a memory table change, lets the queue thread finish the pass it
 /// may be in: that pass keeps the guest memory snapshot it started with, so

@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 use blkio::{Completion, ReqFlags};
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
 /// Device pages (16 MiB).
 const PAGES: u64 = 4096;
 const QUEUES: usize = 4;
@@ -193,19 +192,6 @@ fn read_all(c: &mut Client) -> Vec<Result<(u64, u64), String>> {
     out
 }
 
-fn connect(sock: &Path, d: &Daemon) -> Client {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match Client::connect(sock, QUEUES) {
-            Ok(c) => return c,
-            Err(e) if Instant::now() > deadline => {
-                panic!("cannot connect for 30 s: {e}\n{}", d.log_text())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
 /// Not a test of its own: the writer process of the tests in this file
 /// (a no-op unless `VZRAM_KILL_WRITER` names a socket). Writes version
 /// `VZRAM_KILL_VERSION` of every page in the order `VZRAM_KILL_ORDER`
@@ -250,11 +236,6 @@ struct Round {
     writer_done: bool,
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(v.parse().unwrap_or_else(|e| panic!("{name}={v}: {e}")))
-}
-
 fn kill_during_io(victim: Victim) {
     let seed = env_u64("VZRAM_KILL_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
@@ -282,7 +263,7 @@ fn kill_during_io(victim: Victim) {
     };
 
     // Version 0 everywhere.
-    let mut c = connect(&sock, daemon.as_ref().unwrap());
+    let mut c = Client::connect_retrying(&sock, QUEUES, daemon.as_ref().unwrap());
     let all: Vec<u64> = (0..PAGES).collect();
     write_pages(&mut c, &all, 0, &|_| {});
     let mut have = vec![0u64; PAGES as usize];
@@ -367,7 +348,7 @@ fn kill_during_io(victim: Victim) {
         }
 
         let dm = daemon.as_ref().unwrap();
-        let mut c = connect(&sock, dm);
+        let mut c = Client::connect_retrying(&sock, QUEUES, dm);
         let got = read_all(&mut c);
         drop(c);
         let mut bad = Vec::new();

@@ -25,8 +25,6 @@ use std::time::{Duration, Instant};
 use blkio::{Completion, ReqFlags};
 use vzram_tests::*;
 
-const MIB: u64 = 1 << 20;
-const PAGE: usize = 4096;
 const HOST_LIMIT: u64 = 64 * MIB;
 const DEVICES: usize = 4;
 const DEV_SIZE: u64 = 48 * MIB;
@@ -62,10 +60,6 @@ fn mem_of(pid: u32) -> Option<Mem> {
         m.shmem += proc_status_bytes(p, "RssShmem").unwrap_or(0);
     }
     Some(m)
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / MIB as f64
 }
 
 /// Samples the daemon's memory until stopped; keeps the peaks.

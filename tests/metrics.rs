@@ -4,14 +4,9 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vzram_tests::*;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 /// Sends `request` as is and returns the whole reply (the server closes).
 fn http(addr: SocketAddr, request: &[u8]) -> String {

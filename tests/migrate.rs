@@ -12,27 +12,8 @@ use std::time::{Duration, Instant};
 
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
 const SIZE: &str = "64M";
 const PAGES: u64 = 64 << 8;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Page `i` of version `v`: compressible, incompressible or same-filled.
-fn page(i: u64, v: u64) -> Vec<u8> {
-    let mut p = match (i + v) % 3 {
-        0 => pattern(i ^ v << 32, i * PAGE as u64, PAGE),
-        1 => noise(i ^ v << 32, PAGE),
-        _ => vec![(i as u8) ^ (v as u8) | 1; PAGE],
-    };
-    if (i + v) % 3 != 2 {
-        p[..8].copy_from_slice(&i.to_le_bytes());
-        p[8..16].copy_from_slice(&v.to_le_bytes());
-    }
-    p
-}
 
 struct Ends {
     _da: TempDir,
@@ -118,7 +99,7 @@ fn write_all(sock: &Path, v: u64) {
     let mut c = Client::connect(sock, 2).expect("connect");
     for i in (0..PAGES).step_by(2) {
         c.q((i % 2) as usize)
-            .write(i * PAGE as u64, &page(i, v))
+            .write(i * PAGE as u64, &versioned_page_nonzero(i, v))
             .unwrap_or_else(|e| panic!("write page {i}: {e}"));
     }
 }
@@ -132,7 +113,7 @@ fn check_all(c: &mut Client, want: impl Fn(u64) -> Vec<u8>, what: &str) {
 
 fn expected(i: u64, v: u64) -> Vec<u8> {
     if i.is_multiple_of(2) {
-        page(i, v)
+        versioned_page_nonzero(i, v)
     } else {
         vec![0; PAGE]
     }
@@ -182,7 +163,9 @@ fn writes_during_pre_copy_land_on_the_destination() {
         while rx.try_recv().is_err() {
             for i in (v % 5..PAGES).step_by(5) {
                 if i.is_multiple_of(2) {
-                    c.q(0).write(i * PAGE as u64, &page(i, v)).unwrap();
+                    c.q(0)
+                        .write(i * PAGE as u64, &versioned_page_nonzero(i, v))
+                        .unwrap();
                     last[i as usize] = v;
                 }
             }
@@ -260,7 +243,10 @@ fn requests_to_an_incoming_device_wait_then_see_the_migrated_pages() {
     );
     let (first, waited, mut c) = reader.join().unwrap();
     assert!(waited >= Duration::from_millis(1500), "{waited:?}");
-    assert!(first == page(0, 3), "the waiting read saw other data");
+    assert!(
+        first == versioned_page_nonzero(0, 3),
+        "the waiting read saw other data"
+    );
     check_all(&mut c, |i| expected(i, 3), "destination");
 }
 

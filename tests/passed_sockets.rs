@@ -10,10 +10,6 @@ use std::process::Command;
 
 use vzram_tests::*;
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// A bound, listening socket, for a child to inherit.
 fn listener(path: &Path) -> UnixListener {
     UnixListener::bind(path).unwrap()

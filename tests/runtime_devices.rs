@@ -9,12 +9,6 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// Writes and reads back on `sock` until `stop`; returns the rounds and
 /// the slowest round.
 fn verify(sock: &Path, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, Duration)> {

@@ -11,13 +11,7 @@ use std::time::{Duration, Instant};
 
 use vzram_tests::*;
 
-const MIB: u64 = 1 << 20;
-const PAGE: usize = 4096;
 const NOBODY: u32 = 65534;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 fn seccomp_of(pid: u32) -> (String, String) {
     (

@@ -58,7 +58,6 @@ use std::time::{Duration, Instant};
 use blkio::{Completion, ReqFlags};
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
 /// Device pages (8 MiB).
 const PAGES: u64 = 2048;
 /// Pages that half of all requests go to, from every queue at once.
@@ -761,24 +760,11 @@ fn phase(
     })
 }
 
-fn connect(sock: &Path, d: &Daemon) -> Client {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match Client::connect(sock, QUEUES) {
-            Ok(c) => return c,
-            Err(e) if Instant::now() > deadline => {
-                panic!("cannot connect for 30 s: {e}\n{}", d.log_text())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
-
 /// Drops the connection with `left` in flight and connects again; their
 /// outcome is unknown, but settled once the new connection is up.
 fn reconnect(c: Client, left: Vec<Req>, sock: &Path, d: &Daemon, sh: &Shared) -> Client {
     drop(c);
-    let c = connect(sock, d);
+    let c = Client::connect_retrying(sock, QUEUES, d);
     let at = sh.seq();
     let mut log = sh.log();
     for r in left {
@@ -918,11 +904,6 @@ fn quiet_compaction(c: &mut Client, ctl: &Path, sh: &Shared, rngs: &mut [Rng]) -
         .unwrap()
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(v.parse().unwrap_or_else(|e| panic!("{name}={v}: {e}")))
-}
-
 #[test]
 fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects() {
     let secs = env_u64("VZRAM_SOAK_SECS").unwrap_or(DEFAULT_SECS);
@@ -966,7 +947,7 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
     let mut rngs: Vec<Rng> = (0..QUEUES as u64)
         .map(|i| Rng::new(seed ^ mix(i)))
         .collect();
-    let mut client = Some(connect(&sock, &d));
+    let mut client = Some(Client::connect_retrying(&sock, QUEUES, &d));
     let start = Instant::now();
     let mut rounds = 0;
     let mut reconnects = 0;

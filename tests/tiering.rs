@@ -21,13 +21,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vzram_tests::*;
 
-const PAGE: usize = 4096;
-const MIB: u64 = 1 << 20;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 /// A directory for backing files, on the file system of the target
 /// directory (not /dev/shm: O_DIRECT), removed on drop.
 struct DiskDir(PathBuf);

@@ -3,20 +3,17 @@
 //! reconnecting". QEMU's vhost-user-blk qtest (`idx` case) waits for that
 //! interrupt after it connects again; without it the test times out.
 //!
-//! A raw frontend (tests/hostile_support) sends the messages one at a
+//! A raw frontend (tests/support/frontend) sends the messages one at a
 //! time, each acked (REPLY_ACK), so the daemon has handled SET_VRING_CALL
 //! when the call returns and the eventfd can be read at once.
-
-#[allow(dead_code)]
-mod hostile_support;
 
 use std::path::Path;
 use std::time::Duration;
 
-use hostile_support::*;
 use vhost::vhost_user::VhostUserFrontend;
 use vhost::VhostBackend;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vzram_tests::frontend::*;
 use vzram_tests::*;
 
 /// What the call eventfd holds now (0: nothing), emptying it.

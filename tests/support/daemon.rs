@@ -1,0 +1,358 @@
+//! A running `vzram serve`: start it, talk to it over its control socket
+//! or through the `vzram` CLI, and stop it the ways a host does (SIGTERM,
+//! SIGKILL). The integration tests start it with [`Daemon::start`] or
+//! [`Daemon::start_command`]; the end-to-end tests through
+//! [`crate::guest::Ctx::daemon`].
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::paths::{state_dir_for, vzram_bin, TempDir};
+use crate::stats::Stats;
+
+/// When a [`Daemon`] counts as started, and how dropping it stops it. The
+/// default is the integration tests' way; [`crate::guest::Ctx`] sets both.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DaemonOpts {
+    /// Started once the control socket accepts a connection, not as soon as
+    /// its file and the device sockets exist. A killed daemon leaves its
+    /// socket files behind (the new one replaces them), so a file is no
+    /// sign of life: the control socket is, bound last, once every device
+    /// is set up and listening.
+    pub ready_on_connect: bool,
+    /// Dropping it sends SIGTERM and waits 5 s for the exit before SIGKILL,
+    /// instead of SIGKILL at once.
+    pub term_on_drop: bool,
+}
+
+/// A running `vzram serve` with a control socket; stopped on drop (see
+/// [`DaemonOpts::term_on_drop`]).
+pub struct Daemon {
+    child: Option<Child>,
+    pub control: PathBuf,
+    pub sockets: Vec<PathBuf>,
+    pub log: PathBuf,
+    /// The `serve` arguments before `--control`, to start it again with
+    /// (empty when it was started from a whole command line).
+    args: Vec<String>,
+    opts: DaemonOpts,
+}
+
+impl Daemon {
+    /// Starts `vzram serve ARGS --control DIR/control.sock` and waits until
+    /// the control socket and every socket in `sockets` exist.
+    pub fn start(dir: &TempDir, args: &[&str], sockets: &[&Path]) -> Daemon {
+        let control = dir.join("control.sock");
+        static N: AtomicU64 = AtomicU64::new(0);
+        let log = dir.join(&format!("daemon-{}.log", N.fetch_add(1, Ordering::Relaxed)));
+        let mut cmd = Command::new(vzram_bin());
+        cmd.arg("serve").args(args).arg("--control").arg(&control);
+        let mut d = Daemon::start_command(cmd, &control, &log, sockets);
+        d.args = args.iter().map(|a| a.to_string()).collect();
+        d
+    }
+
+    /// Runs `cmd`, a `vzram serve ...` command line that names its control
+    /// socket `control` (possibly behind a wrapper that execs the daemon in
+    /// place, such as `setpriv --reuid=...`, so that [`Daemon::pid`] stays
+    /// the daemon's), with its output in `log`; waits until `control` and
+    /// every socket in `sockets` exist.
+    pub fn start_command(cmd: Command, control: &Path, log: &Path, sockets: &[&Path]) -> Daemon {
+        Daemon::start_with(cmd, control, log, sockets, DaemonOpts::default())
+    }
+
+    /// [`Daemon::start_command`] with `opts`. Its device state lives in
+    /// [`state_dir_for`] the control socket's directory (`VZRAM_STATE_DIR`).
+    pub fn start_with(
+        mut cmd: Command,
+        control: &Path,
+        log: &Path,
+        sockets: &[&Path],
+        opts: DaemonOpts,
+    ) -> Daemon {
+        let log_file = std::fs::File::create(log).expect("create daemon log");
+        if let Some(dir) = control.parent() {
+            cmd.env("VZRAM_STATE_DIR", state_dir_for(dir));
+        }
+        let cmdline = format!("{cmd:?}");
+        let child = cmd
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("dup log"))
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let mut d = Daemon {
+            child: Some(child),
+            control: control.to_path_buf(),
+            sockets: sockets.iter().map(|p| p.to_path_buf()).collect(),
+            log: log.to_path_buf(),
+            args: Vec::new(),
+            opts,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if d.serving() {
+                return d;
+            }
+            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("vzram exited early ({st}): {cmdline}\n{}", d.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "vzram not serving after 20 s: {cmdline}\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether every socket is there and the control socket is (or, with
+    /// [`DaemonOpts::ready_on_connect`], accepts a connection).
+    fn serving(&self) -> bool {
+        self.sockets.iter().all(|s| s.exists())
+            && if self.opts.ready_on_connect {
+                UnixStream::connect(&self.control).is_ok()
+            } else {
+                self.control.exists()
+            }
+    }
+
+    /// The `serve` arguments it was started with, before `--control`
+    /// (empty after [`Daemon::start_command`]).
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    pub(crate) fn set_args(&mut self, args: Vec<String>) {
+        self.args = args;
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the daemon has exited (and been reaped, or can be now).
+    pub fn has_exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(c) => c.try_wait().expect("wait for vzram").is_some(),
+        }
+    }
+
+    /// Panics if the daemon has exited.
+    pub fn assert_alive(&mut self) {
+        let child = self.child.as_mut().expect("daemon already stopped");
+        if let Some(st) = child.try_wait().expect("wait for vzram") {
+            panic!("the daemon died ({st}); see its log:\n{}", self.log_text());
+        }
+    }
+
+    /// Sends one control request and returns the reply.
+    pub fn control(&self, req: Value) -> Value {
+        control_request(&self.control, &req)
+    }
+
+    /// `{"cmd":"stat"}`; asserts it succeeded.
+    pub fn stat(&self) -> Stats {
+        let v = self.control(json!({"cmd": "stat"}));
+        assert_eq!(v["ok"], true, "stat failed: {v}");
+        Stats(v)
+    }
+
+    /// `vzram stat --json`, as an operator reads it, parsed; the daemon
+    /// must be alive and the command succeed.
+    pub fn stat_cli(&mut self) -> Stats {
+        self.assert_alive();
+        let out = Command::new(vzram_bin())
+            .args(["stat", "--json", "--control"])
+            .arg(&self.control)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run vzram stat");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "vzram stat --json failed ({}): {}{}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("vzram stat --json: bad JSON ({e}): {text}"));
+        Stats(json)
+    }
+
+    /// `vzram ARGS --control CTL`, which must succeed; returns its output.
+    pub fn cli(&mut self, args: &[&str]) -> String {
+        self.assert_alive();
+        let out = Command::new(vzram_bin())
+            .args(args)
+            .arg("--control")
+            .arg(&self.control)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run vzram {args:?}: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            out.status.success(),
+            "vzram {args:?} failed ({}): {text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+
+    /// `vzram compact`; returns its output line.
+    pub fn compact(&mut self) -> String {
+        self.cli(&["compact"])
+    }
+
+    /// Waits up to `timeout` for the daemon to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Some(st) = child.try_wait().expect("wait for vzram") {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, as a crash or the OOM killer would: no clean-up at all.
+    /// The daemon must be alive, and be gone by that signal within 10 s.
+    /// See [`crate::guest::Ctx::restart`].
+    pub fn kill9(&mut self) {
+        self.assert_alive();
+        // SAFETY: a signal to our own child, which has not been reaped.
+        unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGKILL) };
+        let st = self
+            .wait_exit(Duration::from_secs(10))
+            .expect("daemon still there 10 s after SIGKILL");
+        assert_eq!(
+            st.signal(),
+            Some(libc::SIGKILL),
+            "daemon ended with {st}, not by SIGKILL"
+        );
+    }
+
+    /// SIGTERM, then waits (10 s at most) for the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon already stopped");
+        // SAFETY: kill only sends a signal to our own child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = child.try_wait().expect("wait for vzram") {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "vzram did not exit within 10 s of SIGTERM:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, as `systemctl stop` or an upgrade sends it: the daemon must
+    /// exit 0 within 10 s and remove its sockets. See
+    /// [`crate::guest::Ctx::restart`].
+    pub fn terminate_cleanly(&mut self) {
+        let st = self.terminate();
+        assert!(st.success(), "daemon exited with {st} after SIGTERM");
+        for s in self.sockets.iter().chain([&self.control]) {
+            assert!(
+                !s.exists(),
+                "daemon left {} behind after SIGTERM",
+                s.display()
+            );
+        }
+    }
+
+    /// [`Daemon::terminate_cleanly`], and done with it.
+    pub fn shutdown(mut self) {
+        self.terminate_cleanly();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        if self.opts.term_on_drop {
+            if let Ok(None) = c.try_wait() {
+                // SAFETY: a signal to our own child, which has not been reaped.
+                unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = c.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            } else {
+                return;
+            }
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Runs `vzram serve ARGS`, which must refuse to start: its output, or a
+/// panic if it is still running after 10 s.
+pub fn serve_refused(dir: &TempDir, args: &[&str]) -> std::process::Output {
+    let mut child = Command::new(vzram_bin())
+        .arg("serve")
+        .args(args)
+        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("vzram serve {args:?} started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// One request on a control socket.
+pub fn control_request(path: &Path, req: &Value) -> Value {
+    let mut s =
+        UnixStream::connect(path).unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    writeln!(s, "{req}").unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad control reply {line:?}: {e}"))
+}

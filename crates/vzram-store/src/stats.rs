@@ -3,10 +3,10 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Per-device statistics (zram `mm_stat` fields, then `io_stat`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceStats {
     pub orig_data_size: u64,
     pub compr_data_size: u64,
@@ -41,7 +41,7 @@ pub struct DeviceStats {
 }
 
 /// Whole-pool statistics: the device fields summed, with the host budget.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
     pub devices: u64,
     pub orig_data_size: u64,

@@ -5,13 +5,18 @@
 
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::cli::{
     AddArgs, Command, CompactArgs, DeviceArgs, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs,
     WritebackArgs,
 };
-use crate::proto::control::{self, DeviceRef, Request, MIGRATE_WAIT, TIER_WAIT};
+use crate::proto::control::{
+    self, Added, Compacted, DeviceLimitSet, DeviceRef, Done, HostLimitSet, MarkedIdle, Migrated,
+    Recompressed, Removed, ReplyError, Request, Reset, StatReply, WrittenBack, MIGRATE_WAIT,
+    TIER_WAIT,
+};
 use render::{human, render};
 
 mod render;
@@ -43,44 +48,49 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
     }
 }
 
-fn call(path: &Path, req: Request) -> Result<Value, ClientError> {
+fn call<T: DeserializeOwned>(path: &Path, req: Request) -> Result<T, ClientError> {
     call_waiting(path, req, control::CLIENT_TIMEOUT)
 }
 
 /// [`call`] for a request that may take up to `wait`.
-fn call_waiting(
+fn call_waiting<T: DeserializeOwned>(
     path: &Path,
     req: Request,
     wait: std::time::Duration,
-) -> Result<Value, ClientError> {
+) -> Result<T, ClientError> {
+    typed(exchange(path, req, wait)?)
+}
+
+/// The reply line as it came, for `--json`.
+fn exchange(path: &Path, req: Request, wait: std::time::Duration) -> Result<Value, ClientError> {
     let req = serde_json::to_value(&req).map_err(|e| ClientError {
         message: format!("cannot encode the request: {e}"),
         code: 1,
     })?;
-    let reply = control::request_waiting(path, &req, wait).map_err(|e| ClientError {
+    control::request_waiting(path, &req, wait).map_err(|e| ClientError {
         message: format!("cannot talk to the daemon at {}: {e}", path.display()),
         code: 1,
-    })?;
-    if reply["ok"] == json!(true) {
-        Ok(reply)
-    } else {
-        let msg = reply["error"]
-            .as_str()
-            .unwrap_or("unknown error")
-            .to_string();
-        Err(ClientError {
-            message: format!("daemon refused: {msg}"),
-            code: 2,
-        })
-    }
+    })
+}
+
+/// A refusal is the user's to fix (exit 2); a reply we cannot read is not.
+fn typed<T: DeserializeOwned>(reply: Value) -> Result<T, ClientError> {
+    control::parse_reply(reply).map_err(|e| ClientError {
+        code: match e {
+            ReplyError::Refused(_) => 2,
+            ReplyError::Malformed(_) => 1,
+        },
+        message: e.to_string(),
+    })
 }
 
 pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
-    let reply = call(&args.control, Request::Stat {})?;
+    let reply = exchange(&args.control, Request::Stat {}, control::CLIENT_TIMEOUT)?;
+    let stat: StatReply = typed(reply.clone())?;
     if args.json {
         Ok(format!("{reply}\n"))
     } else {
-        Ok(render(&reply))
+        Ok(render(&stat))
     }
 }
 
@@ -97,7 +107,12 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
             bytes: args.size,
         },
     };
-    call(&args.control, req)?;
+    match req {
+        Request::SetLimit { host: true, .. } => {
+            call::<HostLimitSet>(&args.control, req).map(drop)?
+        }
+        _ => call::<DeviceLimitSet>(&args.control, req).map(drop)?,
+    }
     let what = args
         .device
         .as_ref()
@@ -111,7 +126,7 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
 }
 
 pub fn add(args: &AddArgs) -> Result<String, ClientError> {
-    let reply = call(
+    let reply: Added = call(
         &args.control,
         Request::Add {
             device: args.device.clone(),
@@ -119,13 +134,12 @@ pub fn add(args: &AddArgs) -> Result<String, ClientError> {
     )?;
     Ok(format!(
         "added device {} (index {})\n",
-        reply["device"].as_str().unwrap_or("?"),
-        reply["index"]
+        reply.device, reply.index
     ))
 }
 
 pub fn remove(args: &DeviceArgs) -> Result<String, ClientError> {
-    call(
+    call::<Removed>(
         &args.control,
         Request::Remove {
             device: DeviceRef::named(&args.device),
@@ -135,7 +149,7 @@ pub fn remove(args: &DeviceArgs) -> Result<String, ClientError> {
 }
 
 pub fn reset(args: &DeviceArgs) -> Result<String, ClientError> {
-    let reply = call(
+    let reply: Reset = call(
         &args.control,
         Request::Reset {
             device: DeviceRef::named(&args.device),
@@ -143,8 +157,7 @@ pub fn reset(args: &DeviceArgs) -> Result<String, ClientError> {
     )?;
     Ok(format!(
         "reset device {}: {} pages dropped\n",
-        args.device,
-        reply["pages_dropped"].as_u64().unwrap_or(0)
+        args.device, reply.pages_dropped
     ))
 }
 
@@ -152,7 +165,7 @@ pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::ResetMax {
         device: args.device.as_deref().map(DeviceRef::named),
     };
-    call(&args.control, req)?;
+    call::<Done>(&args.control, req)?;
     Ok("mem_used_max reset\n".to_string())
 }
 
@@ -160,8 +173,8 @@ pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::Compact {
         device: args.device.as_deref().map(DeviceRef::named),
     };
-    let reply = call(&args.control, req)?;
-    let pages = reply["pages_compacted"].as_u64().unwrap_or(0);
+    let reply: Compacted = call(&args.control, req)?;
+    let pages = reply.pages_compacted;
     Ok(format!(
         "compacted: {pages} pages ({}) given back\n",
         human(pages * 4096)
@@ -170,7 +183,6 @@ pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
 
 /// How long the tiering commands wait for the daemon: as long as the
 /// daemon lets an order run, and a little more for the reply.
-/// How long a tiering command waits: the daemon's own limit and a margin.
 const TIER_CLIENT_WAIT: std::time::Duration =
     TIER_WAIT.saturating_add(std::time::Duration::from_secs(10));
 
@@ -178,11 +190,10 @@ pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
     let req = Request::MarkIdle {
         device: DeviceRef::named(&args.device),
     };
-    let reply = call_waiting(&args.control, req, TIER_CLIENT_WAIT)?;
+    let reply: MarkedIdle = call_waiting(&args.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
         "device {}: {} pages marked idle\n",
-        args.device,
-        reply["pages_marked"].as_u64().unwrap_or(0)
+        args.device, reply.pages_marked
     ))
 }
 
@@ -193,16 +204,15 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
         huge: args.huge,
         algo: args.algo.map(|a| a.to_string()),
     };
-    let r = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
-    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    let r: Recompressed = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
         "device {}: recompressed {} of {} pages tried with {}, {} smaller; {} of memory given back\n",
         args.target.device,
-        n("pages_recompressed"),
-        n("pages_tried"),
-        r["algo"].as_str().unwrap_or("?"),
-        human(n("saved_bytes")),
-        human(n("freed_bytes")),
+        r.pages_recompressed,
+        r.pages_tried,
+        r.algo,
+        human(r.saved_bytes),
+        human(r.freed_bytes),
     ))
 }
 
@@ -215,13 +225,13 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
         incompressible: args.incompressible,
         max_pages: args.max_pages,
     };
-    let r = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
-    let pages = r["pages_written"].as_u64().unwrap_or(0);
+    let r: WrittenBack = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
+    let pages = r.pages_written;
     Ok(format!(
         "device {}: wrote {pages} pages ({}) to the backing file; {} of memory given back\n",
         args.target.device,
         human(pages * 4096),
-        human(r["freed_bytes"].as_u64().unwrap_or(0)),
+        human(r.freed_bytes),
     ))
 }
 
@@ -232,20 +242,18 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
         keep: args.keep,
     };
     let wait = MIGRATE_WAIT.saturating_add(std::time::Duration::from_secs(10));
-    let r = call_waiting(&args.target.control, req, wait)?;
-    let n = |k: &str| r[k].as_u64().unwrap_or(0);
-    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    let r: Migrated = call_waiting(&args.target.control, req, wait)?;
     Ok(format!(
         "device {}: migrated to {}: {} pages, {} in {} passes, {:.1} s ({:.1} MiB/s); last delta {} pages in {:.1} ms; {}\n",
         args.target.device,
         args.to,
-        n("pages"),
-        human(n("bytes")),
-        n("passes"),
-        f("seconds"),
-        f("rate_mib_s"),
-        n("final_records"),
-        f("final_ms"),
+        r.pages,
+        human(r.bytes),
+        r.passes,
+        r.seconds,
+        r.rate_mib_s,
+        r.final_records,
+        r.final_ms,
         if args.keep { "pages kept here" } else { "pages dropped here" },
     ))
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use serde_json::{json, Value};
+use crate::proto::control::{DeviceStat, MigrationState, StatReply};
 
 /// Bytes in binary units, one decimal: `512 B`, `1.5 KiB`, `8.0 GiB`.
 pub fn human(bytes: u64) -> String {
@@ -57,59 +57,75 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 
 /// The human-readable form of a stat reply: zram's mm_stat and io_stat,
 /// one row per device and one for the whole pool.
-pub fn render(reply: &Value) -> String {
-    let u = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
-    let empty = Vec::new();
-    let devices = reply["devices"].as_array().unwrap_or(&empty);
-    let pool = &reply["pool"];
+pub fn render(reply: &StatReply) -> String {
+    let devices = &reply.devices;
+    let pool = &reply.pool;
     let limit = |n: u64| if n == 0 { "-".to_string() } else { human(n) };
 
-    let mm_row = |name: String, s: &Value| {
+    // orig, compr, used, limit, max, same, huge, compacted
+    let mm_row = |name: &str, [orig, compr, used, lim, max, same, huge, compacted]: [u64; 8]| {
         vec![
-            name,
-            human(u(s, "orig_data_size")),
-            human(u(s, "compr_data_size")),
-            human(u(s, "mem_used_total")),
-            limit(u(s, "mem_limit")),
-            human(u(s, "mem_used_max")),
-            u(s, "same_pages").to_string(),
-            u(s, "huge_pages").to_string(),
-            u(s, "pages_compacted").to_string(),
-            ratio(u(s, "orig_data_size"), u(s, "mem_used_total")),
+            name.to_string(),
+            human(orig),
+            human(compr),
+            human(used),
+            limit(lim),
+            human(max),
+            same.to_string(),
+            huge.to_string(),
+            compacted.to_string(),
+            ratio(orig, used),
         ]
     };
     let mut mm: Vec<Vec<String>> = devices
         .iter()
-        .map(|d| mm_row(d["name"].as_str().unwrap_or("?").into(), &d["stats"]))
+        .map(|d| {
+            let s = &d.stats;
+            mm_row(
+                &d.name,
+                [
+                    s.orig_data_size,
+                    s.compr_data_size,
+                    s.mem_used_total,
+                    s.mem_limit,
+                    s.mem_used_max,
+                    s.same_pages,
+                    s.huge_pages,
+                    s.pages_compacted,
+                ],
+            )
+        })
         .collect();
-    mm.push(mm_row("(pool)".into(), pool));
+    mm.push(mm_row(
+        "(pool)",
+        [
+            pool.orig_data_size,
+            pool.compr_data_size,
+            pool.mem_used_total,
+            pool.mem_limit,
+            pool.mem_used_max,
+            pool.same_pages,
+            pool.huge_pages,
+            pool.pages_compacted,
+        ],
+    ));
 
     let io: Vec<Vec<String>> = devices
         .iter()
         .map(|d| {
-            let s = &d["stats"];
+            let s = &d.stats;
             vec![
-                d["name"].as_str().unwrap_or("?").to_string(),
-                human(u(d, "size_bytes")),
-                d["algo"].as_str().unwrap_or("?").to_string(),
-                u(d, "queues").to_string(),
-                if d["readonly"] == json!(true) {
-                    "ro"
-                } else {
-                    "rw"
-                }
-                .to_string(),
-                if d["connected"] == json!(true) {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .to_string(),
-                u(s, "reads").to_string(),
-                u(s, "writes").to_string(),
-                u(s, "discards").to_string(),
-                u(s, "failed_reads").to_string(),
-                u(s, "failed_writes").to_string(),
+                d.name.clone(),
+                human(d.size_bytes),
+                d.algo.to_string(),
+                d.queues.to_string(),
+                if d.readonly { "ro" } else { "rw" }.to_string(),
+                if d.connected { "yes" } else { "no" }.to_string(),
+                s.reads.to_string(),
+                s.writes.to_string(),
+                s.discards.to_string(),
+                s.failed_reads.to_string(),
+                s.failed_writes.to_string(),
             ]
         })
         .collect();
@@ -149,36 +165,31 @@ pub fn render(reply: &Value) -> String {
     );
     // zram's bd_stat and the recompression counters, for the devices that
     // tier (a backing file, or pages recompressed).
-    let tiering: Vec<&Value> = devices
+    let tiering: Vec<&DeviceStat> = devices
         .iter()
-        .filter(|d| !d["tier"]["backing"].is_null() || u(&d["stats"], "pages_recompressed") > 0)
+        .filter(|d| d.tier.backing.is_some() || d.stats.pages_recompressed > 0)
         .collect();
     if !tiering.is_empty() {
         let rows: Vec<Vec<String>> = tiering
             .iter()
             .map(|d| {
-                let s = &d["stats"];
-                let b = &d["tier"]["backing"];
-                let blocks = if b.is_null() {
-                    "-".to_string()
-                } else {
-                    u(b, "blocks").to_string()
-                };
-                let direct = match b["direct_io"].as_bool() {
-                    Some(true) => "yes",
-                    Some(false) => "no",
-                    None => "-",
-                };
+                let s = &d.stats;
+                let b = d.tier.backing.as_ref();
                 vec![
-                    d["name"].as_str().unwrap_or("?").to_string(),
-                    blocks,
-                    u(s, "backed_pages").to_string(),
-                    direct.to_string(),
-                    u(s, "backed_reads").to_string(),
-                    u(s, "backed_writes").to_string(),
-                    u(s, "spills").to_string(),
-                    u(s, "pages_recompressed").to_string(),
-                    human(u(s, "recompress_saved_bytes")),
+                    d.name.clone(),
+                    b.map_or("-".to_string(), |b| b.blocks.to_string()),
+                    s.backed_pages.to_string(),
+                    match b.map(|b| b.direct_io) {
+                        Some(true) => "yes",
+                        Some(false) => "no",
+                        None => "-",
+                    }
+                    .to_string(),
+                    s.backed_reads.to_string(),
+                    s.backed_writes.to_string(),
+                    s.spills.to_string(),
+                    s.pages_recompressed.to_string(),
+                    human(s.recompress_saved_bytes),
                 ]
             })
             .collect();
@@ -199,43 +210,41 @@ pub fn render(reply: &Value) -> String {
         );
     }
     for d in devices {
-        out += &format!(
-            "\n{}: {}",
-            d["name"].as_str().unwrap_or("?"),
-            d["socket"].as_str().unwrap_or("?")
+        let _ = write!(out, "\n{}: {}", d.name, d.socket.display());
+        if let Some(b) = &d.tier.backing {
+            let _ = write!(out, ", backing file {}", b.path.display());
+        }
+        let _ = write!(
+            out,
+            ", state {} ({})",
+            d.state.display(),
+            human(d.state_bytes)
         );
-        if let Some(path) = d["tier"]["backing"]["path"].as_str() {
-            out += &format!(", backing file {path}");
+        let w = &d.worker;
+        let state = serde_json::to_value(w.state).unwrap_or_default();
+        let _ = write!(out, ", worker {}", state.as_str().unwrap_or("?"));
+        if let Some(pid) = w.pid {
+            let _ = write!(out, " (pid {pid})");
         }
-        if let Some(state) = d["state"].as_str() {
-            out += &format!(", state {state} ({})", human(u(d, "state_bytes")));
+        if let Some(why) = &w.last_failure {
+            let _ = write!(out, ", {} failures, last: {why}", w.failures);
         }
-        let w = &d["worker"];
-        if let Some(st) = w["state"].as_str() {
-            out += &format!(", worker {st}");
-            if let Some(pid) = w["pid"].as_u64() {
-                out += &format!(" (pid {pid})");
+        let m = &d.migration;
+        if m.state != MigrationState::None {
+            let st = serde_json::to_value(m.state).unwrap_or_default();
+            let st = st.as_str().unwrap_or("?");
+            let _ = write!(
+                out,
+                ", migration {st}: pass {}, {} in {} records",
+                m.pass,
+                human(m.bytes),
+                m.records
+            );
+            if m.state == MigrationState::Sending {
+                let _ = write!(out, ", {} dirty slots", m.dirty_slots);
             }
-            if let Some(why) = w["last_failure"].as_str() {
-                out += &format!(", {} failures, last: {why}", u(w, "failures"));
-            }
-        }
-        let m = &d["migration"];
-        match m["state"].as_str() {
-            None | Some("none") => {}
-            Some(st) => {
-                out += &format!(
-                    ", migration {st}: pass {}, {} in {} records",
-                    u(m, "pass"),
-                    human(u(m, "bytes")),
-                    u(m, "records")
-                );
-                if st == "sending" {
-                    out += &format!(", {} dirty slots", u(m, "dirty_slots"));
-                }
-                if let Some(e) = m["error"].as_str() {
-                    out += &format!(", error: {e}");
-                }
+            if let Some(e) = &m.error {
+                let _ = write!(out, ", error: {e}");
             }
         }
     }
@@ -255,15 +264,72 @@ mod tests {
         assert_eq!(human(8 << 30), "8.0 GiB");
     }
 
+    /// A device as `stat` reports it, idle and empty.
+    fn device(name: &str, socket: &str) -> DeviceStat {
+        use crate::proto::control::{MigrationStat, TierStat, WorkerState, WorkerStatus};
+        use vzram_store::Codec;
+        DeviceStat {
+            index: 0,
+            name: name.into(),
+            socket: socket.into(),
+            size_bytes: 0,
+            queues: 1,
+            algo: Codec::Lz4,
+            readonly: false,
+            serial: format!("vzram-{name}"),
+            connected: false,
+            state: "/dev/shm/vzram/x".into(),
+            state_bytes: 0,
+            connections: 0,
+            worker: WorkerStatus {
+                state: WorkerState::Idle,
+                pid: None,
+                started: 0,
+                failures: 0,
+                failing: 0,
+                last_failure: None,
+            },
+            stats: Default::default(),
+            tier: TierStat {
+                backing: None,
+                recompress_algo: Codec::Zstd { level: 3 },
+                idle_after_secs: None,
+                auto_writeback: false,
+                auto_recompress: false,
+            },
+            migration: MigrationStat {
+                state: MigrationState::None,
+                incoming: None,
+                error: None,
+                bytes: 0,
+                records: 0,
+                pass: 0,
+                dirty_slots: 0,
+                final_ms: 0.0,
+                total_ms: 0.0,
+            },
+        }
+    }
+
     #[test]
     fn renders_a_table() {
-        let reply = json!({
-            "ok": true,
-            "pool": {"orig_data_size": 8192, "compr_data_size": 100, "mem_used_total": 4096, "mem_limit": 0},
-            "devices": [{"name": "vm1", "socket": "/tmp/vm1.sock", "size_bytes": 1u64 << 30, "algo": "lz4", "queues": 4,
-                         "readonly": false, "connected": true,
-                         "stats": {"orig_data_size": 8192, "compr_data_size": 100, "mem_used_total": 4096, "reads": 7, "writes": 2}}]
-        });
+        let mut d = device("vm1", "/tmp/vm1.sock");
+        d.size_bytes = 1 << 30;
+        d.queues = 4;
+        d.connected = true;
+        d.stats.orig_data_size = 8192;
+        d.stats.compr_data_size = 100;
+        d.stats.mem_used_total = 4096;
+        d.stats.reads = 7;
+        d.stats.writes = 2;
+        let mut reply = StatReply {
+            pool: Default::default(),
+            devices: vec![d],
+            metrics: None,
+        };
+        reply.pool.orig_data_size = 8192;
+        reply.pool.compr_data_size = 100;
+        reply.pool.mem_used_total = 4096;
         let t = render(&reply);
         assert!(t.contains("mm_stat") && t.contains("io_stat"), "{t}");
         let row = t.lines().find(|l| l.starts_with("vm1 ")).unwrap();
@@ -277,16 +343,25 @@ mod tests {
 
     #[test]
     fn renders_tiering() {
-        let reply = json!({
-            "ok": true,
-            "pool": {},
-            "devices": [
-                {"name": "vm1", "socket": "/s1", "stats": {"backed_pages": 12, "backed_reads": 3,
-                  "backed_writes": 20, "spills": 2, "pages_recompressed": 5, "recompress_saved_bytes": 2048},
-                 "tier": {"backing": {"path": "/var/vz/vm1.img", "blocks": 1000, "used_blocks": 12, "direct_io": true}}},
-                {"name": "vm2", "socket": "/s2", "stats": {}, "tier": {"backing": null}}
-            ]
+        use crate::proto::control::BackingStat;
+        let mut vm1 = device("vm1", "/s1");
+        vm1.stats.backed_pages = 12;
+        vm1.stats.backed_reads = 3;
+        vm1.stats.backed_writes = 20;
+        vm1.stats.spills = 2;
+        vm1.stats.pages_recompressed = 5;
+        vm1.stats.recompress_saved_bytes = 2048;
+        vm1.tier.backing = Some(BackingStat {
+            path: "/var/vz/vm1.img".into(),
+            blocks: 1000,
+            used_blocks: 12,
+            direct_io: true,
         });
+        let reply = StatReply {
+            pool: Default::default(),
+            devices: vec![vm1, device("vm2", "/s2")],
+            metrics: None,
+        };
         let t = render(&reply);
         assert!(t.contains("bd_stat"), "{t}");
         let head = t

@@ -15,10 +15,15 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use vzram_store::{Codec, DeviceStats, PoolStats};
+
+use super::codec;
 
 /// How long a writeback or recompression order may take: a whole device
 /// through a slow disk or a strong codec.
@@ -108,6 +113,224 @@ impl DeviceRef {
     pub fn named(s: &str) -> DeviceRef {
         DeviceRef::Name(s.to_string())
     }
+}
+
+/// The reply to `stat`: the whole pool, then each device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatReply {
+    pub pool: PoolStats,
+    pub devices: Vec<DeviceStat>,
+    /// Where `/metrics` is served, if anywhere.
+    pub metrics: Option<String>,
+}
+
+/// One device in a [`StatReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStat {
+    pub index: usize,
+    pub name: String,
+    pub socket: PathBuf,
+    pub size_bytes: u64,
+    pub queues: u16,
+    #[serde(with = "codec")]
+    pub algo: Codec,
+    pub readonly: bool,
+    pub serial: String,
+    pub connected: bool,
+    /// The state directory.
+    pub state: PathBuf,
+    pub state_bytes: u64,
+    /// Frontend connections this daemon run.
+    pub connections: u64,
+    pub worker: WorkerStatus,
+    pub stats: DeviceStats,
+    pub tier: TierStat,
+    pub migration: MigrationStat,
+}
+
+/// What serves a device, as `vzram stat` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    Idle,
+    /// A connection waits for its worker.
+    Starting,
+    Running,
+    /// The supervisor itself holds the device (compacting, resetting or
+    /// tiering one that has no frontend).
+    Busy,
+    /// Workers keep failing; the next waits out a backoff.
+    Failing,
+}
+
+/// A device's worker: its state and its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub state: WorkerState,
+    pub pid: Option<u32>,
+    /// Workers started so far.
+    pub started: u64,
+    /// Workers that ended badly.
+    pub failures: u64,
+    /// Consecutive failures (what the backoff counts).
+    pub failing: u64,
+    pub last_failure: Option<String>,
+}
+
+/// A device's tiering settings, and its backing file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TierStat {
+    pub backing: Option<BackingStat>,
+    #[serde(with = "codec")]
+    pub recompress_algo: Codec,
+    pub idle_after_secs: Option<u64>,
+    pub auto_writeback: bool,
+    pub auto_recompress: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackingStat {
+    pub path: PathBuf,
+    pub blocks: u64,
+    /// Blocks in use: the written-back pages, one each.
+    pub used_blocks: u64,
+    pub direct_io: bool,
+}
+
+/// Where a device's migration stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrationState {
+    None,
+    /// Waits for its pages.
+    Incoming,
+    Receiving,
+    /// A stream failed; waits for another.
+    Failed,
+    Sending,
+    Sent,
+    SendFailed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigrationStat {
+    pub state: MigrationState,
+    /// The address it waits on, if configured `incoming=`.
+    pub incoming: Option<String>,
+    /// Why the last migration failed.
+    pub error: Option<String>,
+    pub bytes: u64,
+    pub records: u64,
+    pub pass: u64,
+    pub dirty_slots: u64,
+    pub final_ms: f64,
+    pub total_ms: f64,
+}
+
+/// The reply to `set-limit` of a device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceLimitSet {
+    pub device: String,
+    pub mem_limit: u64,
+}
+
+/// The reply to `set-limit` of the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostLimitSet {
+    pub host_mem_limit: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compacted {
+    pub pages_compacted: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Added {
+    pub device: String,
+    pub index: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Removed {
+    pub device: String,
+    pub removed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reset {
+    pub device: String,
+    pub pages_dropped: u64,
+}
+
+/// The reply to `reset-max`: nothing but `ok`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Done {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkedIdle {
+    pub device: String,
+    pub pages_marked: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recompressed {
+    pub device: String,
+    #[serde(with = "codec")]
+    pub algo: Codec,
+    pub pages_tried: u64,
+    pub pages_recompressed: u64,
+    pub saved_bytes: u64,
+    pub freed_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenBack {
+    pub device: String,
+    pub pages_written: u64,
+    pub freed_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Migrated {
+    pub device: String,
+    pub to: String,
+    pub pages: u64,
+    pub bytes: u64,
+    pub records: u64,
+    pub passes: u32,
+    pub final_records: u64,
+    pub final_ms: f64,
+    pub seconds: f64,
+    pub rate_mib_s: f64,
+    pub kept: bool,
+}
+
+/// A reply line read back: `"ok":true` and the result, or `"ok":false` and
+/// `"error"`.
+pub fn parse_reply<T: DeserializeOwned>(reply: Value) -> Result<T, ReplyError> {
+    match reply.get("ok") {
+        Some(Value::Bool(true)) => serde_json::from_value(reply).map_err(ReplyError::Malformed),
+        Some(Value::Bool(false)) => Err(ReplyError::Refused(
+            reply
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("no reason given")
+                .to_string(),
+        )),
+        _ => Err(ReplyError::Malformed(serde::de::Error::custom(
+            "no \"ok\" in the reply",
+        ))),
+    }
+}
+
+/// Why a reply carries no result.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplyError {
+    #[error("daemon refused: {0}")]
+    Refused(String),
+    #[error("bad reply: {0}")]
+    Malformed(serde_json::Error),
 }
 
 /// How long `vzram stat` and friends wait for the daemon.

@@ -15,9 +15,14 @@ use super::served::Served;
 use super::Supervisor;
 use crate::config::DeviceSpec;
 use crate::proto::addr::Addr;
-use crate::proto::control::{DeviceRef, Request};
+use crate::proto::control::{
+    Added, BackingStat, Compacted, DeviceLimitSet, DeviceRef, DeviceStat, Done, HostLimitSet,
+    MarkedIdle, Migrated, MigrationStat, MigrationState, Recompressed, Removed, Request, Reset,
+    StatReply, TierStat, WrittenBack,
+};
 use crate::proto::order::{Answer, Order, TierFilter};
 
+/// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: u64 = 64 * 1024;
 
 pub struct Control {
@@ -119,9 +124,14 @@ impl Control {
         }
     }
 
+    /// A typed reply as the line's JSON.
+    fn reply(r: impl serde::Serialize) -> Result<Value, String> {
+        serde_json::to_value(r).map_err(|e| format!("cannot encode the reply: {e}"))
+    }
+
     fn handle(&self, req: Request) -> Result<Value, String> {
         match req {
-            Request::Stat {} => Ok(self.stat()),
+            Request::Stat {} => Self::reply(self.stat()),
             Request::SetLimit {
                 device: Some(_),
                 host: true,
@@ -149,7 +159,10 @@ impl Control {
                 // The worker, if any, reads the limit from the shared cells.
                 d.cells.budget().set_limit(bytes);
                 tracing::info!(device = %d.spec.name, bytes, "device memory limit set");
-                Ok(json!({"device": d.spec.name, "mem_limit": bytes}))
+                Self::reply(DeviceLimitSet {
+                    device: d.spec.name.clone(),
+                    mem_limit: bytes,
+                })
             }
             Request::SetLimit {
                 device: None,
@@ -158,7 +171,9 @@ impl Control {
             } => {
                 self.sup.pool.set_host_mem_limit(bytes);
                 tracing::info!(bytes, "host memory limit set");
-                Ok(json!({"host_mem_limit": bytes}))
+                Self::reply(HostLimitSet {
+                    host_mem_limit: bytes,
+                })
             }
             Request::SetLimit {
                 device: None,
@@ -184,26 +199,37 @@ impl Control {
                     }
                 };
                 tracing::info!(pages, "compacted");
-                Ok(json!({"pages_compacted": pages}))
+                Self::reply(Compacted {
+                    pages_compacted: pages,
+                })
             }
             Request::Add { device } => {
                 let spec = self.new_device(&device)?;
                 let name = spec.name.clone();
                 let index = self.sup.add(spec)?;
-                Ok(json!({"device": name, "index": index}))
+                Self::reply(Added {
+                    device: name,
+                    index,
+                })
             }
             Request::Remove { device } => {
                 let (i, d) = self.find(&device)?;
                 let name = d.spec.name.clone();
                 drop(d);
                 self.sup.remove(i)?;
-                Ok(json!({"device": name, "removed": true}))
+                Self::reply(Removed {
+                    device: name,
+                    removed: true,
+                })
             }
             Request::Reset { device } => {
                 let (_, d) = self.find(&device)?;
                 let pages = self.sup.reset(&d)?;
                 tracing::info!(device = %d.spec.name, pages, "reset: data dropped");
-                Ok(json!({"device": d.spec.name, "pages_dropped": pages}))
+                Self::reply(Reset {
+                    device: d.spec.name.clone(),
+                    pages_dropped: pages,
+                })
             }
             Request::ResetMax { device } => {
                 match device {
@@ -215,7 +241,7 @@ impl Control {
                         self.sup.pool.reset_mem_used_max();
                     }
                 }
-                Ok(json!({}))
+                Self::reply(Done {})
             }
             Request::Migrate { device, to, keep } => self.migrate(&device, &to, keep),
             Request::MarkIdle { device } => {
@@ -225,7 +251,10 @@ impl Control {
                     a => return Err(format!("unexpected answer: {a:?}")),
                 };
                 tracing::info!(device = %d.spec.name, pages, "marked idle");
-                Ok(json!({"device": d.spec.name, "pages_marked": pages}))
+                Self::reply(MarkedIdle {
+                    device: d.spec.name.clone(),
+                    pages_marked: pages,
+                })
             }
             Request::Recompress {
                 device,
@@ -263,14 +292,14 @@ impl Control {
                     return Err("unexpected answer from the device".into());
                 };
                 tracing::info!(device = %d.spec.name, algo = %codec, tried, pages, saved_bytes, freed_bytes, "recompressed");
-                Ok(json!({
-                    "device": d.spec.name,
-                    "algo": codec.to_string(),
-                    "pages_tried": tried,
-                    "pages_recompressed": pages,
-                    "saved_bytes": saved_bytes,
-                    "freed_bytes": freed_bytes,
-                }))
+                Self::reply(Recompressed {
+                    device: d.spec.name.clone(),
+                    algo: codec,
+                    pages_tried: tried,
+                    pages_recompressed: pages,
+                    saved_bytes,
+                    freed_bytes,
+                })
             }
             Request::Writeback {
                 device,
@@ -293,11 +322,11 @@ impl Control {
                     return Err("unexpected answer from the device".into());
                 };
                 tracing::info!(device = %d.spec.name, pages, freed_bytes, "wrote pages back");
-                Ok(json!({
-                    "device": d.spec.name,
-                    "pages_written": pages,
-                    "freed_bytes": freed_bytes,
-                }))
+                Self::reply(WrittenBack {
+                    device: d.spec.name.clone(),
+                    pages_written: pages,
+                    freed_bytes,
+                })
             }
         }
     }
@@ -325,19 +354,23 @@ impl Control {
         };
         let secs = total_micros as f64 / 1e6;
         tracing::info!(device = %d.spec.name, to = %to, pages, bytes, passes, final_ms = final_micros as f64 / 1000.0, secs, "migrated");
-        Ok(json!({
-            "device": d.spec.name,
-            "to": to.to_string(),
-            "pages": pages,
-            "bytes": bytes,
-            "records": records,
-            "passes": passes,
-            "final_records": final_records,
-            "final_ms": final_micros as f64 / 1000.0,
-            "seconds": secs,
-            "rate_mib_s": if secs > 0.0 { bytes as f64 / secs / (1 << 20) as f64 } else { 0.0 },
-            "kept": keep,
-        }))
+        Self::reply(Migrated {
+            device: d.spec.name.clone(),
+            to: to.to_string(),
+            pages,
+            bytes,
+            records,
+            passes,
+            final_records,
+            final_ms: final_micros as f64 / 1000.0,
+            seconds: secs,
+            rate_mib_s: if secs > 0.0 {
+                bytes as f64 / secs / (1 << 20) as f64
+            } else {
+                0.0
+            },
+            kept: keep,
+        })
     }
 
     /// A device for `add`, from `--device` syntax, checked as the command
@@ -363,63 +396,81 @@ impl Control {
             .ok_or_else(|| "no device".to_string())
     }
 
-    fn stat(&self) -> Value {
-        let devices: Vec<Value> = self
+    fn stat(&self) -> StatReply {
+        let devices = self
             .devices()
             .iter()
             .map(|(i, d)| {
                 let stats = d.cells.stats(d.spec.size);
                 let t = &d.spec.tier;
-                let tier = json!({
-                    // Blocks in use are the written-back pages: each holds one.
-                    "backing": d.backing.as_ref().map(|b| json!({
-                        "path": b.path.display().to_string(),
-                        "blocks": b.blocks,
-                        "used_blocks": stats.backed_pages,
-                        "direct_io": b.direct,
-                    })),
-                    "recompress_algo": t.recompress_algo.to_string(),
-                    "idle_after_secs": t.idle_after.map(|d| d.as_secs()),
-                    "auto_writeback": t.auto_writeback,
-                    "auto_recompress": t.auto_recompress,
-                });
+                let tier = TierStat {
+                    backing: d.backing.as_ref().map(|b| BackingStat {
+                        path: b.path.clone(),
+                        blocks: b.blocks,
+                        // Each written-back page holds one block.
+                        used_blocks: stats.backed_pages,
+                        direct_io: b.direct,
+                    }),
+                    recompress_algo: t.recompress_algo,
+                    idle_after_secs: t.idle_after.map(|d| d.as_secs()),
+                    auto_writeback: t.auto_writeback,
+                    auto_recompress: t.auto_recompress,
+                };
                 let m = &d.cells.migration;
-                let migration = json!({
-                    "state": m.state_name(),
-                    "incoming": d.spec.incoming.as_ref().map(|a| a.to_string()),
-                    "error": d.migration_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-                    "bytes": m.bytes.load(Ordering::Relaxed),
-                    "records": m.records.load(Ordering::Relaxed),
-                    "pass": m.pass.load(Ordering::Relaxed),
-                    "dirty_slots": m.dirty.load(Ordering::Relaxed),
-                    "final_ms": m.final_micros.load(Ordering::Relaxed) as f64 / 1000.0,
-                    "total_ms": m.total_micros.load(Ordering::Relaxed) as f64 / 1000.0,
-                });
-                json!({
-                    "index": i,
-                    "name": d.spec.name,
-                    "migration": migration,
-                    "socket": d.spec.socket,
-                    "size_bytes": d.spec.size,
-                    "queues": d.spec.queues,
-                    "algo": d.spec.algo.to_string(),
-                    "readonly": d.spec.readonly,
-                    "serial": d.spec.serial,
-                    "connected": d.connected.load(Ordering::Relaxed),
-                    "state": d.state_dir().display().to_string(),
-                    "state_bytes": d.state_bytes(),
-                    "connections": d.cells.connections.load(Ordering::Relaxed),
-                    "worker": self.sup.worker_status(d),
-                    "stats": stats,
-                    "tier": tier,
-                })
+                let migration = MigrationStat {
+                    state: migration_state(m.state.load(Ordering::Relaxed)),
+                    incoming: d.spec.incoming.as_ref().map(|a| a.to_string()),
+                    error: d
+                        .migration_error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone(),
+                    bytes: m.bytes.load(Ordering::Relaxed),
+                    records: m.records.load(Ordering::Relaxed),
+                    pass: m.pass.load(Ordering::Relaxed),
+                    dirty_slots: m.dirty.load(Ordering::Relaxed),
+                    final_ms: m.final_micros.load(Ordering::Relaxed) as f64 / 1000.0,
+                    total_ms: m.total_micros.load(Ordering::Relaxed) as f64 / 1000.0,
+                };
+                DeviceStat {
+                    index: *i,
+                    name: d.spec.name.clone(),
+                    socket: d.spec.socket.clone(),
+                    size_bytes: d.spec.size,
+                    queues: d.spec.queues,
+                    algo: d.spec.algo,
+                    readonly: d.spec.readonly,
+                    serial: d.spec.serial.clone(),
+                    connected: d.connected.load(Ordering::Relaxed),
+                    state: d.state_dir().to_path_buf(),
+                    state_bytes: d.state_bytes(),
+                    connections: d.cells.connections.load(Ordering::Relaxed),
+                    worker: self.sup.worker_status(d),
+                    stats,
+                    tier,
+                    migration,
+                }
             })
             .collect();
-        json!({
-            "pool": self.pool_stats(),
-            "devices": devices,
-            "metrics": self.metrics.map(|a| a.to_string()),
-        })
+        StatReply {
+            pool: self.pool_stats(),
+            devices,
+            metrics: self.metrics.map(|a| a.to_string()),
+        }
+    }
+}
+
+/// The shared cells' migration state as `stat` names it.
+fn migration_state(v: u64) -> MigrationState {
+    use vzram_store::cells::*;
+    match v {
+        MIGRATION_INCOMING => MigrationState::Incoming,
+        MIGRATION_RECEIVING => MigrationState::Receiving,
+        MIGRATION_FAILED => MigrationState::Failed,
+        MIGRATION_SENDING => MigrationState::Sending,
+        MIGRATION_SENT => MigrationState::Sent,
+        MIGRATION_SEND_FAILED => MigrationState::SendFailed,
+        _ => MigrationState::None,
     }
 }
 

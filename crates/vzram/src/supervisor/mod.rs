@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vzram_store::Pool;
 
+use crate::proto::control::{WorkerState, WorkerStatus};
 use crate::proto::launch::{Report, Request};
 use crate::proto::worker_spec::{LogLevel, SeccompMode};
 use crate::sys::notify::Notifier;
-use served::{Phase, Served, WorkerStatus};
+use served::{Phase, Served};
 
 mod admission;
 pub mod control;
@@ -184,17 +185,17 @@ impl Supervisor {
 
     pub fn worker_status(&self, d: &Served) -> WorkerStatus {
         let (state, pid) = match &*d.phase() {
-            Phase::Idle => ("idle", None),
-            Phase::Pending { .. } => ("starting", None),
-            Phase::Running { pid, .. } => ("running", *pid),
+            Phase::Idle => (WorkerState::Idle, None),
+            Phase::Pending { .. } => (WorkerState::Starting, None),
+            Phase::Running { pid, .. } => (WorkerState::Running, *pid),
             // The supervisor itself holds the device: compacting, resetting
             // or tiering it.
-            Phase::Busy => ("busy", None),
+            Phase::Busy => (WorkerState::Busy, None),
         };
         let failing = d.backoff().map_or(0, |b| u64::from(b.0));
         WorkerStatus {
-            state: if failing > 0 && state != "running" {
-                "failing"
+            state: if failing > 0 && state != WorkerState::Running {
+                WorkerState::Failing
             } else {
                 state
             },

@@ -262,6 +262,8 @@ impl Supervisor {
     }
 }
 
+/// Why a worker gave no answer to an order.
+#[derive(Debug)]
 pub(super) enum Asked {
     /// Its channel broke: it was exiting (its frontend had left) or died.
     Gone(String),

@@ -112,18 +112,6 @@ pub(super) enum Phase {
     Busy,
 }
 
-/// The worker state shown by `vzram stat`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct WorkerStatus {
-    pub state: &'static str,
-    pub pid: Option<u32>,
-    pub started: u64,
-    pub failures: u64,
-    /// Consecutive failures (what the backoff counts).
-    pub failing: u64,
-    pub last_failure: Option<String>,
-}
-
 impl Served {
     pub fn new(
         spec: DeviceSpec,

@@ -66,6 +66,7 @@ impl Rings {
     }
 }
 
+/// The socket the `vhost` crate accepts from. Only this worker connects to
 /// it, through `/proc/self/fd`: its file is unlinked before it listens.
 pub struct InnerSocket {
     pub listener: Listener,
@@ -129,6 +130,7 @@ fn nanos() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
+/// Reads one frontend message through the guard; None when the frontend
 /// is gone or was refused (logged here).
 pub fn guarded_recv(frontend: &UnixStream, guard: &mut Guard) -> Option<Message> {
     match guard::recv_message(frontend, guard, MESSAGE_WAIT) {

@@ -65,6 +65,12 @@ if [ -z "${QEMU:-}" ] && ! command -v qemu-system-x86_64 >/dev/null; then need+=
 if [ "$backend" = qsd ] && ! command -v qemu-storage-daemon >/dev/null; then need+=(qemu-system-common); fi
 if ((${#need[@]})); then
     command -v apt-get >/dev/null || { echo "qemu.sh: ${need[*]} missing and no apt-get; install QEMU or set QEMU=" >&2; exit 1; }
+    # A backported qemu-utils (newer than the release's QEMU) blocks the
+    # release's qemu-system-x86: the release's qemu-utils comes with it.
+    if [[ " ${need[*]} " == *" qemu-system-x86 "* ]] && dpkg -s qemu-utils >/dev/null 2>&1 \
+        && [ -r /etc/os-release ]; then
+        need+=(--allow-downgrades "qemu-utils/$(. /etc/os-release && echo "$VERSION_CODENAME")")
+    fi
     echo "qemu.sh: installing ${need[*]}" >&2
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 \
     || { as_root apt-get update -qq >&2 && as_root env DEBIAN_FRONTEND=noninteractive \

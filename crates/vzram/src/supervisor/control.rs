@@ -10,7 +10,9 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use vzram_store::PoolStats;
 
+use super::error::{Error, Result};
 use super::metrics::{DeviceSample, Sample};
+use super::orders::unexpected;
 use super::served::Served;
 use super::Supervisor;
 use crate::config::DeviceSpec;
@@ -78,7 +80,7 @@ impl Control {
     }
 
     /// The device a request names, with its index.
-    fn find(&self, r: &DeviceRef) -> Result<(usize, Arc<Served>), String> {
+    fn find(&self, r: &DeviceRef) -> Result<(usize, Arc<Served>)> {
         let devices = self.devices();
         let by_index = |i: u64| devices.iter().find(|(j, _)| *j as u64 == i).cloned();
         let found = match r {
@@ -98,14 +100,14 @@ impl Control {
                 .iter()
                 .map(|(i, d)| format!("{} ({i})", d.spec.name))
                 .collect();
-            format!(
-                "no device {asked}; devices (by name or index): {}",
-                if names.is_empty() {
+            Error::NoSuchDevice {
+                asked,
+                known: if names.is_empty() {
                     "none".to_string()
                 } else {
                     names.join(", ")
-                }
-            )
+                },
+            }
         })
     }
 
@@ -120,23 +122,26 @@ impl Control {
                 v["ok"] = json!(true);
                 v
             }
-            Err(e) => json!({"ok": false, "error": e}),
+            // The one place an error becomes text.
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
         }
     }
 
     /// A typed reply as the line's JSON.
-    fn reply(r: impl serde::Serialize) -> Result<Value, String> {
-        serde_json::to_value(r).map_err(|e| format!("cannot encode the reply: {e}"))
+    fn reply(r: impl serde::Serialize) -> Result<Value> {
+        serde_json::to_value(r).map_err(|e| Error::Invalid(format!("cannot encode the reply: {e}")))
     }
 
-    fn handle(&self, req: Request) -> Result<Value, String> {
+    fn handle(&self, req: Request) -> Result<Value> {
         match req {
             Request::Stat {} => Self::reply(self.stat()),
             Request::SetLimit {
                 device: Some(_),
                 host: true,
                 ..
-            } => Err("give either \"device\" or \"host\":true, not both".into()),
+            } => Err(Error::Invalid(
+                "give either \"device\" or \"host\":true, not both".into(),
+            )),
             Request::SetLimit {
                 device: Some(r),
                 bytes,
@@ -144,17 +149,17 @@ impl Control {
             } => {
                 let (_, d) = self.find(&r)?;
                 if bytes > d.spec.size {
-                    return Err(format!(
+                    return Err(Error::Invalid(format!(
                         "device {}: a limit of {bytes} bytes is above its size {} (0 means no limit)",
                         d.spec.name, d.spec.size
-                    ));
+                    )));
                 }
                 let host = self.sup.pool.host_mem_limit();
                 if host != 0 && bytes > host {
-                    return Err(format!(
+                    return Err(Error::Invalid(format!(
                         "device {}: a limit of {bytes} bytes is above the host limit {host}",
                         d.spec.name
-                    ));
+                    )));
                 }
                 // The worker, if any, reads the limit from the shared cells.
                 d.cells.budget().set_limit(bytes);
@@ -179,7 +184,9 @@ impl Control {
                 device: None,
                 host: false,
                 ..
-            } => Err("set-limit needs \"device\" or \"host\":true".into()),
+            } => Err(Error::Invalid(
+                "set-limit needs \"device\" or \"host\":true".into(),
+            )),
             Request::Compact { device } => {
                 let pages = match device {
                     Some(r) => self.sup.compact(&self.find(&r)?.1)?,
@@ -248,7 +255,7 @@ impl Control {
                 let (_, d) = self.find(&device)?;
                 let pages = match self.sup.tier(&d, &Order::MarkIdle)? {
                     Answer::MarkedIdle { pages } => pages,
-                    a => return Err(format!("unexpected answer: {a:?}")),
+                    a => return Err(unexpected(a)),
                 };
                 tracing::info!(device = %d.spec.name, pages, "marked idle");
                 Self::reply(MarkedIdle {
@@ -264,14 +271,14 @@ impl Control {
             } => {
                 let (_, d) = self.find(&device)?;
                 let codec = match algo {
-                    Some(a) => crate::config::parse_codec(&a)?,
+                    Some(a) => crate::config::parse_codec(&a).map_err(Error::Invalid)?,
                     None => d.spec.tier.recompress_algo,
                 };
                 if codec == d.spec.algo {
-                    return Err(format!(
+                    return Err(Error::Invalid(format!(
                         "device {} already stores with {codec}; recompression needs another codec (such as zstd:3)",
                         d.spec.name
-                    ));
+                    )));
                 }
                 let filter = TierFilter {
                     idle,
@@ -289,7 +296,7 @@ impl Control {
                     freed_bytes,
                 } = self.sup.tier(&d, &order)?
                 else {
-                    return Err("unexpected answer from the device".into());
+                    return Err(Error::WorkerAnswer("not the one asked for".into()));
                 };
                 tracing::info!(device = %d.spec.name, algo = %codec, tried, pages, saved_bytes, freed_bytes, "recompressed");
                 Self::reply(Recompressed {
@@ -319,7 +326,7 @@ impl Control {
                 let Answer::WrittenBack { pages, freed_bytes } =
                     self.sup.tier(&d, &Order::Writeback { filter, max_pages })?
                 else {
-                    return Err("unexpected answer from the device".into());
+                    return Err(Error::WorkerAnswer("not the one asked for".into()));
                 };
                 tracing::info!(device = %d.spec.name, pages, freed_bytes, "wrote pages back");
                 Self::reply(WrittenBack {
@@ -331,14 +338,11 @@ impl Control {
         }
     }
 
-    fn migrate(&self, device: &DeviceRef, to: &str, keep: bool) -> Result<Value, String> {
+    fn migrate(&self, device: &DeviceRef, to: &str, keep: bool) -> Result<Value> {
         let (_, d) = self.find(device)?;
-        let to = to.parse::<Addr>()?;
+        let to = to.parse::<Addr>().map_err(Error::Invalid)?;
         if d.cells.migration.incoming() {
-            return Err(format!(
-                "device {} is waiting for its own pages (incoming); it has nothing to send",
-                d.spec.name
-            ));
+            return Err(Error::Incoming(d.spec.name.clone()));
         }
         let Answer::Sent {
             pages,
@@ -350,7 +354,7 @@ impl Control {
             total_micros,
         } = self.sup.migrate(&d, &to, keep)?
         else {
-            return Err("unexpected answer from the device".into());
+            return Err(Error::WorkerAnswer("not the one asked for".into()));
         };
         let secs = total_micros as f64 / 1e6;
         tracing::info!(device = %d.spec.name, to = %to, pages, bytes, passes, final_ms = final_micros as f64 / 1000.0, secs, "migrated");
@@ -375,8 +379,8 @@ impl Control {
 
     /// A device for `add`, from `--device` syntax, checked as the command
     /// line checks it (a name is made up if none is given).
-    fn new_device(&self, text: &str) -> Result<DeviceSpec, String> {
-        let mut draft = crate::config::parse_device_spec(text)?;
+    fn new_device(&self, text: &str) -> Result<DeviceSpec> {
+        let mut draft = crate::config::parse_device_spec(text).map_err(Error::Invalid)?;
         let taken: Vec<String> = self
             .devices()
             .iter()
@@ -389,11 +393,11 @@ impl Control {
         }
         let host = self.sup.pool.host_mem_limit();
         let cfg = crate::config::DaemonConfig::build(Some(host), None, None, vec![draft])
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::Invalid(e.to_string()))?;
         cfg.devices
             .into_iter()
             .next()
-            .ok_or_else(|| "no device".to_string())
+            .ok_or_else(|| Error::Invalid("no device".into()))
     }
 
     fn stat(&self) -> StatReply {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use vzram_store::StateFiles;
 
+use super::error::{Error, Result};
 use super::served::{BackingFile, Phase, Served};
 use super::{Supervisor, STOP_WAIT};
 use crate::config::DeviceSpec;
@@ -16,18 +17,17 @@ use crate::proto::launch::{Report, Request};
 
 impl Supervisor {
     /// Adds a device at run time; returns its index.
-    pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<usize, String> {
+    pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<usize> {
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
         for (_, d) in self.devices() {
             if d.spec.name == spec.name {
-                return Err(format!("a device named {:?} exists", spec.name));
+                return Err(Error::NameTaken(spec.name));
             }
             if d.spec.socket == spec.socket {
-                return Err(format!(
-                    "socket {} is device {}'s",
-                    spec.socket.display(),
-                    d.spec.name
-                ));
+                return Err(Error::SocketTaken {
+                    socket: spec.socket.display().to_string(),
+                    device: d.spec.name.clone(),
+                });
             }
         }
         let root = spec
@@ -53,14 +53,11 @@ impl Supervisor {
                 backing,
                 ..
             } => (dir, existing, backing),
-            Report::Failed { error, .. } => return Err(error),
-            r => return Err(format!("unexpected answer from the launcher: {r:?}")),
+            Report::Failed { error, .. } => return Err(Error::LauncherRefused(error)),
+            r => return Err(Error::LauncherAnswer(format!("{r:?}"))),
         };
         let mut fds = fds.into_iter();
-        let mut next = || {
-            fds.next()
-                .ok_or_else(|| "the launcher sent the wrong descriptors".to_string())
-        };
+        let mut next = || fds.next().ok_or(Error::LauncherFds);
         let (listener, lock, table, arena, stats) = (next()?, next()?, next()?, next()?, next()?);
         let backing = match (spec.tier.backing_file.clone(), prepared_backing) {
             (Some(path), Some(b)) => Some(BackingFile {
@@ -70,14 +67,14 @@ impl Supervisor {
                 blocks: b.blocks,
             }),
             (None, None) => None,
-            _ => return Err("the launcher sent the wrong descriptors".to_string()),
+            _ => return Err(Error::LauncherFds),
         };
         let incoming = match &spec.incoming {
             Some(a) => Some(Listener::new(a, next()?)),
             None => None,
         };
         let socket = spec.socket.clone();
-        let undo = |e: String| {
+        let undo = |e: Error| {
             let _ = self.ask(|id| Request::Remove {
                 id,
                 socket: Some(socket.clone()),
@@ -93,13 +90,13 @@ impl Supervisor {
             stats.into(),
             spec.size,
         )
-        .map_err(|e| undo(e.to_string()))?;
+        .map_err(|e| undo(e.into()))?;
         let opened = match &backing {
-            Some(b) => Some(b.open().map_err(undo)?),
+            Some(b) => Some(b.open().map_err(|e| undo(e.into()))?),
             None => None,
         };
         let dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
-        let dev = attach(&self.pool, dc, &files, opened).map_err(|e| undo(e.to_string()))?;
+        let dev = attach(&self.pool, dc, &files, opened).map_err(|e| undo(e.into()))?;
         match dev.recovery() {
             Some(r) if existing => tracing::info!(
                 device = %spec.name,
@@ -114,7 +111,7 @@ impl Supervisor {
         }
         drop(dev);
         let mut served = Served::new(spec, listener.into(), files, backing)
-            .map_err(|e| undo(e.to_string()))?
+            .map_err(|e| undo(e.into()))?
             .with_incoming(incoming);
         served.added = true;
         let i = {
@@ -125,27 +122,26 @@ impl Supervisor {
         self.wake();
         self.tell_status();
         if let Some(d) = self.device(i) {
-            self.start_incoming(d)
-                .map_err(|e| format!("cannot start the migration listener: {e}"))?;
+            self.start_incoming(d).map_err(Error::Thread)?;
         }
         Ok(i)
     }
 
     /// Removes device `i` for good: its frontend is disconnected, its
     /// socket and its state deleted, its memory given back.
-    pub fn remove(&self, i: usize) -> Result<(), String> {
+    pub fn remove(&self, i: usize) -> Result<()> {
         let Some(d) = self.device(i) else {
-            return Err(format!("no device {i}"));
+            return Err(Error::NoIndex(i));
         };
         d.removing.store(true, Relaxed);
         self.wake();
         let deadline = Instant::now() + STOP_WAIT;
         while !matches!(*d.phase(), Phase::Idle) {
             if Instant::now() > deadline {
-                return Err(format!(
-                    "device {}: its worker did not stop within {STOP_WAIT:?}",
-                    d.spec.name
-                ));
+                return Err(Error::WorkerStuck {
+                    device: d.spec.name.clone(),
+                    wait: STOP_WAIT,
+                });
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -168,7 +164,7 @@ impl Supervisor {
                     d = again;
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err(_) => return Err(format!("device {name}: still in use; try again")),
+                Err(_) => return Err(Error::InUse(name)),
             }
         }
         let (report, _) = self.ask(|id| Request::Remove {
@@ -182,8 +178,8 @@ impl Supervisor {
                 self.tell_status();
                 Ok(())
             }
-            Report::Failed { error, .. } => Err(error),
-            r => Err(format!("unexpected answer from the launcher: {r:?}")),
+            Report::Failed { error, .. } => Err(Error::LauncherRefused(error)),
+            r => Err(Error::LauncherAnswer(format!("{r:?}"))),
         }
     }
 }

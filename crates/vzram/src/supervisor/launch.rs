@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use super::error::{Error, Result};
 use super::Supervisor;
 use crate::proto::launch::{Report, Request};
 use crate::proto::wire::{self, seqpacket_pair, FIRST_FD};
@@ -46,7 +47,7 @@ pub fn start() -> io::Result<OwnedFd> {
 impl Supervisor {
     /// Sends the launcher a request and waits for its reply (read by the
     /// loop, which must be running).
-    pub fn ask(&self, req: impl FnOnce(u64) -> Request) -> Result<(Report, Vec<OwnedFd>), String> {
+    pub fn ask(&self, req: impl FnOnce(u64) -> Request) -> Result<(Report, Vec<OwnedFd>)> {
         let id = self.next_id.fetch_add(1, Relaxed);
         let (tx, rx) = mpsc::channel();
         self.replies
@@ -55,10 +56,8 @@ impl Supervisor {
             .insert(id, tx);
         let sent = wire::send(&self.launcher, &req(id), &[]);
         let r = match sent {
-            Ok(()) => rx
-                .recv_timeout(ASK_WAIT)
-                .map_err(|_| "the launcher did not answer".to_string()),
-            Err(e) => Err(format!("launcher: {e}")),
+            Ok(()) => rx.recv_timeout(ASK_WAIT).map_err(|_| Error::LauncherSilent),
+            Err(e) => Err(Error::Launcher(e)),
         };
         self.replies
             .lock()

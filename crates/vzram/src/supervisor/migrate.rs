@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::orders::{unexpected, HOLD_WAIT};
+use super::error::{Error, Result};
+use super::orders::{failed, unexpected, HOLD_WAIT};
 use super::served::Served;
 use super::Supervisor;
 use crate::owner::migration::{refuse, Conn, Listener};
@@ -20,7 +21,7 @@ impl Supervisor {
     /// worker does while a frontend is connected, else this process. A
     /// worker that goes away mid-way (its frontend left, or it died) is
     /// replaced by another attempt from the start.
-    pub fn migrate(&self, d: &Served, to: &Addr, keep: bool) -> Result<Answer, String> {
+    pub fn migrate(&self, d: &Served, to: &Addr, keep: bool) -> Result<Answer> {
         const ATTEMPTS: usize = 3;
         let mut last = String::new();
         for attempt in 1..=ATTEMPTS {
@@ -31,18 +32,19 @@ impl Supervisor {
             match report {
                 Report::Connected { .. } => {}
                 Report::Failed { error, .. } => {
-                    return Err(format!("cannot connect to {to}: {error}"))
+                    return Err(Error::Connect {
+                        to: to.to_string(),
+                        error,
+                    })
                 }
-                r => return Err(format!("unexpected answer from the launcher: {r:?}")),
+                r => return Err(Error::LauncherAnswer(format!("{r:?}"))),
             }
-            let fd = fds
-                .pop()
-                .ok_or_else(|| "the launcher sent no connection".to_string())?;
+            let fd = fds.pop().ok_or(Error::LauncherNoConnection)?;
             tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
             match self.on_owner(d, &Order::Send { keep }, Some(fd), HOLD_WAIT) {
                 Ok((Answer::Failed { error }, _)) => {
                     d.set_migration_error(Some(error.clone()));
-                    return Err(format!("device {}: {error}", d.spec.name));
+                    return Err(failed(d, error));
                 }
                 Ok((a, _)) => {
                     d.set_migration_error(None);
@@ -51,7 +53,7 @@ impl Supervisor {
                 // The channel broke: the worker is gone.
                 Err(e) => {
                     tracing::warn!(device = %d.spec.name, "migration attempt {attempt}: {e}");
-                    last = e;
+                    last = e.to_string();
                 }
             }
         }
@@ -60,7 +62,7 @@ impl Supervisor {
             .state
             .store(vzram_store::cells::MIGRATION_SEND_FAILED, Relaxed);
         d.set_migration_error(Some(last.clone()));
-        Err(format!("device {}: {last}", d.spec.name))
+        Err(failed(d, last))
     }
 
     /// Accepts migration streams for incoming device `d` on its own thread
@@ -125,19 +127,23 @@ impl Supervisor {
                         "migration received: the device serves"
                     );
                 }
-                Ok((Answer::Failed { error }, _)) | Err(error) => {
-                    tracing::error!(device = %d.spec.name, "migration stream failed: {error}; requests keep waiting for another (or vzram reset)");
-                    let m = &d.cells.migration;
-                    if m.incoming() {
-                        m.state.store(vzram_store::cells::MIGRATION_FAILED, Relaxed);
-                    }
-                    d.set_migration_error(Some(error));
-                }
+                Ok((Answer::Failed { error }, _)) => self.incoming_failed(d, error),
+                Err(e) => self.incoming_failed(d, e.to_string()),
                 Ok((a, _)) => tracing::error!(device = %d.spec.name, "{}", unexpected(a)),
             }
             if !d.cells.migration.incoming() {
                 return;
             }
         }
+    }
+
+    /// A stream for incoming device `d` failed: it keeps waiting.
+    fn incoming_failed(&self, d: &Served, error: String) {
+        tracing::error!(device = %d.spec.name, "migration stream failed: {error}; requests keep waiting for another (or vzram reset)");
+        let m = &d.cells.migration;
+        if m.incoming() {
+            m.state.store(vzram_store::cells::MIGRATION_FAILED, Relaxed);
+        }
+        d.set_migration_error(Some(error));
     }
 }

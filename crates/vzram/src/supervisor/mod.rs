@@ -36,6 +36,7 @@ mod admission;
 pub mod control;
 pub mod daemon;
 mod devices;
+pub mod error;
 mod launch;
 pub mod metrics;
 mod migrate;

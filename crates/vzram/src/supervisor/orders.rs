@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use vzram_store::Device;
 
+use super::error::{Error, Result};
 use super::served::{Phase, Served};
 use super::Supervisor;
 use crate::owner::attach::{attach, device_config};
@@ -36,7 +37,7 @@ impl Supervisor {
     /// ran by itself meanwhile. A device that stays busy (a frontend
     /// connecting, another command holding it) for a second is skipped:
     /// 0 pages, as compaction is only ever an optimisation.
-    pub fn compact(&self, d: &Served) -> Result<u64, String> {
+    pub fn compact(&self, d: &Served) -> Result<u64> {
         let counted = || d.cells.stats(d.spec.size).pages_compacted;
         let before = counted();
         match self.carry_out(d, &Order::Compact, COMPACT_WAIT, COMPACT_PATIENCE)? {
@@ -52,20 +53,13 @@ impl Supervisor {
     /// Carries out a tiering order on device `d`: through its worker when
     /// it has one, else here, holding the device. A failure the order met
     /// (a full backing file) is an error, with what was done kept.
-    pub fn tier(&self, d: &Served, order: &Order) -> Result<Answer, String> {
+    pub fn tier(&self, d: &Served, order: &Order) -> Result<Answer> {
         let needs_backing = matches!(order, Order::Writeback { .. });
         if needs_backing && d.backing.is_none() {
-            return Err(format!(
-                "device {} has no backing file (give it backing-file=PATH)",
-                d.spec.name
-            ));
+            return Err(Error::NoBackingFile(d.spec.name.clone()));
         }
-        self.carry_out(d, order, TIER_WAIT, HOLD_WAIT)?.ok_or_else(|| {
-            format!(
-                "device {} is busy (a frontend is connecting, or another command holds it); try again",
-                d.spec.name
-            )
-        })
+        self.carry_out(d, order, TIER_WAIT, HOLD_WAIT)?
+            .ok_or_else(|| Error::Busy(d.spec.name.clone()))
     }
 
     /// Carries out `order` on `d`: through its worker when it has one, else
@@ -79,12 +73,12 @@ impl Supervisor {
         order: &Order,
         wait: Duration,
         patience: Duration,
-    ) -> Result<Option<Answer>, String> {
+    ) -> Result<Option<Answer>> {
         let deadline = Instant::now() + patience;
         let answer = loop {
             match self.order_worker(d, order, wait) {
                 Some(Ok(a)) => break a,
-                Some(Err(Asked::Silent)) => return Err(Asked::Silent.to_string()),
+                Some(Err(Asked::Silent)) => return Err(Error::WorkerSilent),
                 // The worker was going (its frontend had just left) or died:
                 // whatever it did is in the device, and every tiering order
                 // can run again; whoever holds the device next takes it.
@@ -103,7 +97,7 @@ impl Supervisor {
             std::thread::sleep(Duration::from_millis(20));
         };
         match answer {
-            Answer::Failed { error } => Err(format!("device {}: {error}", d.spec.name)),
+            Answer::Failed { error } => Err(failed(d, error)),
             a => Ok(Some(a)),
         }
     }
@@ -152,14 +146,11 @@ impl Supervisor {
     /// Drops every page of `d`; refused while a frontend is connected,
     /// unless the device waits for its pages (incoming): then it gives up
     /// waiting and serves, empty, whether a frontend is connected or not.
-    pub fn reset(&self, d: &Served) -> Result<u64, String> {
+    pub fn reset(&self, d: &Served) -> Result<u64> {
         let m = &d.cells.migration;
         if m.incoming() {
             if m.state.load(Relaxed) == vzram_store::cells::MIGRATION_RECEIVING {
-                return Err(format!(
-                    "device {}: a migration stream is arriving; reset once it has failed",
-                    d.spec.name
-                ));
+                return Err(Error::Receiving(d.spec.name.clone()));
             }
             let (answer, _) = self.on_owner(d, &Order::ResetIncoming, None, HOLD_WAIT)?;
             return match answer {
@@ -168,7 +159,7 @@ impl Supervisor {
                     tracing::warn!(device = %d.spec.name, "incoming device reset: it serves, empty");
                     Ok(pages)
                 }
-                Answer::Failed { error } => Err(format!("device {}: {error}", d.spec.name)),
+                Answer::Failed { error } => Err(failed(d, error)),
                 a => Err(unexpected(a)),
             };
         }
@@ -179,11 +170,8 @@ impl Supervisor {
             r.map(|()| pages)
         })?;
         match dropped {
-            Some(r) => r.map_err(|e| e.to_string()),
-            None => Err(format!(
-                "device {} has a frontend (or one connecting); disconnect it first",
-                d.spec.name
-            )),
+            Some(r) => Ok(r?),
+            None => Err(Error::HasFrontend(d.spec.name.clone())),
         }
     }
 
@@ -197,12 +185,12 @@ impl Supervisor {
         order: &Order,
         fd: Option<OwnedFd>,
         hold_wait: Duration,
-    ) -> Result<(Answer, bool), String> {
+    ) -> Result<(Answer, bool)> {
         let mut fd = fd;
         let deadline = Instant::now() + hold_wait;
         loop {
             if let Some(r) = self.order_worker_with(d, order, MIGRATE_WAIT, &mut fd) {
-                return r.map(|a| (a, true)).map_err(|e| e.to_string());
+                return r.map(|a| (a, true)).map_err(Error::from);
             }
             let here = self.hold(d, |dev| {
                 let open = || {};
@@ -220,10 +208,7 @@ impl Supervisor {
                 return Ok((a, false));
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "device {} is busy (a frontend is connecting, or another command holds it); try again",
-                    d.spec.name
-                ));
+                return Err(Error::Busy(d.spec.name.clone()));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -231,11 +216,7 @@ impl Supervisor {
 
     /// Runs `f` on device `d` in this process, if no worker serves it (None
     /// if one does); no worker starts meanwhile.
-    pub(super) fn hold<T>(
-        &self,
-        d: &Served,
-        f: impl FnOnce(&Device) -> T,
-    ) -> Result<Option<T>, String> {
+    pub(super) fn hold<T>(&self, d: &Served, f: impl FnOnce(&Device) -> T) -> Result<Option<T>> {
         {
             let mut ph = d.phase();
             match *ph {
@@ -254,11 +235,11 @@ impl Supervisor {
     }
 
     /// The device of `d`, recovered in this process from its state.
-    pub(super) fn attach(&self, d: &Served) -> Result<Arc<Device>, String> {
+    pub(super) fn attach(&self, d: &Served) -> Result<Arc<Device>> {
         let backing = d.backing.as_ref().map(|b| b.open()).transpose()?;
         let s = &d.spec;
         let dc = device_config(s.size, s.algo, s.queues, d.cells.budget().limit());
-        attach(&self.pool, dc, &d.files, backing).map_err(|e| e.to_string())
+        Ok(attach(&self.pool, dc, &d.files, backing)?)
     }
 }
 
@@ -271,11 +252,11 @@ pub(super) enum Asked {
     Silent,
 }
 
-impl std::fmt::Display for Asked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Asked::Gone(e) => write!(f, "worker: {e}"),
-            Asked::Silent => write!(f, "the worker did not answer"),
+impl From<Asked> for Error {
+    fn from(a: Asked) -> Error {
+        match a {
+            Asked::Gone(e) => Error::WorkerGone(e),
+            Asked::Silent => Error::WorkerSilent,
         }
     }
 }
@@ -300,6 +281,14 @@ fn ask_worker(
     }
 }
 
-pub(super) fn unexpected(a: Answer) -> String {
-    format!("unexpected answer from the worker: {a:?}")
+pub(super) fn unexpected(a: Answer) -> Error {
+    Error::WorkerAnswer(format!("{a:?}"))
+}
+
+/// The worker (or this process) carried the order out as far as it went.
+pub(super) fn failed(d: &Served, error: String) -> Error {
+    Error::Failed {
+        device: d.spec.name.clone(),
+        error,
+    }
 }

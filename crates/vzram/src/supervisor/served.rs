@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vzram_store::{Backing, Cells, DeviceCells, StateFiles};
+use vzram_store::{Backing, Cells, DeviceCells, StateFiles, StoreError};
 
 use crate::config::DeviceSpec;
 use crate::owner::migration::Listener;
@@ -48,9 +48,12 @@ impl BackingFile {
 
     /// A [`Backing`] over another descriptor of the same file, for a
     /// device served in this process.
-    pub(super) fn open(&self) -> Result<Backing, String> {
-        let file = self.file.try_clone().map_err(|e| e.to_string())?;
-        Backing::from_file(file, self.path.clone(), self.direct).map_err(|e| e.to_string())
+    pub(super) fn open(&self) -> Result<Backing, StoreError> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| StoreError::backing(self.path.display(), e))?;
+        Backing::from_file(file, self.path.clone(), self.direct)
     }
 }
 
@@ -118,7 +121,7 @@ impl Served {
         listener: UnixListener,
         files: StateFiles,
         backing: Option<BackingFile>,
-    ) -> Result<Served, vzram_store::StoreError> {
+    ) -> Result<Served, StoreError> {
         let cells = Cells::<DeviceCells>::shared(&files.stats)?;
         // Counted per daemon run (the worker adds to it).
         cells.connections.store(0, Relaxed);

@@ -1,0 +1,75 @@
+//! What can go wrong with a request to the supervisor, typed: the control
+//! socket turns it into the reply's text, and nothing below it does.
+
+use std::io;
+use std::time::Duration;
+
+use thiserror::Error;
+use vzram_store::StoreError;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The request names no device; lists those that exist.
+    #[error("no device {asked}; devices (by name or index): {known}")]
+    NoSuchDevice { asked: String, known: String },
+    /// The request itself is wrong (a limit above the size, a codec the
+    /// device already uses, two targets): the user's to fix.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a device named {0:?} exists")]
+    NameTaken(String),
+    #[error("socket {socket} is device {device}'s")]
+    SocketTaken { socket: String, device: String },
+    #[error(
+        "device {0} is busy (a frontend is connecting, or another command holds it); try again"
+    )]
+    Busy(String),
+    #[error("device {0} has a frontend (or one connecting); disconnect it first")]
+    HasFrontend(String),
+    #[error("device {0} has no backing file (give it backing-file=PATH)")]
+    NoBackingFile(String),
+    #[error("device {0} is waiting for its own pages (incoming); it has nothing to send")]
+    Incoming(String),
+    #[error("device {0}: a migration stream is arriving; reset once it has failed")]
+    Receiving(String),
+    #[error("device {0}: still in use; try again")]
+    InUse(String),
+    #[error("device {device}: its worker did not stop within {wait:?}")]
+    WorkerStuck { device: String, wait: Duration },
+    #[error("no device {0}")]
+    NoIndex(usize),
+    /// The order was carried out as far as it went and failed there; what
+    /// it did stays done.
+    #[error("device {device}: {error}")]
+    Failed { device: String, error: String },
+    /// The worker's channel broke: it was exiting or died.
+    #[error("worker: {0}")]
+    WorkerGone(String),
+    #[error("the worker did not answer")]
+    WorkerSilent,
+    #[error("unexpected answer from the worker: {0}")]
+    WorkerAnswer(String),
+    #[error("the launcher did not answer")]
+    LauncherSilent,
+    #[error("launcher: {0}")]
+    Launcher(#[source] io::Error),
+    /// The launcher tried and could not (a socket in use, a state locked).
+    #[error("{0}")]
+    LauncherRefused(String),
+    #[error("cannot connect to {to}: {error}")]
+    Connect { to: String, error: String },
+    #[error("unexpected answer from the launcher: {0}")]
+    LauncherAnswer(String),
+    #[error("the launcher sent the wrong descriptors")]
+    LauncherFds,
+    #[error("the launcher sent no connection")]
+    LauncherNoConnection,
+    #[error("cannot start the migration listener: {0}")]
+    Thread(#[source] io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,6 +7,10 @@
 //! them is in `proto`, and what runs wherever a device is owned is in
 //! `owner`. `sys` is the operating-system plumbing, `config` the user's
 //! input. See ARCHITECTURE.md.
+//!
+//! Public: the entry points `main` calls, the command line and the
+//! configuration it resolves to, and `proto`, so that the tests and the
+//! bench read the control socket's replies as the client does.
 
 pub mod cli;
 pub mod config;

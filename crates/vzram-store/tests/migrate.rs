@@ -345,3 +345,71 @@ fn dirty_tracking_sees_writes_and_discards_only_while_on() {
     });
     assert_eq!(*seen.lock().unwrap(), [3]);
 }
+
+/// A record for slot == slots, one past the end, is refused by the stream's
+/// parser itself, not left to the store's range check: of each kind, with
+/// the rest of the stream (checksum, count) valid. The same record for the
+/// last slot is stored.
+#[test]
+fn a_record_one_past_the_end_is_refused_by_the_parser() {
+    let pool = pool();
+    let dst = device(&pool, SLOTS, Codec::Lz4);
+    let last = SLOTS - 1;
+    // Versions of `page` that make a compressed, a raw and a same-filled
+    // record for the last slot.
+    for (v, tag) in [(1, b'C'), (2, b'R'), (3, b'S')] {
+        let src = device(&pool, SLOTS, Codec::Lz4);
+        src.write_page(&mut Context::new(0), last, &page(last, v))
+            .unwrap();
+        let good = stream_of(&src);
+        let rec = 48 + 5; // the header, the first pass marker
+        assert_eq!(good[rec], tag, "version {v} made another record");
+        assert_eq!(good[rec + 1..rec + 9], last.to_le_bytes());
+        receive_bytes(&dst, &good).unwrap();
+        assert!(read(&dst, last) == page(last, v), "{}", tag as char);
+        let mut past = good.clone();
+        past[rec + 1..rec + 9].copy_from_slice(&SLOTS.to_le_bytes());
+        let n = past.len() - 4;
+        let crc = crc32(&past[..n]);
+        past[n..].copy_from_slice(&crc.to_le_bytes());
+        expect_past_the_end(&dst, &past, tag);
+    }
+    // An empty record travels only in later passes: built by hand.
+    let header = stream_of(&device(&pool, SLOTS, Codec::Lz4))[..48].to_vec();
+    for (slot, ok) in [(last, true), (SLOTS, false)] {
+        let mut s = header.clone();
+        s.extend_from_slice(b"P");
+        s.extend_from_slice(&1u32.to_le_bytes());
+        s.extend_from_slice(b"E");
+        s.extend_from_slice(&slot.to_le_bytes());
+        s.extend_from_slice(b"F");
+        s.extend_from_slice(&1u64.to_le_bytes());
+        let crc = crc32(&s);
+        s.extend_from_slice(&crc.to_le_bytes());
+        if ok {
+            receive_bytes(&dst, &s).unwrap();
+        } else {
+            expect_past_the_end(&dst, &s, b'E');
+        }
+    }
+}
+
+fn expect_past_the_end(dst: &Device, stream: &[u8], tag: u8) {
+    let tag = tag as char;
+    match receive_bytes(dst, stream) {
+        // The parser's own error, naming the slot and the device's size.
+        Err(MigrateError::Bad(m)) => assert!(
+            m.contains(&format!(
+                "slot {SLOTS} is past the end of the device ({SLOTS} slots)"
+            )),
+            "{tag}: {m}"
+        ),
+        Err(e) => panic!("{tag}: a record for slot {SLOTS} got past the parser: {e:?}"),
+        Ok(r) => panic!("{tag}: a record for slot {SLOTS} was taken: {r:?}"),
+    }
+    assert_eq!(
+        dst.stats().orig_data_size,
+        0,
+        "{tag}: the device kept pages"
+    );
+}

@@ -309,3 +309,66 @@ fn a_damaged_slot_table_is_refused_not_served() {
     );
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// A slot word naming an object that is aligned to its class's size and
+/// inside the block, but past the objects the span holds, is refused too:
+/// alignment alone would let it through (it names the span's tail, or
+/// pages of the block no span uses).
+#[test]
+fn an_object_past_its_span_is_refused_not_served() {
+    use std::os::unix::fs::FileExt;
+    let root = std::env::temp_dir().join(format!("vzram-past-span-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let pool = pool();
+    let cx = &mut Context::new(0);
+    let dev = create(&pool, state_cfg(&root)).unwrap();
+    for s in 0..8 {
+        dev.write_page(cx, s, &page(s)).unwrap();
+    }
+    // Stored raw: the class of whole pages, one object per one-page span.
+    dev.write_page(cx, 3, &raw_page(3, 0xff)).unwrap();
+    let Slot::Object {
+        offset,
+        len,
+        huge,
+        codec,
+    } = Slot::decode(dev.table.word(3).load(Relaxed))
+    else {
+        panic!("slot 3 holds no object");
+    };
+    assert!(huge);
+    drop(dev);
+    let c = pool.classes[crate::pool::class::class_of(len as usize)];
+    let block = offset - offset % BLOCK_BYTES as u64;
+    let past = block + u64::from(c.capacity) * u64::from(c.size);
+    // Only the capacity check stands in the way: aligned, same block.
+    assert!(past.is_multiple_of(u64::from(c.size)) && past < block + BLOCK_BYTES as u64);
+    let bad = Slot::Object {
+        offset: past,
+        len,
+        huge,
+        codec,
+    }
+    .encode()
+    .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(root.join("d/table"))
+        .unwrap()
+        .write_all_at(&bad.to_ne_bytes(), 3 * 8)
+        .unwrap();
+    let msg = match create(&pool, state_cfg(&root)) {
+        Ok(dev) => panic!(
+            "recovered a slot naming object {} of a {}-object span: {:?}",
+            c.capacity,
+            c.capacity,
+            dev.recovery()
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        msg.contains("slot 3") && msg.contains("outside any object") && msg.contains("--fresh"),
+        "{msg}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -10,8 +10,8 @@ mod fuzz_harness;
 
 use std::path::{Path, PathBuf};
 
-use fuzz_harness::mode::{BIG_DISK, EVENT_IDX, SECOND_QUEUE, ZSTD, ZSTD3};
-use fuzz_harness::seed::{Seed, ADJACENT, GAP, ONE_REGION, TOP};
+use fuzz_harness::mode::{BIG_DISK, EVENT_IDX, POOL, SECOND_QUEUE, ZSTD, ZSTD3};
+use fuzz_harness::seed::{Seed, ADJACENT, B, GAP, ONE_REGION, TOP};
 use fuzz_harness::{mode, run, run_with, Summary, BIG_DEV_SIZE, DEV_SECTORS};
 
 fn corpus_dir() -> PathBuf {
@@ -43,6 +43,17 @@ fn replay(name: &str, data: &[u8]) -> Summary {
     }
 }
 
+/// `data` with the pool mode off or on, the rest of its modes kept.
+fn with_pool(data: &[u8], on: bool) -> Vec<u8> {
+    let mut d = data.to_vec();
+    // An input of one byte has mode 0.
+    d.resize(d.len().max(2), 0);
+    d[1] = d[1] & !POOL | if on { POOL } else { 0 };
+    d
+}
+
+/// Each file twice: as the queue runs without a compress pool, and with
+/// one (batches, pooled writes).
 #[test]
 fn replay_checked_in_corpus() {
     let files = corpus_files();
@@ -50,7 +61,12 @@ fn replay_checked_in_corpus() {
     let mut total = Summary::default();
     for f in &files {
         let data = std::fs::read(f).expect("read corpus file");
-        total.add(&replay(&f.display().to_string(), &data));
+        let name = f.display().to_string();
+        total.add(&replay(&name, &with_pool(&data, false)));
+        total.add(&replay(
+            &format!("{name} with the pool"),
+            &with_pool(&data, true),
+        ));
     }
     // The corpus must keep reaching every kind of outcome, or it has rotted.
     let t = total;
@@ -74,20 +90,37 @@ fn replay_checked_in_corpus() {
         ("notifications before the end of a drain", t.early_signals),
         ("drains ended by an out-of-range head", t.bad_head_drains),
         ("drains ended as unreadable", t.unreadable_drains),
+        ("chains with the compress pool", t.pooled_chains),
+        ("writes the pool took", t.pooled_writes),
     ] {
         assert!(n > 0, "the corpus reaches no {what}: {t:?}");
     }
 }
 
-/// Every seed in every mode (codec, disk size, EVENT_IDX, second queue).
+/// Every seed in every mode (codec, disk size, EVENT_IDX, second queue,
+/// pool).
 #[test]
 fn builtin_seeds_pass() {
+    let mut pooled = Summary::default();
     for (name, mut data) in seeds() {
         replay(name, &data);
         for m in mode::ALL {
             data[1] = m;
-            replay(&format!("{name} in mode {m:#x}"), &data);
+            let s = replay(&format!("{name} in mode {m:#x}"), &data);
+            if m & POOL != 0 {
+                pooled.add(&s);
+            }
         }
+    }
+    for (what, n) in [
+        ("writes the pool took", pooled.pooled_writes),
+        (
+            "FLUSHes behind pooled writes in one batch",
+            pooled.flush_behind_pooled,
+        ),
+        ("requests on a second queue", pooled.second_queue),
+    ] {
+        assert!(n > 0, "the seeds with the pool reach no {what}: {pooled:?}");
     }
 }
 
@@ -408,6 +441,45 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         sq.request(1, i * 680 + 3, (i % 16) as u8, 2, true, 15, 0x80 | i as u8);
     }
     add("second-queue", &mut sq);
+    // Batches: pooled writes, then a FLUSH, then a read of what they wrote;
+    // a write of sectors and one of too few pages for the pool among them.
+    add(
+        "pool-batch",
+        Seed::new(ONE_REGION, 5, false, false)
+            .modes(POOL)
+            .batch(&[
+                B::write(0, 4, 0, 3),
+                B::write(2, 8, 4, 0x85),
+                B::flush(),
+                B::read(0, 10, 0),
+            ])
+            .batch(&[
+                B::write(16, 16, 0, 7).indirect(),
+                B::write(20, 4, 12, 0x89),
+                B::write_sectors(17, 3, 5, 2, 11),
+                B::flush().indirect(),
+                B::read(16, 8, 8).indirect(),
+                B::write(40, 3, 1, 13),
+                B::flush(),
+                B::read(40, 3, 4),
+            ]),
+    );
+    // A read in a batch fills the buffer that a write of sectors after it
+    // reads when it runs, and a pooled write read when it was taken.
+    add(
+        "pool-batch-overlap",
+        Seed::new(GAP, 5, false, false)
+            .modes(POOL)
+            .batch(&[B::write(5, 4, 0, 0x11)])
+            .batch(&[
+                B::read(5, 2, 3),
+                B::write_sectors(30, 0, 16, 3, 21),
+                B::write(40, 4, 3, 23),
+                B::flush(),
+                B::read(30, 2, 8),
+                B::read(40, 4, 10),
+            ]),
+    );
     // The top-of-address-space layout, status at the very last byte.
     add(
         "top",

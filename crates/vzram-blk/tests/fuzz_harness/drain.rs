@@ -11,14 +11,17 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 use vzram_blk::config::SERIAL_LEN;
 use vzram_blk::device::ExecError;
-use vzram_blk::queue::{drain_queue, ChainError, ChainHook, QueueError, SIGNAL_EVERY};
+use vzram_blk::pool::BATCH_PAGES;
+use vzram_blk::queue::{
+    drain_queue, ChainError, ChainHook, QueueError, POOL_MIN_PAGES, SIGNAL_EVERY,
+};
 use vzram_blk::request::Request;
 use vzram_store::{Codec, StoreError};
 
-use super::model::{Effect, Expect, Outcome, Parsed};
+use super::model::{AtRun, Effect, Expect, Outcome, Parsed};
 use super::{
-    Harness, AVAIL_RING, BIG_DEV_SIZE, DESC_TABLE, DRAIN_CAP, MAX_CHAINS, SERIAL, ST_IOERR, ST_OK,
-    ST_POISON, ST_UNSUPP, USED_RING,
+    Harness, AVAIL_RING, BIG_DEV_SIZE, DESC_TABLE, DRAIN_CAP, MAX_CHAINS, PAGE, SERIAL, ST_IOERR,
+    ST_OK, ST_POISON, ST_UNSUPP, USED_RING,
 };
 
 /// One drain as the harness saw it.
@@ -33,12 +36,22 @@ pub(super) struct DrainLog {
     /// drain take several passes.
     pub(super) avail0: u16,
     pub(super) multi_pass: bool,
+    /// Where in `log` the last batch starts (with no pool, each chain is
+    /// its own batch).
+    pub(super) batch_start: usize,
 }
 
 pub(super) struct ChainCtx {
+    pub(super) head: u16,
     pub(super) descs: Vec<Descriptor>,
     pub(super) expect: Expect,
+    /// The header the chain was parsed with, for the model at its turn.
+    pub(super) hdr: Option<[u8; 16]>,
+    /// Pages the pool takes of it; 0: it runs on the queue thread.
+    pub(super) pooled: usize,
     pub(super) stats0: Option<vzram_store::DeviceStats>,
+    /// `stats0` was taken after the chain before it ran (not when taken).
+    pub(super) stats_fresh: bool,
 }
 
 impl Harness<'_> {
@@ -70,6 +83,7 @@ impl Harness<'_> {
             avail0: Self::snap_u16(&self.cur, AVAIL_RING + 2),
             ..DrainLog::default()
         };
+        self.taking = false;
         let used0 = self.next_used;
         let dev = Arc::clone(if self.readonly { &self.ro } else { &self.rw });
         let mut queue = self.queue.take().expect("queue");
@@ -107,7 +121,15 @@ impl Harness<'_> {
         notes: &[u16],
         used0: u16,
     ) {
-        let bad_head = self.drain.log.last().is_some_and(|&(ok, _)| !ok);
+        assert!(
+            self.chains.is_empty(),
+            "{} chains taken and never completed",
+            self.chains.len()
+        );
+        // A bad head fails alone; the drain ends after its batch.
+        let bad_head = self.drain.log[self.drain.batch_start..]
+            .iter()
+            .any(|&(ok, _)| !ok);
         self.apply_pending_used();
         let mut after = std::mem::take(&mut self.next);
         self.snapshot_into(&mut after);
@@ -172,7 +194,7 @@ impl Harness<'_> {
         };
         for &(ok, used_event) in &self.drain.log {
             if !ok {
-                break;
+                continue;
             }
             used = used.wrapping_add(1);
             pending += 1;
@@ -211,8 +233,18 @@ impl Harness<'_> {
     /// A chain was popped: bring the expected memory up to date, run the
     /// model, poison the status byte.
     pub(super) fn popped<M: GuestMemory>(&mut self, chain: &DescriptorChain<&M>) {
+        if !self.taking {
+            // The first chain of a batch.
+            self.taking = true;
+            self.batch_pages = 0;
+            self.batch_pooled_done = 0;
+            self.drain.batch_start = self.drain.log.len();
+        }
         self.summary.chains += 1;
         self.drain.chains += 1;
+        if self.pool.is_some() {
+            self.summary.pooled_chains += 1;
+        }
         self.apply_pending_used();
         if self.event_idx {
             // A pass that ended before this pop re-enabled notifications.
@@ -251,7 +283,8 @@ impl Harness<'_> {
         if matches!(self.store.codec(), Codec::Zstd { .. }) {
             self.summary.zstd += 1;
         }
-        let expect = self.model(&descs);
+        let (expect, hdr) = self.model(&descs, None);
+        let pooled = self.pool_pages(&expect);
         if let Expect::Status { at, .. } = expect {
             if self.poison_ok(at, &descs, table) {
                 let old: u8 = self.mem.read_obj(GuestAddress(at)).expect("status byte");
@@ -280,11 +313,39 @@ impl Harness<'_> {
             }
         );
         let stats0 = watch_store.then(|| self.store.stats());
-        self.chain = Some(ChainCtx {
+        self.chains.push_back(ChainCtx {
+            head: chain.head_index(),
             descs,
             expect,
+            hdr,
+            pooled,
             stats0,
+            stats_fresh: false,
         });
+    }
+
+    /// Pages the pool takes of a chain: with the pool, a write of whole
+    /// pages, at least `POOL_MIN_PAGES`, that fits in what is left of its
+    /// batch (the queue's rule). The pool reads its pages when it is taken.
+    pub(super) fn pool_pages(&mut self, expect: &Expect) -> usize {
+        if self.pool.is_none() {
+            return 0;
+        }
+        let Expect::Status {
+            outcome: Outcome::Ok(Effect::Write { start, data }),
+            ..
+        } = expect
+        else {
+            return 0;
+        };
+        let len = data.len() as u64;
+        let n = (len / PAGE) as usize;
+        let fits = POOL_MIN_PAGES..=BATCH_PAGES - self.batch_pages;
+        if !start.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) || !fits.contains(&n) {
+            return 0;
+        }
+        self.batch_pages += n;
+        n
     }
 
     /// May the status byte at `at` be poisoned before the chain runs? Not
@@ -325,16 +386,46 @@ impl Harness<'_> {
         result: &Result<u32, ChainError>,
         used: u32,
     ) {
+        // In a batch, the chain before this one was added to the used ring.
+        self.apply_pending_used();
+        self.taking = false;
         let ChainCtx {
+            head: taken,
             descs,
             expect,
+            hdr,
+            pooled,
             stats0,
-        } = self.chain.take().expect("ran without popped");
+            stats_fresh,
+        } = self.chains.pop_front().expect("ran without popped");
+        assert_eq!(
+            head, taken,
+            "completion order: head {head} completed before head {taken}, taken before it"
+        );
+        // Run after the others before it in its batch: what it reads when
+        // it runs is what memory holds now (a pooled write's pages were
+        // read when it was taken).
+        let expect = match hdr {
+            Some(hdr) if self.pool.is_some() && pooled == 0 => {
+                let run = AtRun {
+                    hdr,
+                    mem: &self.cur,
+                };
+                self.model(&descs, Some(&run)).0
+            }
+            _ => expect,
+        };
         let mut after = std::mem::take(&mut self.next);
         self.snapshot_into(&mut after);
         let store_touched = stats0.is_some_and(|s0| {
             let s1 = self.store.stats();
-            s1.writes != s0.writes || s1.discards != s0.discards
+            // The first of a batch was taken before the pool prepared the
+            // writes after it (each page counts as a write).
+            let pooled_after: u64 = match stats_fresh {
+                true => 0,
+                false => self.chains.iter().map(|c| c.pooled as u64).sum(),
+            };
+            s1.writes != s0.writes + pooled_after || s1.discards != s0.discards
         });
         let malformed = matches!(result, Err(ChainError::Malformed(_)));
         let mut want = std::mem::take(&mut self.cur);
@@ -377,6 +468,18 @@ impl Harness<'_> {
         };
         assert_eq!(used, want_used, "used length: {}", ctx());
         self.assert_mem(&want, &after, &ctx);
+        if pooled > 0 {
+            self.summary.pooled_writes += 1;
+            self.batch_pooled_done += 1;
+        }
+        if self.pool.is_some() {
+            // The next chain of the batch runs from here on.
+            let store = &self.store;
+            if let Some(next) = self.chains.front_mut().filter(|c| c.stats0.is_some()) {
+                next.stats0 = Some(store.stats());
+                next.stats_fresh = true;
+            }
+        }
 
         // add_used comes next; it fails for a head outside the queue.
         let ok = head < self.qsize;
@@ -452,6 +555,9 @@ impl Harness<'_> {
                 assert!(self.limited(), "limit error without a limit: {}", ctx());
                 self.summary.limit_failures += 1;
                 self.check_partial(&effect, ctx);
+                let pieces = Self::pieces(&effect);
+                self.unflushed
+                    .extend(pieces.iter().map(|&(s, e, _)| (s, e)));
                 (ST_IOERR, 1)
             }
             Outcome::Ok(effect) => {
@@ -463,6 +569,16 @@ impl Harness<'_> {
                     Effect::Nothing => {
                         self.summary.ok_other += 1;
                         assert!(!store_touched, "FLUSH touched the store");
+                        // What was written before it is in the store now.
+                        let mut unflushed = std::mem::take(&mut self.unflushed);
+                        for &(s, e) in &unflushed {
+                            self.verify_range(s, e, "at a FLUSH, written before it");
+                        }
+                        unflushed.clear();
+                        self.unflushed = unflushed;
+                        if self.batch_pooled_done > 0 {
+                            self.summary.flush_behind_pooled += 1;
+                        }
                         1
                     }
                     Effect::Read { start, segs, len } => {
@@ -487,6 +603,7 @@ impl Harness<'_> {
                             unreachable!()
                         };
                         let (start, end) = (start, start + data.len() as u64);
+                        self.unflushed.push((start, end));
                         let pieces = Self::pieces(&effect);
                         self.apply_pieces(&pieces);
                         if self.sabotage && start < end {
@@ -504,6 +621,7 @@ impl Harness<'_> {
                         };
                         for &(s, e) in ranges {
                             self.verify_range(s, e, "after discard/write-zeroes");
+                            self.unflushed.push((s, e));
                         }
                         1
                     }

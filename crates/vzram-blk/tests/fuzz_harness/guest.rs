@@ -1,7 +1,8 @@
 //! The guest side: the operations an input is made of, which write
 //! descriptors, headers, segments and bytes into guest memory, build direct,
-//! indirect and long chains, publish heads and kick; and the request macro,
-//! which lays out well-formed requests.
+//! indirect and long chains, publish heads and kick; the request macro,
+//! which lays out a well-formed request, and the batch macro, several at
+//! once.
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
@@ -12,8 +13,9 @@ use vm_memory::{Bytes, GuestAddress};
 use vzram_blk::config::MAX_DISCARD_SEG;
 
 use super::{
-    op, Harness, AVAIL_RING, DATA_AT, DESC_TABLE, F_INDIRECT, F_NEXT, F_WRITE, HDR_AT, INDIRECT_AT,
-    SEGS_AT, STATUS_AT,
+    op, Harness, AVAIL_RING, BATCH_DATA_LEN, BATCH_HDR_AT, BATCH_STATUS_AT, BATCH_TABLES_AT,
+    DATA_AT, DESC_TABLE, F_INDIRECT, F_NEXT, F_WRITE, HDR_AT, INDIRECT_AT, PAGE, SECTOR, SEGS_AT,
+    STATUS_AT,
 };
 
 impl Harness<'_> {
@@ -88,7 +90,10 @@ impl Harness<'_> {
     }
 
     pub(super) fn op(&mut self) {
-        let code = self.inp.u8() % op::OP_COUNT;
+        let code = match self.inp.u8() {
+            op::BATCH => op::BATCH,
+            b => b % op::OP_COUNT,
+        };
         match code {
             op::DESC => {
                 let idx = self.inp.u16() % self.qsize;
@@ -197,6 +202,7 @@ impl Harness<'_> {
                 self.verify_all("after compaction");
             }
             op::PROCESS => self.process(),
+            op::BATCH => self.batch_macro(),
             _ => self.long_chain(),
         }
     }
@@ -300,6 +306,79 @@ impl Harness<'_> {
             Descriptor::new(table, len, F_INDIRECT, 0),
         );
         self.push_avail(head);
+        self.process();
+    }
+
+    /// Up to 8 well-formed requests laid out side by side and published at
+    /// once, so that one drain takes them together: writes of whole pages
+    /// (with the pool mode, those of `POOL_MIN_PAGES` and more go to the
+    /// pool), reads of whole pages, FLUSH, and writes of sectors (which run
+    /// on the queue thread). Their buffers lie in the last 64 KiB of memory
+    /// and may overlap, so a read in a batch may change what a write after
+    /// it reads.
+    pub(super) fn batch_macro(&mut self) {
+        let n = usize::from(self.inp.u8() % 8) + 1;
+        // Three table entries a chain: room for all in the queue.
+        let n = n.min(usize::from(self.qsize / 3).max(1));
+        let data_at = self.last().end() - BATCH_DATA_LEN;
+        let (dev_pages, area_pages) = (self.dev_size / PAGE, BATCH_DATA_LEN / PAGE);
+        let mut heads = Vec::with_capacity(n);
+        for i in 0..n {
+            let sel = self.inp.u8();
+            let t = [
+                VIRTIO_BLK_T_OUT,
+                VIRTIO_BLK_T_IN,
+                VIRTIO_BLK_T_FLUSH,
+                VIRTIO_BLK_T_OUT,
+            ][usize::from(sel % 4)];
+            let mut descs = Vec::with_capacity(3);
+            let hdr = BATCH_HDR_AT + 16 * i as u64;
+            let mut sector = 0;
+            if t != VIRTIO_BLK_T_FLUSH {
+                let slot = u64::from(self.inp.u16()) % dev_pages;
+                let size = u64::from(self.inp.u8());
+                let buf = u64::from(self.inp.u8()) % area_pages;
+                let room = area_pages - buf;
+                let len = if sel % 4 == 3 {
+                    sector = slot * (PAGE / SECTOR) + u64::from(self.inp.u8() % 8);
+                    let sectors = (size % 32 + 1)
+                        .min(self.dev_size / SECTOR - sector)
+                        .min(room * (PAGE / SECTOR));
+                    sectors * SECTOR
+                } else {
+                    sector = slot * (PAGE / SECTOR);
+                    (size % 16 + 1).min(dev_pages - slot).min(room) * PAGE
+                };
+                let addr = data_at + buf * PAGE;
+                let flags = if t == VIRTIO_BLK_T_IN {
+                    F_WRITE
+                } else {
+                    let seed = self.inp.u8();
+                    self.write_bytes(addr, &payload(len as usize, seed));
+                    0
+                };
+                descs.push((addr, len as u32, flags));
+            }
+            self.write_bytes(hdr, &Self::header_bytes(t, 0, sector));
+            descs.insert(0, (hdr, 16, 0));
+            descs.push((BATCH_STATUS_AT + i as u64, 1, F_WRITE));
+            let head = (3 * i as u16) % self.qsize;
+            if sel & 4 != 0 {
+                let table = BATCH_TABLES_AT + 64 * i as u64;
+                self.write_chain_at_table(table, descs.len() as u16, 0, &descs);
+                let len = 16 * descs.len() as u32;
+                self.write_desc(
+                    DESC_TABLE + 16 * u64::from(head),
+                    Descriptor::new(table, len, F_INDIRECT, 0),
+                );
+            } else {
+                self.write_chain_at_table(DESC_TABLE, self.qsize, head, &descs);
+            }
+            heads.push(head);
+        }
+        for head in heads {
+            self.push_avail(head);
+        }
         self.process();
     }
 }

@@ -67,6 +67,24 @@ impl Harness<'_> {
         }
     }
 
+    /// Reads `out.len()` bytes at guest address `addr` from a snapshot.
+    pub(super) fn read_snap(&self, snap: &[Vec<u8>], addr: u64, out: &mut [u8]) {
+        let mut done = 0usize;
+        while done < out.len() {
+            let a = addr + done as u64;
+            let (i, r) = self
+                .regions
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.start <= a && a < r.end())
+                .expect("model reads inside memory");
+            let off = (a - r.start) as usize;
+            let n = (out.len() - done).min(r.len as usize - off);
+            out[done..done + n].copy_from_slice(&snap[i][off..off + n]);
+            done += n;
+        }
+    }
+
     pub(super) fn write_stream(&self, want: &mut [Vec<u8>], segs: &[Seg], data: &[u8]) {
         let mut done = 0usize;
         for s in segs {

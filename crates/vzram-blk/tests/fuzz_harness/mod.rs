@@ -41,7 +41,20 @@
 //!   nothing visible;
 //! * with a second queue: another thread drains a second queue of the same
 //!   device at the same time, with reads only (so the first queue's model
-//!   stays exact), and every page it read is a version that page had.
+//!   stays exact), and every page it read is a version that page had;
+//! * chains complete in the order they were taken, one batch or not; a
+//!   FLUSH completes after every chain taken before it, with what they
+//!   wrote in the store; a read sees every write taken before it.
+//!
+//! With the pool mode the queues take chains in batches and a compress
+//! pool prepares their whole-page writes of `POOL_MIN_PAGES` pages and
+//! more (the backend's path with compress threads). A chain of a batch
+//! runs after the others taken before it have run, so the model reads its
+//! payload (OUT data, discard segments) from memory as it is then, and what
+//! the queue reads when it takes the chain (descriptors, header, a pooled
+//! write's pages) as it was then. Inputs may change a buffer while its
+//! request is in flight, which a guest must not: to keep one right answer,
+//! the model follows the queue's rule for which writes the pool takes.
 //!
 //! Any violation panics with a message that says what differed.
 //!
@@ -64,13 +77,14 @@ pub mod seed;
 mod shadow;
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vzram_blk::device::BlkDevice;
+use vzram_blk::pool::CompressPool;
 use vzram_blk::queue::Scratch;
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
@@ -109,6 +123,12 @@ pub const STATUS_AT: u64 = 0x2010;
 pub const SEGS_AT: u64 = 0x3000;
 pub const DATA_AT: u64 = 0x4000;
 pub const INDIRECT_AT: u64 = 0xc000;
+/// The batch macro's headers, status bytes and indirect tables; its data
+/// is the last 64 KiB of guest memory.
+pub const BATCH_HDR_AT: u64 = 0x2100;
+pub const BATCH_STATUS_AT: u64 = 0x2200;
+pub const BATCH_TABLES_AT: u64 = 0xd000;
+pub const BATCH_DATA_LEN: u64 = 0x1_0000;
 
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
@@ -131,11 +151,14 @@ pub mod mode {
     pub const BIG_DISK: u8 = 1 << 2;
     pub const EVENT_IDX: u8 = 1 << 3;
     pub const SECOND_QUEUE: u8 = 1 << 4;
+    /// The queues take batches, the compress pool (`POOL_THREADS`)
+    /// prepares their big writes.
+    pub const POOL: u8 = 1 << 5;
     /// Every combination, for running the built-in seeds in each.
-    pub const ALL: [u8; 24] = {
-        let mut all = [0u8; 24];
+    pub const ALL: [u8; 48] = {
+        let mut all = [0u8; 48];
         let mut i = 0;
-        while i < 24 {
+        while i < 48 {
             all[i] = (i % 3) as u8 | ((i / 3) as u8) << 2;
             i += 1;
         }
@@ -161,7 +184,13 @@ pub mod op {
     pub const PROCESS: u8 = 13;
     pub const LONG_CHAIN: u8 = 14;
     pub const OP_COUNT: u8 = 15;
+    /// Only the byte 15 itself (which `% OP_COUNT` made DESC before it
+    /// came, and no checked-in input has), so old inputs keep their meaning.
+    pub const BATCH: u8 = 15;
 }
+
+/// Threads of the pool mode's compress pool.
+pub const POOL_THREADS: usize = 2;
 
 /// What one input did; the replay test checks the corpus reaches each case.
 #[derive(Debug, Default, Clone, Copy)]
@@ -189,6 +218,11 @@ pub struct Summary {
     /// Drains that ended on an out-of-range head, and on `Unreadable`.
     pub bad_head_drains: u64,
     pub unreadable_drains: u64,
+    /// Chains run with the pool mode; writes the pool took; FLUSHes
+    /// completed behind such writes in one batch.
+    pub pooled_chains: u64,
+    pub pooled_writes: u64,
+    pub flush_behind_pooled: u64,
 }
 
 impl Summary {
@@ -212,6 +246,9 @@ impl Summary {
         self.early_signals += o.early_signals;
         self.bad_head_drains += o.bad_head_drains;
         self.unreadable_drains += o.unreadable_drains;
+        self.pooled_chains += o.pooled_chains;
+        self.pooled_writes += o.pooled_writes;
+        self.flush_behind_pooled += o.flush_behind_pooled;
     }
 }
 
@@ -275,6 +312,8 @@ struct Cache {
     mems: [Option<GuestMemoryMmap>; 4],
     reader_mem: Option<GuestMemoryMmap>,
     bufs: Bufs,
+    /// Belongs to no device: kept, so its threads start once.
+    pool: Option<Arc<CompressPool>>,
 }
 
 thread_local! {
@@ -288,6 +327,10 @@ struct Harness<'a> {
     /// Out while a drain runs.
     queue: Option<Queue>,
     scratch: Option<Scratch>,
+    /// With the pool mode: the pool, and the cached scratch (made for no
+    /// store), kept for the next input.
+    pool: Option<Arc<CompressPool>>,
+    spare_scratch: Option<Scratch>,
     /// The checks' own store context: they read the store while the
     /// queue's scratch is out in a drain.
     check_cx: Context,
@@ -311,8 +354,17 @@ struct Harness<'a> {
     next_avail: u16,
     next_used: u16,
     drain: DrainLog,
-    /// Between `popped` and `ran`: what the model expects of the chain.
-    chain: Option<ChainCtx>,
+    /// Chains taken and not yet run, in the order taken: what the model
+    /// expects of each.
+    chains: VecDeque<ChainCtx>,
+    /// A chain was taken since the last one ran: the batch goes on.
+    taking: bool,
+    /// Pages of the batch's writes the pool takes, and how many of those
+    /// writes have completed.
+    batch_pages: usize,
+    batch_pooled_done: u64,
+    /// Byte ranges written or zeroed since the last FLUSH.
+    unflushed: Vec<(u64, u64)>,
 }
 
 impl<'a> Harness<'a> {
@@ -363,18 +415,36 @@ impl<'a> Harness<'a> {
         dcfg.mem_limit = if limited { 48 * 1024 } else { 0 };
         let store = pool.create_device(dcfg).expect("store device");
         let queues = if second_queue { 2 } else { 1 };
+        let compress = (modes & mode::POOL != 0).then(|| {
+            CACHE.with(|c| {
+                let mut c = c.borrow_mut();
+                let p = c.pool.get_or_insert_with(|| {
+                    CompressPool::new(POOL_THREADS, 1).expect("compress pool")
+                });
+                Arc::clone(p)
+            })
+        });
         let rw = Arc::new(BlkDevice::new(store.clone(), queues, false, SERIAL));
         let ro = Arc::new(BlkDevice::new(store.clone(), queues, true, SERIAL));
         let versions = second_queue.then(|| {
             let zero = page_hash(&[0; PAGE_SIZE]);
             (0..dev_size / PAGE).map(|slot| (slot, zero)).collect()
         });
+        let (scratch, spare_scratch) = match &compress {
+            Some(p) => (
+                Scratch::with_pool(0, p.clone(), store.clone()),
+                bufs.scratch,
+            ),
+            None => (bufs.scratch.unwrap_or_else(|| Scratch::new(0)), None),
+        };
         Harness {
             inp,
             regions,
             mem,
             queue: Some(queue),
-            scratch: Some(bufs.scratch.unwrap_or_else(|| Scratch::new(0))),
+            scratch: Some(scratch),
+            pool: compress,
+            spare_scratch,
             check_cx: Context::new(0),
             qsize,
             event_idx,
@@ -398,7 +468,11 @@ impl<'a> Harness<'a> {
             next_avail: 0,
             next_used: 0,
             drain: DrainLog::default(),
-            chain: None,
+            chains: VecDeque::new(),
+            taking: false,
+            batch_pages: 0,
+            batch_pooled_done: 0,
+            unflushed: Vec::new(),
         }
     }
 
@@ -423,7 +497,10 @@ impl<'a> Harness<'a> {
             shadow: self.shadow,
             cur: self.cur,
             next: self.next,
-            scratch: self.scratch,
+            scratch: match self.pool {
+                Some(_) => self.spare_scratch,
+                None => self.scratch,
+            },
         }
     }
 }

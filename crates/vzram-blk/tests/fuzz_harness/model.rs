@@ -37,6 +37,12 @@ pub(super) enum Effect {
     Zero(Vec<(u64, u64)>),
 }
 
+/// See [`Harness::model`].
+pub(super) struct AtRun<'s> {
+    pub(super) hdr: [u8; 16],
+    pub(super) mem: &'s [Vec<u8>],
+}
+
 #[derive(Debug)]
 pub(super) enum Outcome {
     /// The chain is not a valid request: parse fails, IOERR.
@@ -86,8 +92,15 @@ impl Harness<'_> {
         true
     }
 
-    /// `len` bytes of the stream `segs`, after skipping `skip`.
-    pub(super) fn read_stream(&self, segs: &[Seg], mut skip: u64, len: u64) -> Vec<u8> {
+    /// `len` bytes of the stream `segs`, after skipping `skip`: from guest
+    /// memory, or from snapshot `snap`.
+    pub(super) fn read_stream(
+        &self,
+        snap: Option<&[Vec<u8>]>,
+        segs: &[Seg],
+        mut skip: u64,
+        len: u64,
+    ) -> Vec<u8> {
         let mut out = Vec::with_capacity(len as usize);
         for s in segs {
             if out.len() as u64 == len {
@@ -99,9 +112,13 @@ impl Harness<'_> {
             }
             let n = (s.len - skip).min(len - out.len() as u64);
             let mut buf = vec![0u8; n as usize];
-            self.mem
-                .read_slice(&mut buf, GuestAddress(s.addr + skip))
-                .expect("model reads inside memory");
+            match snap {
+                Some(snap) => self.read_snap(snap, s.addr + skip, &mut buf),
+                None => self
+                    .mem
+                    .read_slice(&mut buf, GuestAddress(s.addr + skip))
+                    .expect("model reads inside memory"),
+            }
             out.extend_from_slice(&buf);
             skip = 0;
         }
@@ -109,7 +126,27 @@ impl Harness<'_> {
         out
     }
 
-    pub(super) fn model(&self, descs: &[Descriptor]) -> Expect {
+    /// What `descs` must do, and the header it was read with. `run`: the
+    /// chain was taken in a batch and runs after others of it, so its
+    /// payload (OUT data, discard segments) is read from `run.mem` (memory
+    /// as the checks expect it when the chain runs), its header is the one
+    /// parsed when it was taken.
+    pub(super) fn model(
+        &self,
+        descs: &[Descriptor],
+        run: Option<&AtRun>,
+    ) -> (Expect, Option<[u8; 16]>) {
+        let mut hdr = None;
+        let e = self.model_with(descs, run, &mut hdr);
+        (e, hdr)
+    }
+
+    fn model_with(
+        &self,
+        descs: &[Descriptor],
+        run: Option<&AtRun>,
+        hdr_out: &mut Option<[u8; 16]>,
+    ) -> Expect {
         // The status byte: the last byte of the last descriptor, which must be
         // device-writable and in guest memory.
         let Some(last) = descs.last() else {
@@ -159,7 +196,12 @@ impl Harness<'_> {
         if rlen < 16 {
             return done(None, Outcome::Malformed);
         }
-        let hdr = self.read_stream(&readable, 0, 16);
+        let hdr = match run {
+            Some(r) => r.hdr,
+            None => self.read_stream(None, &readable, 0, 16).try_into().unwrap(),
+        };
+        *hdr_out = Some(hdr);
+        let payload = run.map(|r| r.mem);
         let t = u32::from_le_bytes(hdr[0..4].try_into().unwrap());
         let sector = u64::from_le_bytes(hdr[8..16].try_into().unwrap());
         let (pr, pw) = (rlen - 16, wlen - 1);
@@ -204,7 +246,7 @@ impl Harness<'_> {
                 } else {
                     Effect::Write {
                         start,
-                        data: self.read_stream(&readable, 16, data),
+                        data: self.read_stream(payload, &readable, 16, data),
                     }
                 };
                 done(parsed(), Outcome::Ok(effect))
@@ -229,7 +271,7 @@ impl Harness<'_> {
                 } else {
                     0
                 };
-                let raw = self.read_stream(&readable, 16, pr);
+                let raw = self.read_stream(payload, &readable, 16, pr);
                 let mut ranges = Vec::new();
                 // The first bad segment decides; nothing is applied unless all are good.
                 for s in raw.chunks_exact(16) {

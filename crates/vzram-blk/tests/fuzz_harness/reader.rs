@@ -13,6 +13,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vzram_blk::config::SERIAL_LEN;
 use vzram_blk::device::BlkDevice;
+use vzram_blk::pool::CompressPool;
 use vzram_blk::queue::{drain_queue, ChainError, ChainHook, Scratch};
 use vzram_blk::request::Request;
 use vzram_store::PAGE_SIZE;
@@ -35,6 +36,7 @@ pub(super) fn run_with_reader(h: &mut Harness, data: &[u8]) {
     let dev = Arc::clone(&h.rw);
     let pages = h.dev_size / PAGE;
     let event_idx = h.event_idx;
+    let pool = h.pool.clone();
     let seed = {
         let mut x = DefaultHasher::new();
         x.write(data);
@@ -42,7 +44,7 @@ pub(super) fn run_with_reader(h: &mut Harness, data: &[u8]) {
     };
     let stop = AtomicBool::new(false);
     let (reads, done) = std::thread::scope(|s| {
-        let reader = s.spawn(|| reader(&dev, &rmem, pages, seed, event_idx, &stop));
+        let reader = s.spawn(|| reader(&dev, &rmem, pages, seed, event_idx, &stop, pool));
         {
             // Set even when the run panics, or the scope would wait forever.
             let _stop = StopOnDrop(&stop);
@@ -139,6 +141,7 @@ pub(super) fn reader(
     seed: u64,
     event_idx: bool,
     stop: &AtomicBool,
+    pool: Option<Arc<CompressPool>>,
 ) -> (Vec<(u64, u64)>, u64) {
     let mut queue = Queue::new(R_QSIZE).expect("queue");
     queue.set_desc_table_address(Some(0), Some(0));
@@ -147,8 +150,12 @@ pub(super) fn reader(
     queue.set_event_idx(event_idx);
     queue.set_ready(true);
     assert!(queue.is_valid(mem), "reader queue layout");
-    // The second queue: its own store context, on the other shard index.
-    let mut scratch = Scratch::new(1);
+    // The second queue: its own store context, on the other shard index;
+    // in the pool mode it shares the first queue's pool, as queues do.
+    let mut scratch = match pool {
+        Some(p) => Scratch::with_pool(1, p, dev.store().clone()),
+        None => Scratch::new(1),
+    };
     let mut x = seed | 1;
     let mut reads = Vec::new();
     let mut done = 0u64;

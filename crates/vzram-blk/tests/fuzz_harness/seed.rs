@@ -199,4 +199,82 @@ impl Seed {
     pub fn process(&mut self) -> &mut Seed {
         self.push(&[op::PROCESS])
     }
+    /// Requests laid out and published together (`Harness::batch_macro`).
+    pub fn batch(&mut self, reqs: &[B]) -> &mut Seed {
+        self.push(&[op::BATCH, reqs.len() as u8 - 1]);
+        for r in reqs {
+            self.push(&[r.kind | u8::from(r.indirect) << 2]);
+            if r.kind == 2 {
+                continue;
+            }
+            self.push(&r.slot.to_le_bytes()).push(&[r.size, r.buf]);
+            if r.kind == 3 {
+                self.push(&[r.off]);
+            }
+            if r.kind != 1 {
+                self.push(&[r.seed]);
+            }
+        }
+        self
+    }
+}
+
+/// One request of [`Seed::batch`]: `kind` 0 a write of `size + 1` pages
+/// from slot `slot`, 1 a read of as many, 2 FLUSH, 3 a write of `size + 1`
+/// sectors from `off` sectors into the slot; `buf` is its first page in
+/// the data area, `seed` its data (see `payload`).
+#[derive(Clone, Copy, Default)]
+pub struct B {
+    pub kind: u8,
+    pub slot: u16,
+    pub size: u8,
+    pub buf: u8,
+    pub off: u8,
+    pub seed: u8,
+    pub indirect: bool,
+}
+
+impl B {
+    pub fn write(slot: u16, pages: u8, buf: u8, seed: u8) -> B {
+        B {
+            kind: 0,
+            slot,
+            size: pages - 1,
+            buf,
+            seed,
+            ..B::default()
+        }
+    }
+    pub fn read(slot: u16, pages: u8, buf: u8) -> B {
+        B {
+            kind: 1,
+            slot,
+            size: pages - 1,
+            buf,
+            ..B::default()
+        }
+    }
+    pub fn flush() -> B {
+        B {
+            kind: 2,
+            ..B::default()
+        }
+    }
+    pub fn write_sectors(slot: u16, off: u8, sectors: u8, buf: u8, seed: u8) -> B {
+        B {
+            kind: 3,
+            slot,
+            size: sectors - 1,
+            buf,
+            off,
+            seed,
+            ..B::default()
+        }
+    }
+    pub fn indirect(self) -> B {
+        B {
+            indirect: true,
+            ..self
+        }
+    }
 }

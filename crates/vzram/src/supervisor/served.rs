@@ -5,7 +5,7 @@ use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use vzram_store::{Backing, Cells, DeviceCells, StateFiles, StoreError};
@@ -20,6 +20,18 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A worker that served this long before failing starts the count afresh.
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// [`HEALTHY_AFTER`], or less when `VZRAM_HEALTHY_AFTER_MS` says so: a test
+/// cannot let a worker serve for a minute before it kills it.
+fn healthy_after() -> Duration {
+    static AFTER: OnceLock<Duration> = OnceLock::new();
+    *AFTER.get_or_init(|| {
+        std::env::var("VZRAM_HEALTHY_AFTER_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(HEALTHY_AFTER, |ms| HEALTHY_AFTER.min(Duration::from_millis(ms)))
+    })
+}
 
 /// A device's backing file as the supervisor keeps it open: holding the
 /// descriptor holds the file's lock (taken when it was opened) for as long
@@ -189,7 +201,7 @@ pub fn failed(d: &Served, why: String, ran: Duration) {
     *d.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     let mut b = d.backoff();
     let n = match *b {
-        Some((n, _)) if ran < HEALTHY_AFTER => n + 1,
+        Some((n, _)) if ran < healthy_after() => n + 1,
         _ => 1,
     };
     // A first failure costs only the reconnect; repeats wait, doubling.

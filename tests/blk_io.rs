@@ -55,8 +55,8 @@ fn capacity_queues_and_block_size_as_the_client_sees_them() {
     let mut c = Client::connect(&sock, 1).expect("fewer queues are fine");
     c.q(0).flush().unwrap();
     let st = d.stat();
-    assert_eq!(st.0["devices"][0]["queues"], 3);
-    assert_eq!(st.0["devices"][0]["size_bytes"], 96 * MIB);
+    assert_eq!(st.devices()[0].queues, 3);
+    assert_eq!(st.devices()[0].size_bytes, 96 * MIB);
 }
 
 #[test]
@@ -106,9 +106,9 @@ fn write_and_verify_across_all_queues_in_parallel() {
         }
     });
     let st = d.stat();
-    assert_eq!(st.dev("vzram0", "orig_data_size"), 64 * MIB);
+    assert_eq!(st.counters("vzram0").orig_data_size, 64 * MIB);
     assert_eq!(
-        st.dev("vzram0", "failed_writes") + st.dev("vzram0", "failed_reads"),
+        st.counters("vzram0").failed_writes + st.counters("vzram0").failed_reads,
         0
     );
 }
@@ -205,7 +205,7 @@ fn discard_and_write_zeroes_read_back_zeros_and_free_memory() {
         c.q(0).write(at, &pattern(3, at, 4 * MIB as usize)).unwrap();
     }
     let before = d.stat();
-    assert_eq!(before.dev("vzram0", "orig_data_size"), total);
+    assert_eq!(before.counters("vzram0").orig_data_size, total);
 
     // Discard 24 MiB in the middle: zeros, and 6144 fewer pages stored.
     c.q(1).discard(4 * MIB, 24 * MIB).unwrap();
@@ -226,17 +226,17 @@ fn discard_and_write_zeroes_read_back_zeros_and_free_memory() {
         pattern(3, 0, 4 * MIB as usize)
     );
     let after = d.stat();
-    assert_eq!(after.dev("vzram0", "orig_data_size"), 8 * MIB);
-    assert!(after.dev("vzram0", "discards") >= 6144);
+    assert_eq!(after.counters("vzram0").orig_data_size, 8 * MIB);
+    assert!(after.counters("vzram0").discards >= 6144);
     let (used_before, used_after) = (
-        before.dev("vzram0", "mem_used_total"),
-        after.dev("vzram0", "mem_used_total"),
+        before.counters("vzram0").mem_used_total,
+        after.counters("vzram0").mem_used_total,
     );
     assert!(
         used_after < used_before / 2,
         "memory not freed: {used_before} -> {used_after}"
     );
-    assert!(after.pool("mem_used_total") < before.pool("mem_used_total"));
+    assert!(after.pool().mem_used_total < before.pool().mem_used_total);
 
     // Write-zeroes over an unaligned range inside the remaining data.
     let (zoff, zlen) = (29 * MIB + 3 * 512, MIB + 5 * 512);
@@ -249,7 +249,7 @@ fn discard_and_write_zeroes_read_back_zeros_and_free_memory() {
         "write-zeroes touched the wrong bytes"
     );
     let z = d.stat();
-    assert!(z.dev("vzram0", "orig_data_size") < 8 * MIB);
+    assert!(z.counters("vzram0").orig_data_size < 8 * MIB);
 
     // A discard of a partial page zeroes just that part.
     c.q(0).discard(512, 1024).unwrap();
@@ -258,8 +258,7 @@ fn discard_and_write_zeroes_read_back_zeros_and_free_memory() {
     assert_eq!(c.q(1).read(0, PAGE as usize).unwrap(), head);
 
     // Compaction via the control socket runs and leaves data alone.
-    let r = d.control(json!({"cmd": "compact"}));
-    assert_eq!(r["ok"], true, "{r}");
+    let _: Compacted = d.request(json!({"cmd": "compact"}));
     assert_eq!(c.q(1).read(0, PAGE as usize).unwrap(), head);
 }
 
@@ -280,7 +279,7 @@ fn out_of_range_requests_get_errors_and_change_nothing() {
     assert_eq!(q.read(end - PAGE, PAGE as usize).unwrap(), last);
     assert_eq!(q.read(end - 512, 512).unwrap(), last[PAGE as usize - 512..]);
     let st = d.stat();
-    assert_eq!(st.dev("vzram0", "orig_data_size"), PAGE);
+    assert_eq!(st.counters("vzram0").orig_data_size, PAGE);
 }
 
 #[test]
@@ -319,11 +318,11 @@ fn read_only_device() {
     q.flush().unwrap();
     let st = d.stat();
     assert!(
-        st.dev("vzram0", "reads") >= 1,
+        st.counters("vzram0").reads >= 1,
         "the read did not reach the daemon"
     );
-    assert_eq!(st.dev("vzram0", "orig_data_size"), 0);
-    assert_eq!(st.0["devices"][0]["readonly"], true);
+    assert_eq!(st.counters("vzram0").orig_data_size, 0);
+    assert!(st.devices()[0].readonly, "{st}");
 }
 
 #[test]
@@ -402,16 +401,16 @@ fn two_devices_under_a_host_limit_stay_isolated_and_hit_the_limit() {
     assert_eq!(cb.q(0).read(0, MIB as usize).unwrap(), b_data);
 
     let st = d.stat();
-    assert!(st.dev("a", "failed_writes") >= 1);
-    assert_eq!(st.dev("b", "failed_writes"), 0);
-    assert!(st.pool("mem_used_total") <= 6 * MIB);
-    assert_eq!(st.pool("mem_limit"), 6 * MIB);
+    assert!(st.counters("a").failed_writes >= 1);
+    assert_eq!(st.counters("b").failed_writes, 0);
+    assert!(st.pool().mem_used_total <= 6 * MIB);
+    assert_eq!(st.pool().mem_limit, 6 * MIB);
 
     // Freeing A lets B write again; raising the limit lets A write again.
     ca.q(0).discard(0, 16 * MIB).unwrap();
     cb.q(0).write(MIB, &noise(3, MIB as usize)).unwrap();
-    let r = d.control(json!({"cmd": "set-limit", "host": true, "bytes": 0}));
-    assert_eq!(r["ok"], true, "{r}");
+    let r: HostLimitSet = d.request(json!({"cmd": "set-limit", "host": true, "bytes": 0}));
+    assert_eq!(r.host_mem_limit, 0, "{r:?}");
     for p in 0..8 * MIB / PAGE {
         ca.q(0)
             .write(p * PAGE, &noise(p + 500, PAGE as usize))
@@ -440,13 +439,14 @@ fn device_memory_limit_and_set_limit() {
     // B has no limit of its own.
     assert_eq!(fill(&mut cb, 7, 1024), None);
     let st = d.stat();
-    assert_eq!(st.dev("a", "mem_limit"), MIB);
-    assert!(st.dev("a", "mem_used_total") <= MIB);
+    assert_eq!(st.counters("a").mem_limit, MIB);
+    assert!(st.counters("a").mem_used_total <= MIB);
 
-    let r = d.control(json!({"cmd": "set-limit", "device": "a", "bytes": 16 * MIB}));
-    assert_eq!(r["ok"], true, "{r}");
+    let r: DeviceLimitSet =
+        d.request(json!({"cmd": "set-limit", "device": "a", "bytes": 16 * MIB}));
+    assert_eq!((r.device.as_str(), r.mem_limit), ("a", 16 * MIB), "{r:?}");
     assert_eq!(fill(&mut ca, 0, 1024), None, "raised limit still refuses");
-    assert_eq!(d.stat().dev("a", "mem_limit"), 16 * MIB);
+    assert_eq!(d.stat().counters("a").mem_limit, 16 * MIB);
 }
 
 #[test]
@@ -476,7 +476,7 @@ fn reconnect_keeps_the_data() {
     }
     // Wait until the daemon has seen the last disconnect.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while d.stat().0["devices"][0]["connected"] == true {
+    while d.stat().devices()[0].connected {
         assert!(
             std::time::Instant::now() < deadline,
             "disconnect not noticed"
@@ -484,8 +484,8 @@ fn reconnect_keeps_the_data() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let st = d.stat();
-    assert_eq!(st.0["devices"][0]["connections"], 3);
-    assert_eq!(st.dev("vzram0", "orig_data_size"), 3 * MIB);
+    assert_eq!(st.devices()[0].connections, 3);
+    assert_eq!(st.counters("vzram0").orig_data_size, 3 * MIB);
     let log = d.log_text();
     assert!(log.contains("frontend disconnected"), "{log}");
 }

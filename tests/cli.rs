@@ -289,8 +289,8 @@ fn print_capabilities_follows_qemu_conventions() {
         &["--socket", s(&sock), "--size", "1M", "--read-only"],
         &[&sock],
     );
-    let st = d.control(json!({"cmd": "stat"}));
-    assert_eq!(st["devices"][0]["readonly"], true, "{st}");
+    let st = d.stat();
+    assert!(st.devices()[0].readonly, "{st}");
 }
 
 /// A compaction asked for just as a frontend leaves (its worker going) is
@@ -320,8 +320,9 @@ fn compact_as_the_frontend_leaves_still_compacts() {
         drop(c);
         std::thread::sleep(Duration::from_millis(delay_ms));
         let r = d.control(json!({"cmd": "compact"}));
-        assert_eq!(r["ok"], true, "round {round}: {r}");
-        let pages = r["pages_compacted"].as_u64().unwrap();
+        let Compacted {
+            pages_compacted: pages,
+        } = reply(r.clone());
         assert!(
             pages > 0,
             "round {round}: compaction as the frontend left did nothing: {r}\n{}",
@@ -355,10 +356,9 @@ fn compact_skips_a_busy_device_and_does_the_rest() {
     let _silent = std::os::unix::net::UnixStream::connect(&a).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let t = std::time::Instant::now();
-    let r = d.control(json!({"cmd": "compact"}));
+    let r: Compacted = d.request(json!({"cmd": "compact"}));
     let took = t.elapsed();
-    assert_eq!(r["ok"], true, "{r}");
-    assert!(r["pages_compacted"].as_u64().unwrap() > 0, "{r}");
+    assert!(r.pages_compacted > 0, "{r:?}");
     assert!(took < Duration::from_secs(4), "compact took {took:?}");
 }
 
@@ -422,29 +422,29 @@ fn stat_set_limit_and_compact_commands() {
 
     let o = vzram(&["stat", "--json", "--control", ctl]);
     assert!(o.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let dev = &v["devices"][0];
-    assert_eq!(dev["name"], "vm1");
-    assert_eq!(dev["socket"], s(&sock));
-    assert_eq!(dev["stats"]["orig_data_size"], 528 * 4096);
-    assert_eq!(dev["stats"]["same_pages"], 16);
-    assert!(dev["stats"]["compr_data_size"].as_u64().unwrap() < 512 * 4096);
-    assert_eq!(v["pool"]["devices"], 1);
+    let v = Stats::parse(serde_json::from_slice(&o.stdout).unwrap());
+    let dev = &v.devices()[0];
+    assert_eq!(dev.name, "vm1");
+    assert_eq!(dev.socket, sock);
+    assert_eq!(dev.stats.orig_data_size, 528 * 4096);
+    assert_eq!(dev.stats.same_pages, 16);
+    assert!(dev.stats.compr_data_size < 512 * 4096, "{v}");
+    assert_eq!(v.pool().devices, 1);
 
     let o = vzram(&["set-limit", "--control", ctl, "--device", "vm1", "32M"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(d.stat().dev("vm1", "mem_limit"), 32 << 20);
+    assert_eq!(d.stat().counters("vm1").mem_limit, 32 << 20);
     // Above the device's 64 MiB: refused, the limit kept.
     let o = vzram(&["set-limit", "--control", ctl, "--device", "vm1", "512M"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("above its size"), "{}", stderr(&o));
-    assert_eq!(d.stat().dev("vm1", "mem_limit"), 32 << 20);
+    assert_eq!(d.stat().counters("vm1").mem_limit, 32 << 20);
     let o = vzram(&["set-limit", "--control", ctl, "--device", "0", "0"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(d.stat().dev("vm1", "mem_limit"), 0);
+    assert_eq!(d.stat().counters("vm1").mem_limit, 0);
     let o = vzram(&["set-limit", "--control", ctl, "--host", "1G"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(d.stat().pool("mem_limit"), 1 << 30);
+    assert_eq!(d.stat().pool().mem_limit, 1 << 30);
     let o = vzram(&["set-limit", "--control", ctl, "--device", "nosuch", "1G"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     // Readable, with the names that would have worked.
@@ -563,17 +563,17 @@ readonly = true
     .unwrap();
     let d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
     let st = d.stat();
-    let devs = st.0["devices"].as_array().unwrap();
-    assert_eq!(devs.len(), 2);
-    assert_eq!(devs[0]["name"], "swap1");
-    assert_eq!(devs[0]["algo"], "zstd:3");
-    assert_eq!(devs[0]["queues"], 2);
-    assert_eq!(devs[0]["serial"], "swap-one");
-    assert_eq!(devs[0]["stats"]["mem_limit"], 32 << 20);
-    assert_eq!(devs[1]["size_bytes"], 16 << 20);
-    assert_eq!(devs[1]["readonly"], true);
-    assert_eq!(devs[1]["queues"], 4);
-    assert_eq!(st.pool("mem_limit"), 256 << 20);
+    let devs = st.devices();
+    assert_eq!(devs.len(), 2, "{st}");
+    assert_eq!(devs[0].name, "swap1");
+    assert_eq!(devs[0].algo.to_string(), "zstd:3");
+    assert_eq!(devs[0].queues, 2);
+    assert_eq!(devs[0].serial, "swap-one");
+    assert_eq!(devs[0].stats.mem_limit, 32 << 20);
+    assert_eq!(devs[1].size_bytes, 16 << 20);
+    assert!(devs[1].readonly, "{st}");
+    assert_eq!(devs[1].queues, 4);
+    assert_eq!(st.pool().mem_limit, 256 << 20);
     assert_eq!(
         std::fs::metadata(&a).unwrap().permissions().mode() & 0o777,
         0o640
@@ -831,9 +831,9 @@ fn sizes_take_fractions_and_binary_suffixes() {
         &[&a, &b],
     );
     let st = d.stat();
-    assert_eq!(st.dev("a", "size_bytes"), 3 << 19);
-    assert_eq!(st.dev("a", "mem_limit"), 1 << 19);
-    assert_eq!(st.dev("b", "size_bytes"), 8 << 20);
+    assert_eq!(st.counters("a").size_bytes, 3 << 19);
+    assert_eq!(st.counters("a").mem_limit, 1 << 19);
+    assert_eq!(st.counters("b").size_bytes, 8 << 20);
 }
 
 /// `vzram stat` without `--control` asks $RUNTIME_DIRECTORY/control.sock,
@@ -849,8 +849,8 @@ fn stat_has_a_default_control_socket() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["devices"][0]["socket"], s(&a));
+    let v = Stats::parse(serde_json::from_slice(&o.stdout).unwrap());
+    assert_eq!(v.devices()[0].socket, a);
     let o = Command::new(vzram_bin())
         .arg("compact")
         .env("RUNTIME_DIRECTORY", dir.path())

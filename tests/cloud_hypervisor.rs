@@ -648,7 +648,7 @@ fn cloud_hypervisor_sequence_io_and_reconnects() {
     guest.run(&reads(0, 0..8, 8));
     let st = d.stat();
     assert_eq!(
-        st.dev("ch", "failed_writes") + st.dev("ch", "failed_reads"),
+        st.counters("ch").failed_writes + st.counters("ch").failed_reads,
         0
     );
 
@@ -703,7 +703,7 @@ fn cloud_hypervisor_sequence_io_and_reconnects() {
     guest.run(&reads(2, 0..6, 32));
     let st = d.stat();
     assert_eq!(
-        st.dev("ch", "failed_writes") + st.dev("ch", "failed_reads"),
+        st.counters("ch").failed_writes + st.counters("ch").failed_reads,
         0
     );
 }

@@ -23,7 +23,7 @@ const MIB: usize = 1 << 20;
 const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 
 /// `vzram stat --json --control PATH`, the way an operator reads it.
-fn stat_json(d: &Daemon) -> Value {
+fn stat_json(d: &Daemon) -> Stats {
     let mut child = Command::new(vzram_bin())
         .args(["stat", "--json", "--control", s(&d.control)])
         .stdin(Stdio::null())
@@ -45,16 +45,8 @@ fn stat_json(d: &Daemon) -> Value {
         "vzram stat: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    serde_json::from_slice(&o.stdout).expect("vzram stat --json prints JSON")
-}
-
-/// One device's counter from a `vzram stat --json` reply.
-fn dev_stat(v: &Value, name: &str, field: &str) -> u64 {
-    v["devices"]
-        .as_array()
-        .and_then(|a| a.iter().find(|d| d["name"] == name))
-        .and_then(|d| d["stats"][field].as_u64())
-        .unwrap_or_else(|| panic!("no {field} for {name} in {v}"))
+    let v: Value = serde_json::from_slice(&o.stdout).expect("vzram stat --json prints JSON");
+    Stats::parse(v)
 }
 
 /// The shared corpus of real anonymous memory pages, beside the repository
@@ -217,7 +209,7 @@ fn algo_decides_how_small_the_pages_are_stored() {
     }
 
     let st = stat_json(&d);
-    let size = |n: &str| dev_stat(&st, n, "compr_data_size");
+    let size = |n: &str| st.counters(n).compr_data_size;
     let report: Vec<String> = names.iter().map(|n| format!("{n} {}", size(n))).collect();
     eprintln!(
         "{} KiB of {source}; compr_data_size: {}",
@@ -225,9 +217,9 @@ fn algo_decides_how_small_the_pages_are_stored() {
         report.join(", ")
     );
     for n in names {
-        assert_eq!(dev_stat(&st, n, "orig_data_size"), data.len() as u64, "{n}");
-        assert_eq!(dev_stat(&st, n, "failed_writes"), 0, "{n}");
-        assert_eq!(dev_stat(&st, n, "failed_reads"), 0, "{n}");
+        assert_eq!(st.counters(n).orig_data_size, data.len() as u64, "{n}");
+        assert_eq!(st.counters(n).failed_writes, 0, "{n}");
+        assert_eq!(st.counters(n).failed_reads, 0, "{n}");
         assert!(size(n) > 0, "{n}: nothing was compressed ({source})");
     }
     // Same codec, same data, same bytes.
@@ -414,10 +406,10 @@ fn readonly_refuses_writes_that_reach_the_daemon() {
     }
     let st = stat_json(&d);
     for name in ["flag", "spec", "file"] {
-        assert_eq!(dev_stat(&st, name, "orig_data_size"), 0, "{name}");
-        assert_eq!(dev_stat(&st, name, "writes"), 0, "{name}");
+        assert_eq!(st.counters(name).orig_data_size, 0, "{name}");
+        assert_eq!(st.counters(name).writes, 0, "{name}");
     }
-    assert_eq!(dev_stat(&st, "rw", "orig_data_size"), 2 * PAGE as u64);
+    assert_eq!(st.counters("rw").orig_data_size, 2 * PAGE as u64);
 }
 
 /// GET_QUEUE_NUM on a raw frontend (vhost-user's "how many queues").
@@ -511,12 +503,8 @@ fn queues_offers_and_serves_exactly_that_many() {
     }
     let st = stat_json(&d);
     for (name, n) in names.iter().zip(counts) {
-        assert_eq!(
-            dev_stat(&st, name, "orig_data_size"),
-            (n * MIB) as u64,
-            "{name}"
-        );
-        assert_eq!(dev_stat(&st, name, "failed_writes"), 0, "{name}");
+        assert_eq!(st.counters(name).orig_data_size, (n * MIB) as u64, "{name}");
+        assert_eq!(st.counters(name).failed_writes, 0, "{name}");
     }
 }
 
@@ -582,8 +570,8 @@ fn mem_limit_refuses_writes_past_it() {
             }
         }
         let st = stat_json(&d);
-        let used = dev_stat(&st, name, "mem_used_total");
-        let max = dev_stat(&st, name, "mem_used_max");
+        let used = st.counters(name).mem_used_total;
+        let max = st.counters(name).mem_used_max;
         eprintln!(
             "{name}: {} pages stored, {refused} refused; mem_used_total {used}, mem_used_max {max}",
             stored.len()
@@ -602,8 +590,8 @@ fn mem_limit_refuses_writes_past_it() {
                 used <= LIMIT && max <= LIMIT,
                 "{name}: used {used}, max {max}, limit {LIMIT}"
             );
-            assert_eq!(dev_stat(&st, name, "mem_limit"), LIMIT, "{name}");
-            assert_eq!(dev_stat(&st, name, "failed_writes"), refused, "{name}");
+            assert_eq!(st.counters(name).mem_limit, LIMIT, "{name}");
+            assert_eq!(st.counters(name).failed_writes, refused, "{name}");
         } else {
             assert_eq!(refused, 0, "{name}: writes refused without a limit");
             assert!(used > LIMIT, "{name}: used {used}");

@@ -55,18 +55,18 @@ fn verify_in_background(sock: &Path, stop: Arc<AtomicBool>) -> JoinHandle<(u64, 
     })
 }
 
-fn worker_of(d: &Daemon, name: &str) -> serde_json::Value {
-    d.stat().worker(name)
+fn worker_of(d: &Daemon, name: &str) -> WorkerStatus {
+    d.stat().worker(name).clone()
 }
 
-fn wait_for(d: &Daemon, what: &str, mut ok: impl FnMut(&serde_json::Value) -> bool) {
+fn wait_for(d: &Daemon, what: &str, mut ok: impl FnMut(&WorkerStatus) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let w = worker_of(d, "a");
         if ok(&w) {
             return;
         }
-        assert!(Instant::now() < deadline, "{what}: {w}\n{}", d.log_text());
+        assert!(Instant::now() < deadline, "{what}: {w:?}\n{}", d.log_text());
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -93,7 +93,7 @@ fn a_worker_killed_by_its_guest_memory_stops_no_one_else() {
     let verify = verify_in_background(&b, stop.clone());
     std::thread::sleep(Duration::from_millis(200));
     let v = sigbus_frontend(&a);
-    wait_for(&d, "a's worker never died", |w| w["failures"] == 1);
+    wait_for(&d, "a's worker never died", |w| w.failures == 1);
     drop(v);
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
@@ -107,8 +107,8 @@ fn a_worker_killed_by_its_guest_memory_stops_no_one_else() {
     assert!(d.wait_exit(Duration::ZERO).is_none(), "{}", d.log_text());
     let w = worker_of(&d, "a");
     assert!(
-        w["last_failure"].as_str().unwrap().contains("SIGBUS"),
-        "{w}"
+        w.last_failure.as_deref().unwrap().contains("SIGBUS"),
+        "{w:?}"
     );
     // A serves a clean frontend again, with its data.
     let mut ca = Client::connect(&a, 1).unwrap();
@@ -145,12 +145,10 @@ fn a_worker_sigkilled_mid_io_costs_a_reconnect_only() {
         });
     }
     std::thread::sleep(Duration::from_millis(300));
-    let pid = worker_of(&d, "a")["pid"].as_u64().expect("a's worker pid") as i32;
+    let pid = worker_of(&d, "a").pid.expect("a's worker pid") as i32;
     // SAFETY: signalling a process we just looked up.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
-    wait_for(&d, "the supervisor never saw the kill", |w| {
-        w["failures"] == 1
-    });
+    wait_for(&d, "the supervisor never saw the kill", |w| w.failures == 1);
     eprintln!(
         "A wrote {} times before the kill",
         a_writes.load(Ordering::Relaxed)
@@ -160,8 +158,9 @@ fn a_worker_sigkilled_mid_io_costs_a_reconnect_only() {
     let (rounds, worst) = verify.join().expect("B's verify failed");
     eprintln!("B: {rounds} rounds, worst {worst:?}");
     assert!(worst < MAX_STALL, "B stalled {worst:?}");
-    assert!(worker_of(&d, "a")["last_failure"]
-        .as_str()
+    assert!(worker_of(&d, "a")
+        .last_failure
+        .as_deref()
         .unwrap()
         .contains("SIGKILL"));
 
@@ -184,7 +183,7 @@ fn a_device_whose_workers_keep_dying_is_backed_off() {
     for i in 1..=4u64 {
         let v = sigbus_frontend(&a);
         served.push(Instant::now());
-        wait_for(&d, "no failure counted", |w| w["failures"] == i);
+        wait_for(&d, "no failure counted", |w| w.failures == i);
         failed.push(Instant::now());
         drop(v);
     }
@@ -193,8 +192,8 @@ fn a_device_whose_workers_keep_dying_is_backed_off() {
     eprintln!("B: {rounds} rounds, worst {worst:?}");
     assert!(worst < MAX_STALL, "B stalled {worst:?}");
     let w = worker_of(&d, "a");
-    assert_eq!(w["failing"], 4, "{w}");
-    assert_eq!(w["state"], "failing", "{w}");
+    assert_eq!(w.failing, 4, "{w:?}");
+    assert_eq!(w.state, WorkerState::Failing, "{w:?}");
     // No wait after the first death; then 100, 200 ms before the 3rd and
     // 4th worker (less the few ms the test took to see each death).
     let waits: Vec<Duration> = (0..3).map(|k| served[k + 1] - failed[k]).collect();
@@ -215,8 +214,8 @@ fn a_device_whose_workers_keep_dying_is_backed_off() {
     ca.q(0).write(0, &[7u8; 4096]).unwrap();
     drop(ca);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while worker_of(&d, "a")["failing"] != 0 {
-        assert!(Instant::now() < deadline, "{}", worker_of(&d, "a"));
+    while worker_of(&d, "a").failing != 0 {
+        assert!(Instant::now() < deadline, "{:?}", worker_of(&d, "a"));
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -241,8 +240,8 @@ fn no_process_maps_two_guests_memory() {
     cb.q(0).write(0, &[2u8; 4096]).unwrap();
     // Guest memory: the memfds this test process (both "guests") maps.
     let guests = memfd_inodes(std::process::id());
-    let wa = worker_of(&d, "a")["pid"].as_u64().unwrap() as u32;
-    let wb = d.stat().worker("b")["pid"].as_u64().unwrap() as u32;
+    let wa = worker_of(&d, "a").pid.unwrap();
+    let wb = d.stat().worker("b").pid.unwrap();
     assert_ne!(wa, wb);
     let ma: Vec<_> = memfd_inodes(wa).intersection(&guests).cloned().collect();
     let mb: Vec<_> = memfd_inodes(wb).intersection(&guests).cloned().collect();
@@ -271,7 +270,7 @@ fn stopping_with_a_connected_worker_is_prompt() {
     let (mut d, a, _b) = two_devices(&dir);
     let mut ca = Client::connect(&a, 1).unwrap();
     ca.q(0).write(0, &[3u8; 4096]).unwrap();
-    let worker = worker_of(&d, "a")["pid"].as_u64().expect("a worker") as u32;
+    let worker = worker_of(&d, "a").pid.expect("a worker");
     let t = Instant::now();
     assert!(d.terminate().success(), "{}", d.log_text());
     let took = t.elapsed();

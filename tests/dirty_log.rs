@@ -189,7 +189,7 @@ fn regions_added_later_are_logged_too() {
     // whose writes could not be logged. A request sent meanwhile may or may
     // not be served, so none is: the data waits for the next frontend.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while daemon.stat().0["devices"][0]["connected"] == true {
+    while daemon.stat().devices()[0].connected {
         assert!(
             std::time::Instant::now() < deadline,
             "the connection outlived its refused memory table"

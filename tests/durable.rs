@@ -60,30 +60,31 @@ fn sigkill_then_the_same_command_line_serves_every_page() {
     let mut d = start(&dir, &sock, &[]);
     write_all(&sock, 1, 3);
     let before = d.stat();
-    let state = before.0["devices"][0]["state"]
-        .as_str()
-        .expect("stat shows the state")
-        .to_string();
-    assert!(before.0["devices"][0]["state_bytes"].as_u64().unwrap() > 0);
+    let state = before.devices()[0].state.clone();
+    assert!(
+        !state.as_os_str().is_empty(),
+        "stat shows the state: {before}"
+    );
+    assert!(before.devices()[0].state_bytes > 0, "{before}");
     d.kill9();
     // The socket file of a killed daemon is left behind; the next start
     // replaces it.
     let d = start(&dir, &sock, &[]);
     check_all(&sock, 1, 3, "after SIGKILL");
     let after = d.stat();
-    for f in [
-        "orig_data_size",
-        "compr_data_size",
-        "same_pages",
-        "huge_pages",
-    ] {
-        assert_eq!(
-            after.dev("vm1", f),
-            before.dev("vm1", f),
-            "{f} rebuilt from the slots"
-        );
+    let rebuilt = |st: &Stats| {
+        let c = st.counters("vm1");
+        [
+            ("orig_data_size", c.orig_data_size),
+            ("compr_data_size", c.compr_data_size),
+            ("same_pages", c.same_pages),
+            ("huge_pages", c.huge_pages),
+        ]
+    };
+    for ((f, a), (_, b)) in rebuilt(&after).into_iter().zip(rebuilt(&before)) {
+        assert_eq!(a, b, "{f} rebuilt from the slots");
     }
-    assert_eq!(after.0["devices"][0]["state"], state.as_str());
+    assert_eq!(after.devices()[0].state, state);
     assert!(
         d.log_text().contains("recovered the device from its state"),
         "{}",
@@ -91,9 +92,9 @@ fn sigkill_then_the_same_command_line_serves_every_page() {
     );
     // Directories 0700, files 0600.
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(Path::new(&state)), 0o700);
+    assert_eq!(mode(&state), 0o700);
     for f in ["header", "table", "arena"] {
-        assert_eq!(mode(&Path::new(&state).join(f)), 0o600, "{f}");
+        assert_eq!(mode(&state.join(f)), 0o600, "{f}");
     }
     // And it goes on working: overwrite, read back.
     write_all(&sock, 2, 5);

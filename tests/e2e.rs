@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vzram_tests::guest::{Ctx, GuestOpts, GuestOutput};
-use vzram_tests::{ensure, mib, Daemon, Stats, MIB};
+use vzram_tests::{ensure, mib, Daemon, Stats, Summary, MIB};
 
 /// Boot timeout for the short scenarios.
 const BOOT: Duration = Duration::from_secs(120);
@@ -56,21 +56,16 @@ fn disk_info() {
     ensure!(disk.num("ro") == 0, "{}", disk.line);
 
     let st = d.stat_cli();
-    let dev = st.device(&sock);
+    let dev = st.dev_at(&sock);
     eprintln!("  stat: {}", dev.summary());
-    ensure!(
-        dev.get("size_bytes") == 768 * MIB,
-        "device size in stats: {}",
-        dev.v
-    );
+    ensure!(dev.size_bytes == 768 * MIB, "device size in stats: {dev:?}");
     // The kernel reads the partition table when it probes the disk.
-    ensure!(dev.get("reads") > 0, "no reads counted: {}", dev.v);
+    ensure!(dev.stats.reads > 0, "no reads counted: {dev:?}");
     ensure!(
-        dev.get("orig_data_size") == 0,
-        "nothing was written: {}",
-        dev.v
+        dev.stats.orig_data_size == 0,
+        "nothing was written: {dev:?}"
     );
-    ensure!(st.pool_counters().get("devices") == 1, "{}", st.0);
+    ensure!(st.pool().devices == 1, "{}", st);
 
     // A QEMU with fewer queues than the device offers works too...
     let raw = |tests: &str, q: u32| {
@@ -101,12 +96,11 @@ fn disk_info() {
     out.expect_ok();
     ensure!(raw_verify(&out) == (true, 0), "after a refused QEMU");
     let st = d.stat_cli();
-    let dev = st.device(&sock);
-    ensure!(dev.get("connections") >= 3, "{}", dev.v);
+    let dev = st.dev_at(&sock);
+    ensure!(dev.connections >= 3, "{dev:?}");
     ensure!(
-        dev.get("failed_reads") + dev.get("failed_writes") == 0,
-        "{}",
-        dev.v
+        dev.stats.failed_reads + dev.stats.failed_writes == 0,
+        "{dev:?}"
     );
     d.shutdown();
 }
@@ -169,20 +163,19 @@ fn swap_under_pressure() {
     );
 
     let st = d.stat_cli();
-    let dev = st.device(&sock);
+    let dev = st.dev_at(&sock);
     eprintln!("  stat: {}", dev.summary());
-    let orig = dev.get("orig_data_size");
-    let compr = dev.get("compr_data_size");
-    let used = dev.get("mem_used_total");
-    ensure!(dev.get("writes") > 0, "{}", dev.v);
-    ensure!(dev.get("reads") > 0, "{}", dev.v);
-    ensure!(orig >= 32 * MIB, "too little stored: {}", dev.v);
+    let orig = dev.stats.orig_data_size;
+    let compr = dev.stats.compr_data_size;
+    let used = dev.stats.mem_used_total;
+    ensure!(dev.stats.writes > 0, "{dev:?}");
+    ensure!(dev.stats.reads > 0, "{dev:?}");
+    ensure!(orig >= 32 * MIB, "too little stored: {dev:?}");
     ensure!(
-        dev.get("failed_writes") == 0 && dev.get("failed_reads") == 0,
-        "{}",
-        dev.v
+        dev.stats.failed_writes == 0 && dev.stats.failed_reads == 0,
+        "{dev:?}"
     );
-    ensure!(compr > 0 && used > 0, "{}", dev.v);
+    ensure!(compr > 0 && used > 0, "{dev:?}");
     let ratio = orig as f64 / compr as f64;
     let ratio_used = orig as f64 / used as f64;
     eprintln!(
@@ -197,11 +190,11 @@ fn swap_under_pressure() {
         mib(compr),
         mib(used),
     );
-    ensure!(ratio > 1.0, "compression ratio {ratio:.2} <= 1: {}", dev.v);
+    ensure!(ratio > 1.0, "compression ratio {ratio:.2} <= 1: {:?}", dev);
     ensure!(
         ratio_used > 1.0,
-        "orig/mem_used_total {ratio_used:.2} <= 1: {}",
-        dev.v
+        "orig/mem_used_total {ratio_used:.2} <= 1: {:?}",
+        dev
     );
     d.shutdown();
 }
@@ -247,21 +240,19 @@ fn filesystem_roundtrip() {
         "same-boot verify"
     );
     let st1 = d.stat_cli();
-    let dev = st1.device(&sock);
+    let dev = st1.dev_at(&sock);
     eprintln!("  stat after write: {}", dev.summary());
-    ensure!(dev.text("algo").starts_with("zstd"), "{}", dev.v);
-    ensure!(dev.get("writes") > 0 && dev.get("reads") > 0, "{}", dev.v);
+    ensure!(dev.algo.to_string().starts_with("zstd"), "{dev:?}");
+    ensure!(dev.stats.writes > 0 && dev.stats.reads > 0, "{dev:?}");
     // 7 files of 4 MiB of mixed data, plus one of zeros, plus metadata.
-    ensure!(dev.get("orig_data_size") >= 28 * MIB, "{}", dev.v);
+    ensure!(dev.stats.orig_data_size >= 28 * MIB, "{dev:?}");
     ensure!(
-        dev.get("same_pages") > 0,
-        "the zero file stored no same-filled pages: {}",
-        dev.v
+        dev.stats.same_pages > 0,
+        "the zero file stored no same-filled pages: {dev:?}"
     );
     ensure!(
-        dev.get("failed_writes") == 0 && dev.get("failed_reads") == 0,
-        "{}",
-        dev.v
+        dev.stats.failed_writes == 0 && dev.stats.failed_reads == 0,
+        "{dev:?}"
     );
 
     // A second boot: the filesystem and its files are still there.
@@ -273,13 +264,13 @@ fn filesystem_roundtrip() {
     out.expect_ok();
     ensure!(out.fields("FS verify ok").num("files") == 8, "second boot");
     let st2 = d.stat_cli();
-    let dev2 = st2.device(&sock);
+    let dev2 = st2.dev_at(&sock);
     eprintln!("  stat after verify: {}", dev2.summary());
     ensure!(
-        dev2.get("reads") > dev.get("reads"),
+        dev2.stats.reads > dev.stats.reads,
         "the second boot read nothing"
     );
-    ensure!(dev2.get("failed_reads") == 0, "{}", dev2.v);
+    ensure!(dev2.stats.failed_reads == 0, "{dev2:?}");
     d.shutdown();
 }
 
@@ -306,10 +297,10 @@ fn discard_frees_memory() {
         .arg("vzram.fs_file_mib=8");
     ctx.run_guest("fs-write", &opts, BOOT).expect_ok();
     let full = d.stat_cli();
-    let full = full.device(&sock);
+    let full = full.dev_at(&sock);
     eprintln!("  stat after fs-write: {}", full.summary());
-    let x = full.get("mem_used_total");
-    ensure!(full.get("orig_data_size") >= 56 * MIB, "{}", full.v);
+    let x = full.stats.mem_used_total;
+    ensure!(full.stats.orig_data_size >= 56 * MIB, "{full:?}");
 
     // 2) Delete them and fstrim.
     let out = ctx.run_guest("fs-trim", &GuestOpts::new(&sock, "fs-trim").queues(2), BOOT);
@@ -319,23 +310,23 @@ fn discard_frees_memory() {
         "fstrim trimmed nothing"
     );
     let trimmed = d.stat_cli();
-    let trimmed = trimmed.device(&sock);
+    let trimmed = trimmed.dev_at(&sock);
     eprintln!("  stat after fs-trim: {}", trimmed.summary());
-    let y = trimmed.get("mem_used_total");
+    let y = trimmed.stats.mem_used_total;
     eprintln!(
         "  fstrim: mem_used_total {:.1} MiB -> {:.1} MiB",
         mib(x),
         mib(y)
     );
     ensure!(
-        trimmed.get("discards") > full.get("discards"),
+        trimmed.stats.discards > full.stats.discards,
         "no discards counted"
     );
     ensure!(
-        trimmed.get("orig_data_size") + 48 * MIB <= full.get("orig_data_size"),
+        trimmed.stats.orig_data_size + 48 * MIB <= full.stats.orig_data_size,
         "orig_data_size did not fall by the deleted files: {:.1} -> {:.1} MiB",
-        mib(full.get("orig_data_size")),
-        mib(trimmed.get("orig_data_size"))
+        mib(full.stats.orig_data_size),
+        mib(trimmed.stats.orig_data_size)
     );
     ensure!(
         y * 2 <= x,
@@ -355,9 +346,9 @@ fn discard_frees_memory() {
         ctx.boot("swap-discard", &opts)
             .wait_polling(SWAP_BOOT, Duration::from_secs(2), || {
                 let s = d.stat_cli();
-                let c = s.device(&sock);
-                peak_used = peak_used.max(c.get("mem_used_total"));
-                peak_orig = peak_orig.max(c.get("orig_data_size"));
+                let c = s.dev_at(&sock);
+                peak_used = peak_used.max(c.stats.mem_used_total);
+                peak_orig = peak_orig.max(c.stats.orig_data_size);
                 samples += 1;
             });
     out.expect_ok();
@@ -378,16 +369,16 @@ fn discard_frees_memory() {
         start.line
     );
     let end = d.stat_cli();
-    let end = end.device(&sock);
+    let end = end.dev_at(&sock);
     eprintln!("  stat after swap-discard: {}", end.summary());
-    let z = end.get("mem_used_total");
+    let z = end.stats.mem_used_total;
     eprintln!(
         "  swap discard: peak ({samples} samples) mem_used_total {:.1} MiB, orig_data_size {:.1} MiB \
          -> {:.1} MiB, {:.1} MiB at the end",
         mib(peak_used),
         mib(peak_orig),
         mib(z),
-        mib(end.get("orig_data_size")),
+        mib(end.stats.orig_data_size),
     );
     ensure!(
         peak_used >= 32 * MIB,
@@ -395,14 +386,14 @@ fn discard_frees_memory() {
         mib(peak_used)
     );
     ensure!(
-        end.get("discards") > trimmed.get("discards"),
+        end.stats.discards > trimmed.stats.discards,
         "swap issued no discards"
     );
     ensure!(
-        end.get("orig_data_size") * 2 <= peak_orig,
+        end.stats.orig_data_size * 2 <= peak_orig,
         "stored data did not fall with swap discard: {:.1} -> {:.1} MiB",
         mib(peak_orig),
-        mib(end.get("orig_data_size"))
+        mib(end.stats.orig_data_size)
     );
     ensure!(
         z * 2 <= peak_used,
@@ -414,15 +405,15 @@ fn discard_frees_memory() {
     // 4) What the frees left fragmented, compaction gives back.
     let line = d.compact();
     let c = d.stat_cli();
-    let c = c.device(&sock);
+    let c = c.dev_at(&sock);
     eprintln!("  {line}; stat after compact: {}", c.summary());
-    let compacted = c.get("mem_used_total");
+    let compacted = c.stats.mem_used_total;
     ensure!(compacted <= z, "compaction grew the pool");
-    if z >= end.get("compr_data_size") + 4 * MIB {
+    if z >= end.stats.compr_data_size + 4 * MIB {
         ensure!(
             compacted < z,
             "{:.1} MiB of waste and compaction gave nothing back",
-            mib(z - end.get("compr_data_size"))
+            mib(z - end.stats.compr_data_size)
         );
     }
     d.shutdown();
@@ -453,9 +444,9 @@ fn reconnect_keeps_data() {
     let g = ctx.boot("write-hold", &raw("raw-write,hold"));
     g.wait_for("HOLD ready", BOOT);
     let written = d.stat_cli();
-    let written = written.device(&sock);
+    let written = written.dev_at(&sock);
     eprintln!("  stat after raw-write: {}", written.summary());
-    ensure!(written.get("orig_data_size") >= 40 * MIB, "{}", written.v);
+    ensure!(written.stats.orig_data_size >= 40 * MIB, "{written:?}");
     let out = g.kill();
     ensure!(
         out.line("RAW written pages=16384").is_some(),
@@ -494,22 +485,22 @@ fn reconnect_keeps_data() {
     );
 
     let end = d.stat_cli();
-    let end = end.device(&sock);
+    let end = end.dev_at(&sock);
     eprintln!("  stat at the end: {}", end.summary());
     ensure!(
-        end.get("reads") > written.get("reads"),
+        end.stats.reads > written.stats.reads,
         "the new connections read nothing"
     );
-    ensure!(end.get("failed_reads") == 0, "{}", end.v);
+    ensure!(end.stats.failed_reads == 0, "{end:?}");
     ensure!(
-        end.get("orig_data_size") == written.get("orig_data_size"),
+        end.stats.orig_data_size == written.stats.orig_data_size,
         "the data changed size: {:.1} -> {:.1} MiB",
-        mib(written.get("orig_data_size")),
-        mib(end.get("orig_data_size"))
+        mib(written.stats.orig_data_size),
+        mib(end.stats.orig_data_size)
     );
     ensure!(d.pid() == pid, "daemon replaced");
     // Three QEMUs connected, one after the other, to the same daemon.
-    ensure!(end.get("connections") == 3, "connections: {}", end.v);
+    ensure!(end.connections == 3, "connections: {end:?}");
     d.shutdown();
 }
 
@@ -550,20 +541,16 @@ fn two_vms_host_limit() {
             .arg("vzram.raw_mib=32")
     };
     let check_limit = |st: &Stats, when: &str| {
-        let pool = st.pool_counters();
+        let pool = st.pool();
         eprintln!("  pool {when}: {}", pool.summary());
+        ensure!(pool.mem_limit == limit, "host limit in stats: {pool:?}");
         ensure!(
-            pool.get("mem_limit") == limit,
-            "host limit in stats: {}",
-            pool.v
-        );
-        ensure!(
-            pool.get("mem_used_total") <= limit,
+            pool.mem_used_total <= limit,
             "{when}: pool uses {:.1} MiB over the {:.1} MiB host limit",
-            mib(pool.get("mem_used_total")),
+            mib(pool.mem_used_total),
             mib(limit)
         );
-        ensure!(pool.get("devices") == 2, "{}", pool.v);
+        ensure!(pool.devices == 2, "{pool:?}");
     };
 
     // 1) Both VMs at once, each writing and verifying its own seed at the
@@ -578,13 +565,13 @@ fn two_vms_host_limit() {
     let st = d.stat_cli();
     check_limit(&st, "after both wrote");
     for s in [&a, &b] {
-        let c = st.device(s);
+        let c = st.dev_at(s);
         eprintln!("  {}: {}", s.display(), c.summary());
-        ensure!(c.get("orig_data_size") >= 16 * MIB, "{}", c.v);
-        ensure!(c.get("failed_writes") == 0, "{}", c.v);
+        ensure!(c.stats.orig_data_size >= 16 * MIB, "{c:?}");
+        ensure!(c.stats.failed_writes == 0, "{c:?}");
     }
-    ensure!(st.device(&a).text("algo") == "lz4", "{}", st.0);
-    ensure!(st.device(&b).text("algo").starts_with("zstd"), "{}", st.0);
+    ensure!(st.dev_at(&a).algo.to_string() == "lz4", "{}", st);
+    ensure!(st.dev_at(&b).algo.to_string().starts_with("zstd"), "{}", st);
 
     // 2) Neither sees the other's data: each disk fails a check with the
     //    other VM's seed.
@@ -624,15 +611,11 @@ fn two_vms_host_limit() {
     );
     let st = d.stat_cli();
     check_limit(&st, "after B hit the limit");
+    ensure!(st.dev_at(&b).stats.failed_writes > 0, "{:?}", st.dev_at(&b));
     ensure!(
-        st.device(&b).get("failed_writes") > 0,
-        "{}",
-        st.device(&b).v
-    );
-    ensure!(
-        st.device(&a).get("failed_writes") == 0,
-        "{}",
-        st.device(&a).v
+        st.dev_at(&a).stats.failed_writes == 0,
+        "{:?}",
+        st.dev_at(&a)
     );
 
     // 4) B's own data from before is intact.
@@ -697,8 +680,8 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
     g.wait_for("PRESSURE-ROUND pass=0", SWAP_BOOT);
     let io = |d: &mut Daemon| {
         let s = d.stat_cli();
-        let c = s.device(&sock);
-        (c.get("reads"), c.get("writes"), c.get("orig_data_size"))
+        let c = s.dev_at(&sock);
+        (c.stats.reads, c.stats.writes, c.stats.orig_data_size)
     };
     let (r0, w0, _) = io(&mut d);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -741,9 +724,11 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
         }
         Stop::Worker => {
             let s = d.stat_cli();
-            let pid = s.device(&sock).v["worker"]["pid"]
-                .as_i64()
-                .unwrap_or_else(|| panic!("no worker pid: {}", s.0));
+            let pid = s
+                .dev_at(&sock)
+                .worker
+                .pid
+                .unwrap_or_else(|| panic!("no worker pid: {s}"));
             // SAFETY: signalling the worker process the daemon reported.
             let rc = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             ensure!(rc == 0, "cannot kill worker {pid}");
@@ -756,33 +741,32 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
     // so that a daemon that lost the data fails on what the guest saw).
     let at_restart = d2.stat_cli();
     let io_at_restart = {
-        let c = at_restart.device(&sock);
-        c.get("reads") + c.get("writes")
+        let c = at_restart.dev_at(&sock);
+        c.stats.reads + c.stats.writes
     };
 
     // 3) QEMU comes back on its own and the guest carries on.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let s = d2.stat_cli();
-        let c = s.device(&sock);
-        if c.get("connections") >= connections && c.get("reads") + c.get("writes") > io_at_restart {
+        let c = s.dev_at(&sock);
+        if c.connections >= connections && c.stats.reads + c.stats.writes > io_at_restart {
             break;
         }
         ensure!(
             Instant::now() < deadline,
-            "QEMU did not reconnect and resume I/O within 30s of the restart: {}",
-            c.v
+            "QEMU did not reconnect and resume I/O within 30s of the restart: {c:?}"
         );
         thread::sleep(Duration::from_millis(100));
     }
     let resumed = t.elapsed().as_secs_f64();
     let first = d2.stat_cli();
-    let first = first.device(&sock);
+    let first = first.dev_at(&sock);
     eprintln!(
         "  guest I/O resumed {resumed:.1}s after the stop: {}",
         first.summary()
     );
-    let (w_resumed, r_resumed) = (first.get("writes"), first.get("reads"));
+    let (w_resumed, r_resumed) = (first.stats.writes, first.stats.reads);
 
     let out = g.wait(SWAP_BOOT);
     // The pages first: a daemon that came back blank fails here, and the
@@ -835,36 +819,31 @@ fn restart_mid_swap(name: &'static str, stop: Stop) {
         mib(stored),
         mib(pages * 4096)
     );
-    let dev = at_restart.device(&sock);
-    if !matches!(stop, Stop::Worker) && dev.get("writes") + dev.get("discards") == 0 {
+    let dev = at_restart.dev_at(&sock);
+    if !matches!(stop, Stop::Worker) && dev.stats.writes + dev.stats.discards == 0 {
         ensure!(
-            dev.get("orig_data_size") == pages * 4096,
-            "recovered {pages} pages, stat says {}",
-            dev.v
+            dev.stats.orig_data_size == pages * 4096,
+            "recovered {pages} pages, stat says {:?}",
+            dev
         );
     }
 
     // 5) The restarted daemon served the rest of the run: the rounds after
     //    the stop read the recovered pages and wrote new ones.
     let end = d2.stat_cli();
-    let end = end.device(&sock);
+    let end = end.dev_at(&sock);
     eprintln!("  stat at the end: {}", end.summary());
     ensure!(
-        end.get("writes") > w_resumed + 1000 && end.get("reads") > r_resumed + 1000,
+        end.stats.writes > w_resumed + 1000 && end.stats.reads > r_resumed + 1000,
         "little I/O after the restart: writes {w_resumed} -> {}, reads {r_resumed} -> {}",
-        end.get("writes"),
-        end.get("reads")
+        end.stats.writes,
+        end.stats.reads
     );
     ensure!(
-        end.get("failed_reads") + end.get("failed_writes") == 0,
-        "{}",
-        end.v
+        end.stats.failed_reads + end.stats.failed_writes == 0,
+        "{end:?}"
     );
-    ensure!(
-        end.get("connections") == connections,
-        "connections: {}",
-        end.v
-    );
+    ensure!(end.connections == connections, "connections: {end:?}");
     let log = d2.log_text();
     ensure!(
         log.contains("frontend connected"),

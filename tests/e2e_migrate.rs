@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vzram_tests::guest::{Ctx, GuestOpts, Qmp};
-use vzram_tests::{ensure, s, MIB};
+use vzram_tests::{ensure, s, Summary, MIB};
 
 const SWAP_BOOT: Duration = Duration::from_secs(300);
 
@@ -55,7 +55,7 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     };
     let ga = ctx.boot("source", &guest(&sock_a, &qmp_a));
     ga.wait_for("PRESSURE-ROUND pass=0", SWAP_BOOT);
-    let stored = da.stat_cli().device(&sock_a).get("orig_data_size");
+    let stored = da.stat_cli().dev_at(&sock_a).stats.orig_data_size;
     ensure!(stored > 32 * MIB, "the source holds only {stored} bytes");
 
     // The destination QEMU waits for the guest; its disk waits for its pages.
@@ -128,8 +128,8 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
         info["downtime"],
         info["ram"]["transferred"].as_u64().unwrap_or(0) / MIB,
     );
-    let m = da.stat_cli().device(&sock_a).v["migration"].clone();
-    eprintln!("  source migration stat: {m}");
+    let m = da.stat_cli().dev_at(&sock_a).migration.clone();
+    eprintln!("  source migration stat: {m:?}");
     let _ = qa.execute("quit", serde_json::json!({}));
     drop(ga);
 
@@ -144,9 +144,9 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
         "page mismatches reported"
     );
     let st = db.stat_cli();
-    let b = st.device(&sock_b);
+    let b = st.dev_at(&sock_b);
     eprintln!("  destination stat: {}", b.summary());
-    ensure!(b.get("reads") > 0 && b.get("failed_reads") == 0, "{}", b.v);
+    ensure!(b.stats.reads > 0 && b.stats.failed_reads == 0, "{b:?}");
     da.shutdown();
     db.shutdown();
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use vzram_tests::guest::{Ctx, GuestOpts, GuestOutput};
-use vzram_tests::{ensure, mib, Daemon, MIB};
+use vzram_tests::{ensure, mib, Daemon, Summary, MIB};
 
 /// Boot timeout for swap under pressure (about 40 s on a 2-core TCG host).
 const SWAP_BOOT: Duration = Duration::from_secs(300);
@@ -88,39 +88,35 @@ fn guest_swap_four_times_the_limit_spills_to_the_backing_file() {
     let out = ctx.run_guest("swap", &opts, SWAP_BOOT);
     pressure_ok(&out);
     let st = d.stat_cli();
-    let dev = st.device(&sock);
+    let dev = st.dev_at(&sock);
     eprintln!("  stat: {}", dev.summary());
-    let stored = dev.get("orig_data_size");
+    let stored = dev.stats.orig_data_size;
     ensure!(
         stored >= 4 * LIMIT_MIB * MIB,
-        "swap use {:.1} MiB is not 4x the {LIMIT_MIB} MiB limit: {}",
+        "swap use {:.1} MiB is not 4x the {LIMIT_MIB} MiB limit: {dev:?}",
         mib(stored),
-        dev.v
     );
     ensure!(
-        dev.get("failed_writes") == 0 && dev.get("failed_reads") == 0,
-        "{}",
-        dev.v
+        dev.stats.failed_writes == 0 && dev.stats.failed_reads == 0,
+        "{dev:?}"
     );
     ensure!(
-        dev.get("spills") > 0 && dev.get("backed_pages") > 0,
-        "{}",
-        dev.v
+        dev.stats.spills > 0 && dev.stats.backed_pages > 0,
+        "{dev:?}"
     );
     ensure!(
-        dev.get("mem_used_max") <= LIMIT_MIB * MIB,
-        "the pool passed its limit: {}",
-        dev.v
+        dev.stats.mem_used_max <= LIMIT_MIB * MIB,
+        "the pool passed its limit: {dev:?}"
     );
     eprintln!(
         "  spill: {:.1} MiB swapped through a {LIMIT_MIB} MiB limit; {} spills, {} pages on disk \
          ({} written, {} read back), mem_used_max {:.1} MiB",
         mib(stored),
-        dev.get("spills"),
-        dev.get("backed_pages"),
-        dev.get("backed_writes"),
-        dev.get("backed_reads"),
-        mib(dev.get("mem_used_max")),
+        dev.stats.spills,
+        dev.stats.backed_pages,
+        dev.stats.backed_writes,
+        dev.stats.backed_reads,
+        mib(dev.stats.mem_used_max),
     );
     d.shutdown();
 }
@@ -178,11 +174,11 @@ fn tiering_holds_less_host_memory_per_swapped_byte_than_in_guest_zram() {
     let name = "vzram0".to_string(); // the default name of the first device
     let per_byte = |d: &mut Daemon| {
         let st = d.stat_cli();
-        let dev = st.device(&sock);
-        ensure!(dev.get("failed_writes") == 0, "{}", dev.v);
+        let dev = st.dev_at(&sock);
+        ensure!(dev.stats.failed_writes == 0, "{dev:?}");
         (
-            dev.get("mem_used_total") as f64 / dev.get("orig_data_size") as f64,
-            dev.get("orig_data_size"),
+            dev.stats.mem_used_total as f64 / dev.stats.orig_data_size as f64,
+            dev.stats.orig_data_size,
         )
     };
     let (lz4, stored) = per_byte(&mut d);

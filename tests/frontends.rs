@@ -46,25 +46,18 @@ fn stderr(o: &Output) -> String {
 
 /// `vzram stat --json` on the daemon's control socket: the device entry
 /// named `name` (with `connected`, `connections` and `stats`).
-fn stat_device(d: &Daemon, name: &str) -> Value {
+fn stat_device(d: &Daemon, name: &str) -> DeviceStat {
     let (o, _) = vzram(
         &["stat", "--json", "--control", s(&d.control)],
         Duration::from_secs(20),
     );
     assert!(o.status.success(), "vzram stat --json: {}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).expect("stat JSON");
-    v["devices"]
-        .as_array()
-        .and_then(|a| a.iter().find(|d| d["name"] == name))
-        .cloned()
-        .unwrap_or_else(|| panic!("no device {name} in {v}"))
+    Stats::parse(v).dev(name).clone()
 }
 
 fn connections(d: &Daemon, name: &str) -> u64 {
-    let dev = stat_device(d, name);
-    dev["connections"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no connections in {dev}"))
+    stat_device(d, name).connections
 }
 
 /// Whether `pid` is a live process (not gone, not a zombie).
@@ -258,8 +251,8 @@ fn a_second_frontend_is_turned_away_promptly() {
     check_pages(&mut a, 2, "first frontend after the second was refused");
     assert_eq!(a.q(0).read(PAGES * 4096, 4096).unwrap(), vec![0x5a; 4096]);
     let dev = stat_device(&d, "vm1");
-    assert_eq!(dev["connections"], 1, "{dev}");
-    assert_eq!(dev["connected"], true, "{dev}");
+    assert_eq!(dev.connections, 1, "{dev:?}");
+    assert!(dev.connected, "{dev:?}");
 
     // Once A has gone, C is served and sees A's data.
     drop(a);
@@ -368,8 +361,8 @@ fn stat_on_a_busy_device_socket_fails_quickly() {
     // The connected frontend did not notice.
     check_pages(&mut c, 4, "frontend after the stat");
     let dev = stat_device(&d, "vm1");
-    assert_eq!(dev["connections"], 1, "{dev}");
-    assert_eq!(dev["connected"], true, "{dev}");
+    assert_eq!(dev.connections, 1, "{dev:?}");
+    assert!(dev.connected, "{dev:?}");
 }
 
 #[test]
@@ -388,21 +381,21 @@ fn probes_of_a_served_socket_are_not_connections() {
     assert_eq!(o.status.code(), Some(1), "{err:?}");
     assert!(err.contains("another process is serving it"), "{err:?}");
     let dev = stat_device(&d, "vm1");
-    assert_eq!(dev["connections"], 0, "after the second serve: {dev}");
-    assert_eq!(dev["connected"], false, "after the second serve: {dev}");
+    assert_eq!(dev.connections, 0, "after the second serve: {dev:?}");
+    assert!(!dev.connected, "after the second serve: {dev:?}");
 
     // A bare connect and close.
     drop(UnixStream::connect(&sock).unwrap());
     let dev = stat_device(&d, "vm1");
-    assert_eq!(dev["connections"], 0, "after a bare connect: {dev}");
+    assert_eq!(dev.connections, 0, "after a bare connect: {dev:?}");
 
     // A real frontend is counted, once: the daemon takes connections in
     // order, so by now both probes have been dealt with.
     let mut c = Client::connect(&sock, 1).unwrap();
     write_pages(&mut c, 5);
     let dev = stat_device(&d, "vm1");
-    assert_eq!(dev["connections"], 1, "with one real frontend: {dev}");
-    assert_eq!(dev["connected"], true, "{dev}");
+    assert_eq!(dev.connections, 1, "with one real frontend: {dev:?}");
+    assert!(dev.connected, "{dev:?}");
     assert!(
         !d.log_text().contains("connection=2"),
         "a probe was logged as a connection:\n{}",

@@ -198,8 +198,18 @@ impl Fx {
             std::io::BufRead::read_line(&mut std::io::BufReader::new(c), &mut line)?;
             Ok(line)
         })();
+        let serves_both = |line: &str| {
+            serde_json::from_str(line)
+                .ok()
+                .and_then(|v| parse_reply::<StatReply>(v).ok())
+                .is_some_and(|st| {
+                    ["victim", "other"]
+                        .iter()
+                        .all(|n| st.devices.iter().any(|d| d.name == *n))
+                })
+        };
         match answer {
-            Ok(line) if line.contains("\"victim\"") && line.contains("\"other\"") => {}
+            Ok(line) if serves_both(&line) => {}
             other => panic!(
                 "the control socket does not answer ({other:?}):\n{}",
                 self.d.log_text()
@@ -713,8 +723,8 @@ fn writes_to_a_read_only_device_fail() {
     // The default serial: vzram- and the name.
     assert_eq!(&v.ram.read(DATA, 12), b"vzram-victim");
     let stats = fx.d.stat();
-    assert_eq!(stats.dev("victim", "writes"), 0);
-    assert_eq!(stats.dev("victim", "orig_data_size"), 0);
+    assert_eq!(stats.counters("victim").writes, 0);
+    assert_eq!(stats.counters("victim").orig_data_size, 0);
     drop(v);
     fx.check();
     let mut v = fx.raw();
@@ -1853,9 +1863,8 @@ fn devices_never_see_each_others_data() {
         }
     };
     let compact = || -> u64 {
-        let r = d.control(json!({"cmd": "compact"}));
-        assert_eq!(r["ok"], true, "compact: {r}");
-        r["pages_compacted"].as_u64().unwrap()
+        let r: Compacted = d.request(json!({"cmd": "compact"}));
+        r.pages_compacted
     };
 
     // Unwritten space reads as zeros on both.
@@ -1946,12 +1955,12 @@ fn devices_never_see_each_others_data() {
 
     let st = d.stat();
     assert_eq!(
-        st.dev("a", "orig_data_size"),
+        st.counters("a").orig_data_size,
         0,
         "a still holds data: {}",
-        st.0
+        st
     );
-    assert!(st.dev("b", "orig_data_size") > 0);
+    assert!(st.counters("b").orig_data_size > 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -2136,7 +2145,7 @@ fn a_sigbus_from_guest_memory_is_named_and_contained() {
     assert_eq!(v.write(0, &noise(1, PAGE)), S_OK);
     v.truncate_memory_and_kick();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.stat().worker("vzram0")["failures"] != 1 {
+    while daemon.stat().worker("vzram0").failures != 1 {
         assert!(Instant::now() < deadline, "{}", daemon.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -2145,10 +2154,11 @@ fn a_sigbus_from_guest_memory_is_named_and_contained() {
         "the daemon died:\n{}",
         daemon.log_text()
     );
-    let w = daemon.stat().worker("vzram0");
+    let st = daemon.stat();
+    let w = st.worker("vzram0");
     assert!(
-        w["last_failure"].as_str().unwrap().contains("SIGBUS"),
-        "{w}"
+        w.last_failure.as_deref().unwrap().contains("SIGBUS"),
+        "{w:?}"
     );
     assert!(
         daemon.log_text().contains("killed by SIGBUS"),

@@ -335,27 +335,27 @@ fn rss_stays_under_the_host_limit_while_clients_write_past_it() {
     let mut states = vec![vec![ChunkState::default(); CHUNKS]; DEVICES];
     round(&mut clients, &mut states, 1);
     let st = d.stat();
-    let used = st.pool("mem_used_total");
+    let used = st.pool().mem_used_total;
     eprintln!(
         "after round 1: mem_used_total {:.1} MiB, mem_used_max {:.1} MiB, per device {:?} MiB",
         mib(used),
-        mib(st.pool("mem_used_max")),
+        mib(st.pool().mem_used_max),
         (0..DEVICES)
-            .map(|i| st.dev(&format!("d{i}"), "mem_used_total") / MIB)
+            .map(|i| st.counters(&format!("d{i}")).mem_used_total / MIB)
             .collect::<Vec<_>>()
     );
-    assert!(st.pool("mem_used_max") <= HOST_LIMIT);
+    assert!(st.pool().mem_used_max <= HOST_LIMIT);
     for i in 0..DEVICES {
         let name = format!("d{i}");
-        assert!(st.dev(&name, "mem_used_max") <= DEV_LIMIT, "{}", st.0);
+        assert!(st.counters(&name).mem_used_max <= DEV_LIMIT, "{}", st);
     }
     assert!(
         (0..DEVICES)
-            .map(|i| st.dev(&format!("d{i}"), "failed_writes"))
+            .map(|i| st.counters(&format!("d{i}")).failed_writes)
             .sum::<u64>()
             > 0,
         "failed writes not counted: {}",
-        st.0
+        st
     );
 
     // Discard everything: the memory goes back, writes succeed again.
@@ -363,7 +363,7 @@ fn rss_stays_under_the_host_limit_while_clients_write_past_it() {
         c.q(0).discard(0, DEV_SIZE).unwrap();
         s.fill(ChunkState::default());
     }
-    let freed = d.stat().pool("mem_used_total");
+    let freed = d.stat().pool().mem_used_total;
     eprintln!(
         "after discarding all: mem_used_total {:.1} MiB -> {:.2} MiB",
         mib(used),
@@ -378,7 +378,7 @@ fn rss_stays_under_the_host_limit_while_clients_write_past_it() {
     }
     round(&mut clients, &mut states, 2);
     let st = d.stat();
-    assert!(st.pool("mem_used_max") <= HOST_LIMIT);
+    assert!(st.pool().mem_used_max <= HOST_LIMIT);
 
     let (peak, samples) = sampler.finish();
     let anon_cap = idle.anon + HOST_LIMIT + SLACK;

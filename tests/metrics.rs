@@ -57,8 +57,10 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         &[&a, &b],
     );
     // Port 0: the bound address is in the stat reply.
-    let addr: SocketAddr = d.stat().0["metrics"]
-        .as_str()
+    let addr: SocketAddr = d
+        .stat()
+        .0
+        .metrics
         .unwrap_or_else(|| panic!("no metrics address in stat:\n{}", d.log_text()))
         .parse()
         .unwrap();
@@ -90,25 +92,26 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
     );
     let body = reply.split("\r\n\r\n").nth(1).unwrap();
     let st = d.stat();
-    for (series, dev, field) in [
-        ("vzram_orig_data_bytes", "vm1", "orig_data_size"),
-        ("vzram_compr_data_bytes", "vm1", "compr_data_size"),
-        ("vzram_mem_used_bytes", "vm1", "mem_used_total"),
-        ("vzram_mem_limit_bytes", "vm1", "mem_limit"),
-        ("vzram_same_pages", "vm1", "same_pages"),
-        ("vzram_huge_pages", "vm1", "huge_pages"),
-        ("vzram_reads_total", "vm1", "reads"),
-        ("vzram_writes_total", "vm1", "writes"),
-        ("vzram_discards_total", "vm1", "discards"),
-        ("vzram_failed_reads_total", "vm1", "failed_reads"),
-        ("vzram_failed_writes_total", "vm1", "failed_writes"),
-        ("vzram_pages_compacted_total", "vm1", "pages_compacted"),
-        ("vzram_limit_hits_total", "vm1", "limit_hits"),
-        ("vzram_writes_total", "vm2", "writes"),
-        ("vzram_orig_data_bytes", "vm2", "orig_data_size"),
+    let (vm1, vm2) = (st.counters("vm1"), st.counters("vm2"));
+    for (series, dev, want) in [
+        ("vzram_orig_data_bytes", "vm1", vm1.orig_data_size),
+        ("vzram_compr_data_bytes", "vm1", vm1.compr_data_size),
+        ("vzram_mem_used_bytes", "vm1", vm1.mem_used_total),
+        ("vzram_mem_limit_bytes", "vm1", vm1.mem_limit),
+        ("vzram_same_pages", "vm1", vm1.same_pages),
+        ("vzram_huge_pages", "vm1", vm1.huge_pages),
+        ("vzram_reads_total", "vm1", vm1.reads),
+        ("vzram_writes_total", "vm1", vm1.writes),
+        ("vzram_discards_total", "vm1", vm1.discards),
+        ("vzram_failed_reads_total", "vm1", vm1.failed_reads),
+        ("vzram_failed_writes_total", "vm1", vm1.failed_writes),
+        ("vzram_pages_compacted_total", "vm1", vm1.pages_compacted),
+        ("vzram_limit_hits_total", "vm1", vm1.limit_hits),
+        ("vzram_writes_total", "vm2", vm2.writes),
+        ("vzram_orig_data_bytes", "vm2", vm2.orig_data_size),
     ] {
         let got = value(body, &format!("{series}{{device=\"{dev}\"}}"));
-        assert_eq!(got, st.dev(dev, field), "{series} of {dev}\n{body}");
+        assert_eq!(got, want, "{series} of {dev}\n{body}");
     }
     // The numbers are the workload's (pages), not zeros on both sides.
     assert_eq!(value(body, "vzram_writes_total{device=\"vm1\"}"), 308);
@@ -138,13 +141,14 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
     );
     assert_eq!(value(body, "vzram_connected{device=\"vm1\"}"), 1);
     assert_eq!(value(body, "vzram_connected{device=\"vm2\"}"), 0);
-    for (series, field) in [
-        ("vzram_pool_mem_used_bytes", "mem_used_total"),
-        ("vzram_pool_orig_data_bytes", "orig_data_size"),
-        ("vzram_pool_mem_limit_bytes", "mem_limit"),
-        ("vzram_pool_devices", "devices"),
+    let pool = st.pool();
+    for (series, want) in [
+        ("vzram_pool_mem_used_bytes", pool.mem_used_total),
+        ("vzram_pool_orig_data_bytes", pool.orig_data_size),
+        ("vzram_pool_mem_limit_bytes", pool.mem_limit),
+        ("vzram_pool_devices", pool.devices),
     ] {
-        assert_eq!(value(body, series), st.pool(field), "{series}\n{body}");
+        assert_eq!(value(body, series), want, "{series}\n{body}");
     }
     assert_eq!(value(body, "vzram_pool_mem_limit_bytes"), 1 << 30);
     assert!(body.contains("# TYPE vzram_reads_total counter"), "{body}");

@@ -91,8 +91,8 @@ fn migrate(e: &Ends, extra: &[&str]) -> Output {
         .unwrap()
 }
 
-fn migration(d: &Daemon) -> serde_json::Value {
-    d.stat().0["devices"][0]["migration"].clone()
+fn migration(d: &Daemon) -> MigrationStat {
+    d.stat().devices()[0].migration.clone()
 }
 
 fn write_all(sock: &Path, v: u64) {
@@ -123,8 +123,8 @@ fn expected(i: u64, v: u64) -> Vec<u8> {
 fn a_device_migrates_intact_and_the_source_drops_its_copy() {
     let e = ends("mig", SIZE);
     write_all(&e.sock_a, 1);
-    let stored = e.a.stat().dev("vm", "orig_data_size");
-    assert_eq!(migration(&e.b)["state"], "incoming");
+    let stored = e.a.stat().counters("vm").orig_data_size;
+    assert_eq!(migration(&e.b).state, MigrationState::Incoming);
     let t0 = Instant::now();
     let out = migrate(&e, &[]);
     let took = t0.elapsed();
@@ -137,10 +137,14 @@ fn a_device_migrates_intact_and_the_source_drops_its_copy() {
     );
     eprintln!("migrate: {text}(wall {took:?})");
     assert!(text.contains("pages dropped here"), "{text}");
-    assert_eq!(migration(&e.b)["state"], "none");
-    assert_eq!(e.b.stat().dev("vm", "orig_data_size"), stored);
-    assert_eq!(e.a.stat().dev("vm", "orig_data_size"), 0, "source dropped");
-    assert_eq!(migration(&e.a)["state"], "sent");
+    assert_eq!(migration(&e.b).state, MigrationState::None);
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, stored);
+    assert_eq!(
+        e.a.stat().counters("vm").orig_data_size,
+        0,
+        "source dropped"
+    );
+    assert_eq!(migration(&e.a).state, MigrationState::Sent);
     let mut c = Client::connect(&e.sock_b, 2).expect("connect to B");
     check_all(&mut c, |i| expected(i, 1), "destination");
 }
@@ -187,18 +191,16 @@ fn writes_during_pre_copy_land_on_the_destination() {
         // Let a few passes go by while the writer writes (and has written
         // more than one round: a fast machine can pass three times first).
         let deadline = Instant::now() + Duration::from_secs(30);
-        while migration(&e2.a)["pass"].as_u64().unwrap_or(0) < 3
-            || rounds.load(std::sync::atomic::Ordering::Relaxed) < 3
-        {
+        while migration(&e2.a).pass < 3 || rounds.load(std::sync::atomic::Ordering::Relaxed) < 3 {
             assert!(
                 Instant::now() < deadline,
-                "no delta passes: {}",
+                "no delta passes: {:?}",
                 migration(&e2.a)
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert_eq!(migration(&e2.a)["state"], "sending");
-        assert_eq!(migration(&e2.b)["state"], "receiving");
+        assert_eq!(migration(&e2.a).state, MigrationState::Sending);
+        assert_eq!(migration(&e2.b).state, MigrationState::Receiving);
         tx.send(()).unwrap();
         m.join().unwrap()
     });
@@ -241,7 +243,7 @@ fn requests_to_an_incoming_device_wait_then_see_the_migrated_pages() {
         !reader.is_finished(),
         "a read completed before the pages came"
     );
-    assert_eq!(migration(&e.b)["state"], "incoming");
+    assert_eq!(migration(&e.b).state, MigrationState::Incoming);
     let out = migrate(&e, &[]);
     assert!(
         out.status.success(),
@@ -261,7 +263,7 @@ fn requests_to_an_incoming_device_wait_then_see_the_migrated_pages() {
 fn a_size_mismatch_is_refused_on_both_ends() {
     let e = ends("migs", "32M");
     write_all(&e.sock_a, 1);
-    let stored = e.a.stat().dev("vm", "orig_data_size");
+    let stored = e.a.stat().counters("vm").orig_data_size;
     let out = migrate(&e, &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -270,30 +272,30 @@ fn a_size_mismatch_is_refused_on_both_ends() {
         "{err}"
     );
     let m = migration(&e.b);
-    assert_eq!(m["state"], "failed", "{m}");
+    assert_eq!(m.state, MigrationState::Failed, "{m:?}");
     assert!(
-        m["error"].as_str().unwrap().contains("sizes must match"),
-        "{m}"
+        m.error.as_deref().unwrap().contains("sizes must match"),
+        "{m:?}"
     );
-    assert_eq!(e.b.stat().dev("vm", "orig_data_size"), 0);
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
     assert_eq!(
-        e.a.stat().dev("vm", "orig_data_size"),
+        e.a.stat().counters("vm").orig_data_size,
         stored,
         "source kept"
     );
-    assert_eq!(migration(&e.a)["state"], "send-failed");
+    assert_eq!(migration(&e.a).state, MigrationState::SendFailed);
 }
 
 /// The destination's migration once it shows a failure: the state is the
 /// device's and the error the supervisor's, set a moment later.
-fn wait_failed(d: &Daemon, what: &str) -> serde_json::Value {
+fn wait_failed(d: &Daemon, what: &str) -> MigrationStat {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = migration(d);
-        if m["state"] == "failed" && m["error"].is_string() {
+        if m.state == MigrationState::Failed && m.error.is_some() {
             return m;
         }
-        assert!(Instant::now() < deadline, "{what}: {m}");
+        assert!(Instant::now() < deadline, "{what}: {m:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -339,8 +341,8 @@ fn a_hostile_stream_is_refused_and_the_destination_keeps_waiting() {
     let why = String::from_utf8_lossy(&reply);
     assert!(why.contains("checksum"), "{why}");
     let m = wait_failed(&e.b, "checksum");
-    assert!(m["error"].as_str().unwrap().contains("checksum"), "{m}");
-    assert_eq!(e.b.stat().dev("vm", "orig_data_size"), 0);
+    assert!(m.error.as_deref().unwrap().contains("checksum"), "{m:?}");
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
     // A slot past the end, and a stream cut short.
     let mut body = b"P".to_vec();
     body.extend_from_slice(&1u32.to_le_bytes());
@@ -352,7 +354,7 @@ fn a_hostile_stream_is_refused_and_the_destination_keeps_waiting() {
     let reply = hostile(&e.incoming, b"P\x01\x00\x00\x00R\x01\x00");
     assert!(String::from_utf8_lossy(&reply).contains("ended"));
     wait_failed(&e.b, "truncated");
-    assert_eq!(e.b.stat().dev("vm", "orig_data_size"), 0);
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
     // Still waiting: requests wait, and a real migration still works.
     write_all(&e.sock_a, 5);
     let out = migrate(&e, &[]);
@@ -375,10 +377,10 @@ fn reset_gives_up_waiting_and_serves_an_empty_device() {
     });
     std::thread::sleep(Duration::from_millis(500));
     assert!(!reader.is_finished());
-    let r = e.b.control(json!({"cmd": "reset", "device": "vm"}));
-    assert_eq!(r["ok"], true, "{r}");
+    let r: Reset = e.b.request(json!({"cmd": "reset", "device": "vm"}));
+    assert_eq!(r.device, "vm", "{r:?}");
     assert!(reader.join().unwrap() == vec![0; PAGE]);
-    assert_eq!(migration(&e.b)["state"], "none");
+    assert_eq!(migration(&e.b).state, MigrationState::None);
     // No longer incoming: a stream is refused.
     let reply = hostile(&e.incoming, b"");
     assert!(

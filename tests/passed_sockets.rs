@@ -55,7 +55,7 @@ fn fd_convention_serves_the_passed_socket() {
         d.log_text()
     );
     let st = d.stat();
-    assert_eq!(st.0["devices"][0]["socket"], s(&sock));
+    assert_eq!(st.devices()[0].socket, sock);
     assert!(d.terminate().success());
     // Not ours to remove.
     assert!(sock.exists());
@@ -128,9 +128,7 @@ fn systemd_socket_activation_by_path() {
     );
     // Workers must not see LISTEN_* (they would take the sockets as theirs).
     let _c = Client::connect(&a, 1).unwrap();
-    let pid = d.stat().worker("a")["pid"]
-        .as_u64()
-        .expect("a worker for a");
+    let pid = d.stat().worker("a").pid.expect("a worker for a");
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     assert!(!env.is_empty());
     assert!(!String::from_utf8_lossy(&env).contains("LISTEN_"));

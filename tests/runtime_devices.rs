@@ -62,8 +62,8 @@ fn add_use_and_remove_while_another_device_verifies() {
     assert!(o.status.success(), "{:?}", o);
     assert!(String::from_utf8_lossy(&o.stdout).contains("added device vmb"));
     let st = d.stat();
-    assert_eq!(st.dev("vmb", "size_bytes"), 32 << 20);
-    assert_eq!(st.dev("vmb", "mem_limit"), 8 << 20);
+    assert_eq!(st.counters("vmb").size_bytes, 32 << 20);
+    assert_eq!(st.counters("vmb").mem_limit, 8 << 20);
     let state = dir_of(&st, "vmb");
     assert!(state.join("table").exists(), "{}", state.display());
 
@@ -72,7 +72,7 @@ fn add_use_and_remove_while_another_device_verifies() {
     let data = noise(7, 1 << 20);
     c.q(1).write(0, &data).unwrap();
     assert_eq!(c.q(0).read(0, data.len()).unwrap(), data);
-    let used = d.stat().dev("vmb", "mem_used_total");
+    let used = d.stat().counters("vmb").mem_used_total;
     assert!(used > 0);
 
     // Refused: a name or socket in use, a bad spec; one line, exit 2.
@@ -96,15 +96,15 @@ fn add_use_and_remove_while_another_device_verifies() {
     assert!(!b.exists(), "socket left behind");
     assert!(!state.exists(), "state left behind: {}", state.display());
     let st = d.stat();
-    assert!(st.0["devices"].as_array().unwrap().len() == 1, "{}", st.0);
+    assert!(st.devices().len() == 1, "{}", st);
     // The pool holds what the remaining device holds (it keeps writing,
     // so the two are read until they agree).
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let st = d.stat();
         let (pool, a_used) = (
-            st.pool("mem_used_total"),
-            st.dev("vzram0", "mem_used_total"),
+            st.pool().mem_used_total,
+            st.counters("vzram0").mem_used_total,
         );
         if pool == a_used {
             break;
@@ -143,14 +143,9 @@ fn add_use_and_remove_while_another_device_verifies() {
 }
 
 fn dir_of(st: &Stats, name: &str) -> std::path::PathBuf {
-    st.0["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == name)
-        .and_then(|d| d["state"].as_str())
-        .unwrap_or_else(|| panic!("no state for {name}: {}", st.0))
-        .into()
+    let state = &st.dev(name).state;
+    assert!(!state.as_os_str().is_empty(), "no state for {name}: {}", st);
+    state.clone()
 }
 
 #[test]
@@ -173,19 +168,21 @@ fn reset_drops_the_data_and_is_refused_while_connected() {
     drop(c);
     // The worker goes once the frontend has; then reset may act.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let r = loop {
+    let r: Reset = loop {
         let r = d.control(json!({"cmd": "reset", "device": "vm1"}));
-        if r["ok"] == true || Instant::now() > deadline {
-            break r;
+        let text = r.to_string();
+        match parse_reply(r) {
+            Ok(r) => break r,
+            Err(ReplyError::Refused(_)) if Instant::now() <= deadline => {}
+            Err(e) => panic!("{e}: {text}"),
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_eq!(r["ok"], true, "{r}");
-    assert_eq!(r["pages_dropped"], 512, "{r}");
+    assert_eq!((r.device.as_str(), r.pages_dropped), ("vm1", 512), "{r:?}");
     let st = d.stat();
-    assert_eq!(st.dev("vm1", "orig_data_size"), 0);
-    assert_eq!(st.dev("vm1", "mem_used_total"), 0, "{}", st.0);
-    let max = st.dev("vm1", "mem_used_max");
+    assert_eq!(st.counters("vm1").orig_data_size, 0);
+    assert_eq!(st.counters("vm1").mem_used_total, 0, "{}", st);
+    let max = st.counters("vm1").mem_used_max;
     assert!(max > 0);
     let mut c = Client::connect(&a, 1).unwrap();
     assert_eq!(c.q(0).read(0, 2 << 20).unwrap(), vec![0; 2 << 20]);
@@ -193,5 +190,5 @@ fn reset_drops_the_data_and_is_refused_while_connected() {
 
     let o = vzram_cli(&d, &["reset-max", "--device", "vm1"]);
     assert!(o.status.success(), "{o:?}");
-    assert_eq!(d.stat().dev("vm1", "mem_used_max"), 0);
+    assert_eq!(d.stat().counters("vm1").mem_used_max, 0);
 }

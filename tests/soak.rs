@@ -842,21 +842,19 @@ fn control_thread(ctl: &Path, sh: &Shared) -> Control {
         }
         last = now;
         let _acting = sh.gate.lock().unwrap_or_else(|e| e.into_inner());
-        let used = |v: &serde_json::Value| v["mem_used_total"].as_u64().unwrap();
         match step % 7 {
             0 | 5 => {
                 r.pages_compacted += cli_compacted(&vzram(&["compact", "--control", c]));
                 r.compactions += 1;
             }
             2 => {
-                let v = control_request(ctl, &json!({"cmd": "compact", "device": DEV}));
-                assert_eq!(v["ok"], true, "{v}");
-                r.pages_compacted += v["pages_compacted"].as_u64().unwrap();
+                let v: Compacted = request_at(ctl, json!({"cmd": "compact", "device": DEV}));
+                r.pages_compacted += v.pages_compacted;
                 r.compactions += 1;
             }
             1 => {
-                let st = control_request(ctl, &json!({"cmd": "stat"}));
-                let lim = squeeze(used(&st["devices"][0]["stats"])).to_string();
+                let st = Stats(request_at(ctl, json!({"cmd": "stat"})));
+                let lim = squeeze(st.devices()[0].stats.mem_used_total).to_string();
                 vzram(&["set-limit", "--control", c, "--device", DEV, &lim]);
                 r.limit_changes += 1;
             }
@@ -865,13 +863,11 @@ fn control_thread(ctl: &Path, sh: &Shared) -> Control {
                 r.limit_changes += 1;
             }
             4 => {
-                let st = control_request(ctl, &json!({"cmd": "stat"}));
-                let lim = squeeze(used(&st["pool"]));
-                let v = control_request(
-                    ctl,
-                    &json!({"cmd": "set-limit", "host": true, "bytes": lim}),
-                );
-                assert_eq!(v["ok"], true, "{v}");
+                let st = Stats(request_at(ctl, json!({"cmd": "stat"})));
+                let lim = squeeze(st.pool().mem_used_total);
+                let v: HostLimitSet =
+                    request_at(ctl, json!({"cmd": "set-limit", "host": true, "bytes": lim}));
+                assert_eq!(v.host_mem_limit, lim, "{v:?}");
                 r.limit_changes += 1;
             }
             _ => {
@@ -890,18 +886,12 @@ fn control_thread(ctl: &Path, sh: &Shared) -> Control {
 /// compaction, so whatever it gives back it gained by moving objects.
 fn quiet_compaction(c: &mut Client, ctl: &Path, sh: &Shared, rngs: &mut [Rng]) -> u64 {
     let _quiet = sh.gate.lock().unwrap_or_else(|e| e.into_inner());
-    let ask = |req: serde_json::Value| {
-        let v = control_request(ctl, &req);
-        assert_eq!(v["ok"], true, "{req}: {v}");
-        v
-    };
-    ask(json!({"cmd": "set-limit", "device": DEV, "bytes": 0}));
-    ask(json!({"cmd": "set-limit", "host": true, "bytes": 0}));
+    let _: DeviceLimitSet = request_at(ctl, json!({"cmd": "set-limit", "device": DEV, "bytes": 0}));
+    let _: HostLimitSet = request_at(ctl, json!({"cmd": "set-limit", "host": true, "bytes": 0}));
     phase(c, sh, rngs, Phase::Fill, Duration::ZERO);
     phase(c, sh, rngs, Phase::Punch, Duration::ZERO);
-    ask(json!({"cmd": "compact", "device": DEV}))["pages_compacted"]
-        .as_u64()
-        .unwrap()
+    let r: Compacted = request_at(ctl, json!({"cmd": "compact", "device": DEV}));
+    r.pages_compacted
 }
 
 #[test]
@@ -1013,10 +1003,10 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
     phase(&mut client, &sh, &mut rngs, Phase::Scan, ROUND);
     drop(client);
 
-    let st: serde_json::Value =
-        serde_json::from_str(&vzram(&["stat", "--json", "--control", c])).expect("stat --json");
-    let dev = &st["devices"][0]["stats"];
-    let n = |k: &str| dev[k].as_u64().unwrap_or_else(|| panic!("no {k} in {st}"));
+    let st = Stats::parse(
+        serde_json::from_str(&vzram(&["stat", "--json", "--control", c])).expect("stat --json"),
+    );
+    let dev = &st.devices()[0].stats;
     let counts = &sh.counts;
     let (ok, failed, unknown) = (
         counts.writes_ok.load(SeqCst),
@@ -1031,12 +1021,12 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
         start.elapsed().as_secs_f64(),
         counts.reads.load(SeqCst),
         counts.discards.load(SeqCst),
-        n("pages_compacted"),
-        n("failed_writes"),
-        n("same_pages"),
-        n("huge_pages"),
-        n("orig_data_size") / 1024,
-        n("compr_data_size") / 1024,
+        dev.pages_compacted,
+        dev.failed_writes,
+        dev.same_pages,
+        dev.huge_pages,
+        dev.orig_data_size / 1024,
+        dev.compr_data_size / 1024,
     );
     assert!(
         reconnects >= 2 && unknown > 0,
@@ -1047,9 +1037,9 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
     // The daemon counts the failures we saw, and perhaps some of those
     // whose completion was lost with a connection, nothing else.
     assert!(
-        n("failed_writes") >= failed && n("failed_writes") <= failed + unknown,
+        dev.failed_writes >= failed && dev.failed_writes <= failed + unknown,
         "daemon failed_writes {} but clients saw {failed} (and {unknown} unknown)",
-        n("failed_writes")
+        dev.failed_writes
     );
     assert!(
         ctl.pages_compacted > 0,
@@ -1064,10 +1054,10 @@ fn versioned_pages_survive_overlapping_writers_compaction_limits_and_reconnects(
          fragmented spans: {quiet:?} pages given back"
     );
     assert!(
-        n("pages_compacted") >= ctl.pages_compacted + last + quiet.iter().sum::<u64>(),
+        dev.pages_compacted >= ctl.pages_compacted + last + quiet.iter().sum::<u64>(),
         "stat pages_compacted {} < {} reported by the compactions",
-        n("pages_compacted"),
+        dev.pages_compacted,
         ctl.pages_compacted + last + quiet.iter().sum::<u64>()
     );
-    assert!(n("same_pages") > 0 && n("huge_pages") > 0, "{dev}");
+    assert!(dev.same_pages > 0 && dev.huge_pages > 0, "{dev:?}");
 }

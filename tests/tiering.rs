@@ -160,19 +160,17 @@ fn cli_ok(d: &Daemon, args: &[&str]) -> String {
 }
 
 /// `vzram stat --json`: the device named `name`.
-fn stat_dev(d: &Daemon, name: &str) -> Value {
+fn stat_dev(d: &Daemon, name: &str) -> DeviceStat {
     let v: Value = serde_json::from_str(&cli_ok(d, &["stat", "--json"])).unwrap();
-    v["devices"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["name"] == name))
-        .cloned()
-        .unwrap_or_else(|| panic!("no device {name} in {v}"))
+    Stats::parse(v).dev(name).clone()
 }
 
-fn n(v: &Value, field: &str) -> u64 {
-    v["stats"][field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no {field} in {v}"))
+/// A device's backing file, which it must have.
+fn backing_of(st: &DeviceStat) -> &BackingStat {
+    st.tier
+        .backing
+        .as_ref()
+        .unwrap_or_else(|| panic!("no backing file: {st:?}"))
 }
 
 /// The error line of a refused command; asserts exit 2 and that the error
@@ -204,8 +202,8 @@ fn start(dir: &TempDir, sockets: &[&Path], args: &[&str]) -> Daemon {
 /// Waits until a device's worker is gone (its frontend left).
 fn wait_idle(d: &Daemon, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while d.stat().worker(name)["state"] != "idle" {
-        assert!(Instant::now() < deadline, "{}", d.stat().worker(name));
+    while d.stat().worker(name).state != WorkerState::Idle {
+        assert!(Instant::now() < deadline, "{:?}", d.stat().worker(name));
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -370,13 +368,13 @@ fn a_device_with_a_backing_file_takes_ten_times_its_limit() {
         "wrote 512 MiB in {wrote:.1?} (each chunk read back), read it all back in {read:.1?}: \
          spills {}, backed pages {} ({:.0} MiB), backed writes {}, backed reads {}, \
          mem_used_max {:.1} MiB (limit 48), failed writes {}",
-        n(&st, "spills"),
-        n(&st, "backed_pages"),
-        (n(&st, "backed_pages") * PAGE as u64) as f64 / MIB as f64,
-        n(&st, "backed_writes"),
-        n(&st, "backed_reads"),
-        n(&st, "mem_used_max") as f64 / MIB as f64,
-        n(&st, "failed_writes"),
+        st.stats.spills,
+        st.stats.backed_pages,
+        (st.stats.backed_pages * PAGE as u64) as f64 / MIB as f64,
+        st.stats.backed_writes,
+        st.stats.backed_reads,
+        st.stats.mem_used_max as f64 / MIB as f64,
+        st.stats.failed_writes,
     );
     eprintln!(
         "daemon's own memory (all mappings but the guest's): idle {:.1} MiB, peak {:.1} MiB over {samples} samples; \
@@ -386,18 +384,18 @@ fn a_device_with_a_backing_file_takes_ten_times_its_limit() {
         (idle + LIMIT + SLACK) as f64 / MIB as f64,
         SLACK / MIB
     );
-    assert_eq!(n(&st, "failed_writes"), 0, "{st}");
-    assert_eq!(n(&st, "failed_reads"), 0, "{st}");
-    assert!(n(&st, "spills") > 0 && n(&st, "backed_pages") > 0, "{st}");
-    assert!(n(&st, "mem_used_max") <= LIMIT, "{st}");
-    assert_eq!(n(&st, "orig_data_size"), TOTAL, "{st}");
+    assert_eq!(st.stats.failed_writes, 0, "{st:?}");
+    assert_eq!(st.stats.failed_reads, 0, "{st:?}");
+    assert!(st.stats.spills > 0 && st.stats.backed_pages > 0, "{st:?}");
+    assert!(st.stats.mem_used_max <= LIMIT, "{st:?}");
+    assert_eq!(st.stats.orig_data_size, TOTAL, "{st:?}");
     // Most of it is on disk: the pool holds 48 MiB of compressed pages.
-    assert!(n(&st, "backed_pages") > PAGES / 2, "{st}");
-    let b = &st["tier"]["backing"];
-    assert_eq!(b["path"], s(&backing), "{st}");
-    assert_eq!(b["blocks"], (TOTAL + 64 * MIB) / PAGE as u64 - 1, "{st}");
-    assert_eq!(b["used_blocks"], st["stats"]["backed_pages"], "{st}");
-    assert_eq!(b["direct_io"], true, "{st}");
+    assert!(st.stats.backed_pages > PAGES / 2, "{st:?}");
+    let b = backing_of(&st);
+    assert_eq!(b.path, backing, "{st:?}");
+    assert_eq!(b.blocks, (TOTAL + 64 * MIB) / PAGE as u64 - 1, "{st:?}");
+    assert_eq!(b.used_blocks, st.stats.backed_pages, "{st:?}");
+    assert!(b.direct_io, "{st:?}");
     assert!(samples >= 20, "only {samples} samples");
     assert!(
         peak <= idle + LIMIT + SLACK,
@@ -414,8 +412,8 @@ fn a_device_with_a_backing_file_takes_ten_times_its_limit() {
         cached as f64 / MIB as f64
     );
     let after = stat_dev(&d, "vm1");
-    assert!(n(&after, "backed_reads") > 0, "{after}");
-    assert_eq!(n(&after, "failed_reads"), 0, "{after}");
+    assert!(after.stats.backed_reads > 0, "{after:?}");
+    assert_eq!(after.stats.failed_reads, 0, "{after:?}");
 
     let text = cli_ok(&d, &["stat"]);
     assert!(text.contains("bd_stat"), "{text}");
@@ -478,8 +476,8 @@ fn mark_idle_and_recompress_shrink_an_lz4_device() {
     let mut c = Client::connect(&sock, 1).unwrap();
     write_verified(&mut c, PAGES, 256, 1).unwrap();
     let before = stat_dev(&d, "vm1");
-    assert_eq!(before["algo"], "lz4");
-    assert_eq!(before["tier"]["recompress_algo"], "zstd:3");
+    assert_eq!(before.algo.to_string(), "lz4");
+    assert_eq!(before.tier.recompress_algo.to_string(), "zstd:3");
 
     let out = cli_ok(&d, &["mark-idle", "--device", "vm1"]);
     // Every page is an object (none is same-filled).
@@ -498,27 +496,27 @@ fn mark_idle_and_recompress_shrink_an_lz4_device() {
         ],
     );
     let after = stat_dev(&d, "vm1");
-    let (mb, ma) = (n(&before, "mem_used_total"), n(&after, "mem_used_total"));
+    let (mb, ma) = (before.stats.mem_used_total, after.stats.mem_used_total);
     eprintln!(
         "{}mem_used_total {:.2} MiB -> {:.2} MiB, compr_data_size {:.2} -> {:.2} MiB, \
          pages_recompressed {}, recompress_saved_bytes {}",
         out,
         mb as f64 / MIB as f64,
         ma as f64 / MIB as f64,
-        n(&before, "compr_data_size") as f64 / MIB as f64,
-        n(&after, "compr_data_size") as f64 / MIB as f64,
-        n(&after, "pages_recompressed"),
-        n(&after, "recompress_saved_bytes"),
+        before.stats.compr_data_size as f64 / MIB as f64,
+        after.stats.compr_data_size as f64 / MIB as f64,
+        after.stats.pages_recompressed,
+        after.stats.recompress_saved_bytes,
     );
     assert!(out.starts_with("device vm1: recompressed "), "{out}");
-    let recompressed = n(&after, "pages_recompressed");
+    let recompressed = after.stats.pages_recompressed;
     // The idle compressible pages: 7/8 of those not read again.
-    assert!(recompressed > (PAGES - 1024) * 7 / 8 * 9 / 10, "{after}");
-    assert!(recompressed <= PAGES - 1024, "{after}");
+    assert!(recompressed > (PAGES - 1024) * 7 / 8 * 9 / 10, "{after:?}");
+    assert!(recompressed <= PAGES - 1024, "{after:?}");
     assert!(ma < mb * 9 / 10, "mem_used_total {mb} -> {ma}");
     assert_eq!(
-        n(&before, "compr_data_size") - n(&after, "compr_data_size"),
-        n(&after, "recompress_saved_bytes")
+        before.stats.compr_data_size - after.stats.compr_data_size,
+        after.stats.recompress_saved_bytes
     );
     check(&mut c, PAGES, 256, |i| page(i, 1), "after recompress");
 
@@ -543,7 +541,7 @@ fn mark_idle_and_recompress_shrink_an_lz4_device() {
 
 /// `/metrics` of a daemon started with `--metrics 127.0.0.1:0`.
 fn scrape(d: &Daemon) -> String {
-    let addr = d.stat().0["metrics"].as_str().unwrap().to_string();
+    let addr = d.stat().0.metrics.unwrap();
     let mut c = std::net::TcpStream::connect(&addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(c, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
@@ -594,8 +592,8 @@ fn written_back_pages_survive_kill_9() {
         "{out}"
     );
     let st = stat_dev(&d, "vm1");
-    assert_eq!(n(&st, "backed_pages"), PAGES - 100, "{st}");
-    assert!(n(&st, "mem_used_total") < 2 * MIB, "{st}");
+    assert_eq!(st.stats.backed_pages, PAGES - 100, "{st:?}");
+    assert!(st.stats.mem_used_total < 2 * MIB, "{st:?}");
     let body = scrape(&d);
     let label = "{device=\"vm1\"}";
     assert_eq!(
@@ -604,7 +602,7 @@ fn written_back_pages_survive_kill_9() {
     );
     assert_eq!(
         series(&body, &format!("vzram_backed_writes_total{label}")),
-        n(&st, "backed_writes")
+        st.stats.backed_writes
     );
     assert_eq!(
         series(&body, &format!("vzram_backing_blocks{label}")),
@@ -628,7 +626,7 @@ fn written_back_pages_survive_kill_9() {
     let out = cli_ok(&d, &["writeback", "--device", "vm1", "--max-pages", "50"]);
     assert!(out.starts_with("device vm1: wrote 50 pages "), "{out}");
     let want = |i: u64| page(i, if (200..210).contains(&i) { 2 } else { 1 });
-    let backed = n(&stat_dev(&d, "vm1"), "backed_pages");
+    let backed = stat_dev(&d, "vm1").stats.backed_pages;
     assert_eq!(backed, PAGES - 100 - 10 + 50);
 
     d.kill9();
@@ -636,9 +634,9 @@ fn written_back_pages_survive_kill_9() {
     let mut c = Client::connect(&sock, 1).unwrap();
     check(&mut c, PAGES, 256, want, "after kill -9");
     let st = stat_dev(&d, "vm1");
-    assert_eq!(n(&st, "backed_pages"), backed, "{st}");
-    assert_eq!(st["tier"]["backing"]["used_blocks"], backed, "{st}");
-    assert!(n(&st, "backed_reads") >= backed, "{st}");
+    assert_eq!(st.stats.backed_pages, backed, "{st:?}");
+    assert_eq!(backing_of(&st).used_blocks, backed, "{st:?}");
+    assert!(st.stats.backed_reads >= backed, "{st:?}");
     assert!(
         d.log_text().contains("recovered the device from its state"),
         "{}",
@@ -684,12 +682,12 @@ fn the_ager_writes_back_and_recompresses_cold_pages_by_itself() {
         assert_eq!(ca.q(0).read(0, PAGE).unwrap(), page(0, 1));
         slowest = slowest.max(r.elapsed());
         let (wb, rc) = (stat_dev(&d, "wb"), stat_dev(&d, "rc"));
-        if n(&wb, "backed_pages") >= PAGES - 1 - 16 && n(&rc, "pages_recompressed") > PAGES / 2 {
+        if wb.stats.backed_pages >= PAGES - 1 - 16 && rc.stats.pages_recompressed > PAGES / 2 {
             break (wb, rc);
         }
         assert!(
             Instant::now() < deadline,
-            "after 30 s: wb {wb}\nrc {rc}\n{}",
+            "after 30 s: wb {wb:?}\nrc {rc:?}\n{}",
             d.log_text()
         );
         std::thread::sleep(Duration::from_millis(300));
@@ -698,10 +696,10 @@ fn the_ager_writes_back_and_recompresses_cold_pages_by_itself() {
         "after {:.1?}: wb backed_pages {} (mem_used_total {} KiB), rc pages_recompressed {}, saved {} KiB; \
          slowest read of the page in use meanwhile {slowest:.1?}",
         t.elapsed(),
-        n(&wb, "backed_pages"),
-        n(&wb, "mem_used_total") / 1024,
-        n(&rc, "pages_recompressed"),
-        n(&rc, "recompress_saved_bytes") / 1024
+        wb.stats.backed_pages,
+        wb.stats.mem_used_total / 1024,
+        rc.stats.pages_recompressed,
+        rc.stats.recompress_saved_bytes / 1024
     );
     assert!(
         t.elapsed() >= Duration::from_secs(3),
@@ -712,11 +710,11 @@ fn the_ager_writes_back_and_recompresses_cold_pages_by_itself() {
         "a read waited {slowest:?} behind the background passes"
     );
     assert!(
-        n(&wb, "backed_pages") < PAGES,
+        wb.stats.backed_pages < PAGES,
         "the page in use was written back"
     );
-    assert_eq!(wb["tier"]["idle_after_secs"], 3);
-    assert_eq!(rc["tier"]["auto_recompress"], true);
+    assert_eq!(wb.tier.idle_after_secs, Some(3));
+    assert!(rc.tier.auto_recompress, "{rc:?}");
     check(&mut ca, PAGES, 256, |i| page(i, 1), "wb");
     check(&mut cb, PAGES, 256, |i| page(i, 1), "rc");
 }
@@ -780,8 +778,8 @@ fn an_added_device_gets_its_backing_file_and_remove_lets_go() {
     assert!(out.starts_with("device vmb: wrote 1024 pages "), "{out}");
     check(&mut c, 1024, 256, |i| page(i, 3), "vmb after writeback");
     let st = stat_dev(&d, "vmb");
-    assert_eq!(st["tier"]["backing"]["path"], s(&backing));
-    assert_eq!(n(&st, "backed_reads"), 1024, "{st}");
+    assert_eq!(backing_of(&st).path, backing);
+    assert_eq!(st.stats.backed_reads, 1024, "{st:?}");
 }
 
 #[test]
@@ -861,7 +859,7 @@ fn bad_backing_files_stop_the_start_with_one_line() {
     let o = cli(&d, &["writeback", "--device", "vm1"]);
     let e = one_line_exit_2(&o, "writeback without a backing file");
     assert!(e.contains("vm1 has no backing file"), "{e}");
-    assert_eq!(d.stat().0["devices"][0]["tier"]["backing"], Value::Null);
+    assert_eq!(d.stat().devices()[0].tier.backing, None);
 }
 
 /// Whether the file system of `path` takes O_DIRECT.
@@ -925,8 +923,8 @@ fn a_tmpfs_backing_file_works_with_or_without_direct_io() {
     let st = stat_dev(&d, "vm1");
     let direct = takes_o_direct(&file);
     eprintln!("/dev/shm takes O_DIRECT: {direct}");
-    assert_eq!(st["tier"]["backing"]["direct_io"], direct, "{st}");
-    assert_eq!(n(&st, "backed_reads"), 512, "{st}");
+    assert_eq!(backing_of(&st).direct_io, direct, "{st:?}");
+    assert_eq!(st.stats.backed_reads, 512, "{st:?}");
     assert_eq!(
         d.log_text().contains("refuses O_DIRECT"),
         !direct,

@@ -12,7 +12,12 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+pub use vzram::proto::control::{
+    parse_reply, Added, Compacted, DeviceLimitSet, Done, HostLimitSet, MarkedIdle, Migrated,
+    Recompressed, Removed, ReplyError, Reset, WrittenBack,
+};
 
 use crate::paths::{state_dir_for, vzram_bin, TempDir};
 use crate::stats::Stats;
@@ -162,16 +167,22 @@ impl Daemon {
         }
     }
 
-    /// Sends one control request and returns the reply.
+    /// Sends one control request and returns the reply as it came: for
+    /// the tests of the wire format itself (refusals, their `"error"`).
     pub fn control(&self, req: Value) -> Value {
         control_request(&self.control, &req)
     }
 
-    /// `{"cmd":"stat"}`; asserts it succeeded.
+    /// Sends one control request that must succeed, and reads its reply
+    /// into `T` (one of the [`vzram::proto::control`] replies); panics,
+    /// naming the request and the reply, on a refusal or a missing field.
+    pub fn request<T: DeserializeOwned>(&self, req: Value) -> T {
+        request_at(&self.control, req)
+    }
+
+    /// `{"cmd":"stat"}`, which must succeed.
     pub fn stat(&self) -> Stats {
-        let v = self.control(json!({"cmd": "stat"}));
-        assert_eq!(v["ok"], true, "stat failed: {v}");
-        Stats(v)
+        Stats(self.request(json!({"cmd": "stat"})))
     }
 
     /// `vzram stat --json`, as an operator reads it, parsed; the daemon
@@ -194,7 +205,7 @@ impl Daemon {
         );
         let json: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("vzram stat --json: bad JSON ({e}): {text}"));
-        Stats(json)
+        Stats::parse(json)
     }
 
     /// `vzram ARGS --control CTL`, which must succeed; returns its output.
@@ -346,7 +357,21 @@ pub fn serve_refused(dir: &TempDir, args: &[&str]) -> std::process::Output {
     child.wait_with_output().unwrap()
 }
 
-/// One request on a control socket.
+/// A reply line read into `T`; panics, naming the reply, when it is a
+/// refusal (`"ok":false`) or lacks one of `T`'s fields.
+pub fn reply<T: DeserializeOwned>(v: Value) -> T {
+    let text = v.to_string();
+    parse_reply(v).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// [`Daemon::request`] on the control socket at `path`.
+pub fn request_at<T: DeserializeOwned>(path: &Path, req: Value) -> T {
+    let v = control_request(path, &req);
+    let text = v.to_string();
+    parse_reply(v).unwrap_or_else(|e| panic!("{req}: {e}: {text}"))
+}
+
+/// One request on a control socket; the reply as it came.
 pub fn control_request(path: &Path, req: &Value) -> Value {
     let mut s =
         UnixStream::connect(path).unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));

@@ -1,135 +1,170 @@
 //! A stat reply: the control socket's `{"cmd":"stat"}` answer, which is
 //! also what `vzram stat --json` prints ([`crate::Daemon::stat`],
-//! [`crate::Daemon::stat_cli`]). Devices are found by name (the
-//! integration tests) or by socket path (the end-to-end tests), and every
-//! accessor panics, naming the reply, when what it reads is missing.
+//! [`crate::Daemon::stat_cli`]), read into the daemon's own
+//! [`StatReply`]: a field the reply lacks fails the parse, and a field a
+//! test names is checked by the compiler. Devices are found by name (the
+//! integration tests) or by socket path (the end-to-end tests), and an
+//! accessor of a device the reply does not have panics, naming the reply.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::path::Path;
 
 use serde_json::Value;
+pub use vzram::proto::control::{
+    BackingStat, DeviceStat, MigrationStat, MigrationState, StatReply, TierStat, WorkerState,
+    WorkerStatus,
+};
+pub use vzram_store::{DeviceStats, PoolStats};
 
+use crate::daemon::reply;
 use crate::data::MIB;
 
-/// A stat reply.
-#[derive(Clone, Debug)]
-pub struct Stats(pub Value);
+/// A stat reply. Displays as its JSON, for failure messages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stats(pub StatReply);
 
 impl Stats {
-    /// Every device's entry.
-    pub fn devices(&self) -> &[Value] {
-        self.0
-            .get("devices")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_else(|| panic!("no devices array in stat JSON: {}", self.0))
+    /// A stat reply line as it came (`{"ok":true,"pool":...}`); panics,
+    /// naming it, when it is a refusal or lacks a field.
+    pub fn parse(v: Value) -> Stats {
+        Stats(reply(v))
+    }
+
+    /// Every device's entry, in the daemon's order.
+    pub fn devices(&self) -> &[DeviceStat] {
+        &self.0.devices
     }
 
     /// The entry of the device named `name`.
-    fn named(&self, name: &str) -> &Value {
-        self.0["devices"]
-            .as_array()
-            .and_then(|a| a.iter().find(|d| d["name"] == name))
-            .unwrap_or_else(|| panic!("no device {name} in {}", self.0))
+    pub fn dev(&self, name: &str) -> &DeviceStat {
+        self.find(name)
+            .unwrap_or_else(|| panic!("no device {name} in {self}"))
     }
 
-    /// A device's counters (its `stats` object), by name.
-    pub fn device_stats(&self, name: &str) -> &Value {
-        &self.named(name)["stats"]
+    /// The entry of the device named `name`, if there is one.
+    pub fn find(&self, name: &str) -> Option<&DeviceStat> {
+        self.devices().iter().find(|d| d.name == name)
     }
 
-    /// A device's worker process: state, pid, failures.
-    pub fn worker(&self, name: &str) -> Value {
-        self.named(name)["worker"].clone()
+    /// The counters of the device named `name` (its `stats`).
+    pub fn counters(&self, name: &str) -> &DeviceStats {
+        &self.dev(name).stats
     }
 
-    /// One counter of the device named `name`.
-    pub fn dev(&self, name: &str, field: &str) -> u64 {
-        self.device_stats(name)[field]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no {field} for {name} in {}", self.0))
+    /// The worker of the device named `name`: state, pid, failures.
+    pub fn worker(&self, name: &str) -> &WorkerStatus {
+        &self.dev(name).worker
     }
 
-    /// One counter of the pool.
-    pub fn pool(&self, field: &str) -> u64 {
-        self.0["pool"][field]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no pool {field} in {}", self.0))
+    /// The pool's counters: every device summed, with the host limit.
+    pub fn pool(&self) -> &PoolStats {
+        &self.0.pool
     }
 
     /// The device whose socket is `socket`.
-    pub fn device(&self, socket: &Path) -> Counters<'_> {
-        let want = socket.to_string_lossy();
-        let d = self
-            .devices()
+    pub fn dev_at(&self, socket: &Path) -> &DeviceStat {
+        self.devices()
             .iter()
-            .find(|d| d.get("socket").and_then(Value::as_str) == Some(&want))
-            .unwrap_or_else(|| panic!("no device with socket {want} in stat JSON: {}", self.0));
-        Counters {
-            v: d,
-            what: "device",
+            .find(|d| d.socket == socket)
+            .unwrap_or_else(|| panic!("no device with socket {} in {self}", socket.display()))
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match serde_json::to_string(&self.0) {
+            Ok(json) => f.write_str(&json),
+            Err(_) => write!(f, "{:?}", self.0),
         }
     }
-
-    /// The pool's object, for [`Counters::get`].
-    pub fn pool_counters(&self) -> Counters<'_> {
-        let p = self
-            .0
-            .get("pool")
-            .unwrap_or_else(|| panic!("no pool in stat JSON: {}", self.0));
-        Counters { v: p, what: "pool" }
-    }
 }
 
-/// One object of the stat JSON: a device's entry or the pool.
-#[derive(Clone, Copy, Debug)]
-pub struct Counters<'a> {
-    pub v: &'a Value,
-    what: &'static str,
+/// The main counters on one line, sizes in MiB, for the end-to-end tests'
+/// logs.
+pub trait Summary {
+    fn summary(&self) -> String;
 }
 
-impl Counters<'_> {
-    /// A counter: a member of the object itself (`size_bytes`, `queues`,
-    /// `connections`, pool counters) or of a device's `stats`.
-    pub fn get(&self, field: &str) -> u64 {
-        self.v
-            .get(field)
-            .or_else(|| self.v.get("stats").and_then(|s| s.get(field)))
-            .and_then(Value::as_u64)
-            .unwrap_or_else(|| panic!("no counter {field} in {} stats: {}", self.what, self.v))
-    }
+/// The counters [`Summary`] shows, of a device or the pool.
+struct Main {
+    orig_data_size: u64,
+    compr_data_size: u64,
+    mem_used_total: u64,
+    mem_used_max: u64,
+    mem_limit: u64,
+    same_pages: u64,
+    huge_pages: u64,
+    reads: u64,
+    writes: u64,
+    discards: u64,
+    failed_writes: u64,
+}
 
-    /// A string member, such as a device's `algo`.
-    pub fn text(&self, field: &str) -> &str {
-        self.v
-            .get(field)
-            .and_then(Value::as_str)
-            .unwrap_or_else(|| panic!("no string {field} in {} stats: {}", self.what, self.v))
-    }
-
-    /// The main counters on one line, sizes in MiB.
-    pub fn summary(&self) -> String {
+impl Main {
+    fn line(&self) -> String {
         let mut s = String::new();
-        for f in [
-            "orig_data_size",
-            "compr_data_size",
-            "mem_used_total",
-            "mem_used_max",
-            "mem_limit",
-            "same_pages",
-            "huge_pages",
-            "reads",
-            "writes",
-            "discards",
-            "failed_writes",
+        let size = |s: &mut String, f: &str, v: u64| {
+            let _ = write!(s, "{f}={:.1}MiB ", v as f64 / MIB as f64);
+        };
+        size(&mut s, "orig_data_size", self.orig_data_size);
+        size(&mut s, "compr_data_size", self.compr_data_size);
+        size(&mut s, "mem_used_total", self.mem_used_total);
+        size(&mut s, "mem_used_max", self.mem_used_max);
+        size(&mut s, "mem_limit", self.mem_limit);
+        for (f, v) in [
+            ("same_pages", self.same_pages),
+            ("huge_pages", self.huge_pages),
+            ("reads", self.reads),
+            ("writes", self.writes),
+            ("discards", self.discards),
+            ("failed_writes", self.failed_writes),
         ] {
-            let v = self.get(f);
-            if f.ends_with("_size") || f.starts_with("mem_") {
-                let _ = write!(s, "{f}={:.1}MiB ", v as f64 / MIB as f64);
-            } else {
-                let _ = write!(s, "{f}={v} ");
-            }
+            let _ = write!(s, "{f}={v} ");
         }
         s.trim_end().to_string()
+    }
+}
+
+impl Summary for DeviceStats {
+    fn summary(&self) -> String {
+        Main {
+            orig_data_size: self.orig_data_size,
+            compr_data_size: self.compr_data_size,
+            mem_used_total: self.mem_used_total,
+            mem_used_max: self.mem_used_max,
+            mem_limit: self.mem_limit,
+            same_pages: self.same_pages,
+            huge_pages: self.huge_pages,
+            reads: self.reads,
+            writes: self.writes,
+            discards: self.discards,
+            failed_writes: self.failed_writes,
+        }
+        .line()
+    }
+}
+
+impl Summary for DeviceStat {
+    fn summary(&self) -> String {
+        self.stats.summary()
+    }
+}
+
+impl Summary for PoolStats {
+    fn summary(&self) -> String {
+        Main {
+            orig_data_size: self.orig_data_size,
+            compr_data_size: self.compr_data_size,
+            mem_used_total: self.mem_used_total,
+            mem_used_max: self.mem_used_max,
+            mem_limit: self.mem_limit,
+            same_pages: self.same_pages,
+            huge_pages: self.huge_pages,
+            reads: self.reads,
+            writes: self.writes,
+            discards: self.discards,
+            failed_writes: self.failed_writes,
+        }
+        .line()
     }
 }

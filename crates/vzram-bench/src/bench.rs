@@ -351,11 +351,12 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
     if r.stored_bytes > 0 {
         r.mem_per_byte = Some(mem.host_bytes as f64 / r.stored_bytes as f64);
     }
-    // vzram's stat numbers; other targets' details have none (0).
-    let sizes = targets::vzram::sizes(&mem.details);
-    let (orig, compr) = (sizes.orig_data_size, sizes.compr_data_size);
-    if orig > 0 && compr > 0 {
-        r.codec_ratio = Some(orig as f64 / compr as f64);
+    // vzram's stat numbers; other targets (and a failed stat) have none.
+    if let Some(sizes) = mem.stat_sizes {
+        let (orig, compr) = (sizes.orig_data_size, sizes.compr_data_size);
+        if orig > 0 && compr > 0 {
+            r.codec_ratio = Some(orig as f64 / compr as f64);
+        }
     }
     r.mem_details = serde_json::to_value(&mem)?;
     Ok(r)

@@ -138,8 +138,10 @@ pub fn run(env: &Env, args: &DensityArgs, mut json: Option<JsonOut>) -> Result<V
                 many.daemon.log_tail()
             );
         }
-        let stat = crate::targets::vzram::stat(&env.vzram_bin, &many.control)
-            .unwrap_or_else(|e| serde_json::json!({ "error": e.0 }));
+        let stat = match crate::targets::vzram::stat(&env.vzram_bin, &many.control) {
+            Ok(st) => crate::targets::vzram::details(&st),
+            Err(e) => serde_json::json!({ "error": e.0 }),
+        };
         let base = out.iter().find(|r| r.devices == 1).map(|r| r.rss_bytes);
         let tree_base = out
             .iter()

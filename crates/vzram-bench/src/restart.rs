@@ -172,8 +172,8 @@ fn running_worker(env: &Env, control: &Path, clear: bool) -> Result<(u32, u64)> 
             bail!(
                 "no running worker after 10 s: {}",
                 worker_status(&st, 0)
-                    .map(|w| w.to_string())
-                    .unwrap_or_default()
+                    .map(|w| format!("{w:?}"))
+                    .unwrap_or_else(|| "no device 0 in the stat".into())
             );
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -76,6 +76,7 @@ impl BlockTarget for Qsd {
             extra_bytes: extra,
             tree,
             details: serde_json::json!({ "tmpfs_bytes": extra }),
+            stat_sizes: None,
         })
     }
 }

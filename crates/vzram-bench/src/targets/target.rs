@@ -148,6 +148,18 @@ pub struct Memory {
     pub tree: DaemonRss,
     /// Target-specific numbers (vzram's own stats).
     pub details: serde_json::Value,
+    /// vzram's stat byte counts; None for another target, or when the stat
+    /// failed (its error is in `details`).
+    #[serde(skip)]
+    pub stat_sizes: Option<StatSizes>,
+}
+
+/// vzram's daemon-wide byte counts: its stat's pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatSizes {
+    pub mem_used_total: u64,
+    pub compr_data_size: u64,
+    pub orig_data_size: u64,
 }
 
 /// A running vhost-user-blk daemon.

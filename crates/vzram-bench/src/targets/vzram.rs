@@ -1,7 +1,7 @@
 //! The vzram daemon. Everything that depends on its command line and its stats format
 //! is in the `contract` section at the top, so a CLI change is a one-place edit.
 
-use super::target::{Algo, BlockTarget, Env, Memory};
+use super::target::{Algo, BlockTarget, Env, Memory, StatSizes};
 use crate::error::{bail, Context, Result};
 use crate::sys::{daemon_rss, proc_mem, Daemon};
 use crate::units::format_size;
@@ -9,6 +9,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use vzram::proto::control::{parse_reply, StatReply, WorkerState, WorkerStatus};
 
 // ---- contract with the daemon's CLI -------------------------------------------------
 
@@ -104,10 +105,10 @@ fn serve_many(
     Ok(c)
 }
 
-/// `vzram stat --json --control CTRL`: JSON with `mem_used_total`, `compr_data_size`,
-/// `orig_data_size` for the shared `pool` and for each of `devices[].stats`. The pool's
-/// numbers are the daemon-wide totals; without a pool we sum the devices.
-pub fn stat(bin: &Path, control: &Path) -> Result<Value> {
+/// `vzram stat --json --control CTRL`, read into the daemon's own reply type
+/// ([`StatReply`]): a reply that lacks a field (another build's format, a
+/// refusal) is an error, not zeros.
+pub fn stat(bin: &Path, control: &Path) -> Result<StatReply> {
     let out = Command::new(bin)
         .args(["stat", "--json", "--control"])
         .arg(control)
@@ -121,33 +122,30 @@ pub fn stat(bin: &Path, control: &Path) -> Result<Value> {
         );
     }
     let v: Value = serde_json::from_slice(&out.stdout).context("parsing vzram stat output")?;
-    let mut summary = serde_json::Map::new();
-    for key in ["mem_used_total", "compr_data_size", "orig_data_size"] {
-        let total = match v
-            .get("pool")
-            .and_then(|p| p.get(key))
-            .and_then(Value::as_u64)
-        {
-            Some(n) => n,
-            None => sum_key(v.get("devices").unwrap_or(&v), key),
-        };
-        summary.insert(key.into(), total.into());
-    }
-    summary.insert("raw".into(), v);
-    Ok(Value::Object(summary))
+    parse_reply(v)
+        .map_err(|e| e.to_string())
+        .context("reading vzram stat output")
 }
 
-/// In `stat`'s summary (its `raw` output): each device's `worker`, `{"state", "pid",
-/// "started", "failures", "failing", "last_failure"}`, in configuration order.
-pub fn worker_status(summary: &Value, device: usize) -> Option<&Value> {
-    summary
-        .get("raw")?
-        .get("devices")?
-        .get(device)?
-        .get("worker")
+/// What a report keeps of a stat: the pool's byte counts (the daemon-wide
+/// totals) at the top, and the whole reply under `raw`.
+pub fn details(st: &StatReply) -> Value {
+    let s = sizes(st);
+    serde_json::json!({
+        "mem_used_total": s.mem_used_total,
+        "compr_data_size": s.compr_data_size,
+        "orig_data_size": s.orig_data_size,
+        "raw": st,
+    })
 }
 
-/// A device's worker in `stat`'s summary; what is missing reads as 0 (not running).
+/// The worker of the device at `device` (configuration order), if the reply
+/// has that device.
+pub fn worker_status(st: &StatReply, device: usize) -> Option<&WorkerStatus> {
+    st.devices.get(device).map(|d| &d.worker)
+}
+
+/// A device's worker, as the benchmarks use it.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct WorkerStat {
     pub running: bool,
@@ -157,71 +155,41 @@ pub struct WorkerStat {
     pub failures: u64,
 }
 
-pub fn worker(summary: &Value, device: usize) -> WorkerStat {
-    let Some(w) = worker_status(summary, device) else {
-        return WorkerStat::default();
-    };
-    let num = |k: &str| w.get(k).and_then(Value::as_u64);
-    WorkerStat {
-        running: w.get("state").and_then(Value::as_str) == Some("running"),
-        pid: num("pid").map(|p| p as u32),
-        failing: num("failing").unwrap_or(0),
-        started: num("started").unwrap_or(0),
-        failures: num("failures").unwrap_or(0),
+/// The worker of the device at `device`; a device the reply does not have
+/// has no worker: not running, nothing started (the default).
+pub fn worker(st: &StatReply, device: usize) -> WorkerStat {
+    match worker_status(st, device) {
+        None => WorkerStat::default(),
+        Some(w) => WorkerStat {
+            running: w.state == WorkerState::Running,
+            pid: w.pid,
+            failing: w.failing,
+            started: w.started,
+            failures: w.failures,
+        },
     }
 }
 
 /// The pid of each device's worker while its state is `running` (None otherwise).
-pub fn worker_pids(summary: &Value) -> Vec<Option<u32>> {
-    let n = summary
-        .get("raw")
-        .and_then(|r| r.get("devices"))
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
-    (0..n)
+pub fn worker_pids(st: &StatReply) -> Vec<Option<u32>> {
+    (0..st.devices.len())
         .map(|i| {
-            let w = worker(summary, i);
+            let w = worker(st, i);
             w.pid.filter(|_| w.running)
         })
         .collect()
 }
 
-/// The daemon-wide byte counts of `stat`'s summary; 0 where missing (a failed
-/// `stat`'s `{"error"}`, or another target's details).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct StatSizes {
-    pub mem_used_total: u64,
-    pub compr_data_size: u64,
-    pub orig_data_size: u64,
-}
-
-pub fn sizes(summary: &Value) -> StatSizes {
-    let num = |k: &str| summary.get(k).and_then(Value::as_u64).unwrap_or(0);
+/// The daemon-wide byte counts of a stat: the pool's.
+pub fn sizes(st: &StatReply) -> StatSizes {
     StatSizes {
-        mem_used_total: num("mem_used_total"),
-        compr_data_size: num("compr_data_size"),
-        orig_data_size: num("orig_data_size"),
+        mem_used_total: st.pool.mem_used_total,
+        compr_data_size: st.pool.compr_data_size,
+        orig_data_size: st.pool.orig_data_size,
     }
 }
 
 // ---- end of contract ------------------------------------------------------------------
-
-fn sum_key(v: &Value, key: &str) -> u64 {
-    match v {
-        Value::Object(m) => m
-            .iter()
-            .map(|(k, x)| {
-                if k == key {
-                    x.as_u64().unwrap_or(0)
-                } else {
-                    sum_key(x, key)
-                }
-            })
-            .sum(),
-        Value::Array(a) => a.iter().map(|x| sum_key(x, key)).sum(),
-        _ => 0,
-    }
-}
 
 pub struct Vzram {
     daemon: Daemon,
@@ -278,10 +246,14 @@ impl BlockTarget for Vzram {
         // client is connected. The daemon's own view is kept alongside; a missing `stat`
         // is not fatal to a benchmark.
         let tree = daemon_rss(self.daemon.pid())?;
-        let details = if self.control.exists() {
-            stat(&self.bin, &self.control).unwrap_or_else(|e| serde_json::json!({ "error": e.0 }))
+        let st = if self.control.exists() {
+            stat(&self.bin, &self.control)
         } else {
-            serde_json::json!({ "error": "no control socket" })
+            Err("no control socket".into())
+        };
+        let (details, stat_sizes) = match &st {
+            Ok(st) => (details(st), Some(sizes(st))),
+            Err(e) => (serde_json::json!({ "error": e.0 }), None),
         };
         Ok(Memory {
             host_bytes: tree.own(),
@@ -289,6 +261,7 @@ impl BlockTarget for Vzram {
             extra_bytes: 0,
             tree,
             details,
+            stat_sizes,
         })
     }
 }
@@ -357,67 +330,160 @@ impl Drop for Many {
 mod tests {
     use super::*;
 
-    #[test]
-    fn sums_stat_keys_at_any_depth() {
-        let v = serde_json::json!({
-            "devices": [
-                { "name": "a", "mem_used_total": 10, "orig_data_size": 40 },
-                { "name": "b", "mem_used_total": 5, "orig_data_size": 20 }
-            ]
-        });
-        assert_eq!(sum_key(&v, "mem_used_total"), 15);
-        assert_eq!(sum_key(&v, "orig_data_size"), 60);
-        assert_eq!(sum_key(&v, "compr_data_size"), 0);
+    use vzram::proto::control::{DeviceStat, MigrationStat, MigrationState, TierStat};
+    use vzram_store::{Codec, DeviceStats, PoolStats};
+
+    /// A device in a stat reply whose worker is `state`, with `pid`.
+    fn device(index: usize, state: WorkerState, pid: Option<u32>) -> DeviceStat {
+        DeviceStat {
+            index,
+            name: format!("vzram{index}"),
+            socket: format!("/run/d{index}.sock").into(),
+            size_bytes: 1 << 30,
+            queues: 1,
+            algo: Codec::Lz4,
+            readonly: false,
+            serial: String::new(),
+            connected: pid.is_some(),
+            state: format!("/var/lib/vzram/d{index}").into(),
+            state_bytes: 4096,
+            connections: 1,
+            worker: WorkerStatus {
+                state,
+                pid,
+                started: 3,
+                failures: 2,
+                failing: 1,
+                last_failure: None,
+            },
+            stats: DeviceStats {
+                mem_used_total: 7,
+                orig_data_size: 30,
+                compr_data_size: 9,
+                ..DeviceStats::default()
+            },
+            tier: TierStat {
+                backing: None,
+                recompress_algo: Codec::Zstd { level: 3 },
+                idle_after_secs: None,
+                auto_writeback: false,
+                auto_recompress: false,
+            },
+            migration: MigrationStat {
+                state: MigrationState::None,
+                incoming: None,
+                error: None,
+                bytes: 0,
+                records: 0,
+                pass: 0,
+                dirty_slots: 0,
+                final_ms: 0.0,
+                total_ms: 0.0,
+            },
+        }
+    }
+
+    fn reply(devices: Vec<DeviceStat>) -> StatReply {
+        StatReply {
+            pool: PoolStats {
+                devices: devices.len() as u64,
+                mem_used_total: 70,
+                orig_data_size: 300,
+                compr_data_size: 90,
+                ..PoolStats::default()
+            },
+            devices,
+            metrics: None,
+        }
+    }
+
+    /// `stat` through a fake `vzram` that prints `out`.
+    fn stat_of(tag: &str, out: &Value) -> Result<StatReply> {
+        let dir =
+            std::env::temp_dir().join(format!("vzram-bench-stat-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fake, json) = (dir.join("vzram"), dir.join("stat.json"));
+        std::fs::write(&json, out.to_string()).unwrap();
+        std::fs::write(&fake, format!("#!/bin/sh\ncat '{}'\n", json.display())).unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let st = stat(&fake, Path::new("/nonexistent"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        st
     }
 
     #[test]
-    fn stat_prefers_pool_totals() {
-        let dir = std::env::temp_dir().join(format!("vzram-bench-stat-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fake = dir.join("vzram");
-        std::fs::write(
-            &fake,
-            "#!/bin/sh\necho '{\"pool\":{\"mem_used_total\":7,\"orig_data_size\":30},\
-             \"devices\":[{\"stats\":{\"mem_used_total\":7,\"orig_data_size\":30,\
-             \"compr_data_size\":9}}]}'\n",
+    fn stat_reads_the_reply_and_keeps_the_pool_totals() {
+        let want = reply(vec![device(0, WorkerState::Running, Some(42))]);
+        let mut out = serde_json::to_value(&want).unwrap();
+        out["ok"] = true.into();
+        let st = stat_of("ok", &out).unwrap();
+        assert_eq!(st, want);
+        let v = details(&st);
+        assert_eq!(v["mem_used_total"], 70);
+        assert_eq!(v["orig_data_size"], 300);
+        assert_eq!(v["compr_data_size"], 90);
+        assert_eq!(v["raw"]["devices"][0]["worker"]["pid"], 42);
+    }
+
+    #[test]
+    fn stat_refuses_a_reply_it_cannot_read() {
+        let mut out =
+            serde_json::to_value(reply(vec![device(0, WorkerState::Idle, None)])).unwrap();
+        out["ok"] = true.into();
+        // A misspelt or missing counter is an error, not 0.
+        let mut missing = out.clone();
+        missing["pool"]
+            .as_object_mut()
+            .unwrap()
+            .remove("mem_used_total");
+        let e = stat_of("missing", &missing).unwrap_err();
+        assert!(e.0.contains("mem_used_total"), "{e}");
+        // A reply without a pool (an older format) is not summed up.
+        let mut no_pool = out.clone();
+        no_pool.as_object_mut().unwrap().remove("pool");
+        assert!(stat_of("nopool", &no_pool).is_err());
+        // A refusal says why.
+        let e = stat_of(
+            "refused",
+            &serde_json::json!({"ok": false, "error": "busy"}),
         )
-        .unwrap();
-        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        let v = stat(&fake, Path::new("/nonexistent")).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(v["mem_used_total"], 7);
-        assert_eq!(v["orig_data_size"], 30);
-        assert_eq!(v["compr_data_size"], 9);
+        .unwrap_err();
+        assert!(e.0.contains("busy"), "{e}");
     }
 
     #[test]
     fn reads_worker_pids() {
-        let v = serde_json::json!({ "raw": { "devices": [
-            { "worker": { "state": "running", "pid": 42, "failing": 0 } },
-            { "worker": { "state": "idle", "pid": null, "failing": 0 } },
-            { "worker": { "state": "running", "pid": null } },
-        ]}});
+        let v = reply(vec![
+            device(0, WorkerState::Running, Some(42)),
+            device(1, WorkerState::Idle, None),
+            device(2, WorkerState::Running, None),
+        ]);
         assert_eq!(worker_pids(&v), vec![Some(42), None, None]);
-        assert_eq!(worker_status(&v, 1).unwrap()["state"], "idle");
+        assert_eq!(worker_status(&v, 1).unwrap().state, WorkerState::Idle);
         assert!(worker_status(&v, 3).is_none());
-        assert!(worker_pids(&serde_json::json!({ "raw": {} })).is_empty());
+        assert!(worker_pids(&reply(Vec::new())).is_empty());
         let w = worker(&v, 0);
-        assert!(w.running && w.pid == Some(42) && w.failing == 0);
+        assert_eq!(
+            w,
+            WorkerStat {
+                running: true,
+                pid: Some(42),
+                failing: 1,
+                started: 3,
+                failures: 2,
+            }
+        );
+        // No such device: no worker, not running.
         assert_eq!(worker(&v, 3), WorkerStat::default());
     }
 
     #[test]
     fn reads_sizes() {
-        let v = serde_json::json!({ "mem_used_total": 7, "orig_data_size": 30 });
-        let s = sizes(&v);
+        let s = sizes(&reply(vec![device(0, WorkerState::Idle, None)]));
         assert_eq!(
             (s.mem_used_total, s.compr_data_size, s.orig_data_size),
-            (7, 0, 30)
-        );
-        assert_eq!(
-            sizes(&serde_json::json!({ "error": "x" })),
-            StatSizes::default()
+            (70, 90, 300)
         );
     }
 

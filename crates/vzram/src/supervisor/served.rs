@@ -29,7 +29,9 @@ fn healthy_after() -> Duration {
         std::env::var("VZRAM_HEALTHY_AFTER_MS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .map_or(HEALTHY_AFTER, |ms| HEALTHY_AFTER.min(Duration::from_millis(ms)))
+            .map_or(HEALTHY_AFTER, |ms| {
+                HEALTHY_AFTER.min(Duration::from_millis(ms))
+            })
     })
 }
 

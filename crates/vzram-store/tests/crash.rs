@@ -26,6 +26,9 @@ use vzram_store::{
     StoreError, PAGE_SIZE,
 };
 
+mod common;
+use common::{mix, Rng};
+
 const SLOTS: u64 = 384;
 const OPS: usize = 20_000;
 const CHILD_ENV: &str = "VZRAM_CRASH_CHILD";
@@ -37,31 +40,6 @@ const MEM_LIMIT: u64 = 32 * PAGE_SIZE as u64;
 const BACKING_BLOCKS: u64 = 224;
 /// The exit status of a child whose tiering thread met an error it must not.
 const TIER_FAILED: i32 = 3;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
-/// splitmix64's finalizer: seeds for generators of their own. A value the
-/// parent's xorshift gave would start a child's xorshift one step along the
-/// parent's own sequence, so successive children ran nearly the same ops.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Op {

@@ -22,33 +22,13 @@ use std::time::Duration;
 use vzram_store::migrate;
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, StateSpec, PAGE_SIZE};
 
+mod common;
+use common::{mix, Rng};
+
 const SLOTS: u64 = 512;
 /// Passes with records: the full one and the rewrites after it.
 const PASSES: usize = 4;
 const CHILD_ENV: &str = "VZRAM_IMPORT_CHILD";
-
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
-/// splitmix64's finalizer: unrelated seeds for neighbouring slots.
-fn mix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 /// Version `v` of slot `s`'s page, never all zeros. Mostly pages lz4
 /// shrinks only a little, to 3.6 to 4 KiB: one object per span, so an

@@ -1,4 +1,4 @@
-//! Page generators the store's integration tests share. Each test binary
+//! Page generators and random numbers the store's integration tests share. Each test binary
 //! uses some of them, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
@@ -34,4 +34,28 @@ pub fn varied(i: u64) -> Page {
     }
     p[..8].copy_from_slice(&i.to_le_bytes());
     p
+}
+
+/// xorshift64 as a generator.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        xorshift(&mut self.0)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// splitmix64's finalizer: unrelated seeds from neighbouring values. A
+/// value an xorshift gave would start another xorshift one step along the
+/// first one's own sequence, so successive children would run nearly the
+/// same ops.
+pub fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

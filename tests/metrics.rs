@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use vzram_tests::metrics::metric;
 use vzram_tests::*;
 
 /// Sends `request` as is and returns the whole reply (the server closes).
@@ -27,15 +28,6 @@ fn get(addr: SocketAddr, path: &str) -> String {
 
 fn status(reply: &str) -> &str {
     reply.lines().next().unwrap_or_default()
-}
-
-/// The value of `name` (with its labels, exactly as written) in a scrape.
-fn value(body: &str, series: &str) -> u64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
-        .parse()
-        .unwrap()
 }
 
 #[test]
@@ -110,14 +102,14 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         ("vzram_writes_total", "vm2", vm2.writes),
         ("vzram_orig_data_bytes", "vm2", vm2.orig_data_size),
     ] {
-        let got = value(body, &format!("{series}{{device=\"{dev}\"}}"));
+        let got = metric(body, &format!("{series}{{device=\"{dev}\"}}"));
         assert_eq!(got, want, "{series} of {dev}\n{body}");
     }
     // The numbers are the workload's (pages), not zeros on both sides.
-    assert_eq!(value(body, "vzram_writes_total{device=\"vm1\"}"), 308);
+    assert_eq!(metric(body, "vzram_writes_total{device=\"vm1\"}"), 308);
     // One latency sample a request: 301 writes, 10 reads, 1 discard.
     let lat = |op: &str, what: &str| {
-        value(
+        metric(
             body,
             &format!("vzram_request_duration_seconds_{what}{{device=\"vm1\",op=\"{op}\"}}"),
         )
@@ -127,20 +119,20 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
     assert_eq!(lat("discard", "count"), 1);
     assert!(body.contains("# TYPE vzram_request_duration_seconds histogram"));
     assert_eq!(
-        value(
+        metric(
             body,
             "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"write\",le=\"+Inf\"}"
         ),
         301
     );
-    assert_eq!(value(body, "vzram_reads_total{device=\"vm1\"}"), 10);
-    assert_eq!(value(body, "vzram_same_pages{device=\"vm1\"}"), 8);
+    assert_eq!(metric(body, "vzram_reads_total{device=\"vm1\"}"), 10);
+    assert_eq!(metric(body, "vzram_same_pages{device=\"vm1\"}"), 8);
     assert_eq!(
-        value(body, "vzram_mem_limit_bytes{device=\"vm1\"}"),
+        metric(body, "vzram_mem_limit_bytes{device=\"vm1\"}"),
         32 << 20
     );
-    assert_eq!(value(body, "vzram_connected{device=\"vm1\"}"), 1);
-    assert_eq!(value(body, "vzram_connected{device=\"vm2\"}"), 0);
+    assert_eq!(metric(body, "vzram_connected{device=\"vm1\"}"), 1);
+    assert_eq!(metric(body, "vzram_connected{device=\"vm2\"}"), 0);
     let pool = st.pool();
     for (series, want) in [
         ("vzram_pool_mem_used_bytes", pool.mem_used_total),
@@ -148,9 +140,9 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         ("vzram_pool_mem_limit_bytes", pool.mem_limit),
         ("vzram_pool_devices", pool.devices),
     ] {
-        assert_eq!(value(body, series), want, "{series}\n{body}");
+        assert_eq!(metric(body, series), want, "{series}\n{body}");
     }
-    assert_eq!(value(body, "vzram_pool_mem_limit_bytes"), 1 << 30);
+    assert_eq!(metric(body, "vzram_pool_mem_limit_bytes"), 1 << 30);
     assert!(body.contains("# TYPE vzram_reads_total counter"), "{body}");
     assert!(body.contains("# TYPE vzram_mem_used_bytes gauge"), "{body}");
     drop(slow);
@@ -176,7 +168,7 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
     assert_eq!(status(&get(addr, "/metrics")), "HTTP/1.1 200 OK");
     c.q(0).write(0, &[3; 4096]).unwrap();
     let body = get(addr, "/metrics");
-    assert_eq!(value(&body, "vzram_writes_total{device=\"vm1\"}"), 309);
+    assert_eq!(metric(&body, "vzram_writes_total{device=\"vm1\"}"), 309);
 }
 
 #[test]

@@ -2,14 +2,14 @@
 //! after a healthy run, each device's own latency histogram, a restarted
 //! worker's recovered data, and the host budget after that recovery.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vzram_tests::metrics::{metric, scrape};
 use vzram_tests::*;
 
 const SIZE: u64 = 16 << 20;
@@ -96,24 +96,6 @@ fn a_healthy_run_restarts_the_backoff_count() {
     assert_eq!(c.q(0).read(0, PAGE).unwrap(), page);
 }
 
-fn scrape(addr: SocketAddr) -> String {
-    let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c.write_all(format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn series(body: &str, name: &str) -> u64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in\n{body}"))
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn each_device_reports_its_own_latency_histogram() {
     let dir = TempDir::new("sn-latency");
@@ -158,7 +140,7 @@ fn each_device_reports_its_own_latency_histogram() {
     let body = scrape(addr);
     for (name, _, writes, reads) in plan {
         for (op, want) in [("write", writes), ("read", reads)] {
-            let got = series(
+            let got = metric(
                 &body,
                 &format!("vzram_request_duration_seconds_count{{device=\"{name}\",op=\"{op}\"}}"),
             );

@@ -10,7 +10,6 @@
 //! I/O (the stat says `direct_io: false`).
 
 use std::collections::HashSet;
-use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -19,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vzram_tests::metrics::{metric, scrape};
 use vzram_tests::*;
 
 /// A directory for backing files, on the file system of the target
@@ -539,25 +539,6 @@ fn mark_idle_and_recompress_shrink_an_lz4_device() {
     );
 }
 
-/// `/metrics` of a daemon started with `--metrics 127.0.0.1:0`.
-fn scrape(d: &Daemon) -> String {
-    let addr = d.stat().0.metrics.unwrap();
-    let mut c = std::net::TcpStream::connect(&addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(c, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn series(body: &str, name: &str) -> u64 {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in\n{body}"))
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn written_back_pages_survive_kill_9() {
     const PAGES: u64 = 4096; // 16 MiB
@@ -594,18 +575,18 @@ fn written_back_pages_survive_kill_9() {
     let st = stat_dev(&d, "vm1");
     assert_eq!(st.stats.backed_pages, PAGES - 100, "{st:?}");
     assert!(st.stats.mem_used_total < 2 * MIB, "{st:?}");
-    let body = scrape(&d);
+    let body = scrape(d.stat().0.metrics.unwrap().parse().unwrap());
     let label = "{device=\"vm1\"}";
     assert_eq!(
-        series(&body, &format!("vzram_backed_pages{label}")),
+        metric(&body, &format!("vzram_backed_pages{label}")),
         PAGES - 100
     );
     assert_eq!(
-        series(&body, &format!("vzram_backed_writes_total{label}")),
+        metric(&body, &format!("vzram_backed_writes_total{label}")),
         st.stats.backed_writes
     );
     assert_eq!(
-        series(&body, &format!("vzram_backing_blocks{label}")),
+        metric(&body, &format!("vzram_backing_blocks{label}")),
         32 * MIB / PAGE as u64 - 1
     );
     for name in [
@@ -614,7 +595,7 @@ fn written_back_pages_survive_kill_9() {
         "vzram_recompressed_pages_total",
         "vzram_recompress_saved_bytes_total",
     ] {
-        series(&body, &format!("{name}{label}"));
+        metric(&body, &format!("{name}{label}"));
     }
 
     // Overwrite some written-back pages (their blocks go back), then,

@@ -32,6 +32,7 @@ pub mod daemon;
 pub mod data;
 pub mod frontend;
 pub mod guest;
+pub mod metrics;
 pub mod paths;
 pub mod procs;
 pub mod stats;

@@ -130,8 +130,16 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     );
     let m = da.stat_cli().dev_at(&sock_a).migration.clone();
     eprintln!("  source migration stat: {m:?}");
-    let _ = qa.execute("quit", serde_json::json!({}));
-    drop(ga);
+    // QEMU 7.2's source has been seen to exit by itself once its migration
+    // completed (CI, no message on stderr); its guest lives on at the
+    // destination, which is what this test checks.
+    match qa.quit() {
+        Ok(()) => drop(ga),
+        Err(e) => {
+            let out = ga.kill();
+            eprintln!("  the source QEMU had already gone ({e}): {:?}", out.status);
+        }
+    }
 
     // The guest finishes its rounds on the destination, every page verified.
     let out = gb.wait(SWAP_BOOT);

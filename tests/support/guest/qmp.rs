@@ -53,17 +53,6 @@ impl Qmp {
     pub fn execute(&mut self, cmd: &str, args: Value) -> Value {
         let msg = serde_json::json!({ "execute": cmd, "arguments": args });
         writeln!(self.w, "{msg}").expect("QMP write");
-        self.answer(cmd)
-    }
-
-    /// Sends `quit`; Err says why not when QEMU had already closed the
-    /// connection (a process that has exited cannot be asked to).
-    pub fn quit(&mut self) -> Result<(), String> {
-        let msg = serde_json::json!({ "execute": "quit" });
-        writeln!(self.w, "{msg}").map_err(|e| format!("QMP write: {e}"))
-    }
-
-    fn answer(&mut self, cmd: &str) -> Value {
         loop {
             let v = self.line();
             if let Some(r) = v.get("return") {
@@ -73,5 +62,12 @@ impl Qmp {
                 panic!("QMP {cmd}: {e}");
             }
         }
+    }
+
+    /// Sends `quit`; Err says why not when QEMU had already closed the
+    /// connection (a process that has exited cannot be asked to).
+    pub fn quit(&mut self) -> Result<(), String> {
+        let msg = serde_json::json!({ "execute": "quit" });
+        writeln!(self.w, "{msg}").map_err(|e| format!("QMP write: {e}"))
     }
 }

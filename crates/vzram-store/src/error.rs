@@ -40,7 +40,9 @@ pub enum StoreError {
     /// {what}: {OS error}"; see [`StoreError::backing`].
     #[error(transparent)]
     Backing(Cause),
-    /// A stored object failed to decompress. This is a bug, never guest input.
+    /// A stored object failed to decompress, or its slot word names no
+    /// object it could be (a table damaged while served). A bug or damage,
+    /// never guest input. Guest sees IOERR.
     #[error("stored page in slot {slot} is corrupt")]
     Corrupt { slot: u64 },
     /// Bad configuration handed to the store (size, codec level, ...).

@@ -30,12 +30,10 @@ impl Device {
         Ok(match Slot::decode(g.old()) {
             Slot::Empty => Record::Empty,
             Slot::Same(v) => Record::Same(v),
-            Slot::Object {
-                len, huge, codec, ..
-            } => {
-                let src = self.heap.bytes(&g);
-                let n = len as usize;
-                buf.page[..n].copy_from_slice(&src[..n]);
+            Slot::Object { huge, codec, .. } => {
+                let src = self.object_bytes(slot, &g)?;
+                let n = src.len();
+                buf.page[..n].copy_from_slice(src);
                 drop(g);
                 if huge {
                     Record::Raw(&buf.page)

@@ -66,9 +66,9 @@ impl Device {
             Slot::Object {
                 huge, codec: id, ..
             } => {
-                let src = self.heap.bytes(g);
+                let src = self.object_bytes(slot, g)?;
                 if huge {
-                    out.copy_from_slice(src);
+                    *out = *<&Page>::try_from(src).map_err(|_| StoreError::Corrupt { slot })?;
                 } else if !Codec::from_id(id).decompress(src, out, codec) {
                     return Err(StoreError::Corrupt { slot });
                 }
@@ -87,6 +87,27 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// The locked slot's object. A word that cannot name one is an error,
+    /// never a panic: recovery checks every word, but the table is a shared
+    /// mapping of a file, which a stray write could still damage.
+    pub(super) fn object_bytes<'g>(&self, slot: u64, g: &'g SlotGuard<'_>) -> Result<&'g [u8]> {
+        let Slot::Object {
+            offset, len, huge, ..
+        } = Slot::decode(g.old())
+        else {
+            return Err(StoreError::Corrupt { slot });
+        };
+        let len = len as usize;
+        if len == 0
+            || len > PAGE_SIZE
+            || (huge && len != PAGE_SIZE)
+            || offset + len as u64 > self.heap.arena().bytes()
+        {
+            return Err(StoreError::Corrupt { slot });
+        }
+        Ok(self.heap.bytes(g))
     }
 
     /// Stores a whole page. On any error the slot keeps its old content.

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{footprint, Device, Recovery};
+use crate::codec::Codec;
 use crate::error::{Result, StoreError};
 use crate::pool::class::{class_of, BLOCK_BYTES};
 use crate::slot::{self, Slot};
@@ -67,6 +68,7 @@ impl Device {
                 if word == 0 {
                     continue;
                 }
+                check_word(word).map_err(|what| corrupt(s, what))?;
                 self.table.mark(s)?;
                 rec.slots += 1;
                 ctr.apply(Footprint::default(), footprint(word));
@@ -93,10 +95,23 @@ impl Device {
                         })?;
                         owner_checked = true;
                     }
-                    if !b.mark(block) {
+                    if block >= b.blocks() {
                         return Err(corrupt(
                             s,
-                            "names a backing block outside the file or another slot's",
+                            &format!(
+                                "names backing block {block}, past the file's {}",
+                                b.blocks()
+                            ),
+                        ));
+                    }
+                    if !b.mark(block) {
+                        let mut named = self.slots_where(st, |x| x == Slot::Backed { block });
+                        return Err(corrupt(
+                            s,
+                            &format!(
+                                "names backing block {block}, as slot {} does",
+                                named.next().unwrap_or(s)
+                            ),
                         ));
                     }
                     rec.backed += 1;
@@ -105,9 +120,8 @@ impl Device {
                 let Slot::Object { offset, len, .. } = Slot::decode(word) else {
                     continue;
                 };
-                if len == 0 || len as usize > PAGE_SIZE {
-                    return Err(corrupt(s, "has an object of impossible length"));
-                }
+                // `len` fits its class's size and the index is below the
+                // span's capacity, so the object ends inside its span.
                 let class = class_of(len as usize);
                 let c = self.pool.classes[class];
                 let block = offset / BLOCK_BYTES as u64;
@@ -128,8 +142,22 @@ impl Device {
         let mut next = 0;
         for (&block, (class, live)) in spans.iter_mut() {
             live.sort_unstable();
-            if live.windows(2).any(|w| w[0] == w[1]) {
-                return Err(corrupt(0, "shares its object with another slot"));
+            if let Some(w) = live.windows(2).find(|w| w[0] == w[1]) {
+                // Rare, so the slots are found again here rather than kept
+                // beside every object (8 bytes more each).
+                let c = self.pool.classes[*class];
+                let at =
+                    u64::from(block) * BLOCK_BYTES as u64 + u64::from(w[0]) * u64::from(c.size);
+                let mut named = self.slots_where(
+                    st,
+                    |x| matches!(x, Slot::Object { offset, .. } if offset == at),
+                );
+                let first = named.next().unwrap_or(0);
+                let second = named.next().unwrap_or(first);
+                return Err(corrupt(
+                    second,
+                    &format!("shares its object with slot {first}"),
+                ));
             }
             self.heap
                 .restore_span(&self.pool, self.budget(), block, *class, live);
@@ -140,4 +168,60 @@ impl Device {
         rec.micros = t0.elapsed().as_micros() as u64;
         Ok(rec)
     }
+
+    /// The slots whose words `f` takes, in order: the other holders a
+    /// refusal names (found again, as refusals are rare).
+    fn slots_where<'a>(
+        &'a self,
+        st: &StateFiles,
+        f: impl Fn(Slot) -> bool + 'a,
+    ) -> impl Iterator<Item = u64> + 'a {
+        let n = self.table.len();
+        state::data_ranges(&st.table)
+            .into_iter()
+            .flat_map(move |r| r.start / 8..r.end.div_ceil(8).min(n))
+            .filter(move |&s| f(Slot::decode(self.table.word(s).load(Relaxed))))
+    }
+}
+
+/// Object codec ids this build can expand. Any of them may be in the table
+/// whatever the device's codec: recompression and migrated pages keep
+/// theirs.
+const CODECS: [Codec; 2] = [
+    Codec::Lz4,
+    Codec::Zstd {
+        level: Codec::DEFAULT_ZSTD_LEVEL,
+    },
+];
+
+/// Checks that `word` (unlocked, not 0) is one the writers make, so that
+/// nothing read from it later can be inconsistent: a huge object is a raw
+/// page, a compressed one is shorter than a page in a known codec, and no
+/// bit is set that its kind of slot does not use (decoding would silently
+/// drop it). An object's access and TRIED bits are free to take any value.
+fn check_word(word: u64) -> std::result::Result<(), &'static str> {
+    let s = Slot::decode(word);
+    if let Slot::Object {
+        len, huge, codec, ..
+    } = s
+    {
+        if huge && len as usize != PAGE_SIZE {
+            return Err("is a raw page (huge) whose object is not one page long");
+        }
+        if !huge && (len == 0 || len as usize >= PAGE_SIZE) {
+            return Err("has a compressed object of impossible length");
+        }
+        if !CODECS.iter().any(|c| c.id() == codec) {
+            return Err("has an object in an unknown codec");
+        }
+    }
+    let used = if slot::is_object(word) {
+        word & !(slot::ACCESS | slot::TRIED)
+    } else {
+        word
+    };
+    if s.encode() != Some(used) {
+        return Err("has bits set that its kind of slot never uses");
+    }
+    Ok(())
 }

@@ -42,6 +42,11 @@ const PUBLISH_EVERY: Duration = Duration::from_secs(1);
 const COMPACT_INTERVAL: Duration = Duration::from_secs(10);
 pub const COMPACT_WASTE_RATIO: f64 = 0.25;
 pub const COMPACT_MIN_WASTE: u64 = 16 << 20;
+/// The exit code of a worker that panicked, on any thread (Rust's own for
+/// a panic in `main`). Not [`EXIT_DONE`], so the supervisor counts it as a
+/// failure: the device's next frontend gets a new worker, after a backoff
+/// if it keeps failing.
+pub const EXIT_PANIC: i32 = 101;
 
 fn take(fd: Fds) -> OwnedFd {
     // SAFETY: the launcher placed our descriptors at FIRST_FD.. in the
@@ -59,6 +64,7 @@ pub fn main(spec_json: &str) -> i32 {
         }
     };
     logging::init(spec.log_level);
+    exit_on_panic();
     let span = tracing::info_span!("worker", device = %spec.name);
     let _enter = span.enter();
     // SAFETY: ignoring signals changes no memory. The supervisor ends a
@@ -78,6 +84,24 @@ pub fn main(spec_json: &str) -> i32 {
             EXIT_SETUP
         }
     }
+}
+
+/// Makes a panic on any thread end the process once the default hook has
+/// logged it: a queue thread that died would leave its queue wedged and the
+/// frontend waiting forever, while a new worker recovers the device from
+/// its shared state and the frontend reconnects. Installed before any
+/// thread starts.
+fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        tracing::error!("the worker panicked; exiting with code {EXIT_PANIC} for a new one");
+        // SAFETY: _exit (exit_group, which the worker's seccomp filter
+        // allows) ends the process at once, running no destructors or
+        // atexit handlers that could wait on locks the panicking thread
+        // holds; the device's state is in its shared files.
+        unsafe { libc::_exit(EXIT_PANIC) };
+    }));
 }
 
 enum WorkerError {
@@ -288,5 +312,38 @@ fn control_loop(
                 std::process::exit(EXIT_DONE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHILD: &str = "VZRAM_PANIC_HOOK_CHILD";
+
+    /// A panic on a thread other than `main` (a queue's) ends the process
+    /// with [`EXIT_PANIC`], the message logged first. The child is this
+    /// test binary again, running this test alone.
+    #[test]
+    fn a_panic_on_any_thread_ends_the_worker() {
+        if std::env::var_os(CHILD).is_some() {
+            exit_on_panic();
+            let t = std::thread::spawn(|| panic!("queue thread gave up"));
+            let _ = t.join();
+            std::process::exit(0);
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "worker::tests::a_panic_on_any_thread_ends_the_worker",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_PANIC), "{err}");
+        assert!(err.contains("queue thread gave up"), "{err}");
     }
 }

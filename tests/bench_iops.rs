@@ -136,8 +136,8 @@ fn iops_4k_random_qd32() {
     }
     let st = d.stat();
     let (orig, used) = (
-        st.counters("vzram0").orig_data_size,
-        st.counters("vzram0").mem_used_total,
+        st.sole().stats.orig_data_size,
+        st.sole().stats.mem_used_total,
     );
     println!(
         "data: {what}; {} MiB stored in {} MiB (ratio {:.2})",

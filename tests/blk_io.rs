@@ -106,9 +106,9 @@ fn write_and_verify_across_all_queues_in_parallel() {
         }
     });
     let st = d.stat();
-    assert_eq!(st.counters("vzram0").orig_data_size, 64 * MIB);
+    assert_eq!(st.sole().stats.orig_data_size, 64 * MIB);
     assert_eq!(
-        st.counters("vzram0").failed_writes + st.counters("vzram0").failed_reads,
+        st.sole().stats.failed_writes + st.sole().stats.failed_reads,
         0
     );
 }
@@ -205,7 +205,7 @@ fn discard_and_write_zeroes_read_back_zeros_and_free_memory() {
         c.q(0).write(at, &pattern(3, at, 4 * MIB as usize)).unwrap();
     }
     let before = d.stat();
-    assert_eq!(before.counters("vzram0").orig_data_size, total);
+    assert_eq!(before.sole().stats.orig_data_size, total);
 
     // Discard 24 MiB in the middle: zeros, and 6144 fewer pages stored.
     c.q(1).discard(4 * MIB, 24 * MIB).unwrap();
@@ -226,11 +226,11 @@ fn discard_and_write_zeroes_read_back_zeros_and_free_memory() {
         pattern(3, 0, 4 * MIB as usize)
     );
     let after = d.stat();
-    assert_eq!(after.counters("vzram0").orig_data_size, 8 * MIB);
-    assert!(after.counters("vzram0").discards >= 6144);
+    assert_eq!(after.sole().stats.orig_data_size, 8 * MIB);
+    assert!(after.sole().stats.discards >= 6144);
     let (used_before, used_after) = (
-        before.counters("vzram0").mem_used_total,
-        after.counters("vzram0").mem_used_total,
+        before.sole().stats.mem_used_total,
+        after.sole().stats.mem_used_total,
     );
     assert!(
         used_after < used_before / 2,
@@ -249,7 +249,7 @@ fn discard_and_write_zeroes_read_back_zeros_and_free_memory() {
         "write-zeroes touched the wrong bytes"
     );
     let z = d.stat();
-    assert!(z.counters("vzram0").orig_data_size < 8 * MIB);
+    assert!(z.sole().stats.orig_data_size < 8 * MIB);
 
     // A discard of a partial page zeroes just that part.
     c.q(0).discard(512, 1024).unwrap();
@@ -279,7 +279,7 @@ fn out_of_range_requests_get_errors_and_change_nothing() {
     assert_eq!(q.read(end - PAGE, PAGE as usize).unwrap(), last);
     assert_eq!(q.read(end - 512, 512).unwrap(), last[PAGE as usize - 512..]);
     let st = d.stat();
-    assert_eq!(st.counters("vzram0").orig_data_size, PAGE);
+    assert_eq!(st.sole().stats.orig_data_size, PAGE);
 }
 
 #[test]
@@ -318,10 +318,10 @@ fn read_only_device() {
     q.flush().unwrap();
     let st = d.stat();
     assert!(
-        st.counters("vzram0").reads >= 1,
+        st.sole().stats.reads >= 1,
         "the read did not reach the daemon"
     );
-    assert_eq!(st.counters("vzram0").orig_data_size, 0);
+    assert_eq!(st.sole().stats.orig_data_size, 0);
     assert!(st.devices()[0].readonly, "{st}");
 }
 
@@ -485,7 +485,7 @@ fn reconnect_keeps_the_data() {
     }
     let st = d.stat();
     assert_eq!(st.devices()[0].connections, 3);
-    assert_eq!(st.counters("vzram0").orig_data_size, 3 * MIB);
+    assert_eq!(st.sole().stats.orig_data_size, 3 * MIB);
     let log = d.log_text();
     assert!(log.contains("frontend disconnected"), "{log}");
 }

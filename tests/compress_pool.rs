@@ -30,7 +30,8 @@ fn page(seed: u64, slot: u64) -> Vec<u8> {
 fn compress_tasks(d: &Daemon) -> Vec<std::path::PathBuf> {
     let pid = d
         .stat()
-        .worker("vzram0")
+        .sole()
+        .worker
         .pid
         .expect("a worker serves the device");
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -171,7 +172,7 @@ fn qd32_random_writes_on_two_queues_read_back_the_last_submitted() {
     });
     let st = d.stat();
     assert_eq!(
-        st.counters("vzram0").failed_writes + st.counters("vzram0").failed_reads,
+        st.sole().stats.failed_writes + st.sole().stats.failed_reads,
         0
     );
     assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
@@ -222,7 +223,7 @@ fn overwrites_in_one_batch_keep_the_submission_order() {
         let got = batch(q, &[(9, 1, 4)], &[9]);
         assert!(got[0] == page(1, 9));
         let st = d.stat();
-        assert_eq!(st.counters("vzram0").failed_writes, 0, "threads {threads}");
+        assert_eq!(st.sole().stats.failed_writes, 0, "threads {threads}");
         if threads != "0" {
             assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
         }
@@ -238,7 +239,7 @@ fn an_idle_pool_does_not_spin() {
     let q = c.q(0);
     let writes: Vec<(u64, u64, usize)> = (0..16).map(|i| (i * 8, i + 1, 8)).collect();
     batch(q, &writes, &[]);
-    let pid = d.stat().worker("vzram0").pid.unwrap();
+    let pid = d.stat().sole().worker.pid.unwrap();
     let ticks = || {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         let after = &stat[stat.rfind(')').unwrap() + 2..];

@@ -171,7 +171,7 @@ fn tiering_holds_less_host_memory_per_swapped_byte_than_in_guest_zram() {
         .arg(ROUNDS);
     let out = ctx.run_guest("vzram", &opts, SWAP_BOOT);
     pressure_ok(&out);
-    let name = "vzram0".to_string(); // the default name of the first device
+    let name = "swap".to_string(); // the default name: the socket's, swap.sock
     let per_byte = |d: &mut Daemon| {
         let st = d.stat_cli();
         let dev = st.dev_at(&sock);

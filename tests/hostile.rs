@@ -2145,7 +2145,7 @@ fn a_sigbus_from_guest_memory_is_named_and_contained() {
     assert_eq!(v.write(0, &noise(1, PAGE)), S_OK);
     v.truncate_memory_and_kick();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.stat().worker("vzram0").failures != 1 {
+    while daemon.stat().sole().worker.failures != 1 {
         assert!(Instant::now() < deadline, "{}", daemon.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -2155,7 +2155,7 @@ fn a_sigbus_from_guest_memory_is_named_and_contained() {
         daemon.log_text()
     );
     let st = daemon.stat();
-    let w = st.worker("vzram0");
+    let w = &st.sole().worker;
     assert!(
         w.last_failure.as_deref().unwrap().contains("SIGBUS"),
         "{w:?}"

@@ -408,12 +408,12 @@ fn kill_during_io(victim: Victim) {
     // Every page is stored once, whatever died how often.
     let st = daemon.as_ref().unwrap().stat();
     assert_eq!(
-        st.counters("vzram0").orig_data_size,
+        st.sole().stats.orig_data_size,
         PAGES * PAGE as u64,
         "{}",
         st
     );
-    assert_eq!(st.counters("vzram0").failed_writes, 0, "{}", st);
+    assert_eq!(st.sole().stats.failed_writes, 0, "{}", st);
 }
 
 #[test]

@@ -102,22 +102,19 @@ fn add_use_and_remove_while_another_device_verifies() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let st = d.stat();
-        let (pool, a_used) = (
-            st.pool().mem_used_total,
-            st.counters("vzram0").mem_used_total,
-        );
+        let (pool, a_used) = (st.pool().mem_used_total, st.counters("a").mem_used_total);
         if pool == a_used {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "pool {pool}, vzram0 {a_used}, vmb held {used}"
+            "pool {pool}, a {a_used}, vmb held {used}"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
     let o = vzram_cli(&d, &["remove", "--device", "vmb"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("vzram0 (0)"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("a (0)"));
 
     // Added again under the same name: a new, empty device.
     let o = vzram_cli(

@@ -63,7 +63,7 @@ fn exercise(d: &Daemon, sock: &Path, queues: usize) {
     c.q(0).flush().unwrap();
     assert!(c.q(0).read(0, PAGE).unwrap().iter().all(|&b| b == 0));
     let st = d.stat();
-    assert!(st.counters("vzram0").writes > 0, "{}", st);
+    assert!(st.sole().stats.writes > 0, "{}", st);
     let _: Compacted = d.request(json!({"cmd": "compact"}));
     drop(c);
     wait_disconnected(d);
@@ -137,7 +137,7 @@ fn filter_is_on_by_default_on_every_thread_and_io_works() {
         "{threads:?}"
     );
     assert!(threads.iter().any(|(n, _)| n == "vzram-compact"));
-    let worker = d.stat().worker("vzram0").pid.expect("a worker pid");
+    let worker = d.stat().sole().worker.pid.expect("a worker pid");
     assert_ne!(worker, pid);
     assert_eq!(seccomp_of(worker).0, "2");
     assert_eq!(
@@ -463,7 +463,7 @@ fn a_worker_stopped_and_continued_keeps_serving() {
     let mut c =
         Client::connect(&sock, 1).unwrap_or_else(|e| panic!("connect: {e}\n{}", d.log_text()));
     c.q(0).write(0, &pattern(3, 0, 4 * PAGE)).unwrap();
-    let pid = d.stat().worker("vzram0").pid.expect("a worker") as i32;
+    let pid = d.stat().sole().worker.pid.expect("a worker") as i32;
     for _ in 0..3 {
         // SAFETY: kill only sends signals, to our daemon's worker.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
@@ -479,6 +479,6 @@ fn a_worker_stopped_and_continued_keeps_serving() {
         "{}",
         d.log_text()
     );
-    assert_eq!(d.stat().worker("vzram0").pid, Some(pid as u32));
+    assert_eq!(d.stat().sole().worker.pid, Some(pid as u32));
     assert!(!d.log_text().contains("SIGSYS"), "{}", d.log_text());
 }

@@ -41,6 +41,14 @@ impl Stats {
             .unwrap_or_else(|| panic!("no device {name} in {self}"))
     }
 
+    /// The entry of the only device (a daemon serving one).
+    pub fn sole(&self) -> &DeviceStat {
+        match self.devices() {
+            [d] => d,
+            _ => panic!("not one device in {self}"),
+        }
+    }
+
     /// The entry of the device named `name`, if there is one.
     pub fn find(&self, name: &str) -> Option<&DeviceStat> {
         self.devices().iter().find(|d| d.name == name)

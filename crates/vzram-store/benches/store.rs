@@ -182,7 +182,8 @@ fn bench(
         cfg.state = state.map(|root| StateSpec {
             root: root.to_path_buf(),
             name: "bench".into(),
-            fresh: true,
+            existing: vzram_store::Existing::Discard,
+            ..StateSpec::default()
         });
         let dev = pool.create_device(cfg).unwrap();
         let t = clock.now();
@@ -357,10 +358,15 @@ fn tier(
 /// leave it (no cleanup runs for the files), and times opening it again.
 fn recovery(pages: &[Page], gib: u64, size_gib: u64, root: &std::path::Path, reps: usize) {
     let n = (gib << 30) / PAGE_SIZE as u64;
-    let spec = |fresh| StateSpec {
+    let spec = |fresh: bool| StateSpec {
         root: root.to_path_buf(),
         name: "recovery".into(),
-        fresh,
+        existing: if fresh {
+            vzram_store::Existing::Discard
+        } else {
+            vzram_store::Existing::Recover
+        },
+        ..StateSpec::default()
     };
     let pool = Pool::new(PoolConfig::default()).unwrap();
     let mut cfg = DeviceConfig::new(size_gib << 30, Codec::Lz4);

@@ -117,7 +117,27 @@ impl Backing {
     /// Opens an existing file or block device for a device's pages and
     /// locks it, so no other device or daemon can use it at the same time.
     pub fn open(spec: &BackingSpec) -> Result<Backing> {
+        Backing::open_checked(spec, true)
+    }
+
+    /// [`Backing::open`]; `check` false skips what block 0 holds (for
+    /// [`Backing::init`], which overwrites it).
+    fn open_checked(spec: &BackingSpec, check: bool) -> Result<Backing> {
         let path = spec.path.clone();
+        // A state's own files are never pages for a backing file, whatever
+        // lock their owner holds or does not hold right now.
+        if let Some(dir) = std::fs::canonicalize(&path)
+            .ok()
+            .and_then(|p| crate::state::enclosing_state(&p))
+        {
+            return Err(err(
+                &path,
+                format!(
+                    "is inside the state of a device ({}); left alone",
+                    dir.display()
+                ),
+            ));
+        }
         let open = |direct: bool| {
             std::fs::OpenOptions::new()
                 .read(true)
@@ -146,11 +166,15 @@ impl Backing {
             }
             Err(e) => return Err(StoreError::backing(path.display(), e)),
         };
-        Backing::from_file(file, path, direct)
+        Backing::from_file_checked(file, path, direct, check)
     }
 
     /// A backing file already open (handed over by another process).
     pub fn from_file(file: File, path: PathBuf, direct: bool) -> Result<Backing> {
+        Backing::from_file_checked(file, path, direct, true)
+    }
+
+    fn from_file_checked(file: File, path: PathBuf, direct: bool, check: bool) -> Result<Backing> {
         let meta = file
             .metadata()
             .map_err(|e| StoreError::backing(path.display(), e))?;
@@ -202,12 +226,49 @@ impl Backing {
             }),
             used: AtomicU64::new(0),
         };
-        b.found = b.read_header()?;
+        if check {
+            b.found = b.read_header()?;
+        }
         Ok(b)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Makes `path` a blank backing file that any device may claim (`vzram
+    /// backing init`): its header block is zeroed, so whatever it held
+    /// before (another device's pages) is given up on purpose. Refused
+    /// while a device holds it.
+    pub fn init(path: &Path) -> Result<u64> {
+        let b = Backing::open_checked(
+            &BackingSpec {
+                path: path.to_path_buf(),
+            },
+            false,
+        )?;
+        let mut buf = AlignedPages::new(1)?;
+        b.file
+            .read_exact_at(buf.page_mut(0), 0)
+            .map_err(|e| os_err(&b.path, "reading its header", e))?;
+        if crate::state::is_state_header(buf.page_mut(0)) {
+            return Err(err(
+                &b.path,
+                "holds a device state's header, not a backing file; left alone",
+            ));
+        }
+        b.release()?;
+        Ok(b.blocks)
+    }
+
+    /// Blanks the header block: the pages the file held are nobody's, and
+    /// any device may take it (its owner was removed, or `init`).
+    pub fn release(&self) -> Result<()> {
+        let buf = AlignedPages::new(1)?;
+        self.file
+            .write_all_at(buf.bytes(0, 1), 0)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| os_err(&self.path, "writing its header", e))
     }
 
     pub fn file(&self) -> &File {
@@ -234,8 +295,22 @@ impl Backing {
         self.file
             .read_exact_at(page, 0)
             .map_err(|e| os_err(&self.path, "reading its header", e))?;
+        if crate::state::is_state_header(page) {
+            return Err(err(
+                &self.path,
+                "holds a device state's header, not a backing file; left alone",
+            ));
+        }
         if page[0..8] != MAGIC {
-            return Ok(None);
+            // A blank file is anyone's; data that is not vzram's is not.
+            if page.iter().all(|&b| b == 0) {
+                return Ok(None);
+            }
+            return Err(err(
+                &self.path,
+                "holds data that is not a vzram backing file (its first 4 KiB are not blank); \
+                 left alone: `vzram backing init PATH` gives it up on purpose",
+            ));
         }
         let u64_at = |i: usize| u64::from_le_bytes(page[i..i + 8].try_into().unwrap());
         let version = u32::from_le_bytes(page[8..12].try_into().unwrap());
@@ -253,15 +328,25 @@ impl Backing {
         }))
     }
 
-    /// Makes the file the device `owner`'s, unless it already is. Whatever
-    /// pages it held for another owner are gone from then on.
-    pub(crate) fn claim(&self, owner: u64) -> Result<()> {
+    /// Makes the file the device `owner`'s, unless it already is: only a
+    /// blank file, or one that held the pages of `replaced` (the state this
+    /// device discarded with --fresh). Another device's file is refused.
+    pub(crate) fn claim(&self, owner: u64, replaced: Option<u64>) -> Result<()> {
         let want = BackingHeader {
             owner,
             blocks: self.blocks,
         };
         if self.found == Some(want) {
             return Ok(());
+        }
+        if let Some(h) = self.found {
+            if h.owner != owner && Some(h.owner) != replaced {
+                return Err(err(
+                    &self.path,
+                    "holds another device's written-back pages; left alone: \
+                     `vzram backing init PATH` gives them up on purpose",
+                ));
+            }
         }
         let mut buf = AlignedPages::new(1)?;
         let page = buf.page_mut(0);
@@ -486,7 +571,7 @@ mod tests {
         let (_d, spec) = file(16);
         let b = Backing::open(&spec).unwrap();
         assert!(b.check_owner(7).is_err());
-        b.claim(7).unwrap();
+        b.claim(7, None).unwrap();
         drop(b);
         let b = Backing::open(&spec).unwrap();
         assert_eq!(b.check_owner(7), Ok(()));
@@ -503,5 +588,41 @@ mod tests {
             .unwrap();
         let b = Backing::open(&spec).unwrap();
         assert!(b.check_owner(7).unwrap_err().contains("resized"));
+    }
+
+    #[test]
+    fn only_blank_files_or_the_owners_own_are_claimed() {
+        let (_d, spec) = file(16);
+        let b = Backing::open(&spec).unwrap();
+        b.claim(7, None).unwrap();
+        drop(b);
+        let b = Backing::open(&spec).unwrap();
+        let e = b.claim(8, None).unwrap_err().to_string();
+        assert!(e.contains("another device's"), "{e}");
+        // A device that discarded state 7 (--fresh) takes its file back.
+        b.claim(8, Some(7)).unwrap();
+        drop(b);
+        assert_eq!(Backing::init(&spec.path).unwrap(), 16);
+        let b = Backing::open(&spec).unwrap();
+        b.claim(9, None).unwrap();
+        drop(b);
+        // Data that is not vzram's, or a state's header, is left alone.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&spec.path)
+            .unwrap()
+            .write_all_at(b"#!/bin/sh\n", 0)
+            .unwrap();
+        let e = Backing::open(&spec).err().unwrap().to_string();
+        assert!(e.contains("not a vzram backing file"), "{e}");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&spec.path)
+            .unwrap()
+            .write_all_at(b"VZRAMST\0", 0)
+            .unwrap();
+        let e = Backing::open(&spec).err().unwrap().to_string();
+        assert!(e.contains("state's header"), "{e}");
+        Backing::init(&spec.path).unwrap_err();
     }
 }

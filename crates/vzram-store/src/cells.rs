@@ -71,6 +71,13 @@ impl<T: Plain> Cells<T> {
     }
 }
 
+impl<T: Plain> Cells<T> {
+    /// Where the cells are mapped, and how long the mapping is.
+    pub fn mapping(&self) -> (*const u8, usize) {
+        (self.region.as_ptr(), self.region.len())
+    }
+}
+
 impl<T: Plain> Deref for Cells<T> {
     type Target = T;
     fn deref(&self) -> &T {

@@ -62,6 +62,18 @@ pub enum StoreError {
     Map(Cause),
 }
 
+/// Whether to log a full state dir now: once every 10 s per process, so a
+/// guest writing into a full tmpfs does not flood the log.
+pub(crate) fn log_full_now() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Relaxed);
+    now >= last + 10 && LAST.compare_exchange(last, now, Relaxed, Relaxed).is_ok()
+}
+
 impl StoreError {
     /// A [`StoreError::Backing`]: `what` (the file, and what was done to it)
     /// failed, with the OS error `source` if there was one.

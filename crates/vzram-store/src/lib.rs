@@ -31,7 +31,7 @@ pub use error::{Result, StoreError};
 pub use migrate::{ExportBuf, MigrateError, Record};
 pub use pool::PoolConfig;
 pub use slot::encode_fill;
-pub use state::{StateFiles, StateSpec};
+pub use state::{Existing, Leftover, StateFiles, StateSpec};
 pub use stats::{DeviceStats, PoolStats};
 pub use store::Pool;
 

@@ -1,6 +1,8 @@
 //! The per-device slot table: one atomic 64-bit word per 4 KiB slot, in a
 //! lazily backed mapping. A 1 TiB device reserves 2 GiB of address space but
-//! only the table pages that cover written slots cost RAM.
+//! only the table pages that cover written slots cost RAM. A page is
+//! allocated ([`SlotTable::mark`]) before any word on it is written, and
+//! words on pages never marked are never read: they are known to be 0.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -43,6 +45,11 @@ impl SlotTable {
         self.slots
     }
 
+    /// Where the words are mapped, and how long the mapping is.
+    pub(crate) fn mapping(&self) -> (*const u8, usize) {
+        (self.words.as_ptr(), self.words.len())
+    }
+
     /// The word of `slot`; the caller has checked `slot < len()`. Before
     /// storing a non-zero value there, call [`SlotTable::mark`].
     #[inline]
@@ -67,12 +74,23 @@ impl SlotTable {
             self.words
                 .allocate(at, OS_PAGE.min(self.words.len() - at))
                 .map_err(|e| {
-                    tracing::warn!("cannot allocate a slot-table page in the state file: {e}");
+                    if crate::error::log_full_now() {
+                        tracing::warn!("the state dir is full: cannot allocate a slot-table page ({e}); writes fail with an I/O error until the state dir grows");
+                    }
                     crate::StoreError::StateFull
                 })?;
             bits.fetch_or(bit, Relaxed);
         }
         Ok(())
+    }
+
+    /// Whether `slot`'s table page was ever marked: if not, its word is 0
+    /// and must not even be read (a read faults a page into the state
+    /// file, which on a full tmpfs is a SIGBUS).
+    #[inline]
+    pub fn is_marked(&self, slot: u64) -> bool {
+        let page = slot / SLOTS_PER_PAGE;
+        self.touched[(page / 64) as usize].load(Relaxed) & (1 << (page % 64)) != 0
     }
 
     /// The slots of every table page ever marked, one range per page: every

@@ -238,7 +238,7 @@ fn open(root: &Path, backing: &Path) -> (std::sync::Arc<Pool>, std::sync::Arc<De
     cfg.state = Some(StateSpec {
         root: root.to_path_buf(),
         name: "crash".into(),
-        fresh: false,
+        ..StateSpec::default()
     });
     cfg.backing = Some(BackingSpec {
         path: backing.to_path_buf(),

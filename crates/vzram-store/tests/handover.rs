@@ -24,7 +24,7 @@ fn attach_write_detach_attach_discard() {
     dc.state = Some(StateSpec {
         root: root.clone(),
         name: "d".into(),
-        fresh: false,
+        ..StateSpec::default()
     });
     let sup = Pool::with_host_file(PoolConfig::default(), &host).unwrap();
     let dev = sup.create_device(dc.clone()).unwrap();

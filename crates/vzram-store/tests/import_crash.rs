@@ -151,7 +151,7 @@ fn open(pool: &Arc<Pool>, root: &Path) -> Arc<Device> {
     cfg.state = Some(StateSpec {
         root: root.to_path_buf(),
         name: "dst".into(),
-        fresh: false,
+        ..StateSpec::default()
     });
     pool.create_device(cfg).unwrap()
 }

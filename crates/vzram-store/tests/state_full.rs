@@ -60,7 +60,7 @@ fn a_full_state_file_system_fails_writes_and_loses_nothing() {
     dc.state = Some(StateSpec {
         root: dir.clone(),
         name: "d".into(),
-        fresh: false,
+        ..StateSpec::default()
     });
     let pool = Pool::new(PoolConfig::default()).unwrap();
     let dev = pool.create_device(dc.clone()).unwrap();

@@ -77,7 +77,7 @@ fn state(root: &Path) -> Option<StateSpec> {
     Some(StateSpec {
         root: root.to_path_buf(),
         name: "d".into(),
-        fresh: false,
+        ..StateSpec::default()
     })
 }
 

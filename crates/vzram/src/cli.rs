@@ -80,6 +80,13 @@ pub enum Command {
     /// Remove a device from a running daemon: disconnects its frontend and
     /// deletes its socket and its state (zram's hot_remove).
     Remove(DeviceArgs),
+    /// Delete a left-over state: one in the state dir that no device
+    /// serves (`vzram stat` lists them), such as a device added at run time
+    /// before a restart. Its pages are gone for good.
+    Forget(ForgetArgs),
+    /// Backing files, without a daemon.
+    #[command(subcommand)]
+    Backing(BackingCommand),
     /// Drop all of a device's data; refused while a frontend is connected.
     Reset(DeviceArgs),
     /// Restart mem_used_max from the current use (one device, or all and the host).
@@ -144,8 +151,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Discard the devices' existing state and start them empty.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "adopt")]
     pub fresh: bool,
+    /// Serve a state found under a device's name even if it was made under
+    /// another name (a renamed state directory) or for another socket: the
+    /// header then records this device's. Without it such a state stops
+    /// the start (exit 2), so no guest gets another's disk by accident.
+    #[arg(long)]
+    pub adopt: bool,
     /// Threads per worker process (one per connected VM) that compress the
     /// pages of writes of 4 pages or more, beside the queue threads; capped
     /// at the number of cores [default: the cores, at most 4; 0: each queue
@@ -215,6 +228,7 @@ impl ServeArgs {
             cfg.state_dir = d;
         }
         cfg.fresh = self.fresh;
+        cfg.adopt = self.adopt;
         cfg.compress_threads = self.compress_threads.or(file.compress_threads);
         cfg.poll_us = self.poll_us.or(file.poll_us);
         cfg.inherit_fds = self.fd.into_iter().collect();
@@ -274,6 +288,29 @@ pub struct AddArgs {
     /// A state of that name that exists is recovered.
     #[arg(long, value_name = "SPEC")]
     pub device: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BackingCommand {
+    /// Make an existing file (or block device) a blank backing file that a
+    /// device may take: its first 4 KiB are zeroed. vzram takes only blank
+    /// files or its own, so run this on one that holds other data, or
+    /// another device's pages, only when giving them up. Refused while a
+    /// device uses it, and for a device state's files.
+    Init {
+        /// The file, at least 8 KiB (e.g. made with `fallocate -l 4G PATH`).
+        path: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
+    /// else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    pub control: PathBuf,
+    /// The left-over state's name.
+    pub name: String,
 }
 
 #[derive(Debug, Args)]

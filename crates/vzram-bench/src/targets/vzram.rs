@@ -347,6 +347,7 @@ mod tests {
             connected: pid.is_some(),
             state: format!("/var/lib/vzram/d{index}").into(),
             state_bytes: 4096,
+            state_damaged: false,
             connections: 1,
             worker: WorkerStatus {
                 state,
@@ -393,6 +394,8 @@ mod tests {
                 ..PoolStats::default()
             },
             devices,
+            state_dir: PathBuf::new(),
+            leftovers: Vec::new(),
             metrics: None,
         }
     }

@@ -17,6 +17,9 @@ impl Device {
     /// or written-back one. Not an access: idle marks stay.
     pub fn export<'b>(&self, buf: &'b mut ExportBuf, slot: u64) -> Result<Record<'b>> {
         self.check(slot)?;
+        if !self.table.is_marked(slot) {
+            return Ok(Record::Empty);
+        }
         let w = self.table.word(slot);
         let snap = w.load(std::sync::atomic::Ordering::Acquire);
         if snap & slot::LOCK == 0 {

@@ -28,6 +28,12 @@ impl Device {
     }
 
     fn read_checked(&self, work: &mut Work, slot: u64, out: &mut Page) -> Result<()> {
+        // A table page nothing was ever stored on holds zeros, and reading
+        // it could fault a page into a full state tmpfs (SIGBUS).
+        if !self.table.is_marked(slot) {
+            out.fill(0);
+            return Ok(());
+        }
         let w = self.table.word(slot);
         // Empty and same-filled slots are answered from one atomic load:
         // there is no object that could move or be freed.
@@ -141,7 +147,7 @@ impl Device {
     /// touch: its object and the object's span header. Changes nothing; the
     /// word may change meanwhile, which costs only a wasted prefetch.
     pub fn prefetch_object(&self, slot: u64) {
-        if slot >= self.table.len() {
+        if slot >= self.table.len() || !self.table.is_marked(slot) {
             return;
         }
         if let Slot::Object { offset, .. } = Slot::decode(self.table.word(slot).load(Relaxed)) {
@@ -176,6 +182,8 @@ impl Device {
         let r = self.check(slot).and_then(|()| {
             let Context { page, work, .. } = ctx;
             let page = &mut **page;
+            // The lock writes the word: its table page must be allocated.
+            self.table.mark(slot)?;
             let g = SlotGuard::lock(self.table.word(slot));
             let old = g.old();
             self.load(&mut work.codec, &mut work.io, slot, &g, page)?;
@@ -250,6 +258,9 @@ impl Device {
             .discards
             .fetch_add(slots.end - slots.start, Relaxed);
         for s in slots {
+            if !self.table.is_marked(s) {
+                continue;
+            }
             let w = self.table.word(s);
             if w.load(Relaxed) == 0 {
                 continue;

@@ -287,11 +287,12 @@ impl Device {
     pub(crate) fn new(pool: Arc<Shared>, cfg: DeviceConfig) -> Result<Device> {
         validate(&cfg)?;
         let (_, arena_bytes) = geometry(&pool, &cfg);
+        // The backing file first: one that is refused leaves no new state.
+        let backing = cfg.backing.as_ref().map(Backing::open).transpose()?;
         let state = match &cfg.state {
             Some(spec) => Some(state::open(spec, cfg.size_bytes, arena_bytes, cfg.codec)?),
             None => None,
         };
-        let backing = cfg.backing.as_ref().map(Backing::open).transpose()?;
         Device::with_state(pool, cfg, state, backing)
     }
 
@@ -348,10 +349,19 @@ impl Device {
             let owner = state
                 .as_ref()
                 .map_or_else(random_id, |s| s.header.creation_id);
-            b.claim(owner)?;
+            b.claim(owner, state.as_ref().and_then(|s| s.replaced))?;
         }
         dev.state = state;
         Ok(dev)
+    }
+
+    /// The device's mappings of its state files, by file name (address,
+    /// length), so that a SIGBUS on one can be put down to that file.
+    pub fn state_mappings(&self) -> [(&'static str, *const u8, usize); 3] {
+        let (t, tl) = self.table.mapping();
+        let (a, al) = self.heap.arena().mapping();
+        let (c, cl) = self.cells.mapping();
+        [("table", t, tl), ("arena", a, al), ("stats", c, cl)]
     }
 
     #[inline]

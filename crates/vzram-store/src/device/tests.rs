@@ -260,7 +260,7 @@ fn state_cfg(root: &std::path::Path) -> DeviceConfig {
     cfg.state = Some(StateSpec {
         root: root.to_path_buf(),
         name: "d".into(),
-        fresh: false,
+        ..StateSpec::default()
     });
     cfg
 }

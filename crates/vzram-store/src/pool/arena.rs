@@ -67,6 +67,11 @@ pub struct Arena {
 }
 
 impl Arena {
+    /// Where the objects are mapped, and how long the mapping is.
+    pub(crate) fn mapping(&self) -> (*const u8, usize) {
+        (self.mem.as_ptr(), self.mem.len())
+    }
+
     /// An arena in anonymous memory, or in `file` (shared, `bytes` long).
     pub fn new(bytes: u64, file: Option<&std::fs::File>) -> Result<Arena> {
         let blocks = (bytes / BLOCK_BYTES as u64).min(u64::from(NONE - 1));

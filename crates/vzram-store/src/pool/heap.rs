@@ -353,7 +353,9 @@ fn new_span(
         AllocError::Arena
     })?;
     if let Err(e) = arena.populate(block, c.pages as usize) {
-        tracing::warn!("cannot allocate a span in the state file: {e}");
+        if crate::error::log_full_now() {
+            tracing::warn!("the state dir is full: cannot allocate a span in the device's arena ({e}); writes fail with an I/O error until pages are freed or the state dir grows");
+        }
         drop_span(arena, pool, budget, block, c);
         return Err(AllocError::Space);
     }

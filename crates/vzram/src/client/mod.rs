@@ -9,13 +9,13 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::cli::{
-    AddArgs, Command, CompactArgs, DeviceArgs, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs,
-    WritebackArgs,
+    AddArgs, BackingCommand, Command, CompactArgs, DeviceArgs, ForgetArgs, MigrateArgs,
+    RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
-    self, Added, Compacted, DeviceLimitSet, DeviceRef, Done, HostLimitSet, MarkedIdle, Migrated,
-    Recompressed, Removed, ReplyError, Request, Reset, StatReply, WrittenBack, MIGRATE_WAIT,
-    TIER_WAIT,
+    self, Added, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, HostLimitSet, MarkedIdle,
+    Migrated, Recompressed, Removed, ReplyError, Request, Reset, StatReply, WrittenBack,
+    MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -35,6 +35,8 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Compact(a) => compact(&a),
         Command::Add(a) => add(&a),
         Command::Remove(a) => remove(&a),
+        Command::Forget(a) => forget(&a),
+        Command::Backing(BackingCommand::Init { path }) => backing_init(&path),
         Command::Reset(a) => reset(&a),
         Command::ResetMax(a) => reset_max(&a),
         Command::MarkIdle(a) => mark_idle(&a),
@@ -132,9 +134,43 @@ pub fn add(args: &AddArgs) -> Result<String, ClientError> {
             device: args.device.clone(),
         },
     )?;
+    let state = if reply.recovered {
+        format!("serving the pages its state {} held", reply.state.display())
+    } else {
+        format!("empty, new state {}", reply.state.display())
+    };
     Ok(format!(
-        "added device {} (index {})\n",
+        "added device {} (index {}), {state}\n",
         reply.device, reply.index
+    ))
+}
+
+/// Runs here, not in the daemon: the file's lock tells whether a device
+/// holds it.
+pub fn backing_init(path: &Path) -> Result<String, ClientError> {
+    let blocks = vzram_store::Backing::init(path).map_err(|e| ClientError {
+        message: e.to_string(),
+        code: 2,
+    })?;
+    Ok(format!(
+        "{}: a blank backing file of {blocks} page blocks ({}), for any device to take\n",
+        path.display(),
+        human(blocks * vzram_store::PAGE_SIZE as u64)
+    ))
+}
+
+pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
+    let reply: Forgotten = call(
+        &args.control,
+        Request::Forget {
+            name: args.name.clone(),
+        },
+    )?;
+    Ok(format!(
+        "forgot {}: deleted its state {} ({} device)\n",
+        reply.name,
+        reply.dir.display(),
+        human(reply.size_bytes)
     ))
 }
 

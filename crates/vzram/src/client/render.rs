@@ -220,6 +220,9 @@ pub fn render(reply: &StatReply) -> String {
             d.state.display(),
             human(d.state_bytes)
         );
+        if d.state_damaged {
+            out += ", STATE DAMAGED (a state file lost its pages; restart the daemon)";
+        }
         let w = &d.worker;
         let state = serde_json::to_value(w.state).unwrap_or_default();
         let _ = write!(out, ", worker {}", state.as_str().unwrap_or("?"));
@@ -249,6 +252,28 @@ pub fn render(reply: &StatReply) -> String {
         }
     }
     out.push('\n');
+    if !reply.state_dir.as_os_str().is_empty() {
+        let _ = writeln!(out, "\nstate dir: {}", reply.state_dir.display());
+    }
+    if !reply.leftovers.is_empty() {
+        out += "\nleft-over states (no device serves them; `vzram add --device ...,name=NAME,recover=true` serves one, `vzram forget NAME` deletes one)\n";
+        let rows: Vec<Vec<String>> = reply
+            .leftovers
+            .iter()
+            .map(|l| {
+                vec![
+                    l.name.clone(),
+                    human(l.size_bytes),
+                    human(l.state_bytes),
+                    l.socket
+                        .as_ref()
+                        .map_or("(not recorded)".to_string(), |s| s.display().to_string()),
+                    l.dir.display().to_string(),
+                ]
+            })
+            .collect();
+        out += &table(&["NAME", "SIZE", "MEM_HELD", "MADE_FOR", "STATE"], &rows);
+    }
     out
 }
 
@@ -280,6 +305,7 @@ mod tests {
             connected: false,
             state: "/dev/shm/vzram/x".into(),
             state_bytes: 0,
+            state_damaged: false,
             connections: 0,
             worker: WorkerStatus {
                 state: WorkerState::Idle,
@@ -326,6 +352,8 @@ mod tests {
             pool: Default::default(),
             devices: vec![d],
             metrics: None,
+            state_dir: Default::default(),
+            leftovers: Vec::new(),
         };
         reply.pool.orig_data_size = 8192;
         reply.pool.compr_data_size = 100;
@@ -361,6 +389,8 @@ mod tests {
             pool: Default::default(),
             devices: vec![vm1, device("vm2", "/s2")],
             metrics: None,
+            state_dir: Default::default(),
+            leftovers: Vec::new(),
         };
         let t = render(&reply);
         assert!(t.contains("bd_stat"), "{t}");

@@ -19,8 +19,10 @@ use crate::proto::addr::Addr;
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceDraft {
-    /// Name of that device in stats and control requests [default: vzramN,
-    /// N its place among all devices: vzram0 when it is the only one].
+    /// Name of that device in stats and control requests, and of its state
+    /// directory [default: the socket's file name without `.sock`/`.socket`,
+    /// other characters than letters, digits, `-`, `_` and `.` made `_`:
+    /// `/run/vzram/vm1.sock` is vm1]. Keep it stable: it finds the state.
     #[arg(long)]
     pub name: Option<String>,
     /// vhost-user socket of a single device (with --size). `--socket-path`
@@ -62,6 +64,21 @@ pub struct DeviceDraft {
     #[arg(skip)]
     #[serde(alias = "state-dir")]
     pub state_dir: Option<PathBuf>,
+    /// Serve the pages a state left on disk under this name holds
+    /// (`recover=true`): `vzram add` refuses such a state otherwise, and a
+    /// configured device with `recover=false` refuses to start on one.
+    #[arg(skip)]
+    #[serde(default, deserialize_with = "de::boolean")]
+    pub recover: Option<bool>,
+    /// Discard the device's existing state and start it empty (`fresh=true`).
+    #[arg(skip)]
+    #[serde(default, deserialize_with = "de::boolean")]
+    pub fresh: Option<bool>,
+    /// Take a state made under another name or for another socket
+    /// (`adopt=true`; `--adopt` for every device).
+    #[arg(skip)]
+    #[serde(default, deserialize_with = "de::boolean")]
+    pub adopt: Option<bool>,
     /// A file or block device on host storage that written-back pages go
     /// to, and that writes past a memory limit spill to (it must exist and
     /// hold at least 8 KiB: a header block and one page; opened with

@@ -42,6 +42,10 @@ pub struct DeviceSpec {
     pub readonly: bool,
     /// Where this device keeps its state, if not in the daemon's directory.
     pub state_dir: Option<PathBuf>,
+    /// What a state found under its name is to it.
+    pub on_state: OnState,
+    /// Take a state made under another name or for another socket.
+    pub adopt: bool,
     /// Tiering: the backing file, the recompression codec, the ager.
     pub tier: TierSpec,
     /// Wait for the pages from another vzram at this address.
@@ -72,7 +76,71 @@ impl TierSpec {
     }
 }
 
+/// What a device does with a state it finds under its name, as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnState {
+    /// Nothing said: a configured device recovers it, a device added at
+    /// run time refuses it.
+    #[default]
+    Unsaid,
+    /// `recover=true`.
+    Recover,
+    /// `recover=false`: refused at start too.
+    Refuse,
+    /// `fresh=true`: discarded.
+    Fresh,
+}
+
+impl OnState {
+    /// For a device the daemon starts with (`runtime` false) or one
+    /// `vzram add` adds; `fresh` is the daemon's `--fresh`.
+    pub fn existing(self, runtime: bool, fresh: bool) -> vzram_store::Existing {
+        use vzram_store::Existing;
+        match self {
+            OnState::Fresh => Existing::Discard,
+            _ if fresh && !runtime => Existing::Discard,
+            OnState::Recover => Existing::Recover,
+            OnState::Refuse => Existing::Refuse,
+            OnState::Unsaid if runtime => Existing::Refuse,
+            OnState::Unsaid => Existing::Recover,
+        }
+    }
+}
+
+/// A device's name when none is given: its socket's file name, less a
+/// `.sock` or `.socket` suffix, with anything but letters, digits, `-`,
+/// `_` and `.` made `_` (leading dots dropped), cut to 64 bytes. A stable
+/// socket path is then a stable name, whatever the device's place in the
+/// config, and separate daemons on separate sockets never share one.
+pub fn name_from_socket(socket: &std::path::Path) -> Option<String> {
+    let file = socket.file_name()?.to_string_lossy().into_owned();
+    let stem = file
+        .strip_suffix(".sock")
+        .or_else(|| file.strip_suffix(".socket"))
+        .unwrap_or(&file);
+    let mut name: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect::<String>()
+        .trim_start_matches('.')
+        .to_string();
+    name.truncate(64);
+    (!name.is_empty()).then_some(name)
+}
+
 impl DeviceSpec {
+    /// The socket path as the state header records it: absolute (against
+    /// the daemon's working directory), not resolved through links.
+    pub fn socket_abs(&self) -> PathBuf {
+        std::path::absolute(&self.socket).unwrap_or_else(|_| self.socket.clone())
+    }
+
     /// The directory holding this device's state directory.
     pub fn state_root<'a>(&'a self, daemon: &'a DaemonConfig) -> &'a std::path::Path {
         self.state_dir.as_deref().unwrap_or(&daemon.state_dir)
@@ -136,6 +204,9 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Discard existing state and start every device empty.
     pub fresh: bool,
+    /// Let every device take a state made under another name or for
+    /// another socket (`--adopt`).
+    pub adopt: bool,
     /// Listening sockets passed in (`--fd`), besides systemd's.
     pub inherit_fds: Vec<std::os::fd::RawFd>,
     /// Compress-pool threads per worker; None: the cores, at most 4.
@@ -163,7 +234,20 @@ impl DaemonConfig {
         let mut backing: Vec<(PathBuf, String)> = Vec::new();
         let mut incoming = HashSet::new();
         for (i, d) in drafts.into_iter().enumerate() {
-            let name = d.name.clone().unwrap_or_else(|| format!("vzram{i}"));
+            let derived = d.name.is_none();
+            let Some(name) = d
+                .name
+                .clone()
+                .or_else(|| d.socket.as_deref().and_then(name_from_socket))
+            else {
+                return err(match &d.socket {
+                    None => format!("device {i}: no socket path"),
+                    Some(s) => format!(
+                        "device {i}: socket {} gives no name; give it a name=",
+                        s.display()
+                    ),
+                });
+            };
             // The name is also the state directory's name.
             if name.is_empty()
                 || name.len() > 64
@@ -210,8 +294,25 @@ impl DaemonConfig {
                 ));
             }
             if !names.insert(name.clone()) {
+                if derived {
+                    return err(format!(
+                        "device name {name:?} is used twice (the socket {} gives the same name as another device's); give each a name=",
+                        socket.display()
+                    ));
+                }
                 return err(format!("device name {name:?} is used twice"));
             }
+            let on_state = match (d.recover, d.fresh) {
+                (Some(true), Some(true)) => {
+                    return err(format!(
+                        "device {name}: recover=true and fresh=true exclude each other"
+                    ))
+                }
+                (_, Some(true)) => OnState::Fresh,
+                (Some(true), _) => OnState::Recover,
+                (Some(false), _) => OnState::Refuse,
+                (None, _) => OnState::Unsaid,
+            };
             if let Some(a) = &d.incoming {
                 if !incoming.insert(a.clone()) {
                     return err(format!(
@@ -243,6 +344,8 @@ impl DaemonConfig {
                 serial,
                 readonly: d.readonly.unwrap_or(false),
                 state_dir: d.state_dir,
+                on_state,
+                adopt: d.adopt.unwrap_or(false),
                 tier,
                 incoming: d.incoming,
             });
@@ -275,6 +378,7 @@ impl DaemonConfig {
             seccomp: SeccompMode::default(),
             state_dir: default_state_dir(),
             fresh: false,
+            adopt: false,
             inherit_fds: Vec::new(),
             compress_threads: None,
             poll_us: None,

@@ -1,4 +1,5 @@
 use super::*;
+use std::path::Path;
 
 #[test]
 fn sizes() {
@@ -93,8 +94,8 @@ fn default_serials() {
 fn build_checks() {
     let ok = DaemonConfig::build(None, None, None, vec![draft("/a", 1 << 20)]).unwrap();
     assert_eq!(ok.devices[0].queues, DEFAULT_QUEUES);
-    assert_eq!(ok.devices[0].name, "vzram0");
-    assert_eq!(ok.devices[0].serial, "vzram-vzram0");
+    assert_eq!(ok.devices[0].name, "a");
+    assert_eq!(ok.devices[0].serial, "vzram-a");
     assert_eq!(ok.socket_mode, 0o600);
     let bad = |drafts: Vec<DeviceDraft>| DaemonConfig::build(None, None, None, drafts).unwrap_err();
     bad(vec![]);
@@ -259,7 +260,7 @@ fn tiering_keys() {
         },
     ]);
     assert!(
-        e.contains("backing file /b") && e.contains("vm1") && e.contains("vzram1"),
+        e.contains("backing file /b") && e.contains("vm1") && e.contains("devices vm1 and c"),
         "{e}"
     );
     assert!(parse_device_spec("socket=/a,idle-after=10").is_err());
@@ -378,4 +379,57 @@ fn toml_file() {
     assert_eq!((f.socket_mode, f.control_mode), (Some(0o660), Some(0o640)));
     let e = parse_file("control_mode = 600").unwrap_err().0;
     assert!(e.contains("control_mode = 0o600"), "{e}");
+}
+
+#[test]
+fn a_device_is_named_by_its_socket_not_its_place() {
+    for (socket, name) in [
+        ("/run/vzram/vm1.sock", Some("vm1")),
+        ("/run/vzram/vm1.socket", Some("vm1")),
+        ("relative/disk-2", Some("disk-2")),
+        ("/tmp/a b\u{e9}.sock", Some("a_b_")),
+        ("/tmp/..hidden.sock", Some("hidden")),
+        ("/tmp/.sock", None),
+        ("/", None),
+    ] {
+        assert_eq!(
+            name_from_socket(Path::new(socket)).as_deref(),
+            name,
+            "{socket}"
+        );
+    }
+    let two = |a: &str, b: &str| {
+        DaemonConfig::build(None, None, None, vec![draft(a, 1 << 20), draft(b, 1 << 20)])
+    };
+    let ab = two("/x/a.sock", "/x/b.sock").unwrap();
+    let ba = two("/x/b.sock", "/x/a.sock").unwrap();
+    // Reordered, each socket keeps its name (and so its state).
+    assert_eq!(ab.devices[0].name, ba.devices[1].name);
+    assert_eq!(ab.devices[1].name, ba.devices[0].name);
+    let e = two("/x/vm.sock", "/y/vm.sock").unwrap_err().to_string();
+    assert!(e.contains("used twice") && e.contains("name="), "{e}");
+    let e = DaemonConfig::build(None, None, None, vec![draft("/x/.sock", 1 << 20)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gives no name"), "{e}");
+}
+
+#[test]
+fn recover_fresh_and_adopt_in_a_spec() {
+    let d = parse_device_spec("socket=/a,size=1M,recover=true,adopt=true").unwrap();
+    let c = DaemonConfig::build(None, None, None, vec![d]).unwrap();
+    assert_eq!(c.devices[0].on_state, OnState::Recover);
+    assert!(c.devices[0].adopt);
+    let d = parse_device_spec("socket=/a,size=1M,recover=true,fresh=true").unwrap();
+    let e = DaemonConfig::build(None, None, None, vec![d])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exclude each other"), "{e}");
+    use vzram_store::Existing;
+    assert_eq!(OnState::Unsaid.existing(true, false), Existing::Refuse);
+    assert_eq!(OnState::Unsaid.existing(false, false), Existing::Recover);
+    assert_eq!(OnState::Unsaid.existing(false, true), Existing::Discard);
+    assert_eq!(OnState::Recover.existing(true, false), Existing::Recover);
+    assert_eq!(OnState::Refuse.existing(false, false), Existing::Refuse);
+    assert_eq!(OnState::Fresh.existing(true, false), Existing::Discard);
 }

@@ -16,9 +16,10 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-use vzram_store::{Codec, StateSpec};
+use vzram_store::{Codec, Existing, StateSpec};
 
 use crate::owner::attach::device_config;
+use crate::owner::placement;
 use crate::proto::launch::{PreparedBacking, Report, Request};
 use crate::proto::wire::{recv, send, FIRST_FD};
 use crate::sys::signals::ChildSignals;
@@ -92,8 +93,7 @@ pub fn run() -> io::Result<()> {
                         id,
                         socket: path,
                         mode,
-                        root,
-                        name,
+                        state,
                         size,
                         algo,
                         shards,
@@ -101,8 +101,8 @@ pub fn run() -> io::Result<()> {
                         incoming,
                     },
                     _,
-                )) => match prepare(&path, mode, root, name, size, algo, shards, backing).and_then(
-                    |p| match &incoming {
+                )) => match prepare(&path, mode, state, size, algo, shards, backing).and_then(|p| {
+                    match &incoming {
                         None => Ok((p, None)),
                         Some(a) => match socket::bind(a, mode) {
                             Ok(fd) => Ok((p, Some(fd))),
@@ -112,8 +112,8 @@ pub fn run() -> io::Result<()> {
                                 Err(e.to_string())
                             }
                         },
-                    },
-                ) {
+                    }
+                }) {
                     Ok(((listener, st, backing), incoming)) => {
                         let mut fds = vec![
                             listener.as_raw_fd(),
@@ -128,6 +128,7 @@ pub fn run() -> io::Result<()> {
                             id,
                             dir: st.dir.clone(),
                             existing: st.existing,
+                            replaced: st.replaced,
                             backing: backing.as_ref().map(|b| PreparedBacking {
                                 direct: b.direct(),
                                 blocks: b.blocks(),
@@ -166,17 +167,20 @@ type Prepared = (
     Option<vzram_store::Backing>,
 );
 
-#[allow(clippy::too_many_arguments)]
 fn prepare(
     path: &Path,
     mode: u32,
-    root: PathBuf,
-    name: String,
+    state: StateSpec,
     size: u64,
     algo: Codec,
     shards: usize,
     backing: Option<PathBuf>,
 ) -> Result<Prepared, String> {
+    placement::check(
+        path,
+        &state.root.join(&state.name),
+        state.existing == Existing::Discard,
+    )?;
     let listener = socket::bind_socket(path, mode).map_err(|e| e.to_string())?;
     // Before the state: a missing or locked backing file leaves nothing
     // made behind but the socket, removed below.
@@ -193,13 +197,14 @@ fn prepare(
     };
     let queues = u16::try_from(shards).map_err(|_| format!("{shards} queues"))?;
     let mut dc = device_config(size, algo, queues, 0);
-    dc.state = Some(StateSpec {
-        root,
-        name,
-        fresh: false,
-    });
+    dc.state = Some(state);
     match vzram_store::device::open_state(&dc) {
-        Ok(st) => Ok((listener, st, backing)),
+        Ok(st) => {
+            if let Err(e) = placement::record(path, &st.dir) {
+                tracing::warn!(socket = %path.display(), "cannot record where the state is beside the socket: {e}");
+            }
+            Ok((listener, st, backing))
+        }
         Err(e) => {
             drop(listener);
             let _ = std::fs::remove_file(path);
@@ -222,6 +227,9 @@ fn remove(socket: Option<&Path>, state: Option<&Path>) -> Result<(), String> {
     }
     if let Some(dir) = state {
         vzram_store::state::remove(dir).map_err(|e| e.to_string())?;
+        if let Some(p) = socket {
+            placement::forget(p);
+        }
     }
     Ok(())
 }

@@ -7,3 +7,4 @@ pub mod attach;
 pub mod autotier;
 pub mod execute;
 pub mod migration;
+pub mod placement;

@@ -64,6 +64,10 @@ pub enum Request {
     Remove {
         device: DeviceRef,
     },
+    /// Delete a left-over state (one no device serves) by its name.
+    Forget {
+        name: String,
+    },
     Reset {
         device: DeviceRef,
     },
@@ -122,6 +126,37 @@ pub struct StatReply {
     pub devices: Vec<DeviceStat>,
     /// Where `/metrics` is served, if anywhere.
     pub metrics: Option<String>,
+    /// The daemon's state dir (a device's own `state-dir=` may differ).
+    #[serde(default)]
+    pub state_dir: PathBuf,
+    /// States in the state dirs that no device serves: someone's disk,
+    /// holding memory until recovered (`recover=true`) or forgotten.
+    #[serde(default)]
+    pub leftovers: Vec<LeftoverStat>,
+}
+
+/// A state no device serves, in a [`StatReply`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftoverStat {
+    pub name: String,
+    pub dir: PathBuf,
+    pub size_bytes: u64,
+    /// Memory its files hold.
+    pub state_bytes: u64,
+    /// The socket it was made for (None: made before vzram recorded it).
+    pub socket: Option<PathBuf>,
+}
+
+impl From<&vzram_store::Leftover> for LeftoverStat {
+    fn from(l: &vzram_store::Leftover) -> Self {
+        LeftoverStat {
+            name: l.name.clone(),
+            dir: l.dir.clone(),
+            size_bytes: l.size_bytes,
+            state_bytes: l.bytes,
+            socket: l.socket.clone(),
+        }
+    }
 }
 
 /// One device in a [`StatReply`].
@@ -140,6 +175,10 @@ pub struct DeviceStat {
     /// The state directory.
     pub state: PathBuf,
     pub state_bytes: u64,
+    /// A state file the supervisor maps lost its pages (truncated while
+    /// the daemon ran): its numbers are not to be trusted; restart it.
+    #[serde(default)]
+    pub state_damaged: bool,
     /// Frontend connections this daemon run.
     pub connections: u64,
     pub worker: WorkerStatus,
@@ -249,6 +288,19 @@ pub struct Compacted {
 pub struct Added {
     pub device: String,
     pub index: usize,
+    /// It serves the pages a state left under its name held
+    /// (`recover=true`); false: it starts empty.
+    #[serde(default)]
+    pub recovered: bool,
+    #[serde(default)]
+    pub state: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forgotten {
+    pub name: String,
+    pub dir: PathBuf,
+    pub size_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use vzram_store::Codec;
+use vzram_store::{Codec, StateSpec};
 
 use super::addr::Addr;
 use super::codec;
@@ -22,8 +22,8 @@ pub enum Request {
         id: u64,
         socket: PathBuf,
         mode: u32,
-        root: PathBuf,
-        name: String,
+        /// Where the state is, and what an existing one is to the device.
+        state: StateSpec,
         size: u64,
         #[serde(with = "codec")]
         algo: Codec,
@@ -67,6 +67,9 @@ pub enum Report {
         id: u64,
         dir: PathBuf,
         existing: bool,
+        /// The state it replaced (fresh=true), whose backing file it may take.
+        #[serde(default)]
+        replaced: Option<u64>,
         backing: Option<PreparedBacking>,
     },
     Removed {

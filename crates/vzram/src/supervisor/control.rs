@@ -18,9 +18,9 @@ use super::Supervisor;
 use crate::config::DeviceSpec;
 use crate::proto::addr::Addr;
 use crate::proto::control::{
-    Added, BackingStat, Compacted, DeviceLimitSet, DeviceRef, DeviceStat, Done, HostLimitSet,
-    MarkedIdle, Migrated, MigrationStat, MigrationState, Recompressed, Removed, Request, Reset,
-    StatReply, TierStat, WrittenBack,
+    Added, BackingStat, Compacted, DeviceLimitSet, DeviceRef, DeviceStat, Done, Forgotten,
+    HostLimitSet, MarkedIdle, Migrated, MigrationStat, MigrationState, Recompressed, Removed,
+    Request, Reset, StatReply, TierStat, WrittenBack,
 };
 use crate::proto::order::{Answer, Order, TierFilter};
 
@@ -75,6 +75,12 @@ impl Control {
                     latency: d.cells.latencies(),
                     backing_blocks: d.backing.as_ref().map_or(0, |b| b.blocks),
                 })
+                .collect(),
+            leftovers: self
+                .sup
+                .leftovers_mut()
+                .iter()
+                .map(|l| (l.name.clone(), l.bytes))
                 .collect(),
         }
     }
@@ -213,10 +219,25 @@ impl Control {
             Request::Add { device } => {
                 let spec = self.new_device(&device)?;
                 let name = spec.name.clone();
-                let index = self.sup.add(spec)?;
+                let (index, recovered) = self.sup.add(spec)?;
+                let state = self
+                    .sup
+                    .device(index)
+                    .map(|d| d.files.dir.clone())
+                    .unwrap_or_default();
                 Self::reply(Added {
                     device: name,
                     index,
+                    recovered,
+                    state,
+                })
+            }
+            Request::Forget { name } => {
+                let l = self.sup.forget(&name)?;
+                Self::reply(Forgotten {
+                    name: l.name,
+                    dir: l.dir,
+                    size_bytes: l.size_bytes,
                 })
             }
             Request::Remove { device } => {
@@ -380,17 +401,7 @@ impl Control {
     /// A device for `add`, from `--device` syntax, checked as the command
     /// line checks it (a name is made up if none is given).
     fn new_device(&self, text: &str) -> Result<DeviceSpec> {
-        let mut draft = crate::config::parse_device_spec(text).map_err(Error::Invalid)?;
-        let taken: Vec<String> = self
-            .devices()
-            .iter()
-            .map(|(_, d)| d.spec.name.clone())
-            .collect();
-        if draft.name.is_none() {
-            draft.name = (0..)
-                .map(|i| format!("vzram{i}"))
-                .find(|n| !taken.contains(n));
-        }
+        let draft = crate::config::parse_device_spec(text).map_err(Error::Invalid)?;
         let host = self.sup.pool.host_mem_limit();
         let cfg = crate::config::DaemonConfig::build(Some(host), None, None, vec![draft])
             .map_err(|e| Error::Invalid(e.to_string()))?;
@@ -448,6 +459,7 @@ impl Control {
                     connected: d.connected.load(Ordering::Relaxed),
                     state: d.state_dir().to_path_buf(),
                     state_bytes: d.state_bytes(),
+                    state_damaged: d.stats_guard.as_ref().is_some_and(|g| g.hit()),
                     connections: d.cells.connections.load(Ordering::Relaxed),
                     worker: self.sup.worker_status(d),
                     stats,
@@ -460,6 +472,8 @@ impl Control {
             pool: self.pool_stats(),
             devices,
             metrics: self.metrics.map(|a| a.to_string()),
+            state_dir: self.sup.state_dir().to_path_buf(),
+            leftovers: self.sup.leftovers_mut().iter().map(Into::into).collect(),
         }
     }
 }
@@ -557,7 +571,8 @@ mod tests {
                 dc.state = Some(StateSpec {
                     root: root.to_path_buf(),
                     name: n.to_string(),
-                    fresh: true,
+                    existing: vzram_store::Existing::Discard,
+                    ..StateSpec::default()
                 });
                 let store = pool.create_device(dc).unwrap();
                 let files = store.state_files().unwrap().try_clone().unwrap();
@@ -573,6 +588,8 @@ mod tests {
                     serial: n.to_string(),
                     readonly: false,
                     state_dir: None,
+                    on_state: crate::config::OnState::Unsaid,
+                    adopt: false,
                     tier: crate::config::TierSpec::none(Codec::Lz4),
                     incoming: None,
                 };

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use thiserror::Error;
-use vzram_store::{BackingSpec, Pool, PoolConfig, StateSpec, StoreError};
+use vzram_store::{BackingSpec, Existing, Leftover, Pool, PoolConfig, StateSpec, StoreError};
 
 use super::control::{self, Control};
 use super::launch;
@@ -24,6 +24,7 @@ use super::{Supervisor, WorkerEnv};
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::owner::attach::device_config;
 use crate::owner::migration::{set_incoming, Listener};
+use crate::owner::placement;
 use crate::proto::addr::Addr;
 use crate::proto::worker_spec::LogLevel;
 use crate::sys::fds::{memfd, raise_fd_limit};
@@ -210,14 +211,31 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
     // damaged or mismatched one stops the start, and the numbers `stat`
     // shows are exact from the first moment. Then the mapping goes; the
     // locked files stay, for the workers.
+    let roots = state_roots(&cfg)?;
+    // States made by this start are deleted again if it fails: declared
+    // before `devices`, so dropped after them (their locks released).
+    let mut made = NewStates(Vec::new());
     let mut devices = Vec::with_capacity(cfg.devices.len());
     for ((spec, listener), incoming) in cfg.devices.iter().zip(listeners).zip(incoming) {
         let mut dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
-        dc.state = Some(StateSpec {
+        let state_spec = StateSpec {
             root: spec.state_root(&cfg).to_path_buf(),
             name: spec.name.clone(),
-            fresh: cfg.fresh,
-        });
+            existing: spec.on_state.existing(false, cfg.fresh),
+            socket: Some(spec.socket_abs()),
+            adopt: cfg.adopt || spec.adopt,
+        };
+        let device_error = |source| Error::Device {
+            name: spec.name.clone(),
+            source,
+        };
+        placement::check(
+            &spec.socket,
+            &state_spec.root.join(&spec.name),
+            state_spec.existing == Existing::Discard,
+        )
+        .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
+        dc.state = Some(state_spec);
         // Opened (and locked) here, before the filter, with the state: a
         // missing, small or taken file stops the start.
         dc.backing = spec
@@ -225,10 +243,6 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
             .backing_file
             .clone()
             .map(|path| BackingSpec { path });
-        let device_error = |source| Error::Device {
-            name: spec.name.clone(),
-            source,
-        };
         let store = pool.create_device(dc).map_err(device_error)?;
         store.stats();
         let Some(state) = store.state_files() else {
@@ -262,7 +276,13 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
                 ms = r.micros as f64 / 1000.0,
                 "recovered the device from its state"
             ),
-            None => tracing::info!(device = %spec.name, state = %dir, "new device state"),
+            None => {
+                tracing::info!(device = %spec.name, state = %dir, "new device state");
+                made.0.push(state_files.dir.clone());
+            }
+        }
+        if let Err(e) = placement::record(&spec.socket, &state_files.dir) {
+            tracing::warn!(device = %spec.name, socket = %spec.socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
         }
         if spec.incoming.is_some() {
             set_incoming(&spec.name, &store);
@@ -274,6 +294,8 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
             Served::new(spec.clone(), listener, state_files, backing)?.with_incoming(incoming),
         ));
     }
+
+    let leftovers = leftovers(&cfg, &roots);
 
     let control_listener = match &cfg.control {
         Some(path) => Some(match passed.remove(path) {
@@ -306,6 +328,7 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
         .map_err(Error::Thread)?;
     // Set-up is done: from here on only the calls supervising needs.
     seccomp::install(cfg.seccomp, &files.dir_fds())?;
+    made.0.clear();
     match cfg.seccomp {
         SeccompMode::On => tracing::info!("seccomp filter active"),
         SeccompMode::Log => {
@@ -333,6 +356,7 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
         )
         .map_err(Error::Launcher)?,
     );
+    *sup.leftovers_mut() = leftovers;
     let looping = {
         let sup = sup.clone();
         std::thread::Builder::new()
@@ -403,6 +427,117 @@ fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
             tracing::warn!("cannot notify the service manager ({msg:?}): {e}");
         }
     }
+}
+
+/// The states a start made; deleted on drop unless the start got through
+/// (a failed start leaves no blank state that the next one would take as
+/// the device's).
+struct NewStates(Vec<PathBuf>);
+
+impl Drop for NewStates {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            if let Err(e) = vzram_store::state::discard(dir) {
+                tracing::warn!(state = %dir.display(), "cannot delete the state this failed start made: {e}");
+            }
+        }
+    }
+}
+
+/// Every state root the devices use, each checked once: logged with its
+/// file system and room, made if missing (under a parent that exists),
+/// and cleared of what a crash left half made or half deleted.
+fn state_roots(cfg: &DaemonConfig) -> Result<Vec<PathBuf>, Error> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for spec in &cfg.devices {
+        let r = spec.state_root(cfg).to_path_buf();
+        if !roots.contains(&r) {
+            roots.push(r);
+        }
+    }
+    for root in &roots {
+        let here: Vec<&DeviceSpec> = cfg
+            .devices
+            .iter()
+            .filter(|d| d.state_root(cfg) == root)
+            .collect();
+        let fail = |m: String| Error::Device {
+            name: here[0].name.clone(),
+            source: StoreError::InvalidConfig(m),
+        };
+        if let Some(s) = vzram_store::state::enclosing_state(root) {
+            return Err(fail(format!(
+                "state dir {} is inside the state of another device ({})",
+                root.display(),
+                s.display()
+            )));
+        }
+        match std::fs::DirBuilder::new().create(root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && root.is_dir() => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(fail(format!(
+                    "state dir {}: its parent directory does not exist",
+                    root.display()
+                )))
+            }
+            Err(e) => return Err(fail(format!("state dir {}: {e}", root.display()))),
+        }
+        vzram_store::state::finish_removals(root, None);
+        let limit: u64 = here
+            .iter()
+            .map(|d| if d.mem_limit > 0 { d.mem_limit } else { d.size })
+            .sum();
+        match placement::room(root) {
+            Ok(r) if !r.in_memory => tracing::warn!(
+                state_dir = %root.display(),
+                "the state dir is not on tmpfs: the pool's pages are written to a disk file system (page cache and writeback, not plain memory); use a tmpfs directory"
+            ),
+            Ok(r) if r.free_bytes < limit => tracing::warn!(
+                state_dir = %root.display(),
+                free_mib = r.free_bytes >> 20,
+                devices_may_store_mib = limit >> 20,
+                "the state dir has less room than its devices may store: writes past it fail with an I/O error (\"state dir is full\")"
+            ),
+            Ok(r) => tracing::info!(
+                state_dir = %root.display(),
+                free_mib = r.free_bytes >> 20,
+                devices_may_store_mib = limit >> 20,
+                "state dir"
+            ),
+            Err(e) => {
+                tracing::warn!(state_dir = %root.display(), "cannot inspect the state dir: {e}")
+            }
+        }
+    }
+    Ok(roots)
+}
+
+/// The states in the roots that no device of this daemon serves and no
+/// other process holds: someone's disk, listed until recovered or forgotten.
+fn leftovers(cfg: &DaemonConfig, roots: &[PathBuf]) -> Vec<Leftover> {
+    let mut out = Vec::new();
+    for root in roots {
+        let serving: Vec<&str> = cfg
+            .devices
+            .iter()
+            .filter(|d| d.state_root(cfg) == root)
+            .map(|d| d.name.as_str())
+            .collect();
+        for l in vzram_store::state::leftovers(root, &serving) {
+            tracing::warn!(
+                state = %l.dir.display(),
+                size = l.size_bytes,
+                mib_held = l.bytes >> 20,
+                made_for = %l.socket.as_deref().map_or("an unrecorded socket".into(), |s| s.display().to_string()),
+                "a device state no device serves is left over: `vzram add --device ...,name={},recover=true` serves it, `vzram forget {}` deletes it",
+                l.name,
+                l.name
+            );
+            out.push(l);
+        }
+    }
+    out
 }
 
 /// What [`crate::sys::fds::raise_fd_limit`] must allow: each device holds

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vzram_store::StateFiles;
+use vzram_store::{StateFiles, StateSpec};
 
 use super::error::{Error, Result};
 use super::served::{BackingFile, Phase, Served};
@@ -16,8 +16,9 @@ use crate::owner::migration::{set_incoming, Listener};
 use crate::proto::launch::{Report, Request};
 
 impl Supervisor {
-    /// Adds a device at run time; returns its index.
-    pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<usize> {
+    /// Adds a device at run time; returns its index, and whether it
+    /// recovered a state left under its name (`recover=true`).
+    pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<(usize, bool)> {
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
         for (_, d) in self.devices() {
             if d.spec.name == spec.name {
@@ -34,25 +35,32 @@ impl Supervisor {
             .state_dir
             .clone()
             .unwrap_or_else(|| self.env.state_dir.clone());
+        let state = StateSpec {
+            root,
+            name: spec.name.clone(),
+            existing: spec.on_state.existing(true, false),
+            socket: Some(spec.socket_abs()),
+            adopt: spec.adopt,
+        };
         let (report, fds) = self.ask(|id| Request::Prepare {
             id,
             socket: spec.socket.clone(),
             mode: self.env.socket_mode,
-            root,
-            name: spec.name.clone(),
+            state: state.clone(),
             size: spec.size,
             algo: spec.algo,
             shards: usize::from(spec.queues),
             backing: spec.tier.backing_file.clone(),
             incoming: spec.incoming.clone(),
         })?;
-        let (dir, existing, prepared_backing) = match report {
+        let (dir, existing, replaced, prepared_backing) = match report {
             Report::Prepared {
                 dir,
                 existing,
+                replaced,
                 backing,
                 ..
-            } => (dir, existing, backing),
+            } => (dir, existing, replaced, backing),
             Report::Failed { error, .. } => return Err(Error::LauncherRefused(error)),
             r => return Err(Error::LauncherAnswer(format!("{r:?}"))),
         };
@@ -82,7 +90,7 @@ impl Supervisor {
             });
             e
         };
-        let files = StateFiles::from_files(
+        let mut files = StateFiles::from_files(
             dir,
             lock.into(),
             table.into(),
@@ -91,6 +99,8 @@ impl Supervisor {
             spec.size,
         )
         .map_err(|e| undo(e.into()))?;
+        files.existing = existing;
+        files.replaced = replaced;
         let opened = match &backing {
             Some(b) => Some(b.open().map_err(|e| undo(e.into()))?),
             None => None,
@@ -110,6 +120,9 @@ impl Supervisor {
             set_incoming(&spec.name, &dev);
         }
         drop(dev);
+        // Served now, so no longer left over.
+        self.leftovers_mut()
+            .retain(|l| l.dir != state.root.join(&state.name));
         let mut served = Served::new(spec, listener.into(), files, backing)
             .map_err(|e| undo(e.into()))?
             .with_incoming(incoming);
@@ -124,7 +137,7 @@ impl Supervisor {
         if let Some(d) = self.device(i) {
             self.start_incoming(d).map_err(Error::Thread)?;
         }
-        Ok(i)
+        Ok((i, existing))
     }
 
     /// Removes device `i` for good: its frontend is disconnected, its
@@ -154,9 +167,11 @@ impl Supervisor {
         // the state can be deleted only once its lock is free.
         let mut d = d;
         let deadline = Instant::now() + STOP_WAIT;
+        let backing;
         loop {
             match Arc::try_unwrap(d) {
                 Ok(served) => {
+                    backing = served.backing.as_ref().and_then(|b| b.open().ok());
                     drop(served);
                     break;
                 }
@@ -174,9 +189,49 @@ impl Supervisor {
         })?;
         match report {
             Report::Removed { .. } => {
+                // Its written-back pages went with the state: the file is
+                // blank again, for any device to take.
+                if let Some(b) = backing {
+                    if let Err(e) = b.release() {
+                        tracing::warn!(device = %name, "cannot blank the backing file's header: {e}");
+                    }
+                }
                 tracing::info!(device = %name, "removed, with its state");
                 self.tell_status();
                 Ok(())
+            }
+            Report::Failed { error, .. } => Err(Error::LauncherRefused(error)),
+            r => Err(Error::LauncherAnswer(format!("{r:?}"))),
+        }
+    }
+}
+
+impl Supervisor {
+    /// Deletes a state no device serves (`vzram forget`): the launcher
+    /// removes it only if it is a vzram state and no process holds it.
+    pub fn forget(&self, name: &str) -> Result<vzram_store::Leftover> {
+        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        if self.devices().iter().any(|(_, d)| d.spec.name == name) {
+            return Err(Error::Served(name.to_string()));
+        }
+        let Some(l) = self
+            .leftovers_mut()
+            .iter()
+            .find(|l| l.name == name)
+            .cloned()
+        else {
+            return Err(Error::NoLeftover(name.to_string()));
+        };
+        let (report, _) = self.ask(|id| Request::Remove {
+            id,
+            socket: None,
+            state: Some(l.dir.clone()),
+        })?;
+        match report {
+            Report::Removed { .. } => {
+                self.leftovers_mut().retain(|x| x.dir != l.dir);
+                tracing::info!(state = %l.dir.display(), size = l.size_bytes, "forgotten: the left-over state is deleted");
+                Ok(l)
             }
             Report::Failed { error, .. } => Err(Error::LauncherRefused(error)),
             r => Err(Error::LauncherAnswer(format!("{r:?}"))),

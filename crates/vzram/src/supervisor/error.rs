@@ -38,6 +38,10 @@ pub enum Error {
     WorkerStuck { device: String, wait: Duration },
     #[error("no device {0}")]
     NoIndex(usize),
+    #[error("device {0} is served; `vzram remove {0}` removes it with its state")]
+    Served(String),
+    #[error("no left-over state named {0:?} (`vzram stat` lists them)")]
+    NoLeftover(String),
     /// The order was carried out as far as it went and failed there; what
     /// it did stays done.
     #[error("device {device}: {error}")]

@@ -41,6 +41,8 @@ pub struct DeviceSample {
 pub struct Sample {
     pub pool: PoolStats,
     pub devices: Vec<DeviceSample>,
+    /// States no device serves: name, memory their files hold.
+    pub leftovers: Vec<(String, u64)>,
 }
 
 type DevField = fn(&DeviceSample) -> u64;
@@ -274,6 +276,16 @@ impl Collector for Sample {
             let mut m = enc.encode_descriptor(name, help, None, *ty)?;
             m.encode_gauge(&value(&self.pool))?;
         }
+        let mut m = enc.encode_descriptor(
+            "vzram_leftover_state_bytes",
+            "Memory held by a device state in the state dir that no device serves (recover it with recover=true, or delete it with vzram forget)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (name, bytes) in &self.leftovers {
+            m.encode_family(&[("name", name.as_str())])?
+                .encode_gauge(bytes)?;
+        }
         Ok(())
     }
 }
@@ -456,6 +468,7 @@ mod tests {
                 mem_used_total: 8192,
                 ..PoolStats::default()
             },
+            leftovers: vec![("old-vm".into(), 65536)],
             devices: vec![DeviceSample {
                 name: "vm1".into(),
                 connected: true,

@@ -80,6 +80,8 @@ pub struct Supervisor {
     adding: Mutex<()>,
     /// Launcher requests waiting for their reply, by id.
     replies: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
+    /// States in the state dirs that no device serves (found at start).
+    leftovers: Mutex<Vec<vzram_store::Leftover>>,
 }
 
 impl Supervisor {
@@ -102,7 +104,18 @@ impl Supervisor {
             replies: Mutex::new(HashMap::new()),
             adding: Mutex::new(()),
             notifier: Mutex::new(None),
+            leftovers: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The states no device serves.
+    pub fn leftovers_mut(&self) -> std::sync::MutexGuard<'_, Vec<vzram_store::Leftover>> {
+        self.leftovers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The daemon's own state dir (a device may name another).
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.env.state_dir
     }
 
     /// Device `i`, if it exists (and was not removed).

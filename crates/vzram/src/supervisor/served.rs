@@ -79,6 +79,10 @@ pub struct Served {
     pub(super) files: StateFiles,
     /// The backing file, if the device has one.
     pub backing: Option<BackingFile>,
+    /// A SIGBUS on `cells` (its file truncated) gives a zero page and
+    /// marks the device damaged instead of killing every device. Declared
+    /// before `cells`, so it is unregistered before the mapping goes.
+    pub stats_guard: Option<crate::sys::fault::Guarded>,
     pub cells: Cells<DeviceCells>,
     /// Workers started so far, and those that ended badly.
     pub workers: AtomicU64,
@@ -137,6 +141,8 @@ impl Served {
         backing: Option<BackingFile>,
     ) -> Result<Served, StoreError> {
         let cells = Cells::<DeviceCells>::shared(&files.stats)?;
+        let (ptr, len) = cells.mapping();
+        let stats_guard = crate::sys::fault::register(ptr, len, &files.dir.join("stats"), true);
         // Counted per daemon run (the worker adds to it).
         cells.connections.store(0, Relaxed);
         Ok(Served {
@@ -144,6 +150,7 @@ impl Served {
             listener,
             files,
             backing,
+            stats_guard,
             cells,
             workers: AtomicU64::new(0),
             failures: AtomicU64::new(0),

@@ -3,6 +3,7 @@
 //! passed in by systemd, and the service manager's notify socket.
 
 pub mod epoll;
+pub mod fault;
 pub mod fds;
 pub mod listen;
 pub mod logging;

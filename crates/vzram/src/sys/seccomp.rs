@@ -460,16 +460,36 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
 
 /// Names the cause of a SIGBUS, then lets it kill us: returning re-runs
 /// the faulting access with the default action back in place
-/// (SA_RESETHAND). The daemon's own memory is anonymous, so a SIGBUS is a
-/// file mapping whose pages are gone: a frontend's guest memory file.
+/// (SA_RESETHAND). A SIGBUS is a file mapping whose pages are gone: one of
+/// vzram's own state files (registered in [`super::fault`], named here;
+/// one registered as repairable gets a zero page and the process goes on),
+/// else a frontend's guest memory file.
 extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo_t; si_addr is set for SIGBUS.
     let addr = unsafe { (*info).si_addr() } as u64;
-    Line::new()
-        .put(b"vzram: SIGBUS at 0x")
-        .num(addr, 16)
-        .put(b": a mapped file has no page there (a frontend's guest memory file was truncated, or its huge pages ran out); exiting\n")
-        .write();
+    let mut line = Line::new();
+    line.put(b"vzram: SIGBUS at 0x").num(addr, 16);
+    match super::fault::on_fault(addr as usize) {
+        super::fault::Fault::Unknown => {
+            line.put(b": a mapped file has no page there (a frontend's guest memory file was truncated, or its huge pages ran out); exiting\n");
+        }
+        super::fault::Fault::Named(path) => {
+            line.put(b" in ").put(path).put(
+                b": the file lost its pages (truncated, or its file system is full); exiting\n",
+            );
+        }
+        super::fault::Fault::Repaired(path) => {
+            line.put(b" in ")
+                .put(path)
+                .put(b": the file lost its pages (truncated?); reading zeros there, the device is marked damaged\n");
+            line.write();
+            // SA_RESETHAND put the default action back: arm the handler
+            // again for the next fault.
+            let _ = set_handler(libc::SIGBUS, on_sigbus as *const () as usize);
+            return;
+        }
+    }
+    line.write();
 }
 
 /// Reports a SIGBUS's cause before it kills the daemon (see [`on_sigbus`]).
@@ -726,5 +746,45 @@ mod tests {
             );
             eprintln!("{what}: {}", err.trim());
         }
+    }
+
+    #[test]
+    fn a_truncated_file_under_a_repairable_mapping_reads_zeros() {
+        use std::os::fd::AsRawFd;
+        report_sigbus().unwrap();
+        let path = std::env::temp_dir().join(format!("vzram-fault-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(8192).unwrap();
+        // SAFETY: a new shared mapping of a file we hold.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let g = super::super::fault::register(p.cast(), 8192, &path, true).unwrap();
+        // SAFETY: inside the mapping.
+        unsafe { p.cast::<u8>().write_volatile(7) };
+        f.set_len(0).unwrap();
+        // SAFETY: inside the mapping; the page is gone from the file, so
+        // this faults and the handler puts a zero page in its place.
+        let v = unsafe { p.cast::<u8>().add(4096).read_volatile() };
+        assert_eq!(v, 0);
+        assert!(g.hit());
+        drop(g);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, 8192) };
+        std::fs::remove_file(&path).unwrap();
     }
 }

@@ -149,6 +149,18 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // queue; the pool threads share those (their contexts wrap around).
     let dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
     let store = pool.attach_device(dc, files, backing)?;
+    // A SIGBUS in the state's files names the file (unregistered before
+    // `store` unmaps them: declared after it).
+    let _named: Vec<crate::sys::fault::Guarded> = match store.state_files() {
+        Some(st) => store
+            .state_mappings()
+            .iter()
+            .filter_map(|&(name, p, len)| {
+                crate::sys::fault::register(p, len, &st.dir.join(name), false)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     if let Some(r) = store.recovery() {
         tracing::info!(
             pages = r.slots,

@@ -1,0 +1,153 @@
+//! Mappings of vzram's own files that a SIGBUS may hit: a state file
+//! truncated under a live mapping, or a full tmpfs. Each is registered
+//! with its path, so the SIGBUS handler names the file instead of blaming
+//! guest memory; one registered as repairable (the supervisor's view of a
+//! device's counters) gets a zero page in place of the lost one, and the
+//! process goes on with that device marked damaged instead of dying with
+//! every device it serves.
+//!
+//! The table is fixed and lock-free: the handler may run at any moment,
+//! on any thread, so it only loads atomics and calls mmap.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+const SLOTS: usize = 512;
+const PATH_LEN: usize = 160;
+
+struct Entry {
+    /// 0: free. Set first when claimed, cleared last when released.
+    start: AtomicUsize,
+    /// Published after `path`; 0 while the entry is being filled.
+    len: AtomicUsize,
+    repair: AtomicBool,
+    hit: AtomicBool,
+    path_len: AtomicUsize,
+    path: UnsafeCell<[u8; PATH_LEN]>,
+}
+
+// SAFETY: `path` is written only by the thread that claimed the entry
+// (start 0 -> non-zero) before it publishes `len` with Release, and read
+// only after `len` is loaded non-zero with Acquire.
+unsafe impl Sync for Entry {}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const FREE: Entry = Entry {
+    start: AtomicUsize::new(0),
+    len: AtomicUsize::new(0),
+    repair: AtomicBool::new(false),
+    hit: AtomicBool::new(false),
+    path_len: AtomicUsize::new(0),
+    path: UnsafeCell::new([0; PATH_LEN]),
+};
+
+static TABLE: [Entry; SLOTS] = [FREE; SLOTS];
+
+/// A registered mapping; dropping it unregisters it (before the mapping
+/// goes).
+#[derive(Debug)]
+pub struct Guarded(usize);
+
+impl Guarded {
+    /// A SIGBUS hit this mapping (and, if repairable, got a zero page).
+    pub fn hit(&self) -> bool {
+        TABLE[self.0].hit.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        let e = &TABLE[self.0];
+        e.len.store(0, Ordering::Release);
+        e.hit.store(false, Ordering::Relaxed);
+        e.start.store(0, Ordering::Release);
+    }
+}
+
+/// Registers `[ptr, ptr + len)`, a mapping of the file at `path`. None
+/// when the table is full: the mapping is then only unnamed, not unsafe.
+pub fn register(
+    ptr: *const u8,
+    len: usize,
+    path: &std::path::Path,
+    repair: bool,
+) -> Option<Guarded> {
+    use std::os::unix::ffi::OsStrExt;
+    let start = ptr as usize;
+    if start == 0 || len == 0 {
+        return None;
+    }
+    for (i, e) in TABLE.iter().enumerate() {
+        if e.start
+            .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            let bytes = path.as_os_str().as_bytes();
+            let n = bytes.len().min(PATH_LEN);
+            // SAFETY: this thread claimed the entry; no reader looks at
+            // `path` until `len` is published below.
+            unsafe { (&mut *e.path.get())[..n].copy_from_slice(&bytes[..n]) };
+            e.path_len.store(n, Ordering::Relaxed);
+            e.repair.store(repair, Ordering::Relaxed);
+            e.hit.store(false, Ordering::Relaxed);
+            e.len.store(len, Ordering::Release);
+            return Some(Guarded(i));
+        }
+    }
+    None
+}
+
+/// What the SIGBUS handler learns about a faulting address.
+pub enum Fault {
+    /// Not one of ours (guest memory, most likely).
+    Unknown,
+    /// In a registered file that is not repaired: named, then fatal.
+    Named(&'static [u8]),
+    /// In a repairable one: a zero page is in place, go on.
+    Repaired(&'static [u8]),
+}
+
+/// Called from the SIGBUS handler only: async-signal-safe (atomics, mmap).
+pub fn on_fault(addr: usize) -> Fault {
+    for e in TABLE.iter() {
+        let len = e.len.load(Ordering::Acquire);
+        if len == 0 {
+            continue;
+        }
+        let start = e.start.load(Ordering::Relaxed);
+        if addr < start || addr >= start + len {
+            continue;
+        }
+        // SAFETY: `len` was published after `path` was written, and the
+        // entry's owner never rewrites `path` while it is registered. The
+        // 'static borrow lasts only until the handler returns.
+        let path: &'static [u8] = unsafe {
+            let p = &*e.path.get();
+            &p[..e.path_len.load(Ordering::Relaxed).min(PATH_LEN)]
+        };
+        if !e.repair.load(Ordering::Relaxed) {
+            return Fault::Named(path);
+        }
+        let page = addr & !4095;
+        // SAFETY: replaces one page of a mapping the owner registered as
+        // repairable with a private zero page: every reference into it
+        // stays valid and now reads zeros. The owner checks `hit` and
+        // treats what it reads there as damaged.
+        let p = unsafe {
+            libc::mmap(
+                page as *mut libc::c_void,
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Fault::Named(path);
+        }
+        e.hit.store(true, Ordering::Relaxed);
+        return Fault::Repaired(path);
+    }
+    Fault::Unknown
+}

@@ -1,0 +1,532 @@
+//! A VM's pages reach only that VM: a device's state is found by a name
+//! that comes from its socket, never from its place in the config; the
+//! header says which device and socket it was made for; a runtime add
+//! never recovers a state by accident; paths that hold someone else's
+//! data are refused; a removal cut short by kill -9 never leaves a
+//! half-deleted state; a state dir that moved between runs is noticed.
+//! Each test talks to the real daemon over its sockets.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use vzram_tests::metrics::scrape;
+use vzram_tests::*;
+
+/// `vzram serve ARGS`, counted as started once its control socket answers
+/// (a killed daemon leaves the old socket file behind).
+fn serve(dir: &TempDir, args: &[&str], sockets: &[&Path]) -> Daemon {
+    serve_at(dir, "control.sock", args, sockets)
+}
+
+/// [`serve`] with its control socket named `control` (daemons whose
+/// control sockets share a directory share its state dir).
+fn serve_at(dir: &TempDir, control: &str, args: &[&str], sockets: &[&Path]) -> Daemon {
+    let control = dir.join(control);
+    let mut cmd = Command::new(vzram_bin());
+    cmd.arg("serve").args(args).arg("--control").arg(&control);
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let log = dir.join(&format!(
+        "daemon-{}.log",
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    Daemon::start_with(
+        cmd,
+        &control,
+        &log,
+        sockets,
+        DaemonOpts {
+            ready_on_connect: true,
+            term_on_drop: false,
+        },
+    )
+}
+
+fn cli(d: &Daemon, args: &[&str]) -> std::process::Output {
+    Command::new(vzram_bin())
+        .args(args)
+        .arg("--control")
+        .arg(&d.control)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Writes `pages` pages of `seed`'s pattern at the start of the device.
+fn fill(sock: &Path, seed: u64, pages: usize) {
+    let mut c = Client::connect(sock, 1).unwrap();
+    c.q(0).write(0, &pattern(seed, 0, pages * 4096)).unwrap();
+}
+
+fn holds(sock: &Path, seed: u64, pages: usize) -> bool {
+    let mut c = Client::connect(sock, 1).unwrap();
+    c.q(0).read(0, pages * 4096).unwrap() == pattern(seed, 0, pages * 4096)
+}
+
+fn is_blank(sock: &Path, pages: usize) -> bool {
+    let mut c = Client::connect(sock, 1).unwrap();
+    c.q(0)
+        .read(0, pages * 4096)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0)
+}
+
+fn dev(sock: &Path, extra: &str) -> String {
+    format!("socket={},size=16M,queues=1{extra}", s(sock))
+}
+
+/// Exit 2 with one error line saying `what` (a daemon may log before it).
+fn refused_with(o: &std::process::Output, what: &str) {
+    let t = text(o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    let errors: Vec<&str> = t.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {t}");
+    assert!(errors[0].contains(what), "expected {what:?} in: {t}");
+}
+
+#[test]
+fn reordered_unnamed_devices_keep_their_own_pages() {
+    let dir = TempDir::new("id-order");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let (da, db) = (dev(&a, ""), dev(&b, ""));
+    let mut d = serve(&dir, &["--device", &da, "--device", &db], &[&a, &b]);
+    fill(&a, 1, 64);
+    fill(&b, 2, 64);
+    d.terminate_cleanly();
+    // The same devices the other way round, then the first one alone.
+    let mut d = serve(&dir, &["--device", &db, "--device", &da], &[&b, &a]);
+    assert!(
+        holds(&a, 1, 64),
+        "socket a serves a's pages after a reorder"
+    );
+    assert!(
+        holds(&b, 2, 64),
+        "socket b serves b's pages after a reorder"
+    );
+    d.terminate_cleanly();
+    let mut d = serve(&dir, &["--device", &db], &[&b]);
+    assert!(
+        holds(&b, 2, 64),
+        "with a's entry deleted, b still serves b's pages"
+    );
+    d.terminate_cleanly();
+}
+
+#[test]
+fn swapped_state_dirs_and_a_moved_socket_are_refused() {
+    let dir = TempDir::new("id-swap");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let (da, db) = (dev(&a, ",name=x"), dev(&b, ",name=y"));
+    let mut d = serve(&dir, &["--device", &da, "--device", &db], &[&a, &b]);
+    fill(&a, 1, 16);
+    fill(&b, 2, 16);
+    let root = d.stat().dev("x").state.parent().unwrap().to_path_buf();
+    d.terminate_cleanly();
+    std::fs::rename(root.join("x"), root.join("tmp")).unwrap();
+    std::fs::rename(root.join("y"), root.join("x")).unwrap();
+    std::fs::rename(root.join("tmp"), root.join("y")).unwrap();
+    let o = serve_refused(&dir, &["--device", &da, "--device", &db]);
+    refused_with(&o, "holds the state of device \"y\", not \"x\"");
+    // Put back, then device x moved to another socket.
+    std::fs::rename(root.join("x"), root.join("tmp")).unwrap();
+    std::fs::rename(root.join("y"), root.join("x")).unwrap();
+    std::fs::rename(root.join("tmp"), root.join("y")).unwrap();
+    let c = dir.join("c.sock");
+    let dc = dev(&c, ",name=x");
+    let o = serve_refused(&dir, &["--device", &dc]);
+    refused_with(&o, &format!("was made for socket {}", a.display()));
+    // --adopt says: this state is this socket's now.
+    let mut d = serve(&dir, &["--device", &dc, "--adopt"], &[&c]);
+    assert!(holds(&c, 1, 16), "the adopted state serves its pages");
+    d.terminate_cleanly();
+    let o = serve_refused(&dir, &["--device", &da]);
+    refused_with(&o, &format!("was made for socket {}", c.display()));
+}
+
+fn leftovers(d: &Daemon) -> Vec<Value> {
+    d.control(json!({"cmd": "stat"}))["leftovers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_runtime_add_never_recovers_another_tenants_pages() {
+    let dir = TempDir::new("id-add");
+    let (a, t1, t2) = (
+        dir.join("a.sock"),
+        dir.join("tenant1.sock"),
+        dir.join("tenant2.sock"),
+    );
+    let da = dev(&a, "");
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    let o = cli(&d, &["add", "--device", &dev(&t1, "")]);
+    assert!(o.status.success(), "{}", text(&o));
+    fill(&t1, 7, 128);
+    d.kill9();
+    let mut d = serve(&dir, &["--device", &da, "--metrics", "127.0.0.1:0"], &[&a]);
+    // A new tenant gets a blank disk, whatever its place.
+    let o = cli(&d, &["add", "--device", &dev(&t2, "")]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(is_blank(&t2, 128), "tenant2 reads another tenant's pages");
+    // tenant1's state is listed, with what it holds, until someone acts.
+    let l = leftovers(&d);
+    let addr = d.stat().0.metrics.clone().unwrap().parse().unwrap();
+    let body = scrape(addr);
+    assert!(
+        body.contains("vzram_leftover_state_bytes{name=\"tenant1\"}"),
+        "{body}"
+    );
+    assert_eq!(l.len(), 1, "{l:?}");
+    assert_eq!(l[0]["name"], "tenant1");
+    assert_eq!(l[0]["size_bytes"], 16 << 20);
+    assert!(l[0]["state_bytes"].as_u64().unwrap() > 0, "{l:?}");
+    assert_eq!(l[0]["socket"], json!(t1));
+    let m = cli(&d, &["stat"]);
+    assert!(text(&m).contains("left-over states"), "{}", text(&m));
+    // Naming the left-over state is refused unless it says what it wants.
+    let o = cli(
+        &d,
+        &[
+            "add",
+            "--device",
+            &format!("socket={},size=16M,name=tenant1", s(&dir.join("t3.sock"))),
+        ],
+    );
+    refused_with(&o, "has state left in");
+    let o = cli(&d, &["add", "--device", &dev(&t1, "")]);
+    refused_with(&o, "recover=true");
+    let o = cli(&d, &["add", "--device", &dev(&t1, ",recover=true")]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("serving the pages"), "{}", text(&o));
+    assert!(holds(&t1, 7, 128), "recover=true serves tenant1's pages");
+    assert!(leftovers(&d).is_empty());
+    // Forgetting: refused for a served device, deletes a left-over one.
+    d.kill9();
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    let o = cli(&d, &["forget", "a"]);
+    refused_with(&o, "is served");
+    let dir1 = PathBuf::from(
+        leftovers(&d)
+            .iter()
+            .find(|l| l["name"] == "tenant1")
+            .expect("tenant1 left over")["dir"]
+            .as_str()
+            .unwrap(),
+    );
+    let o = cli(&d, &["forget", "tenant1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!dir1.exists());
+    assert!(leftovers(&d).iter().all(|l| l["name"] != "tenant1"));
+    let o = cli(&d, &["add", "--device", &dev(&t1, "")]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(is_blank(&t1, 128));
+    d.terminate_cleanly();
+}
+
+fn sha(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap()
+}
+
+#[test]
+fn paths_that_hold_someone_elses_data_are_refused() {
+    let dir = TempDir::new("id-paths");
+    let a = dir.join("a.sock");
+    let mut d = serve(&dir, &["--device", &dev(&a, "")], &[&a]);
+    fill(&a, 3, 32);
+    let state = d.stat().dev_at(&a).state.clone();
+    let b = dir.join("b.sock");
+    let unrelated = dir.join("notes.txt");
+    std::fs::write(&unrelated, pattern(9, 0, 16 << 10)).unwrap();
+    for (file, why) in [
+        (state.join("arena"), "inside the state of a device"),
+        (state.join("table"), "inside the state of a device"),
+        (state.join("header"), "inside the state of a device"),
+        (unrelated.clone(), "not a vzram backing file"),
+    ] {
+        let before = sha(&file);
+        let o = cli(
+            &d,
+            &[
+                "add",
+                "--device",
+                &dev(&b, &format!(",backing-file={}", s(&file))),
+            ],
+        );
+        refused_with(&o, why);
+        assert!(sha(&file) == before, "{} was changed", file.display());
+        assert!(!b.exists(), "a refused add leaves no socket");
+    }
+    // The same at start.
+    d.terminate_cleanly();
+    let o = serve_refused(
+        &dir,
+        &[
+            "--device",
+            &dev(&b, &format!(",backing-file={}", s(&unrelated))),
+        ],
+    );
+    refused_with(&o, "not a vzram backing file");
+    // A state dir inside a device's state: refused, and the device keeps its pages.
+    let nested = dev(&b, &format!(",state-dir={}", s(&state)));
+    let o = serve_refused(&dir, &["--device", &dev(&a, ""), "--device", &nested]);
+    refused_with(&o, "inside the state of another device");
+    let mut d = serve(&dir, &["--device", &dev(&a, "")], &[&a]);
+    let o = cli(&d, &["add", "--device", &nested]);
+    refused_with(&o, "inside the state of another device");
+    assert!(holds(&a, 3, 32));
+    // Given up on purpose, the file serves as a backing file.
+    let o = Command::new(vzram_bin())
+        .args(["backing", "init", s(&unrelated)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = cli(
+        &d,
+        &[
+            "add",
+            "--device",
+            &dev(&b, &format!(",backing-file={}", s(&unrelated))),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    d.terminate_cleanly();
+}
+
+#[test]
+fn a_truncated_stats_file_is_that_devices_error_not_a_crash() {
+    let dir = TempDir::new("id-stats");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let mut d = serve(
+        &dir,
+        &[
+            "--device",
+            &dev(&a, ""),
+            "--device",
+            &dev(&b, ""),
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &[&a, &b],
+    );
+    fill(&a, 1, 8);
+    fill(&b, 2, 8);
+    let stats = d.stat().dev_at(&a).state.join("stats");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&stats)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let st = d.stat();
+    assert!(st.dev_at(&a).state_damaged, "{st}");
+    assert!(!st.dev_at(&b).state_damaged);
+    let addr = st.0.metrics.clone().unwrap().parse().unwrap();
+    let body = scrape(addr);
+    assert!(body.contains("vzram_orig_data_bytes"), "{body}");
+    d.assert_alive();
+    assert!(holds(&b, 2, 8), "the other device serves on");
+    assert!(
+        d.log_text().contains("SIGBUS at") && d.log_text().contains(s(&stats)),
+        "the log names the file: {}",
+        d.log_text()
+    );
+    d.terminate_cleanly();
+}
+
+#[test]
+fn a_state_dir_that_changed_between_runs_is_noticed() {
+    let dir = TempDir::new("id-moved");
+    let a = dir.join("a.sock");
+    let da = dev(&a, "");
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    fill(&a, 4, 16);
+    let old = d.stat().dev_at(&a).state.clone();
+    assert!(text(&cli(&d, &["stat"])).contains("state dir: "));
+    d.terminate_cleanly();
+    // A restart where the environment no longer names the state dir.
+    let elsewhere = state_dir_for(&dir.join("elsewhere"));
+    let o = serve_refused(&dir, &["--device", &da, "--state-dir", s(&elsewhere)]);
+    refused_with(
+        &o,
+        &format!("was last served from the state {}", old.display()),
+    );
+    assert!(
+        !elsewhere.join("a").exists(),
+        "a refused start made no state"
+    );
+    // --fresh says: start empty there.
+    let mut d = serve(
+        &dir,
+        &["--device", &da, "--state-dir", s(&elsewhere), "--fresh"],
+        &[&a],
+    );
+    assert!(is_blank(&a, 16));
+    d.terminate_cleanly();
+    let _ = std::fs::remove_dir_all(&elsewhere);
+    // A state dir whose parent does not exist is a typo, not a new tree.
+    let o = serve_refused(
+        &dir,
+        &["--device", &da, "--state-dir", s(&dir.join("no/such/dir"))],
+    );
+    refused_with(&o, "parent directory does not exist");
+}
+
+#[test]
+fn two_daemons_each_with_only_a_socket_and_a_size() {
+    // Control sockets in one directory: one state dir for both, as the
+    // default one would be.
+    let dir = TempDir::new("id-two");
+    let (a, b) = (dir.join("disk-a.sock"), dir.join("disk-b.sock"));
+    let mut x = serve_at(
+        &dir,
+        "c1.sock",
+        &["--socket", s(&a), "--size", "16M"],
+        &[&a],
+    );
+    let mut y = serve_at(
+        &dir,
+        "c2.sock",
+        &["--socket", s(&b), "--size", "16M"],
+        &[&b],
+    );
+    fill(&a, 5, 32);
+    fill(&b, 6, 32);
+    assert!(holds(&a, 5, 32) && holds(&b, 6, 32));
+    assert_eq!(x.stat().devices()[0].name, "disk-a");
+    assert_eq!(y.stat().devices()[0].name, "disk-b");
+    assert_eq!(
+        x.stat().devices()[0].state.parent(),
+        y.stat().devices()[0].state.parent()
+    );
+    x.terminate_cleanly();
+    y.terminate_cleanly();
+}
+
+/// kill -9 at a random moment of `vzram remove`, then a restart and the
+/// same device added again: never a half-deleted state that blocks the
+/// name, nor one that stops the daemon from starting.
+#[test]
+fn kill9_during_remove_never_leaves_a_half_deleted_state() {
+    let rounds = env_u64("VZRAM_REMOVE_ROUNDS").unwrap_or(100);
+    let dir = TempDir::new("id-remove");
+    let (a, x) = (dir.join("a.sock"), dir.join("x.sock"));
+    let da = dev(&a, "");
+    let mut rng = Rng::new(42);
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    let (mut removed, mut kept) = (0, 0);
+    for round in 0..rounds {
+        let o = cli(
+            &d,
+            &[
+                "add",
+                "--device",
+                &format!("socket={},size=64M,queues=1", s(&x)),
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "round {round}: {}\n{}",
+            text(&o),
+            d.log_text()
+        );
+        fill(&x, round, 256);
+        let control = d.control.clone();
+        let t = std::thread::spawn(move || {
+            let _ = Command::new(vzram_bin())
+                .args(["remove", "--device", "x", "--control", s(&control)])
+                .output();
+        });
+        std::thread::sleep(std::time::Duration::from_micros(rng.below(30_000)));
+        let tree = process_tree(d.pid());
+        for p in tree {
+            // SAFETY: signals to the daemon's own processes.
+            unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+        }
+        let _ = d.wait_exit(std::time::Duration::from_secs(10));
+        t.join().unwrap();
+        d = serve(&dir, &["--device", &da], &[&a]);
+        match leftovers(&d).iter().find(|l| l["name"] == "x") {
+            // The removal never started: the whole state is there.
+            Some(_) => {
+                let o = cli(
+                    &d,
+                    &[
+                        "add",
+                        "--device",
+                        &format!("socket={},size=64M,queues=1,recover=true", s(&x)),
+                    ],
+                );
+                assert!(
+                    o.status.success(),
+                    "round {round}: {}\n{}",
+                    text(&o),
+                    d.log_text()
+                );
+                assert!(
+                    holds(&x, round, 256),
+                    "round {round}: a kept state lost pages"
+                );
+                let o = cli(&d, &["remove", "--device", "x"]);
+                assert!(o.status.success(), "round {round}: {}", text(&o));
+                kept += 1;
+            }
+            None => removed += 1,
+        }
+        let root = d.stat().dev_at(&a).state.parent().unwrap().to_path_buf();
+        let names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| n == "a"),
+            "round {round}: left in the state dir: {names:?}"
+        );
+    }
+    eprintln!("{rounds} rounds: {removed} removals done or finished at start, {kept} cut before they began");
+    d.terminate_cleanly();
+}
+
+/// A slot word damaged while the daemon was down (the HUGE bit set on an
+/// lz4 object): the start stops, naming the slot, instead of a queue
+/// thread panicking on the first read of it.
+#[test]
+fn a_damaged_slot_word_stops_the_start_naming_its_slot() {
+    use std::os::unix::fs::FileExt;
+    let dir = TempDir::new("id-word");
+    let a = dir.join("a.sock");
+    let da = dev(&a, "");
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    // Compressible pages: each is an lz4 object, not a raw (huge) one.
+    fill(&a, 1, 16);
+    let table = d.stat().dev_at(&a).state.join("table");
+    d.terminate_cleanly();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&table)
+        .unwrap();
+    let slot = 5u64;
+    let mut w = [0u8; 8];
+    f.read_exact_at(&mut w, slot * 8).unwrap();
+    let word = u64::from_le_bytes(w);
+    const SAME: u64 = 1 << 62;
+    const HUGE: u64 = 1 << 61;
+    assert!(
+        word != 0 && word & (SAME | HUGE) == 0,
+        "slot 5 holds an object: {word:#x}"
+    );
+    f.write_all_at(&(word | HUGE).to_le_bytes(), slot * 8)
+        .unwrap();
+    let o = serve_refused(&dir, &["--device", &da]);
+    refused_with(&o, "slot 5");
+}

@@ -350,7 +350,7 @@ fn a_state_dir_that_changed_between_runs_is_noticed() {
     let mut d = serve(&dir, &["--device", &da], &[&a]);
     fill(&a, 4, 16);
     let old = d.stat().dev_at(&a).state.clone();
-    assert!(text(&cli(&d, &["stat"])).contains("state dir: "));
+    let shown = text(&cli(&d, &["stat"]));
     d.terminate_cleanly();
     // A restart where the environment no longer names the state dir.
     let elsewhere = state_dir_for(&dir.join("elsewhere"));
@@ -362,6 +362,10 @@ fn a_state_dir_that_changed_between_runs_is_noticed() {
     assert!(
         !elsewhere.join("a").exists(),
         "a refused start made no state"
+    );
+    assert!(
+        shown.contains("state dir: "),
+        "stat shows the state dir: {shown}"
     );
     // --fresh says: start empty there.
     let mut d = serve(
@@ -429,7 +433,7 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
             &[
                 "add",
                 "--device",
-                &format!("socket={},size=64M,queues=1", s(&x)),
+                &format!("socket={},size=64M,queues=1,name=x", s(&x)),
             ],
         );
         assert!(
@@ -462,7 +466,7 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
                     &[
                         "add",
                         "--device",
-                        &format!("socket={},size=64M,queues=1,recover=true", s(&x)),
+                        &format!("socket={},size=64M,queues=1,name=x,recover=true", s(&x)),
                     ],
                 );
                 assert!(
@@ -529,4 +533,117 @@ fn a_damaged_slot_word_stops_the_start_naming_its_slot() {
         .unwrap();
     let o = serve_refused(&dir, &["--device", &da]);
     refused_with(&o, "slot 5");
+}
+
+/// A start that fails after a device claimed a blank backing file and made
+/// its state leaves neither behind: the next start takes both afresh.
+#[test]
+fn a_failed_start_gives_back_its_new_state_and_backing_file() {
+    let dir = TempDir::new("id-failed");
+    let a = dir.join("a.sock");
+    let file = dir.join("a.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let da = dev(&a, &format!(",backing-file={}", s(&file)));
+    // The metrics port is taken: the start fails after the states are made.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let o = serve_refused(&dir, &["--device", &da, "--metrics", &port]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        std::fs::read(&file).unwrap()[..4096]
+            .iter()
+            .all(|&b| b == 0),
+        "the header block is blank again"
+    );
+    drop(taken);
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    fill(&a, 8, 4);
+    assert!(holds(&a, 8, 4));
+    d.terminate_cleanly();
+}
+
+/// An add refused for its backing file (another device's pages) makes no
+/// state: the same device added without it starts at once.
+#[test]
+fn an_add_refused_for_its_backing_file_leaves_no_state() {
+    let dir = TempDir::new("id-claim");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let file = dir.join("shared.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let mut d = serve(
+        &dir,
+        &["--device", &dev(&a, &format!(",backing-file={}", s(&file)))],
+        &[&a],
+    );
+    fill(&a, 1, 4);
+    d.terminate_cleanly();
+    // a is left over now; its file holds its header.
+    let other = dir.join("o.sock");
+    let mut d = serve(&dir, &["--device", &dev(&other, "")], &[&other]);
+    let o = cli(
+        &d,
+        &[
+            "add",
+            "--device",
+            &dev(&b, &format!(",backing-file={}", s(&file))),
+        ],
+    );
+    refused_with(&o, "another device's written-back pages");
+    let o = cli(&d, &["add", "--device", &dev(&b, "")]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(is_blank(&b, 4));
+    d.terminate_cleanly();
+}
+
+/// `--adopt` of a state that fails another check (its size) changes
+/// nothing: its own device still starts on it.
+#[test]
+fn a_refused_adopt_leaves_the_header_as_it_was() {
+    let dir = TempDir::new("id-adopt");
+    let (a, c) = (dir.join("a.sock"), dir.join("c.sock"));
+    let da = dev(&a, ",name=x");
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    fill(&a, 2, 8);
+    d.terminate_cleanly();
+    let wrong = format!("socket={},size=32M,queues=1,name=x", s(&c));
+    let o = serve_refused(&dir, &["--device", &wrong, "--adopt"]);
+    refused_with(&o, "holds a device of");
+    let mut d = serve(&dir, &["--device", &da], &[&a]);
+    assert!(holds(&a, 2, 8), "its own device serves it still");
+    d.terminate_cleanly();
+}
+
+/// A state an older vzram made under a place name (vzram0, no socket in
+/// its header) is not left behind by an upgrade that names devices after
+/// their sockets: the start says which name keeps it.
+#[test]
+fn an_upgrade_never_starts_an_unnamed_device_blank_beside_its_old_state() {
+    let dir = TempDir::new("id-legacy");
+    let a = dir.join("a.sock");
+    let mut d = serve(&dir, &["--device", &dev(&a, ",name=vzram0")], &[&a]);
+    fill(&a, 3, 8);
+    let state = d.stat().dev_at(&a).state.clone();
+    d.terminate_cleanly();
+    // What an older vzram wrote: a version 2 header, no socket.
+    let hp = state.join("header");
+    let mut raw = std::fs::read(&hp).unwrap();
+    raw.truncate(128);
+    raw[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&hp, &raw).unwrap();
+    // Renamed, with the marker this run left: the marker says so.
+    let o = serve_refused(&dir, &["--device", &dev(&a, "")]);
+    refused_with(&o, "give it name=vzram0");
+    // An older vzram left no marker: the header's place name says so.
+    std::fs::remove_file(dir.join(".a.sock.vzram-state")).unwrap();
+    let o = serve_refused(&dir, &["--device", &dev(&a, "")]);
+    refused_with(&o, "give this device name=vzram0");
+    let mut d = serve(&dir, &["--device", &dev(&a, ",name=vzram0")], &[&a]);
+    assert!(holds(&a, 3, 8));
+    d.terminate_cleanly();
 }

@@ -328,6 +328,20 @@ impl Backing {
         }))
     }
 
+    /// Whether the device `owner` (which replaced the state `replaced`,
+    /// if any) may take this file: it is blank, or already its own or the
+    /// replaced state's. Checked before anything is made or written.
+    pub fn check_claim(&self, owner: u64, replaced: Option<u64>) -> Result<()> {
+        match self.found {
+            Some(h) if h.owner != owner && Some(h.owner) != replaced => Err(err(
+                &self.path,
+                "holds another device's written-back pages; left alone: \
+                 `vzram backing init PATH` gives them up on purpose",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Makes the file the device `owner`'s, unless it already is: only a
     /// blank file, or one that held the pages of `replaced` (the state this
     /// device discarded with --fresh). Another device's file is refused.
@@ -339,15 +353,7 @@ impl Backing {
         if self.found == Some(want) {
             return Ok(());
         }
-        if let Some(h) = self.found {
-            if h.owner != owner && Some(h.owner) != replaced {
-                return Err(err(
-                    &self.path,
-                    "holds another device's written-back pages; left alone: \
-                     `vzram backing init PATH` gives them up on purpose",
-                ));
-            }
-        }
+        self.check_claim(owner, replaced)?;
         let mut buf = AlignedPages::new(1)?;
         let page = buf.page_mut(0);
         page[0..8].copy_from_slice(&MAGIC);

@@ -209,6 +209,34 @@ fn fill(page: &mut Page, v: u64) {
     }
 }
 
+/// Refuses a backing file that `st`'s device may not take; a state made
+/// just now for it is deleted again, so the refusal leaves nothing behind.
+pub fn check_claim_or_undo(b: &Backing, st: &StateFiles) -> Result<()> {
+    let r = b.check_claim(st.header.creation_id, st.replaced);
+    if r.is_err() && !st.existing {
+        // Our own open descriptors share the lock: discard takes its own.
+        if let Err(e) = discard_unlocked(st) {
+            tracing::warn!(state = %st.dir.display(), "cannot delete the state made for a refused backing file: {e}");
+        }
+    }
+    r
+}
+
+/// Deletes the new state `st` while this process holds it.
+fn discard_unlocked(st: &StateFiles) -> Result<()> {
+    let (Some(root), Some(name)) = (st.dir.parent(), st.dir.file_name()) else {
+        return Ok(());
+    };
+    let tomb = root.join(format!(
+        ".{}.gone-{}-{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        random_id()
+    ));
+    std::fs::rename(&st.dir, &tomb).map_err(|e| StoreError::state(st.dir.display(), e))?;
+    std::fs::remove_dir_all(&tomb).map_err(|e| StoreError::state(tomb.display(), e))
+}
+
 /// Opens (or makes) the state `cfg.state` names, laid out as a device of
 /// the default pool would lay it out, for a process that hands the files
 /// to the one that will serve the device (`Pool::attach_device`).
@@ -293,6 +321,9 @@ impl Device {
             Some(spec) => Some(state::open(spec, cfg.size_bytes, arena_bytes, cfg.codec)?),
             None => None,
         };
+        if let (Some(b), Some(st)) = (&backing, &state) {
+            check_claim_or_undo(b, st)?;
+        }
         Device::with_state(pool, cfg, state, backing)
     }
 

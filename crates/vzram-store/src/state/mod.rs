@@ -396,14 +396,14 @@ fn try_lock(file: &File, path: &Path) -> Result<bool> {
 /// A data file of a state whose header we hold locked: no one else may
 /// have it open for writing as theirs (a backing file named by mistake).
 fn lock_data(file: &File, path: &Path) -> Result<()> {
-    if try_lock(file, path)? {
-        Ok(())
-    } else {
-        Err(err(
+    // A worker that is exiting lets go of its files one by one: wait, as
+    // for the header.
+    lock(file, path).map_err(|_| {
+        err(
             path,
             "is locked by another process (used as a backing file?)",
-        ))
-    }
+        )
+    })
 }
 
 fn open_rw(path: &Path, create: bool) -> Result<File> {
@@ -440,6 +440,24 @@ fn allocate(f: &File, path: &Path, len: u64) -> Result<()> {
         ));
     }
     Err(os_err(path, "cannot allocate its blocks", e))
+}
+
+/// Whether two paths name the same place, through links and `..` where
+/// they exist (`/var/run` and `/run`): what is missing compares as written.
+pub fn same_path(a: &Path, b: &Path) -> bool {
+    a == b || canonical(a) == canonical(b)
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    match (p.parent(), p.file_name()) {
+        (Some(d), Some(f)) => {
+            std::fs::canonicalize(d).map_or_else(|_| p.to_path_buf(), |d| d.join(f))
+        }
+        _ => p.to_path_buf(),
+    }
 }
 
 /// True if `dir` holds a device state (a header with the magic).
@@ -571,7 +589,7 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
         rewrite = true;
     }
     match (&header.socket, &spec.socket) {
-        (Some(was), Some(now)) if was != now => {
+        (Some(was), Some(now)) if !same_path(was, now) => {
             if !spec.adopt {
                 return Err(StoreError::InvalidConfig(format!(
                     "device {}: its state {} was made for socket {}, not {}: start with --adopt to serve it on {} \
@@ -595,13 +613,6 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
         }
         _ => {}
     }
-    if rewrite {
-        use std::os::unix::fs::FileExt;
-        hfile
-            .write_all_at(&header.encode(), 0)
-            .and_then(|()| hfile.sync_data())
-            .map_err(|e| os_err(&hpath, "cannot update the header", e))?;
-    }
     let table = open_rw(&dir.join("table"), false)?;
     let arena = open_rw(&dir.join("arena"), false)?;
     // A state from before the counters file gets a zeroed one.
@@ -621,6 +632,14 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     };
     st.check(size_bytes)?;
     allocate(&st.stats, &st.dir.join("stats"), stats_len())?;
+    // Only a state that passed every check is rewritten as this device's.
+    if rewrite {
+        use std::os::unix::fs::FileExt;
+        st.lock
+            .write_all_at(&st.header.encode(), 0)
+            .and_then(|()| st.lock.sync_data())
+            .map_err(|e| os_err(&hpath, "cannot update the header", e))?;
+    }
     Ok(st)
 }
 
@@ -632,6 +651,7 @@ fn stats_len() -> u64 {
 /// whoever maps it later (a process that may not grow files) finds it
 /// whole and can never fault on it.
 fn open_stats(path: &Path, create: bool) -> Result<File> {
+    let made = create || !path.exists();
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -647,9 +667,9 @@ fn open_stats(path: &Path, create: bool) -> Result<File> {
         .metadata()
         .map_err(|e| StoreError::state(path.display(), e))?
         .len();
-    // Only a file short of what a state always had is grown: one that was
-    // truncated under a live state is refused by `check`.
-    if len == 0 {
+    // Only a file made here is grown: one truncated under a live state is
+    // refused by `check`.
+    if len == 0 && made {
         allocate(&f, path, need)?;
         f.set_len(need)
             .map_err(|e| StoreError::state(path.display(), e))?;
@@ -753,7 +773,13 @@ pub fn discard(dir: &Path) -> Result<()> {
     ));
     std::fs::rename(dir, &tomb).map_err(|e| StoreError::state(dir.display(), e))?;
     drop(h);
-    std::fs::remove_dir_all(&tomb).map_err(|e| StoreError::state(tomb.display(), e))
+    // Another daemon finishing it off at the same moment is no failure.
+    match std::fs::remove_dir_all(&tomb) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(StoreError::state(tomb.display(), e))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Deletes a device's state for good, only if `dir` holds one (its header
@@ -783,10 +809,24 @@ pub fn finish_removals(root: &Path, name: Option<&str>) {
             Some(p) => f.starts_with(p.as_str()),
             None => f.contains(NEW_TAG),
         };
-        if half_made || f.contains(GONE_TAG) {
+        if (half_made || f.contains(GONE_TAG)) && !pid_alive(&f) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
+}
+
+/// Whether the process that made a hidden entry (`.NAME.new-PID`,
+/// `.NAME.gone-PID-ID`) still runs: another daemon sharing the root may be
+/// in the middle of it. This process's own entries are never in use.
+fn pid_alive(entry: &str) -> bool {
+    let tail = entry
+        .rsplit_once(NEW_TAG)
+        .or_else(|| entry.rsplit_once(GONE_TAG))
+        .map_or("", |(_, t)| t);
+    let Ok(pid) = tail.split('-').next().unwrap_or("").parse::<u32>() else {
+        return false;
+    };
+    pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// A state in a root that no device of this process serves: someone's

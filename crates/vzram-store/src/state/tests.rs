@@ -185,7 +185,7 @@ fn removal_leaves_a_tombstone_that_the_next_open_finishes() {
     drop(open(&a, 1 << 20, 1 << 22, Codec::Lz4).unwrap());
     // What a crash in the middle of a removal leaves: the renamed
     // state, part deleted.
-    let tomb = r.join(format!(".a{GONE_TAG}1-2"));
+    let tomb = r.join(format!(".a{GONE_TAG}4194305-2"));
     std::fs::rename(r.join("a"), &tomb).unwrap();
     std::fs::remove_file(tomb.join("arena")).unwrap();
     let st = open(&a, 1 << 20, 1 << 22, Codec::Lz4).unwrap();

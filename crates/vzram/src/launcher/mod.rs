@@ -74,6 +74,7 @@ pub fn run() -> io::Result<()> {
         if p[0].revents != 0 {
             match recv::<Request>(&sock)? {
                 None => return Ok(()),
+                Some((Request::Ping { id }, _)) => send(&sock, &Report::Pong { id }, &[])?,
                 Some((Request::Spawn { id, args }, fds)) => {
                     let report = match spawn(&args, fds) {
                         Ok(child) => {
@@ -149,8 +150,16 @@ pub fn run() -> io::Result<()> {
                         &[],
                     )?,
                 },
-                Some((Request::Remove { id, socket, state }, _)) => {
-                    let r = match remove(socket.as_deref(), state.as_deref()) {
+                Some((
+                    Request::Remove {
+                        id,
+                        socket,
+                        state,
+                        expect,
+                    },
+                    _,
+                )) => {
+                    let r = match remove(socket.as_deref(), state.as_deref(), expect) {
                         Ok(()) => Report::Removed { id },
                         Err(error) => Report::Failed { id, error },
                     };
@@ -198,7 +207,13 @@ fn prepare(
     let queues = u16::try_from(shards).map_err(|_| format!("{shards} queues"))?;
     let mut dc = device_config(size, algo, queues, 0);
     dc.state = Some(state);
-    match vzram_store::device::open_state(&dc) {
+    let opened = vzram_store::device::open_state(&dc).and_then(|st| {
+        if let Some(b) = &backing {
+            vzram_store::device::check_claim_or_undo(b, &st)?;
+        }
+        Ok(st)
+    });
+    match opened {
         Ok(st) => {
             if let Err(e) = placement::record(path, &st.dir) {
                 tracing::warn!(socket = %path.display(), "cannot record where the state is beside the socket: {e}");
@@ -213,7 +228,15 @@ fn prepare(
     }
 }
 
-fn remove(socket: Option<&Path>, state: Option<&Path>) -> Result<(), String> {
+fn remove(socket: Option<&Path>, state: Option<&Path>, expect: Option<u64>) -> Result<(), String> {
+    if let (Some(dir), Some(id)) = (state, expect) {
+        if vzram_store::Leftover::read(dir).map(|l| l.creation_id) != Some(id) {
+            return Err(format!(
+                "{}: not the state that was listed (made again or gone since); left alone",
+                dir.display()
+            ));
+        }
+    }
     use std::os::unix::fs::FileTypeExt;
     if let Some(p) = socket {
         match std::fs::symlink_metadata(p) {

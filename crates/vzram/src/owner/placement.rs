@@ -35,10 +35,25 @@ pub fn check(socket: &Path, dir: &Path, discard: bool) -> Result<(), String> {
         return Ok(());
     };
     let now = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
-    if was == now || discard || !vzram_store::state::is_state_dir(&was) {
+    if vzram_store::state::same_path(&was, &now)
+        || discard
+        || !vzram_store::state::is_state_dir(&was)
+    {
         return Ok(());
     }
     let root = was.parent().unwrap_or(&was);
+    if now
+        .parent()
+        .is_some_and(|n| vzram_store::state::same_path(n, root))
+    {
+        let old = was.file_name().unwrap_or_default().to_string_lossy();
+        return Err(format!(
+            "socket {} was last served from the state {} (device name {old}), and it is still there, but this run names the device otherwise: \
+             give it name={old} to keep serving those pages, or start with --fresh to start it empty",
+            socket.display(),
+            was.display(),
+        ));
+    }
     Err(format!(
         "socket {} was last served from the state {}, and it is still there, but this run's state dir would give {}: \
          start with --state-dir {} (or state-dir= on the device) to serve it, or --fresh to start empty (the marker {} says where it was)",

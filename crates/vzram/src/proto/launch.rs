@@ -12,6 +12,9 @@ use super::codec;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
+    /// Are you there and not stuck? Answered with [`Report::Pong`] at once:
+    /// the supervisor's watchdog keep-alive depends on it.
+    Ping { id: u64 },
     /// Start `vzram <args>` with the descriptors sent along placed at 3, 4, …
     Spawn { id: u64, args: Vec<String> },
     /// Bind a device socket and open (or make) its state, and open and
@@ -42,6 +45,9 @@ pub enum Request {
         id: u64,
         socket: Option<PathBuf>,
         state: Option<PathBuf>,
+        /// Remove the state only if it is still this one (its creation id).
+        #[serde(default)]
+        expect: Option<u64>,
     },
 }
 
@@ -75,6 +81,9 @@ pub enum Report {
     Removed {
         id: u64,
     },
+    Pong {
+        id: u64,
+    },
     /// Descriptor: the connection.
     Connected {
         id: u64,
@@ -96,6 +105,7 @@ impl Report {
             | Report::Exited { id, .. }
             | Report::Prepared { id, .. }
             | Report::Removed { id }
+            | Report::Pong { id }
             | Report::Connected { id } => *id,
         }
     }

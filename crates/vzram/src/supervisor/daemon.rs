@@ -55,6 +55,10 @@ pub enum Error {
     Launcher(io::Error),
     #[error("metrics address {addr}: {source}")]
     Metrics { addr: SocketAddr, source: io::Error },
+    #[error(
+        "the supervisor's loop failed (see the log); exiting so that the daemon is started again"
+    )]
+    LoopFailed,
 }
 
 impl Error {
@@ -235,6 +239,10 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
             state_spec.existing == Existing::Discard,
         )
         .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
+        if state_spec.existing != Existing::Discard {
+            legacy_name(&cfg, spec, &state_spec.root)
+                .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
+        }
         dc.state = Some(state_spec);
         // Opened (and locked) here, before the filter, with the state: a
         // missing, small or taken file stops the start.
@@ -278,7 +286,8 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
             ),
             None => {
                 tracing::info!(device = %spec.name, state = %dir, "new device state");
-                made.0.push(state_files.dir.clone());
+                let claimed = backing.as_ref().and_then(|b| b.open().ok());
+                made.0.push((state_files.dir.clone(), claimed));
             }
         }
         if let Err(e) = placement::record(&spec.socket, &state_files.dir) {
@@ -411,6 +420,11 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
     );
 
     let sig = signals.wait().map_err(Error::Signal)?;
+    if sup.loop_failed() {
+        notify(&notifier, "STOPPING=1");
+        drop(files);
+        return Err(Error::LoopFailed);
+    }
     tracing::info!(signal = sig, "shutting down");
     notify(&notifier, "STOPPING=1");
     sup.stop();
@@ -432,12 +446,48 @@ fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
 /// The states a start made; deleted on drop unless the start got through
 /// (a failed start leaves no blank state that the next one would take as
 /// the device's).
-struct NewStates(Vec<PathBuf>);
+/// Before names came from sockets, a device without `name=` was `vzramN`,
+/// N its place in the config. A device named after its socket that has no
+/// state yet, while such a state from an older vzram (no socket in its
+/// header) sits in its place, is refused: after an upgrade it would
+/// otherwise start blank beside its own pages.
+fn legacy_name(cfg: &DaemonConfig, spec: &DeviceSpec, root: &Path) -> Result<(), String> {
+    let Some(i) = cfg.devices.iter().position(|d| d.name == spec.name) else {
+        return Ok(());
+    };
+    let old = format!("vzram{i}");
+    let derived =
+        crate::config::name_from_socket(&spec.socket).as_deref() == Some(spec.name.as_str());
+    if !derived
+        || old == spec.name
+        || root.join(&spec.name).exists()
+        || cfg.devices.iter().any(|d| d.name == old)
+    {
+        return Ok(());
+    }
+    match vzram_store::Leftover::read(&root.join(&old)) {
+        Some(l) if l.socket.is_none() => Err(format!(
+            "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
+             give this device name={old} to keep serving those pages, or start with --fresh to start it empty (`vzram forget {old}` deletes the old state)",
+            l.dir.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A backing file such a state claimed is blanked again, so the next
+/// start may take it.
+struct NewStates(Vec<(PathBuf, Option<vzram_store::Backing>)>);
 
 impl Drop for NewStates {
     fn drop(&mut self) {
-        for dir in &self.0 {
-            if let Err(e) = vzram_store::state::discard(dir) {
+        for (dir, backing) in self.0.drain(..) {
+            if let Some(b) = backing {
+                if let Err(e) = b.release() {
+                    tracing::warn!(backing = %b.path().display(), "cannot blank the backing file this failed start claimed: {e}");
+                }
+            }
+            if let Err(e) = vzram_store::state::discard(&dir) {
                 tracing::warn!(state = %dir.display(), "cannot delete the state this failed start made: {e}");
             }
         }

@@ -87,6 +87,7 @@ impl Supervisor {
                 id,
                 socket: Some(socket.clone()),
                 state: None,
+                expect: None,
             });
             e
         };
@@ -186,6 +187,7 @@ impl Supervisor {
             id,
             socket: Some(socket),
             state: Some(dir),
+            expect: None,
         })?;
         match report {
             Report::Removed { .. } => {
@@ -226,6 +228,7 @@ impl Supervisor {
             id,
             socket: None,
             state: Some(l.dir.clone()),
+            expect: Some(l.creation_id),
         })?;
         match report {
             Report::Removed { .. } => {

@@ -16,6 +16,10 @@ const SLOTS: usize = 512;
 const PATH_LEN: usize = 160;
 
 struct Entry {
+    /// Bumped on every register and release: the handler compares it
+    /// before and after reading an entry, so it never pairs one
+    /// registration's range with another's, or reads a path being written.
+    gen: AtomicUsize,
     /// 0: free. Set first when claimed, cleared last when released.
     start: AtomicUsize,
     /// Published after `path`; 0 while the entry is being filled.
@@ -27,12 +31,15 @@ struct Entry {
 }
 
 // SAFETY: `path` is written only by the thread that claimed the entry
-// (start 0 -> non-zero) before it publishes `len` with Release, and read
-// only after `len` is loaded non-zero with Acquire.
+// (start 0 -> non-zero), after bumping `gen` and before it publishes `len`
+// with Release; the handler reads it only after `len` is loaded non-zero
+// with Acquire and the same `gen` is seen before and after. A registration
+// lives as long as its mapping, so a fault in it cannot race its release.
 unsafe impl Sync for Entry {}
 
 #[allow(clippy::declare_interior_mutable_const)]
 const FREE: Entry = Entry {
+    gen: AtomicUsize::new(0),
     start: AtomicUsize::new(0),
     len: AtomicUsize::new(0),
     repair: AtomicBool::new(false),
@@ -58,6 +65,7 @@ impl Guarded {
 impl Drop for Guarded {
     fn drop(&mut self) {
         let e = &TABLE[self.0];
+        e.gen.fetch_add(1, Ordering::AcqRel);
         e.len.store(0, Ordering::Release);
         e.hit.store(false, Ordering::Relaxed);
         e.start.store(0, Ordering::Release);
@@ -82,6 +90,7 @@ pub fn register(
             .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
+            e.gen.fetch_add(1, Ordering::AcqRel);
             let bytes = path.as_os_str().as_bytes();
             let n = bytes.len().min(PATH_LEN);
             // SAFETY: this thread claimed the entry; no reader looks at
@@ -110,12 +119,17 @@ pub enum Fault {
 /// Called from the SIGBUS handler only: async-signal-safe (atomics, mmap).
 pub fn on_fault(addr: usize) -> Fault {
     for e in TABLE.iter() {
+        let gen = e.gen.load(Ordering::Acquire);
         let len = e.len.load(Ordering::Acquire);
         if len == 0 {
             continue;
         }
-        let start = e.start.load(Ordering::Relaxed);
+        let start = e.start.load(Ordering::Acquire);
         if addr < start || addr >= start + len {
+            continue;
+        }
+        if e.gen.load(Ordering::Acquire) != gen {
+            // Re-registered meanwhile: not the mapping that faulted.
             continue;
         }
         // SAFETY: `len` was published after `path` was written, and the

@@ -459,8 +459,7 @@ extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
 }
 
 /// Names the cause of a SIGBUS, then lets it kill us: returning re-runs
-/// the faulting access with the default action back in place
-/// (SA_RESETHAND). A SIGBUS is a file mapping whose pages are gone: one of
+/// the faulting access with the default action back in place. A SIGBUS is a file mapping whose pages are gone: one of
 /// vzram's own state files (registered in [`super::fault`], named here;
 /// one registered as repairable gets a zero page and the process goes on),
 /// else a frontend's guest memory file.
@@ -483,28 +482,49 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
                 .put(path)
                 .put(b": the file lost its pages (truncated?); reading zeros there, the device is marked damaged\n");
             line.write();
-            // SA_RESETHAND put the default action back: arm the handler
-            // again for the next fault.
-            let _ = set_handler(libc::SIGBUS, on_sigbus as *const () as usize);
             return;
         }
     }
     line.write();
+    // Fatal: the default action back, so the access, run again on return,
+    // kills us with SIGBUS. (The handler stays installed until then, so a
+    // repairable fault on another thread meanwhile is still repaired.)
+    // SAFETY: a zeroed sigaction is SIG_DFL with no flags; sigaction is
+    // async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+    }
 }
 
 /// Reports a SIGBUS's cause before it kills the daemon (see [`on_sigbus`]).
 /// Installed whatever the seccomp mode: the cause matters either way.
 pub fn report_sigbus() -> Result<(), Error> {
-    set_handler(libc::SIGBUS, on_sigbus as *const () as usize)
+    // Not SA_RESETHAND: two threads may fault on one repairable page at
+    // once; the handler itself puts the default back when a fault is fatal.
+    set_handler_flags(
+        libc::SIGBUS,
+        on_sigbus as *const () as usize,
+        libc::SA_SIGINFO | libc::SA_NODEFER,
+    )
 }
 
 fn set_handler(sig: libc::c_int, handler: usize) -> Result<(), Error> {
+    set_handler_flags(
+        sig,
+        handler,
+        libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_NODEFER,
+    )
+}
+
+fn set_handler_flags(sig: libc::c_int, handler: usize, flags: libc::c_int) -> Result<(), Error> {
     // SAFETY: a zeroed sigaction is valid; we fill in a handler with the
     // SA_SIGINFO signature and install it for `sig` only.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
         sa.sa_sigaction = handler;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_NODEFER;
+        sa.sa_flags = flags;
         libc::sigemptyset(&mut sa.sa_mask);
         if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
             return Err(Error::Handler(std::io::Error::last_os_error()));

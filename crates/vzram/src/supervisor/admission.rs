@@ -39,8 +39,71 @@ impl Supervisor {
     /// The epoll loop; returns when stopping.
     pub fn run(self: Arc<Self>) {
         if let Err(e) = self.run_loop() {
-            tracing::error!("supervisor loop failed: {e}; devices no longer accept frontends");
+            if self.stopping.load(Relaxed) {
+                return;
+            }
+            // A daemon that serves nothing must not look alive: exit, so
+            // that the service manager starts it again (every state is
+            // recovered, and VMMs reconnect).
+            tracing::error!("supervisor loop failed: {e}; exiting (code 1) so that the service manager restarts the daemon");
+            self.loop_failed.store(true, Relaxed);
+            // SAFETY: getpid has no preconditions; tgkill sends SIGTERM to
+            // this process's main thread (its tid is the pid), which waits
+            // for it in sigwait and then sees `loop_failed`.
+            unsafe {
+                let pid = libc::getpid();
+                libc::syscall(libc::SYS_tgkill, pid, pid, libc::SIGTERM);
+            }
         }
+    }
+
+    /// The watchdog keep-alive, from the loop: `WATCHDOG=1` only while the
+    /// launcher answered the last ping in time, then the next ping. A
+    /// wedged loop sends nothing at all, so systemd restarts the daemon.
+    fn watchdog_tick(&self, every: Duration) {
+        let n = self
+            .notifier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(n) = n else { return };
+        let mut dog = self.dog.lock().unwrap_or_else(|e| e.into_inner());
+        let healthy = match dog.ping_sent {
+            None => true,
+            Some(at) => dog.pong_seen.is_some_and(|p| p >= at) || at.elapsed() < 2 * every,
+        };
+        if healthy {
+            if let Err(e) = n.send("WATCHDOG=1") {
+                tracing::debug!("cannot send WATCHDOG=1: {e}");
+            }
+        } else if !dog.warned {
+            tracing::error!(
+                "the launcher has not answered for {:?}: no WATCHDOG=1 until it does",
+                2 * every
+            );
+            dog.warned = true;
+        }
+        // One ping outstanding at most: a stuck launcher never fills the
+        // channel.
+        let answered = match dog.ping_sent {
+            None => true,
+            Some(at) => dog.pong_seen.is_some_and(|p| p >= at),
+        };
+        if answered {
+            let id = self.next_id.fetch_add(1, Relaxed);
+            if wire::send(&self.launcher, &Request::Ping { id }, &[]).is_ok() {
+                dog.ping_sent = Some(Instant::now());
+            }
+        }
+    }
+
+    /// How often the service manager wants `WATCHDOG=1`, if at all.
+    fn watchdog_every(&self) -> Option<Duration> {
+        self.notifier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|n| n.watchdog_every())
     }
 
     fn run_loop(&self) -> io::Result<()> {
@@ -50,12 +113,34 @@ impl Supervisor {
         let mut watch = Watch::default();
         self.sync_devices(&ep, &mut watch)?;
         let mut stop_seen: Option<Instant> = None;
+        let mut next_dog = Instant::now();
+        // A loop that hangs, for the watchdog's test (debug builds only).
+        #[cfg(debug_assertions)]
+        let hang_at = std::env::var("VZRAM_TEST_HANG_LOOP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
         loop {
-            let timeout = if self.stopping.load(Relaxed) {
+            #[cfg(debug_assertions)]
+            if hang_at.is_some_and(|t| Instant::now() >= t) {
+                tracing::warn!("VZRAM_TEST_HANG_LOOP_MS: the loop hangs now");
+                loop {
+                    std::thread::sleep(Duration::from_secs(3600));
+                }
+            }
+            let mut timeout = if self.stopping.load(Relaxed) {
                 50
             } else {
                 self.next_deadline()
             };
+            let dog = self.watchdog_every();
+            if dog.is_some() {
+                let ms = next_dog
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as i32
+                    + 1;
+                timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+            }
             for token in ep.wait(timeout)? {
                 match token {
                     Token::Launcher => self.on_report(&ep, &mut watch)?,
@@ -76,6 +161,12 @@ impl Supervisor {
                 }
             }
             self.on_timers(&ep, &mut watch)?;
+            if let Some(every) = dog {
+                if Instant::now() >= next_dog {
+                    self.watchdog_tick(every);
+                    next_dog = Instant::now() + every;
+                }
+            }
             if self.stopping.load(Relaxed) {
                 // Stay to hear the workers' exits (stop() waits on them),
                 // but not for ever.
@@ -386,6 +477,10 @@ impl Supervisor {
                 return Err(io::Error::other("launcher gone"));
             }
         };
+        if let Report::Pong { .. } = report {
+            self.dog.lock().unwrap_or_else(|e| e.into_inner()).pong_seen = Some(Instant::now());
+            return Ok(());
+        }
         let id = report.id();
         let waiting = self
             .replies
@@ -446,7 +541,10 @@ impl Supervisor {
                     (None, None) => failed(&d, format!("worker {pid} ended"), ran),
                 }
             }
-            Report::Prepared { .. } | Report::Removed { .. } | Report::Connected { .. } => {}
+            Report::Prepared { .. }
+            | Report::Removed { .. }
+            | Report::Connected { .. }
+            | Report::Pong { .. } => {}
         }
         Ok(())
     }

@@ -82,6 +82,18 @@ pub struct Supervisor {
     replies: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
     /// States in the state dirs that no device serves (found at start).
     leftovers: Mutex<Vec<vzram_store::Leftover>>,
+    /// The loop ended with an error: the daemon exits non-zero.
+    loop_failed: AtomicBool,
+    /// The watchdog's view of the launcher.
+    dog: Mutex<Dog>,
+}
+
+/// When the launcher was last pinged and last answered.
+#[derive(Default)]
+struct Dog {
+    ping_sent: Option<Instant>,
+    pong_seen: Option<Instant>,
+    warned: bool,
 }
 
 impl Supervisor {
@@ -105,7 +117,14 @@ impl Supervisor {
             adding: Mutex::new(()),
             notifier: Mutex::new(None),
             leftovers: Mutex::new(Vec::new()),
+            loop_failed: AtomicBool::new(false),
+            dog: Mutex::new(Dog::default()),
         })
+    }
+
+    /// The loop failed (the launcher is gone, say): nothing is served.
+    pub fn loop_failed(&self) -> bool {
+        self.loop_failed.load(Relaxed)
     }
 
     /// The states no device serves.
@@ -136,6 +155,8 @@ impl Supervisor {
     /// Status lines for the service manager from now on.
     pub fn set_notifier(&self, n: Option<Arc<Notifier>>) {
         *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = n;
+        // The loop starts its watchdog clock on its next turn.
+        self.wake();
     }
 
     /// `STATUS=` for systemd: devices, and how many have a frontend.
@@ -178,6 +199,7 @@ impl Supervisor {
                     id,
                     socket: Some(d.spec.socket.clone()),
                     state: None,
+                    expect: None,
                 });
             }
         }

@@ -11,9 +11,12 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 
-/// A connected link to the service manager.
+/// A connected link to the service manager. Non-blocking: a message the
+/// manager is too slow to take is dropped (the next status carries the
+/// news), never waited for on the supervisor's loop.
 pub struct Notifier {
     sock: UnixDatagram,
+    watchdog: Option<std::time::Duration>,
 }
 
 impl Notifier {
@@ -32,13 +35,36 @@ impl Notifier {
         };
         let sock = UnixDatagram::unbound()?;
         sock.connect_addr(&addr)?;
-        Ok(Notifier { sock })
+        sock.set_nonblocking(true)?;
+        Ok(Notifier {
+            sock,
+            watchdog: watchdog_from_env(),
+        })
     }
 
-    /// Sends one message: newline-separated `KEY=value` lines.
+    /// Sends one message: newline-separated `KEY=value` lines. A full
+    /// queue at the receiver is `WouldBlock`: the message is dropped.
     pub fn send(&self, msg: &str) -> io::Result<()> {
         self.sock.send(msg.as_bytes()).map(|_| ())
     }
+
+    /// How often the service manager wants `WATCHDOG=1` (`WatchdogSec=`):
+    /// half its timeout, as sd_watchdog_enabled advises.
+    pub fn watchdog_every(&self) -> Option<std::time::Duration> {
+        self.watchdog.map(|t| t / 2)
+    }
+}
+
+/// `$WATCHDOG_USEC`, if it is meant for this process (`$WATCHDOG_PID`
+/// unset or ours).
+fn watchdog_from_env() -> Option<std::time::Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID") {
+        if pid.parse::<u32>().ok() != Some(std::process::id()) {
+            return None;
+        }
+    }
+    (usec > 0).then(|| std::time::Duration::from_micros(usec))
 }
 
 #[cfg(test)]
@@ -67,5 +93,28 @@ mod tests {
         let len = rx.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"STOPPING=1");
         assert!(Notifier::connect(b"/nonexistent/vzram/notify").is_err());
+    }
+
+    #[test]
+    fn a_receiver_that_stops_reading_never_blocks_a_send() {
+        let name = format!("vzram-notify-full-{}", std::process::id());
+        let _rx =
+            UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap())
+                .unwrap();
+        let n = Notifier::connect(format!("@{name}").as_bytes()).unwrap();
+        let t = std::time::Instant::now();
+        let mut dropped = 0;
+        for _ in 0..10_000 {
+            if let Err(e) = n.send("STATUS=serving 1 devices, 1 connected") {
+                assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+                dropped += 1;
+            }
+        }
+        assert!(dropped > 0, "the receiver's queue never filled");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t.elapsed()
+        );
     }
 }

@@ -214,27 +214,11 @@ fn fill(page: &mut Page, v: u64) {
 pub fn check_claim_or_undo(b: &Backing, st: &StateFiles) -> Result<()> {
     let r = b.check_claim(st.header.creation_id, st.replaced);
     if r.is_err() && !st.existing {
-        // Our own open descriptors share the lock: discard takes its own.
-        if let Err(e) = discard_unlocked(st) {
+        if let Err(e) = state::discard_held(st) {
             tracing::warn!(state = %st.dir.display(), "cannot delete the state made for a refused backing file: {e}");
         }
     }
     r
-}
-
-/// Deletes the new state `st` while this process holds it.
-fn discard_unlocked(st: &StateFiles) -> Result<()> {
-    let (Some(root), Some(name)) = (st.dir.parent(), st.dir.file_name()) else {
-        return Ok(());
-    };
-    let tomb = root.join(format!(
-        ".{}.gone-{}-{}",
-        name.to_string_lossy(),
-        std::process::id(),
-        random_id()
-    ));
-    std::fs::rename(&st.dir, &tomb).map_err(|e| StoreError::state(st.dir.display(), e))?;
-    std::fs::remove_dir_all(&tomb).map_err(|e| StoreError::state(tomb.display(), e))
 }
 
 /// Opens (or makes) the state `cfg.state` names, laid out as a device of

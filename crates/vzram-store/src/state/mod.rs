@@ -762,6 +762,18 @@ pub fn discard(dir: &Path) -> Result<()> {
     if let Some(h) = &h {
         lock(h, dir)?;
     }
+    bury(dir)
+}
+
+/// Deletes `st`, a state this process holds (just made, and refused):
+/// its own descriptors hold the lock, so none is taken again.
+pub fn discard_held(st: &StateFiles) -> Result<()> {
+    bury(&st.dir)
+}
+
+/// Renames `dir` to a tombstone, then deletes that: a crash part way
+/// leaves no half deleted state under the name.
+fn bury(dir: &Path) -> Result<()> {
     let (Some(root), Some(name)) = (dir.parent(), dir.file_name()) else {
         return Err(err(dir, "is not a state directory"));
     };
@@ -772,7 +784,6 @@ pub fn discard(dir: &Path) -> Result<()> {
         crate::id::random_id()
     ));
     std::fs::rename(dir, &tomb).map_err(|e| StoreError::state(dir.display(), e))?;
-    drop(h);
     // Another daemon finishing it off at the same moment is no failure.
     match std::fs::remove_dir_all(&tomb) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -809,20 +820,20 @@ pub fn finish_removals(root: &Path, name: Option<&str>) {
             Some(p) => f.starts_with(p.as_str()),
             None => f.contains(NEW_TAG),
         };
-        if (half_made || f.contains(GONE_TAG)) && !pid_alive(&f) {
+        // A tombstone is never anyone's device: finish it off whoever
+        // buried it (a live one tolerates the race). A state being made is
+        // left to its maker while it runs.
+        if f.contains(GONE_TAG) || (half_made && !pid_alive(&f)) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
 
-/// Whether the process that made a hidden entry (`.NAME.new-PID`,
-/// `.NAME.gone-PID-ID`) still runs: another daemon sharing the root may be
-/// in the middle of it. This process's own entries are never in use.
+/// Whether the process that is making a state (`.NAME.new-PID`) still
+/// runs: another daemon sharing the root may be in the middle of it. This
+/// process's own entries are never in use.
 fn pid_alive(entry: &str) -> bool {
-    let tail = entry
-        .rsplit_once(NEW_TAG)
-        .or_else(|| entry.rsplit_once(GONE_TAG))
-        .map_or("", |(_, t)| t);
+    let tail = entry.rsplit_once(NEW_TAG).map_or("", |(_, t)| t);
     let Ok(pid) = tail.split('-').next().unwrap_or("").parse::<u32>() else {
         return false;
     };

@@ -314,6 +314,8 @@ mod tests {
                 failures: 0,
                 failing: 0,
                 last_failure: None,
+                short_lived: 0,
+                refused_clients: 0,
             },
             stats: Default::default(),
             tier: TierStat {

@@ -214,6 +214,14 @@ pub struct WorkerStatus {
     /// Consecutive failures (what the backoff counts).
     pub failing: u64,
     pub last_failure: Option<String>,
+    /// Workers that ended cleanly without being worth their start (served
+    /// nothing, or lived under a second): each makes the next wait.
+    #[serde(default)]
+    pub short_lived: u64,
+    /// Clients closed before any worker: their first message was not a
+    /// vhost-user request.
+    #[serde(default)]
+    pub refused_clients: u64,
 }
 
 /// A device's tiering settings, and its backing file.

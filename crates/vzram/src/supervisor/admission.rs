@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::served::{failed, Phase, Served};
+use super::served::{ended_cleanly, failed, Phase, Restart, Served};
 use super::{Supervisor, STOP_WAIT};
 use crate::proto::launch::{Report, Request};
 use crate::proto::wire;
@@ -20,6 +20,12 @@ use crate::sys::socket::{hung_up, readable};
 
 /// How long a client may take to send its first message.
 pub const FIRST_MESSAGE_WAIT: Duration = Duration::from_secs(10);
+/// How long a client that has begun its first message may take to send
+/// the rest of its header (a frontend sends it in one write).
+const HEADER_WAIT: Duration = Duration::from_millis(500);
+/// How often a partial header is looked at again (it is not polled: a
+/// level-triggered epoll would report the bytes already there forever).
+const HEADER_RECHECK: Duration = Duration::from_millis(10);
 /// How long a client that connects while the device's frontend still
 /// looks connected waits before it is refused as a second frontend. A
 /// frontend that closes and reconnects at once can beat its own hang-up
@@ -227,6 +233,9 @@ impl Supervisor {
         let mut at = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
         for (_, d) in self.devices() {
             match &*d.phase() {
+                Phase::Pending {
+                    partial: Some(_), ..
+                } => at(now + HEADER_RECHECK),
                 Phase::Pending { since, .. } => {
                     let mut t = *since + FIRST_MESSAGE_WAIT;
                     if let Some((_, until)) = *d.backoff() {
@@ -274,12 +283,27 @@ impl Supervisor {
                 )?;
                 watch.listening.insert(i, false);
             }
-            Phase::Pending { conn, since } => {
+            Phase::Pending {
+                conn,
+                partial: None,
+                ..
+            } if readable(conn.as_raw_fd()) && !d.backing_off() => {
+                // The waiting client has spoken: it goes first (a storm of
+                // newcomers must not push a frontend out).
+                drop(ph);
+                self.on_pending(ep, d)?;
+            }
+            Phase::Pending {
+                conn,
+                since,
+                partial,
+            } => {
                 if let Ok((s, _)) = d.listener.accept() {
                     tracing::info!(device = %d.spec.name, "a client that sent nothing gave way to the next one");
                     let _ = ep.delete(conn.as_raw_fd());
                     *conn = s;
                     *since = Instant::now();
+                    *partial = None;
                     ep.add(
                         conn.as_raw_fd(),
                         Token::Pending(i),
@@ -297,6 +321,7 @@ impl Supervisor {
                     *ph = Phase::Pending {
                         conn: s,
                         since: Instant::now(),
+                        partial: None,
                     };
                 }
             }
@@ -304,10 +329,12 @@ impl Supervisor {
         Ok(())
     }
 
-    /// A pending connection has something to say (or has gone).
+    /// A pending connection has something to say (or has gone). A worker
+    /// is forked for it only once a whole, valid vhost-user header is
+    /// there: garbage costs a close, not a fork and a recovery.
     fn on_pending(&self, ep: &Poller, d: &Served) -> io::Result<()> {
         let mut ph = d.phase();
-        let Phase::Pending { conn, .. } = &*ph else {
+        let Phase::Pending { conn, partial, .. } = &mut *ph else {
             return Ok(());
         };
         if d.removing.load(Relaxed) {
@@ -315,13 +342,14 @@ impl Supervisor {
             *ph = Phase::Idle;
             return Ok(());
         }
-        let mut b = [0u8; 1];
-        // SAFETY: a one-byte peek into b; nothing is consumed.
+        let mut head = [0u8; HEADER_LEN];
+        // SAFETY: a peek of at most head.len() bytes into head; nothing is
+        // consumed, so the worker reads the message whole.
         let n = unsafe {
             libc::recv(
                 conn.as_raw_fd(),
-                b.as_mut_ptr().cast(),
-                1,
+                head.as_mut_ptr().cast(),
+                head.len(),
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
         };
@@ -331,6 +359,24 @@ impl Supervisor {
                 let _ = ep.delete(conn.as_raw_fd());
                 *ph = Phase::Idle;
             }
+            return Ok(());
+        }
+        if (n as usize) < HEADER_LEN {
+            // Stop watching it (the bytes there would wake the loop at
+            // once, again and again); the timers look again.
+            let _ = ep.delete(conn.as_raw_fd());
+            let since = *partial.get_or_insert_with(Instant::now);
+            if hung_up(conn.as_raw_fd()) || since.elapsed() >= HEADER_WAIT {
+                tracing::debug!(device = %d.spec.name, bytes = n, "a client sent part of a header and stopped; closed");
+                *ph = Phase::Idle;
+            }
+            return Ok(());
+        }
+        if let Err(why) = check_header(&head) {
+            d.refused_clients.fetch_add(1, Relaxed);
+            tracing::debug!(device = %d.spec.name, "a client's first message is not vhost-user ({why}); closed");
+            let _ = ep.delete(conn.as_raw_fd());
+            *ph = Phase::Idle;
             return Ok(());
         }
         if d.backing_off() {
@@ -379,9 +425,19 @@ impl Supervisor {
                 }
                 continue;
             }
-            let Phase::Pending { conn, since } = &*ph else {
+            let Phase::Pending {
+                conn,
+                since,
+                partial,
+            } = &*ph
+            else {
                 continue;
             };
+            if partial.is_some() {
+                drop(ph);
+                self.on_pending(ep, &d)?;
+                continue;
+            }
             if since.elapsed() >= FIRST_MESSAGE_WAIT && !d.backing_off() {
                 tracing::info!(device = %d.spec.name, "a client connected and sent nothing for {FIRST_MESSAGE_WAIT:?}; closed");
                 let _ = ep.delete(conn.as_raw_fd());
@@ -410,13 +466,18 @@ impl Supervisor {
                     pid: None,
                     frontend: Some(conn),
                     started: Instant::now(),
+                    served_before: d.requests_served(),
                     contender: None,
                 };
                 self.tell_status();
             }
             Err(e) => {
-                tracing::error!(device = %d.spec.name, "cannot start a worker: {e}");
-                failed(d, format!("cannot start: {e}"), Duration::ZERO);
+                failed(
+                    d,
+                    Restart::StartFailed,
+                    format!("cannot start a worker: {e}"),
+                    Duration::ZERO,
+                );
                 *ph = Phase::Idle;
             }
         }
@@ -506,39 +567,46 @@ impl Supervisor {
                 tracing::info!(device = %d.spec.name, pid, "worker started");
             }
             Report::Failed { error, .. } => {
-                tracing::error!(device = %d.spec.name, "cannot start a worker: {error}");
                 self.ended(ep, i, &d, watch);
-                failed(&d, format!("cannot start: {error}"), Duration::ZERO);
+                failed(
+                    &d,
+                    Restart::StartFailed,
+                    format!("cannot start a worker: {error}"),
+                    Duration::ZERO,
+                );
             }
             Report::Exited {
                 pid, code, signal, ..
             } => {
-                let ran = match &*d.phase() {
-                    Phase::Running { started, .. } => started.elapsed(),
-                    _ => Duration::ZERO,
+                let (ran, before) = match &*d.phase() {
+                    Phase::Running {
+                        started,
+                        served_before,
+                        ..
+                    } => (started.elapsed(), *served_before),
+                    _ => (Duration::ZERO, 0),
                 };
+                let served = d.requests_served().saturating_sub(before);
                 self.ended(ep, i, &d, watch);
                 match (code, signal) {
                     (Some(EXIT_DONE), _) => {
-                        tracing::debug!(device = %d.spec.name, pid, "worker done");
-                        *d.backoff() = None;
+                        tracing::debug!(device = %d.spec.name, pid, served, "worker done after {ran:?}");
+                        ended_cleanly(&d, ran, served);
                     }
                     (Some(c), _) => {
                         let why = format!("worker {pid} exited with code {c}");
-                        tracing::error!(device = %d.spec.name, "{why}; the device's state is kept, its next frontend gets a new worker");
-                        failed(&d, why, ran);
+                        failed(&d, Restart::Error, why, ran);
                     }
                     (None, Some(s)) => {
-                        let why = format!("worker {pid} killed by {}", signal_name(s));
                         let hint = if s == libc::SIGSYS {
                             " (a call outside its seccomp filter; the worker's last log line names it)"
                         } else {
                             ""
                         };
-                        tracing::error!(device = %d.spec.name, "{why}{hint}; the device's state is kept, its next frontend gets a new worker");
-                        failed(&d, why, ran);
+                        let why = format!("worker {pid} killed by {}{hint}", signal_name(s));
+                        failed(&d, Restart::Signal, why, ran);
                     }
-                    (None, None) => failed(&d, format!("worker {pid} ended"), ran),
+                    (None, None) => failed(&d, Restart::Signal, format!("worker {pid} ended"), ran),
                 }
             }
             Report::Prepared { .. }
@@ -562,5 +630,67 @@ impl Supervisor {
                 watch.listening.insert(i, true);
             }
         }
+    }
+}
+
+/// A vhost-user message header: request, flags, payload size.
+const HEADER_LEN: usize = 12;
+
+/// Whether `head` can start a frontend's conversation: a request the
+/// protocol knows, version 1, not a reply, no reserved flag, a payload the
+/// worker would accept (the rules the worker's vhost-user library applies).
+fn check_header(head: &[u8; HEADER_LEN]) -> Result<(), &'static str> {
+    use vhost::vhost_user::message::{FrontendReq, MAX_MSG_SIZE};
+    let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+    let (request, flags, size) = (word(0), word(4), word(8));
+    if FrontendReq::try_from(request).is_err() {
+        return Err("unknown request");
+    }
+    // Bits 0-1: the version (1); bit 2: a reply; bit 3: reply wanted.
+    if flags & 0x3 != 0x1 {
+        return Err("not version 1");
+    }
+    if flags & 0x4 != 0 {
+        return Err("a reply, not a request");
+    }
+    if flags & !0xf != 0 {
+        return Err("reserved flags set");
+    }
+    if size as usize > MAX_MSG_SIZE {
+        return Err("payload too large");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(request: u32, flags: u32, size: u32) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(&request.to_le_bytes());
+        h[4..8].copy_from_slice(&flags.to_le_bytes());
+        h[8..].copy_from_slice(&size.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn only_a_frontend_request_header_passes() {
+        // GET_FEATURES as QEMU, cloud-hypervisor and libblkio send it first.
+        assert_eq!(check_header(&head(1, 0x1, 0)), Ok(()));
+        // SET_FEATURES with NEED_REPLY and its 8-byte payload.
+        assert_eq!(check_header(&head(2, 0x9, 8)), Ok(()));
+        assert!(check_header(&head(0, 0x1, 0)).is_err(), "request 0");
+        assert!(
+            check_header(&head(9999, 0x1, 0)).is_err(),
+            "unknown request"
+        );
+        assert!(check_header(&head(1, 0x0, 0)).is_err(), "version 0");
+        assert!(check_header(&head(1, 0x2, 0)).is_err(), "version 2");
+        assert!(check_header(&head(1, 0x5, 0)).is_err(), "a reply");
+        assert!(check_header(&head(1, 0x11, 0)).is_err(), "reserved flag");
+        assert!(check_header(&head(1, 0x1, 0x1001)).is_err(), "too big");
+        assert!(check_header(b"GET / HTTP/1").is_err());
+        assert!(check_header(&[0xff; HEADER_LEN]).is_err());
     }
 }

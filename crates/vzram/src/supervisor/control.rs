@@ -74,6 +74,11 @@ impl Control {
                     stats: d.cells.stats(d.spec.size),
                     latency: d.cells.latencies(),
                     backing_blocks: d.backing.as_ref().map_or(0, |b| b.blocks),
+                    restarts: super::served::Restart::ALL
+                        .iter()
+                        .map(|r| (r.name(), d.restarts[*r as usize].load(Ordering::Relaxed)))
+                        .collect(),
+                    refused_clients: d.refused_clients.load(Ordering::Relaxed),
                 })
                 .collect(),
             leftovers: self

@@ -34,6 +34,10 @@ pub struct DeviceSample {
     pub latency: Vec<(Op, LatencySnapshot)>,
     /// Page blocks in its backing file (0: none).
     pub backing_blocks: u64,
+    /// Worker restarts by reason (`Restart::name`).
+    pub restarts: Vec<(&'static str, u64)>,
+    /// Clients closed before a worker: their first message was not vhost-user.
+    pub refused_clients: u64,
 }
 
 /// Everything one scrape reports.
@@ -184,6 +188,12 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         |d| d.stats.pages_recompressed,
     ),
     (
+        "vzram_refused_clients",
+        "Clients closed before any worker was started, because their first message was not a vhost-user request",
+        MetricType::Counter,
+        |d| d.refused_clients,
+    ),
+    (
         "vzram_recompress_saved_bytes",
         "Compressed bytes recompression saved",
         MetricType::Counter,
@@ -270,6 +280,18 @@ impl Collector for Sample {
                         &h.buckets,
                         None,
                     )?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "vzram_worker_restarts",
+            "Worker ends other than a useful clean one: short (served nothing or lived under a second), error (exit code), signal, start_failed",
+            None,
+            MetricType::Counter,
+        )?;
+        for d in &self.devices {
+            for (reason, n) in &d.restarts {
+                m.encode_family(&[("device", d.name.as_str()), ("reason", reason)])?
+                    .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(n, None)?;
             }
         }
         for (name, help, ty, value) in POOL_METRICS {
@@ -482,6 +504,8 @@ mod tests {
                     ..DeviceStats::default()
                 },
                 backing_blocks: 100,
+                restarts: vec![("short", 5), ("signal", 1)],
+                refused_clients: 3,
                 latency: vec![(
                     Op::Read,
                     LatencySnapshot {
@@ -516,6 +540,10 @@ mod tests {
             "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"read\",le=\"2e-06\"} 5",
             "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"read\",le=\"+Inf\"} 6",
             "vzram_request_duration_seconds_count{device=\"vm1\",op=\"read\"} 6",
+            "# TYPE vzram_worker_restarts_total counter",
+            "vzram_worker_restarts_total{device=\"vm1\",reason=\"short\"} 5",
+            "vzram_worker_restarts_total{device=\"vm1\",reason=\"signal\"} 1",
+            "vzram_refused_clients_total{device=\"vm1\"} 3",
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");
         }

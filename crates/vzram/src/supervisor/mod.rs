@@ -244,6 +244,8 @@ impl Supervisor {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            short_lived: d.restarts[served::Restart::Short as usize].load(Relaxed),
+            refused_clients: d.refused_clients.load(Relaxed),
         }
     }
 }

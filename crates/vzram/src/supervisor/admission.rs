@@ -541,10 +541,7 @@ impl Supervisor {
                     (None, None) => failed(&d, format!("worker {pid} ended"), ran),
                 }
             }
-            Report::Prepared { .. }
-            | Report::Removed { .. }
-            | Report::Connected { .. }
-            | Report::Pong { .. } => {}
+            Report::Prepared { .. } | Report::Removed { .. } | Report::Pong { .. } => {}
         }
         Ok(())
     }

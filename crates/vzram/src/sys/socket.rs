@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> 
     };
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
+            if listened_on(path) {
                 return Err(fail(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     "another process is serving it",
@@ -62,6 +62,37 @@ pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> 
     // umask can only take bits away; set exactly what was asked for.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)?;
     Ok(listener)
+}
+
+/// Whether a process listens on the unix socket at `path`, found without
+/// waiting: a non-blocking connect succeeds or, with the backlog full,
+/// fails with EAGAIN; a stale socket file refuses.
+fn listened_on(path: &Path) -> bool {
+    let Ok(sa) = sockaddr_un(path) else {
+        return false;
+    };
+    // SAFETY: socket() makes a new descriptor, owned at once below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if raw < 0 {
+        return false;
+    }
+    // SAFETY: just created, ours alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: a sockaddr_un we built, with its true size.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(sa).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN)
 }
 
 /// Connects to a migration address within `wait`, name resolution
@@ -266,6 +297,38 @@ mod tests {
         drop((l, held));
         let r = connect(&addr, Duration::from_secs(5));
         assert!(matches!(r, Err(ConnectError::Os { .. })), "{r:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn binding_over_a_live_socket_with_a_full_backlog_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("vzram-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("live.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).unwrap();
+        // SAFETY: listen() again on our own listener only lowers its backlog.
+        assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 0) }, 0);
+        let addr = Addr::Unix(path.clone());
+        let mut held = Vec::new();
+        while let Ok(c) = connect(&addr, Duration::from_millis(50)) {
+            held.push(c);
+            assert!(held.len() < 16, "the backlog never filled");
+        }
+        // On a thread, so that a probe that waits fails the test, not hangs it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(bind_socket(&p, 0o600).map(drop));
+        });
+        let r = rx
+            .recv_timeout(Duration::from_secs(2))
+            .expect("bind_socket still waits on the full backlog after 2 s");
+        let e = r.unwrap_err();
+        assert_eq!(e.source.kind(), io::ErrorKind::AddrInUse, "{e}");
+        // Once nobody listens, the file is stale and replaced.
+        drop((l, held));
+        bind_socket(&path, 0o600).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

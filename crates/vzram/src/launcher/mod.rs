@@ -8,13 +8,22 @@
 //! with these descriptors". The launcher reads nothing else, from no one
 //! else. Each worker installs its own, tighter filter once set up.
 //!
+//! It only starts processes and sets up files; it never does network I/O,
+//! which could wedge its one thread and with it every worker start. A
+//! connection the supervisor asks for is made by a short-lived helper it
+//! forks (see [`connect`]), which answers the requester directly. The
+//! launcher runs without a seccomp filter (it must fork and exec).
+//!
 //! Messages are `proto::launch`'s, framed by `proto::wire`.
+
+mod connect;
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::time::Duration;
 
 use vzram_store::{Codec, Existing, StateSpec};
 
@@ -45,6 +54,7 @@ pub fn run() -> io::Result<()> {
     }
     let sigchld = ChildSignals::new()?;
     let mut children: Vec<(u64, Child)> = Vec::new();
+    let mut helpers = connect::Helpers::default();
     loop {
         let mut p = [
             libc::pollfd {
@@ -59,7 +69,7 @@ pub fn run() -> io::Result<()> {
             },
         ];
         // SAFETY: two pollfds we own.
-        let rc = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
+        let rc = unsafe { libc::poll(p.as_mut_ptr(), 2, helpers.poll_timeout()) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -70,7 +80,9 @@ pub fn run() -> io::Result<()> {
         if p[1].revents != 0 {
             sigchld.drain();
             reap(&sock, &mut children)?;
+            helpers.reap();
         }
+        helpers.kill_overdue();
         if p[0].revents != 0 {
             match recv::<Request>(&sock)? {
                 None => return Ok(()),
@@ -139,17 +151,26 @@ pub fn run() -> io::Result<()> {
                     }
                     Err(error) => send(&sock, &Report::Failed { id, error }, &[])?,
                 },
-                Some((Request::Connect { id, addr }, _)) => match socket::connect(&addr) {
-                    Ok(conn) => send(&sock, &Report::Connected { id }, &[conn.as_raw_fd()])?,
-                    Err(e) => send(
-                        &sock,
-                        &Report::Failed {
+                Some((Request::Connect { id, addr, wait_ms }, fds)) => {
+                    // The answer goes on the socket sent along, not ours;
+                    // without one there is no one to answer.
+                    match <[OwnedFd; 1]>::try_from(fds) {
+                        Ok([reply]) => helpers.start(
+                            sock.as_raw_fd(),
                             id,
-                            error: e.to_string(),
-                        },
-                        &[],
-                    )?,
-                },
+                            &addr,
+                            Duration::from_millis(wait_ms),
+                            reply,
+                        ),
+                        Err(fds) => {
+                            tracing::warn!(
+                                id,
+                                fds = fds.len(),
+                                "a connect request without one reply socket; ignored"
+                            )
+                        }
+                    }
+                }
                 Some((
                     Request::Remove {
                         id,

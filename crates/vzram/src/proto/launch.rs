@@ -1,8 +1,14 @@
 //! Supervisor ↔ launcher: what the supervisor asks for (a worker started,
 //! a device's socket and state prepared, a connection made, files
 //! removed) and what the launcher reports back, with the ends of workers.
+//!
+//! The launcher itself never does network I/O: a [`Request::Connect`] is
+//! carried out by a short-lived helper process it forks, which answers
+//! with a [`ConnectReply`] on a socket the requester sent along, so a
+//! destination that never answers holds up no one but the requester.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use vzram_store::{Codec, StateSpec};
@@ -36,9 +42,16 @@ pub enum Request {
         #[serde(default)]
         incoming: Option<Addr>,
     },
-    /// Connect to another vzram's migration address; the reply carries
-    /// the connection.
-    Connect { id: u64, addr: Addr },
+    /// Connect to another vzram's migration address within `wait_ms`
+    /// (name resolution included). Sent with one descriptor, the
+    /// requester's end of a fresh socket pair: the answer, a
+    /// [`ConnectReply`], comes on it, never on the launcher's socket.
+    Connect {
+        id: u64,
+        addr: Addr,
+        #[serde(default = "connect_wait_ms")]
+        wait_ms: u64,
+    },
     /// Remove a device's socket file (only if it is a socket) and its state
     /// directory (only if it holds a vzram state nobody has locked).
     Remove {
@@ -84,10 +97,46 @@ pub enum Report {
     Pong {
         id: u64,
     },
-    /// Descriptor: the connection.
+}
+
+/// How long a connection to a migration destination may take, overall.
+pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+fn connect_wait_ms() -> u64 {
+    CONNECT_WAIT.as_millis() as u64
+}
+
+/// The answer to a [`Request::Connect`], on the socket sent with it.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ConnectReply {
+    /// Descriptor: the connection (blocking, as a worker expects).
     Connected {
         id: u64,
     },
+    Failed {
+        id: u64,
+        error: ConnectError,
+    },
+}
+
+/// Why no connection was made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot resolve {host}: {error}")]
+    Resolve { host: String, error: String },
+    #[error("{host} resolves to no address")]
+    NoAddress { host: String },
+    #[error("no connection within {ms} ms")]
+    Deadline { ms: u64 },
+    #[error("socket path too long")]
+    PathTooLong,
+    /// The last address's error.
+    #[error("{}", std::io::Error::from_raw_os_error(*errno))]
+    Os { errno: i32 },
+    #[error("{error}")]
+    Other { error: String },
+    #[error("the launcher cannot start a helper to connect: {}", std::io::Error::from_raw_os_error(*errno))]
+    Helper { errno: i32 },
 }
 
 /// What opening a backing file found.
@@ -105,8 +154,7 @@ impl Report {
             | Report::Exited { id, .. }
             | Report::Prepared { id, .. }
             | Report::Removed { id }
-            | Report::Pong { id }
-            | Report::Connected { id } => *id,
+            | Report::Pong { id } => *id,
         }
     }
 }

@@ -609,10 +609,7 @@ impl Supervisor {
                     (None, None) => failed(&d, Restart::Signal, format!("worker {pid} ended"), ran),
                 }
             }
-            Report::Prepared { .. }
-            | Report::Removed { .. }
-            | Report::Connected { .. }
-            | Report::Pong { .. } => {}
+            Report::Prepared { .. } | Report::Removed { .. } | Report::Pong { .. } => {}
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! side (accept a stream for a device that waits for its pages).
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +14,12 @@ use super::Supervisor;
 use crate::owner::migration::{refuse, Conn, Listener};
 use crate::proto::addr::Addr;
 use crate::proto::control::MIGRATE_WAIT;
-use crate::proto::launch::{Report, Request};
+use crate::proto::launch::{ConnectReply, Request, CONNECT_WAIT};
 use crate::proto::order::{Answer, Order};
+use crate::proto::wire::{self, seqpacket_pair};
+
+/// How long past its connect deadline a helper's answer is waited for.
+const REPLY_GRACE: Duration = Duration::from_secs(3);
 
 impl Supervisor {
     /// Sends device `d` to the vzram at `to` (see `vzram migrate`): its
@@ -25,21 +30,7 @@ impl Supervisor {
         const ATTEMPTS: usize = 3;
         let mut last = String::new();
         for attempt in 1..=ATTEMPTS {
-            let (report, mut fds) = self.ask(|id| Request::Connect {
-                id,
-                addr: to.clone(),
-            })?;
-            match report {
-                Report::Connected { .. } => {}
-                Report::Failed { error, .. } => {
-                    return Err(Error::Connect {
-                        to: to.to_string(),
-                        error,
-                    })
-                }
-                r => return Err(Error::LauncherAnswer(format!("{r:?}"))),
-            }
-            let fd = fds.pop().ok_or(Error::LauncherNoConnection)?;
+            let fd = self.connect(to, CONNECT_WAIT)?;
             tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
             match self.on_owner(d, &Order::Send { keep }, Some(fd), HOLD_WAIT) {
                 Ok((Answer::Failed { error }, _)) => {
@@ -63,6 +54,41 @@ impl Supervisor {
             .store(vzram_store::cells::MIGRATION_SEND_FAILED, Relaxed);
         d.set_migration_error(Some(last.clone()));
         Err(failed(d, last))
+    }
+
+    /// A connection to `to` within `wait`, made by a helper the launcher
+    /// starts, which answers on a socket pair of ours: this (control)
+    /// thread waits for it, the launcher and the loop do not.
+    fn connect(&self, to: &Addr, wait: Duration) -> Result<OwnedFd> {
+        let fail = |error: String| Error::Connect {
+            to: to.to_string(),
+            error,
+        };
+        let (ours, theirs) = seqpacket_pair()?;
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let req = Request::Connect {
+            id,
+            addr: to.clone(),
+            wait_ms: wait.as_millis() as u64,
+        };
+        wire::send(&self.launcher, &req, &[theirs.as_raw_fd()]).map_err(Error::Launcher)?;
+        drop(theirs);
+        // The helper is killed a little after `wait`, which closes its end;
+        // this is a last bound should even that not happen.
+        let limit = wait + REPLY_GRACE;
+        if !vzram_blk::guard::wait_fd(ours.as_raw_fd(), libc::POLLIN, Some(limit))? {
+            return Err(fail(format!("no answer within {} ms", limit.as_millis())));
+        }
+        match wire::recv::<ConnectReply>(&ours)? {
+            Some((ConnectReply::Connected { id: got }, mut fds)) if got == id => {
+                fds.pop().ok_or(Error::LauncherNoConnection)
+            }
+            Some((ConnectReply::Failed { id: got, error }, _)) if got == id => {
+                Err(fail(error.to_string()))
+            }
+            Some((r, _)) => Err(Error::LauncherAnswer(format!("{r:?}"))),
+            None => Err(fail("the connecting helper ended without an answer".into())),
+        }
     }
 
     /// Accepts migration streams for incoming device `d` on its own thread

@@ -1,21 +1,19 @@
 //! Unix sockets: binding a listener safely, connecting to a migration
-//! address, and the small polls the supervisor makes on its sockets.
+//! address with a deadline, and the small polls the supervisor makes on its sockets.
 
 use std::io;
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{OwnedFd, RawFd};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
 use crate::proto::addr::Addr;
-
-/// How long connecting to a migration destination may take.
-pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
+use crate::proto::launch::ConnectError;
 
 /// A socket that cannot be bound (or connected), with its path.
 #[derive(Debug, Error)]
@@ -35,7 +33,7 @@ pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> 
     };
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
+            if listened_on(path) {
                 return Err(fail(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     "another process is serving it",
@@ -66,23 +64,153 @@ pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> 
     Ok(listener)
 }
 
-/// Connects to a migration address (for the launcher, which may).
-pub fn connect(addr: &Addr) -> io::Result<OwnedFd> {
+/// Whether a process listens on the unix socket at `path`, found without
+/// waiting: a non-blocking connect succeeds or, with the backlog full,
+/// fails with EAGAIN; a stale socket file refuses.
+fn listened_on(path: &Path) -> bool {
+    let Ok(sa) = sockaddr_un(path) else {
+        return false;
+    };
+    // SAFETY: socket() makes a new descriptor, owned at once below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if raw < 0 {
+        return false;
+    }
+    // SAFETY: just created, ours alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: a sockaddr_un we built, with its true size.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            std::ptr::addr_of!(sa).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN)
+}
+
+/// Connects to a migration address within `wait`, name resolution
+/// included (which cannot be interrupted: only the launcher's connecting
+/// helper calls this, and it is killed if it overstays). The connection
+/// returned blocks, as the stream's sender expects.
+pub fn connect(addr: &Addr, wait: Duration) -> Result<OwnedFd, ConnectError> {
+    let deadline = Instant::now() + wait;
+    let late = ConnectError::Deadline {
+        ms: wait.as_millis() as u64,
+    };
     match addr {
-        Addr::Unix(p) => Ok(UnixStream::connect(p)?.into()),
+        Addr::Unix(p) => connect_unix(p, deadline, late),
         Addr::Tcp(hp) => {
-            let mut last = io::Error::other(format!("{hp} resolves to no address"));
-            for a in hp.to_socket_addrs()? {
-                match TcpStream::connect_timeout(&a, CONNECT_WAIT) {
+            let addrs: Vec<SocketAddr> = hp
+                .to_socket_addrs()
+                .map_err(|e| ConnectError::Resolve {
+                    host: hp.clone(),
+                    error: e.to_string(),
+                })?
+                .collect();
+            let mut last = ConnectError::NoAddress { host: hp.clone() };
+            for a in addrs {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(late);
+                }
+                // Non-blocking connect and poll inside, for what is left
+                // of the one deadline.
+                match TcpStream::connect_timeout(&a, left) {
                     Ok(s) => {
                         let _ = s.set_nodelay(true);
                         return Ok(s.into());
                     }
-                    Err(e) => last = e,
+                    Err(e) if e.kind() == io::ErrorKind::TimedOut => last = late.clone(),
+                    Err(e) => last = os_error(&e),
                 }
             }
             Err(last)
         }
+    }
+}
+
+fn os_error(e: &io::Error) -> ConnectError {
+    match e.raw_os_error() {
+        Some(errno) => ConnectError::Os { errno },
+        None => ConnectError::Other {
+            error: e.to_string(),
+        },
+    }
+}
+
+/// A unix socket's connect cannot complete in the background: made
+/// non-blocking it fails with EAGAIN while the listener's backlog is full,
+/// and nothing polls ready when room appears. A send timeout bounds the
+/// kernel's wait for room instead, and is cleared once connected.
+fn connect_unix(
+    path: &Path,
+    deadline: Instant,
+    late: ConnectError,
+) -> Result<OwnedFd, ConnectError> {
+    let sa = sockaddr_un(path).map_err(|_| ConnectError::PathTooLong)?;
+    // SAFETY: socket() makes a new descriptor, owned at once below.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(os_error(&io::Error::last_os_error()));
+    }
+    // SAFETY: just created, ours alone.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // A zero timeout would mean "wait forever".
+        if left < Duration::from_millis(1) {
+            return Err(late);
+        }
+        set_send_timeout(&fd, Some(left)).map_err(|e| os_error(&e))?;
+        // SAFETY: a sockaddr_un we built, with its true size.
+        let rc = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                std::ptr::addr_of!(sa).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            set_send_timeout(&fd, None).map_err(|e| os_error(&e))?;
+            return Ok(fd);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // The backlog stayed full until the timeout.
+            Some(libc::EAGAIN) | Some(libc::EINPROGRESS) => return Err(late),
+            _ => return Err(os_error(&e)),
+        }
+    }
+}
+
+fn set_send_timeout(fd: &OwnedFd, t: Option<Duration>) -> io::Result<()> {
+    let t = t.unwrap_or(Duration::ZERO);
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: a timeval we own, with its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            std::ptr::addr_of!(tv).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -131,4 +259,76 @@ pub fn sockaddr_un(path: &Path) -> io::Result<libc::sockaddr_un> {
         *d = *s as libc::c_char;
     }
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unix_connect_to_a_full_backlog_ends_at_its_deadline() {
+        let dir = std::env::temp_dir().join(format!("vzram-connect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("full.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).unwrap();
+        // SAFETY: listen() again on our own listener only lowers its backlog.
+        assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 0) }, 0);
+        let addr = Addr::Unix(path.clone());
+        // Fill the backlog: connects that each give up soon.
+        let mut held = Vec::new();
+        loop {
+            match connect(&addr, Duration::from_millis(50)) {
+                Ok(c) => held.push(c),
+                Err(ConnectError::Deadline { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(held.len() < 16, "the backlog never filled");
+        }
+        let t = Instant::now();
+        let r = connect(&addr, Duration::from_millis(300));
+        let took = t.elapsed();
+        assert_eq!(r.err(), Some(ConnectError::Deadline { ms: 300 }));
+        assert!(
+            took >= Duration::from_millis(290) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
+        // Nobody there: the kernel's error, at once.
+        drop((l, held));
+        let r = connect(&addr, Duration::from_secs(5));
+        assert!(matches!(r, Err(ConnectError::Os { .. })), "{r:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn binding_over_a_live_socket_with_a_full_backlog_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("vzram-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("live.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).unwrap();
+        // SAFETY: listen() again on our own listener only lowers its backlog.
+        assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 0) }, 0);
+        let addr = Addr::Unix(path.clone());
+        let mut held = Vec::new();
+        while let Ok(c) = connect(&addr, Duration::from_millis(50)) {
+            held.push(c);
+            assert!(held.len() < 16, "the backlog never filled");
+        }
+        // On a thread, so that a probe that waits fails the test, not hangs it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(bind_socket(&p, 0o600).map(drop));
+        });
+        let r = rx
+            .recv_timeout(Duration::from_secs(2))
+            .expect("bind_socket still waits on the full backlog after 2 s");
+        let e = r.unwrap_err();
+        assert_eq!(e.source.kind(), io::ErrorKind::AddrInUse, "{e}");
+        // Once nobody listens, the file is stale and replaced.
+        drop((l, held));
+        bind_socket(&path, 0o600).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

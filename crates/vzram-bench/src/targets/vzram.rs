@@ -356,6 +356,8 @@ mod tests {
                 failures: 2,
                 failing: 1,
                 last_failure: None,
+                short_lived: 0,
+                refused_clients: 0,
             },
             stats: DeviceStats {
                 mem_used_total: 7,

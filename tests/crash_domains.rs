@@ -208,10 +208,12 @@ fn a_device_whose_workers_keep_dying_is_backed_off() {
     }
     let log = d.log_text();
     assert!(log.contains("next worker in 400ms"), "{log}");
-    // After a clean connection the device is healthy again.
+    // After a useful clean connection (a request served, a second
+    // lived) the device is healthy again.
     std::thread::sleep(Duration::from_millis(500));
     let mut ca = Client::connect(&a, 1).unwrap();
     ca.q(0).write(0, &[7u8; 4096]).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
     drop(ca);
     let deadline = Instant::now() + Duration::from_secs(10);
     while worker_of(&d, "a").failing != 0 {

@@ -185,11 +185,15 @@ fn launcher_free_while_connecting(st: &mut Setup, to: &str) {
             .write(i * PAGE as u64, &versioned_page_nonzero(i, 1))
             .unwrap();
     }
-    let cb = Client::connect(&st.b, 1).unwrap();
+    // b's frontend serves a while (a worker that served nothing, or less
+    // than a second, would make its successor wait).
+    let mut cb = Client::connect(&st.b, 1).unwrap();
+    cb.q(0).write(0, &versioned_page_nonzero(0, 2)).unwrap();
     let t0 = Instant::now();
     let m = spawn_cli(&st.d, &["migrate", "--device", "a", "--to", to]);
-    // Long enough for the connect to be under way.
-    std::thread::sleep(Duration::from_millis(500));
+    // Long enough for the connect to be under way, and for b's worker to
+    // have been worth its start.
+    std::thread::sleep(Duration::from_millis(1100));
 
     drop(cb);
     let took = served_within(&st.b, 2, Duration::from_secs(1));

@@ -71,28 +71,46 @@ fn listened_on(path: &Path) -> bool {
     let Ok(sa) = sockaddr_un(path) else {
         return false;
     };
+    let Ok(fd) = unix_stream_socket(libc::SOCK_NONBLOCK) else {
+        return false;
+    };
+    match connect_raw(&fd, &sa) {
+        Ok(()) => true,
+        Err(e) => e.raw_os_error() == Some(libc::EAGAIN),
+    }
+}
+
+/// A new unix stream socket (close-on-exec, plus `flags`).
+fn unix_stream_socket(flags: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: socket() makes a new descriptor, owned at once below.
     let raw = unsafe {
         libc::socket(
             libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | flags,
             0,
         )
     };
     if raw < 0 {
-        return false;
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: just created, ours alone.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+fn connect_raw(fd: &OwnedFd, sa: &libc::sockaddr_un) -> io::Result<()> {
     // SAFETY: a sockaddr_un we built, with its true size.
     let rc = unsafe {
         libc::connect(
             fd.as_raw_fd(),
-            std::ptr::addr_of!(sa).cast(),
+            std::ptr::from_ref(sa).cast(),
             std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
         )
     };
-    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN)
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Connects to a migration address within `wait`, name resolution
@@ -155,13 +173,7 @@ fn connect_unix(
     late: ConnectError,
 ) -> Result<OwnedFd, ConnectError> {
     let sa = sockaddr_un(path).map_err(|_| ConnectError::PathTooLong)?;
-    // SAFETY: socket() makes a new descriptor, owned at once below.
-    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(os_error(&io::Error::last_os_error()));
-    }
-    // SAFETY: just created, ours alone.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = unix_stream_socket(0).map_err(|e| os_error(&e))?;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         // A zero timeout would mean "wait forever".
@@ -169,19 +181,10 @@ fn connect_unix(
             return Err(late);
         }
         set_send_timeout(&fd, Some(left)).map_err(|e| os_error(&e))?;
-        // SAFETY: a sockaddr_un we built, with its true size.
-        let rc = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                std::ptr::addr_of!(sa).cast(),
-                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
+        let Err(e) = connect_raw(&fd, &sa) else {
             set_send_timeout(&fd, None).map_err(|e| os_error(&e))?;
             return Ok(fd);
-        }
-        let e = io::Error::last_os_error();
+        };
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             // The backlog stayed full until the timeout.

@@ -2065,16 +2065,6 @@ fn unoffered_protocol_features_are_refused() {
     fx.check_victim();
 }
 
-/// The daemon's user + system CPU time in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of stat; `rest` starts at field 3.
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
 /// With EVENT_IDX, an avail index far ahead of what the ring can hold made
 /// the queue thread spin: the ring "has work" but no request can be taken.
 /// It held the vring lock at 100% CPU, logged a line per turn, and

@@ -43,6 +43,17 @@ pub fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// A process's user + system CPU time in clock ticks (all its threads;
+/// 100 a second).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat; `rest` starts at field 3.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::process::Command;

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::clients::FULL_PAUSE;
 use super::served::{ended_cleanly, failed, Phase, Restart, Served};
 use super::{Supervisor, STOP_WAIT};
 use crate::proto::launch::{Report, Request};
@@ -39,6 +40,18 @@ const SECOND_FRONTEND_GRACE: Duration = Duration::from_secs(1);
 #[derive(Default)]
 struct Watch {
     listening: std::collections::HashMap<usize, bool>,
+    /// Listeners not watched until then: accept failed (out of
+    /// descriptors), and a level-triggered epoll would report the waiting
+    /// client again at once, for ever.
+    paused: std::collections::HashMap<usize, Instant>,
+    /// Whether this run of failed accepts was logged.
+    accept_failing: bool,
+}
+
+impl Watch {
+    fn next_resume(&self) -> Option<Instant> {
+        self.paused.values().min().copied()
+    }
 }
 
 impl Supervisor {
@@ -139,6 +152,10 @@ impl Supervisor {
             } else {
                 self.next_deadline()
             };
+            if let Some(t) = watch.next_resume() {
+                let ms = t.saturating_duration_since(Instant::now()).as_millis() as i32 + 1;
+                timeout = if timeout < 0 { ms } else { timeout.min(ms) };
+            }
             let dog = self.watchdog_every();
             if dog.is_some() {
                 let ms = next_dog
@@ -201,6 +218,7 @@ impl Supervisor {
                 Some(_) if removing => {
                     let _ = ep.delete(d.listener.as_raw_fd());
                     watch.listening.remove(&i);
+                    watch.paused.remove(&i);
                     let mut ph = d.phase();
                     match &*ph {
                         Phase::Pending { conn, .. } => {
@@ -216,7 +234,9 @@ impl Supervisor {
                 }
                 // Disarmed while the supervisor held the device (a frontend
                 // came meanwhile and waits in the backlog): the hold is over.
-                Some(false) if matches!(*d.phase(), Phase::Idle) => {
+                Some(false)
+                    if matches!(*d.phase(), Phase::Idle) && !watch.paused.contains_key(&i) =>
+                {
                     ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
                     watch.listening.insert(i, true);
                 }
@@ -285,21 +305,12 @@ impl Supervisor {
             }
             Phase::Pending {
                 conn,
-                partial: None,
-                ..
-            } if readable(conn.as_raw_fd()) && !d.backing_off() => {
-                // The waiting client has spoken: it goes first (a storm of
-                // newcomers must not push a frontend out).
-                drop(ph);
-                self.on_pending(ep, d)?;
-            }
-            Phase::Pending {
-                conn,
                 since,
                 partial,
             } => {
-                if let Ok((s, _)) = d.listener.accept() {
-                    tracing::info!(device = %d.spec.name, "a client that sent nothing gave way to the next one");
+                if let Some(s) = self.accept(ep, i, d, watch)? {
+                    // Debug: a storm of clients makes one of these each.
+                    tracing::debug!(device = %d.spec.name, "a client that sent nothing gave way to the next one");
                     let _ = ep.delete(conn.as_raw_fd());
                     *conn = s;
                     *since = Instant::now();
@@ -312,7 +323,7 @@ impl Supervisor {
                 }
             }
             Phase::Idle => {
-                if let Ok((s, _)) = d.listener.accept() {
+                if let Some(s) = self.accept(ep, i, d, watch)? {
                     ep.add(
                         s.as_raw_fd(),
                         Token::Pending(i),
@@ -327,6 +338,42 @@ impl Supervisor {
             }
         }
         Ok(())
+    }
+
+    /// The client waiting on `d`'s listener; on a failure (out of
+    /// descriptors, most likely) the listener is left alone for a moment
+    /// and the failure logged once, not once a turn.
+    fn accept(
+        &self,
+        ep: &Poller,
+        i: usize,
+        d: &Served,
+        watch: &mut Watch,
+    ) -> io::Result<Option<UnixStream>> {
+        match d.listener.accept() {
+            Ok((s, _)) => {
+                if watch.accept_failing {
+                    tracing::info!(device = %d.spec.name, "accepting frontends again");
+                    watch.accept_failing = false;
+                }
+                Ok(Some(s))
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => {
+                if !watch.accept_failing {
+                    tracing::warn!(device = %d.spec.name, "cannot accept a frontend: {e}; device sockets are not accepting for {FULL_PAUSE:?} at a time until it succeeds");
+                    watch.accept_failing = true;
+                }
+                ep.modify(
+                    d.listener.as_raw_fd(),
+                    Token::Listener(i),
+                    EventSet::empty(),
+                )?;
+                watch.listening.insert(i, false);
+                watch.paused.insert(i, Instant::now() + FULL_PAUSE);
+                Ok(None)
+            }
+        }
     }
 
     /// A pending connection has something to say (or has gone). A worker
@@ -395,6 +442,21 @@ impl Supervisor {
     /// Deadlines: silent clients are closed, backoffs end, second
     /// frontends are refused.
     fn on_timers(&self, ep: &Poller, watch: &mut Watch) -> io::Result<()> {
+        let now = Instant::now();
+        let resumed: Vec<usize> = watch
+            .paused
+            .iter()
+            .filter(|(_, t)| now >= **t)
+            .map(|(i, _)| *i)
+            .collect();
+        for i in resumed {
+            watch.paused.remove(&i);
+            // A phase that wants the listener quiet disarms it again.
+            if let Some(d) = self.device(i).filter(|d| !d.removing.load(Relaxed)) {
+                ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
+                watch.listening.insert(i, true);
+            }
+        }
         for (i, d) in self.devices() {
             let mut ph = d.phase();
             if let Phase::Running {

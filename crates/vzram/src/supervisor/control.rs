@@ -1,15 +1,16 @@
-//! The control socket's server: one thread per connection, one reply
-//! line per request (the protocol is `proto::control`'s).
+//! The control socket's server: one reply line per request line (the
+//! protocol is `proto::control`'s), over bounded connections.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use vzram_store::PoolStats;
 
+use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
 use super::error::{Error, Result};
 use super::metrics::{DeviceSample, Sample};
 use super::orders::unexpected;
@@ -25,7 +26,13 @@ use crate::proto::control::{
 use crate::proto::order::{Answer, Order, TierFilter};
 
 /// Longest request line accepted; anything longer closes the connection.
-const MAX_LINE: u64 = 64 * 1024;
+const MAX_LINE: usize = 64 * 1024;
+/// Control clients at once; past it the longest idle one gives way.
+pub const MAX_CLIENTS: usize = 64;
+/// A client that neither sends nor reads for this long is closed.
+const IDLE: Duration = Duration::from_secs(30);
+/// Threads answering requests that may wait (`stat` is answered at once).
+const POOL: usize = 4;
 
 pub struct Control {
     sup: Arc<Supervisor>,
@@ -122,12 +129,7 @@ impl Control {
         })
     }
 
-    /// Answers one request line.
-    pub fn handle_line(&self, line: &str) -> Value {
-        let req: Request = match serde_json::from_str(line) {
-            Ok(r) => r,
-            Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
-        };
+    fn answer_request(&self, req: Request) -> Value {
         match self.handle(req) {
             Ok(mut v) => {
                 v["ok"] = json!(true);
@@ -497,56 +499,98 @@ fn migration_state(v: u64) -> MigrationState {
     }
 }
 
-/// Accepts control connections forever, one thread each (they are rare and
-/// short; a client that stalls must not block the others).
-pub fn serve(listener: UnixListener, ctl: Arc<Control>) {
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                let ctl = ctl.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("control-conn".into())
-                    .spawn(move || {
-                        if let Err(e) = handle_conn(stream, &ctl) {
-                            tracing::debug!("control connection: {e}");
-                        }
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!("cannot start a control thread: {e}");
-                }
-            }
-            Err(e) => {
-                tracing::warn!("control socket accept: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
+/// One control request line, parsed.
+pub enum Line {
+    Blank,
+    Bad(String),
+    Req(Request),
+}
+
+fn line_of(v: &Value) -> Vec<u8> {
+    let mut b = v.to_string().into_bytes();
+    b.push(b'\n');
+    b
+}
+
+impl Protocol for Control {
+    type Req = Line;
+    const NAME: &'static str = "control";
+
+    fn frame(&self, buf: &[u8]) -> Frame {
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) if i < MAX_LINE => Frame::Request(i + 1),
+            Some(_) => Frame::TooLong,
+            None if buf.len() >= MAX_LINE => Frame::TooLong,
+            None => Frame::Need,
         }
+    }
+
+    fn parse(&self, bytes: &[u8]) -> Line {
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return Line::Bad("bad request: not UTF-8".into());
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            return Line::Blank;
+        }
+        match serde_json::from_str(text) {
+            Ok(r) => Line::Req(r),
+            Err(e) => Line::Bad(format!("bad request: {e}")),
+        }
+    }
+
+    fn quick(&self, l: &Line) -> bool {
+        // `stat` reads counters and short-held locks only, so an operator
+        // can always see the daemon while `add`s and `migrate`s wait.
+        matches!(l, Line::Blank | Line::Bad(_) | Line::Req(Request::Stat {}))
+    }
+
+    fn answer(&self, l: Line) -> Reply {
+        let bytes = match l {
+            Line::Blank => Vec::new(),
+            Line::Bad(e) => line_of(&json!({"ok": false, "error": e})),
+            Line::Req(r) => line_of(&self.answer_request(r)),
+        };
+        Reply {
+            bytes,
+            close: false,
+        }
+    }
+
+    fn too_long(&self) -> Reply {
+        Reply {
+            bytes: self.closing("request line too long"),
+            close: true,
+        }
+    }
+
+    fn closing(&self, why: &str) -> Vec<u8> {
+        line_of(&json!({"ok": false, "error": why}))
     }
 }
 
-fn handle_conn(stream: UnixStream, ctl: &Control) -> io::Result<()> {
-    let mut out = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = (&mut reader).take(MAX_LINE).read_line(&mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        if !line.ends_with('\n') && n as u64 == MAX_LINE {
-            writeln!(
-                out,
-                "{}",
-                json!({"ok": false, "error": "request line too long"})
-            )?;
-            return Ok(());
-        }
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
-        }
-        let reply = ctl.handle_line(text);
-        writeln!(out, "{reply}")?;
+/// How long an idle control client is kept; a debug build takes a
+/// shorter time from the environment, for tests.
+fn idle_timeout() -> Duration {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("VZRAM_TEST_CONTROL_IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Duration::from_millis(ms);
+    }
+    IDLE
+}
+
+/// Serves the control socket for ever.
+pub fn serve(listener: UnixListener, ctl: Arc<Control>) {
+    let limits = Limits {
+        max_clients: MAX_CLIENTS,
+        timeout: Timeout::Idle(idle_timeout()),
+        pool: POOL,
+    };
+    if let Err(e) = clients::serve(listener.into(), ctl, limits) {
+        tracing::error!("control socket: {e}; no more control requests are answered");
     }
 }
 
@@ -556,6 +600,13 @@ mod tests {
     use super::*;
     use crate::proto::worker_spec::{LogLevel, SeccompMode};
     use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec};
+
+    /// One request line as the socket's server answers it.
+    fn handle_line(c: &Control, line: &str) -> Value {
+        let r = c.answer(c.parse(line.as_bytes()));
+        assert!(!r.close);
+        serde_json::from_slice(&r.bytes).unwrap()
+    }
 
     /// A supervisor over two devices with state in a temporary directory;
     /// no launcher (nothing connects here).
@@ -708,61 +759,75 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
         let c = control(&root);
-        let s = c.handle_line(r#"{"cmd":"stat"}"#);
+        // Framing: a line at a time, each no longer than MAX_LINE.
+        assert_eq!(c.frame(b"{\"cmd\":"), Frame::Need);
+        assert_eq!(c.frame(b"{}\n{}\n"), Frame::Request(3));
+        assert_eq!(c.frame(&vec![b' '; MAX_LINE]), Frame::TooLong);
+        let mut long = vec![b' '; MAX_LINE];
+        long.push(b'\n');
+        assert_eq!(c.frame(&long), Frame::TooLong);
+        assert!(matches!(c.parse(b"  \n"), Line::Blank));
+        assert!(c.answer(c.parse(b"\n")).bytes.is_empty());
+        assert!(matches!(c.parse(b"\xff\n"), Line::Bad(_)));
+        // Only what never waits is answered on the loop.
+        assert!(c.quick(&c.parse(b"{\"cmd\":\"stat\"}\n")));
+        assert!(c.quick(&c.parse(b"nonsense\n")));
+        assert!(!c.quick(&c.parse(b"{\"cmd\":\"compact\"}\n")));
+        assert!(c.too_long().close);
+        let s = handle_line(&c, r#"{"cmd":"stat"}"#);
         assert_eq!(s["ok"], true);
         assert_eq!(s["devices"].as_array().unwrap().len(), 2);
         assert_eq!(s["devices"][1]["name"], "b");
         assert_eq!(s["pool"]["devices"], 2);
 
-        let r = c.handle_line(r#"{"cmd":"set-limit","device":"b","bytes":65536}"#);
+        let r = handle_line(&c, r#"{"cmd":"set-limit","device":"b","bytes":65536}"#);
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(limit(&c, 1), 65536);
-        let r = c.handle_line(r#"{"cmd":"set-limit","device":0,"bytes":4096}"#);
+        let r = handle_line(&c, r#"{"cmd":"set-limit","device":0,"bytes":4096}"#);
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(limit(&c, 0), 4096);
-        let r = c.handle_line(r#"{"cmd":"set-limit","device":"1","bytes":8192}"#);
+        let r = handle_line(&c, r#"{"cmd":"set-limit","device":"1","bytes":8192}"#);
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(limit(&c, 1), 8192);
         // Above the device's size (1 MiB): refused, the limit unchanged.
-        let r = c.handle_line(r#"{"cmd":"set-limit","device":"b","bytes":2097152}"#);
+        let r = handle_line(&c, r#"{"cmd":"set-limit","device":"b","bytes":2097152}"#);
         assert!(
             r["error"].as_str().unwrap().contains("above its size"),
             "{r}"
         );
         assert_eq!(limit(&c, 1), 8192);
-        let r = c.handle_line(r#"{"cmd":"set-limit","host":true,"bytes":1048576}"#);
+        let r = handle_line(&c, r#"{"cmd":"set-limit","host":true,"bytes":1048576}"#);
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(c.sup.pool.host_mem_limit(), 1 << 20);
-        let r = c.handle_line(r#"{"cmd":"compact"}"#);
+        let r = handle_line(&c, r#"{"cmd":"compact"}"#);
         assert_eq!(r["ok"], true, "{r}");
         // Tiering on a device no worker serves: done here.
-        let r = c.handle_line(r#"{"cmd":"mark-idle","device":"a"}"#);
+        let r = handle_line(&c, r#"{"cmd":"mark-idle","device":"a"}"#);
         assert_eq!(
             (&r["ok"], &r["pages_marked"]),
             (&json!(true), &json!(0)),
             "{r}"
         );
-        let r = c.handle_line(r#"{"cmd":"recompress","device":"a","idle":true}"#);
+        let r = handle_line(&c, r#"{"cmd":"recompress","device":"a","idle":true}"#);
         assert_eq!(r["ok"], true, "{r}");
         assert_eq!(r["algo"], "zstd:3", "the default for an lz4 device: {r}");
-        let r = c.handle_line(r#"{"cmd":"recompress","device":"a","algo":"lz4"}"#);
+        let r = handle_line(&c, r#"{"cmd":"recompress","device":"a","algo":"lz4"}"#);
         assert!(
             r["error"].as_str().unwrap().contains("another codec"),
             "{r}"
         );
-        let r = c.handle_line(r#"{"cmd":"recompress","device":"a","algo":"gzip"}"#);
+        let r = handle_line(&c, r#"{"cmd":"recompress","device":"a","algo":"gzip"}"#);
         assert!(r["error"].as_str().unwrap().contains("gzip"), "{r}");
-        let r = c.handle_line(r#"{"cmd":"writeback","device":"b","idle":true}"#);
+        let r = handle_line(&c, r#"{"cmd":"writeback","device":"b","idle":true}"#);
         assert_eq!(
             r["error"], "device b has no backing file (give it backing-file=PATH)",
             "{r}"
         );
-        let s = c.handle_line(r#"{"cmd":"stat"}"#);
+        let s = handle_line(&c, r#"{"cmd":"stat"}"#);
         assert_eq!(s["devices"][0]["tier"]["backing"], Value::Null, "{s}");
         assert_eq!(s["devices"][0]["stats"]["backed_pages"], 0, "{s}");
 
         for bad in [
-            "",
             "nonsense",
             r#"{"cmd":"reboot"}"#,
             r#"{"cmd":"set-limit","bytes":1}"#,
@@ -771,16 +836,16 @@ mod tests {
             r#"{"cmd":"set-limit","device":"a","host":true,"bytes":1}"#,
             r#"{"cmd":"stat","extra":1}"#,
         ] {
-            let r = c.handle_line(bad);
+            let r = handle_line(&c, bad);
             assert_eq!(r["ok"], false, "{bad} → {r}");
             assert!(r["error"].is_string());
         }
-        let r = c.handle_line(r#"{"cmd":"compact","device":"vm9"}"#);
+        let r = handle_line(&c, r#"{"cmd":"compact","device":"vm9"}"#);
         assert_eq!(
             r["error"],
             "no device \"vm9\"; devices (by name or index): a (0), b (1)"
         );
-        let r = c.handle_line(r#"{"cmd":"compact","device":7}"#);
+        let r = handle_line(&c, r#"{"cmd":"compact","device":7}"#);
         assert!(r["error"]
             .as_str()
             .unwrap()

@@ -2,16 +2,16 @@
 //! (0.0.4), rendered at each scrape from the same stats as the control
 //! socket's `stat`, so nothing on the I/O path changes.
 //!
-//! One thread serves one request at a time. A client gets [`REQUEST_WAIT`]
-//! in all to send at most [`MAX_REQUEST`] bytes and read the reply; a slow
-//! or silent one is dropped, not waited for. The listener is bound before
-//! the seccomp filter; serving needs accept, read, write, fcntl and poll.
+//! One thread serves up to [`MAX_CLIENTS`] scrapes at once, none of them
+//! blocking another. A client gets [`REQUEST_WAIT`] in all to send at most
+//! [`MAX_REQUEST`] bytes and read the reply; a slow or silent one is
+//! dropped, not waited for. The listener is bound before the seccomp
+//! filter; serving needs accept4, recvfrom, sendto, fcntl and epoll.
 
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{prometheus_text, DescriptorEncoder};
@@ -19,10 +19,14 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use vzram_store::{DeviceStats, LatencySnapshot, Op, PoolStats};
 
+use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
+
 /// Longest request head accepted (request line and headers).
 const MAX_REQUEST: usize = 8 * 1024;
 /// How long one client may take, request and reply together.
-const REQUEST_WAIT: Duration = Duration::from_secs(5);
+const REQUEST_WAIT: Duration = Duration::from_secs(2);
+/// Scrapes at once; past it the longest idle client gives way.
+const MAX_CLIENTS: usize = 64;
 
 /// One device's numbers at scrape time.
 #[derive(Debug)]
@@ -322,42 +326,68 @@ pub fn render(sample: Sample) -> String {
     out
 }
 
-/// Serves scrapes forever, one at a time.
-pub fn serve(listener: TcpListener, sample: impl Fn() -> Sample) {
-    loop {
-        match listener.accept() {
-            Ok((stream, peer)) => {
-                if let Err(e) = handle(stream, &sample) {
-                    tracing::debug!(%peer, "metrics request: {e}");
-                }
-            }
-            Err(e) => {
-                tracing::warn!("metrics accept: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+/// Serves scrapes for ever.
+pub fn serve(listener: TcpListener, sample: impl Fn() -> Sample + Send + Sync + 'static) {
+    let limits = Limits {
+        max_clients: MAX_CLIENTS,
+        timeout: Timeout::Whole(REQUEST_WAIT),
+        // A scrape is rendered on the loop: it reads counters only.
+        pool: 0,
+    };
+    if let Err(e) = clients::serve(listener.into(), Arc::new(Scrapes(sample)), limits) {
+        tracing::error!("metrics endpoint: {e}; no more scrapes are answered");
     }
 }
 
-fn handle(mut stream: TcpStream, sample: &impl Fn() -> Sample) -> io::Result<()> {
-    // Non-blocking plus poll bounds every read and write by the deadline
-    // (SO_RCVTIMEO would need setsockopt, which the filter refuses).
-    set_nonblocking(&stream)?;
-    let deadline = Instant::now() + REQUEST_WAIT;
-    let head = match read_head(&mut stream, deadline)? {
-        Some(h) => h,
-        None => {
-            return respond(
-                &mut stream,
-                deadline,
-                "400 Bad Request",
-                TEXT,
-                "request too long or incomplete\n",
-            )
+/// The HTTP side of `/metrics`, over bounded connections.
+struct Scrapes<F>(F);
+
+impl<F: Fn() -> Sample + Send + Sync + 'static> Protocol for Scrapes<F> {
+    type Req = String;
+    const NAME: &'static str = "metrics";
+
+    fn frame(&self, buf: &[u8]) -> Frame {
+        let within = &buf[..buf.len().min(MAX_REQUEST)];
+        match within.windows(4).position(|w| w == b"\r\n\r\n") {
+            Some(end) => Frame::Request(end + 4),
+            None if buf.len() >= MAX_REQUEST => Frame::TooLong,
+            None => Frame::Need,
         }
-    };
-    let (status, ctype, body) = route(&head, || render(sample()));
-    respond(&mut stream, deadline, status, ctype, &body)
+    }
+
+    fn parse(&self, bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+
+    fn quick(&self, _: &String) -> bool {
+        true
+    }
+
+    fn answer(&self, head: String) -> Reply {
+        let (status, ctype, body) = route(&head, || render((self.0)()));
+        response(status, ctype, &body)
+    }
+
+    fn too_long(&self) -> Reply {
+        response("400 Bad Request", TEXT, "request too long\n")
+    }
+
+    fn closing(&self, why: &str) -> Vec<u8> {
+        response("503 Service Unavailable", TEXT, &format!("{why}\n")).bytes
+    }
+}
+
+fn response(status: &str, ctype: &str, body: &str) -> Reply {
+    let mut msg = String::with_capacity(body.len() + 128);
+    let _ = write!(
+        msg,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    Reply {
+        bytes: msg.into_bytes(),
+        close: true,
+    }
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
@@ -379,104 +409,6 @@ fn route(head: &str, metrics: impl FnOnce() -> String) -> (&'static str, &'stati
         Some("/metrics") => ("200 OK", prometheus_text::CONTENT_TYPE, metrics()),
         _ => ("404 Not Found", TEXT, "see /metrics\n".into()),
     }
-}
-
-/// Reads up to the blank line ending the head; None if it does not come
-/// within [`MAX_REQUEST`] bytes, or the client closes first.
-fn read_head(stream: &mut TcpStream, deadline: Instant) -> io::Result<Option<String>> {
-    let mut buf = vec![0u8; MAX_REQUEST];
-    let mut len = 0;
-    while len < buf.len() {
-        match stream.read(&mut buf[len..]) {
-            Ok(0) => return Ok(None),
-            Ok(n) => {
-                len += n;
-                if let Some(end) = buf[..len].windows(4).position(|w| w == b"\r\n\r\n") {
-                    return Ok(Some(String::from_utf8_lossy(&buf[..end]).into_owned()));
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait(stream, libc::POLLIN, deadline)?
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(None)
-}
-
-fn respond(
-    stream: &mut TcpStream,
-    deadline: Instant,
-    status: &str,
-    ctype: &str,
-    body: &str,
-) -> io::Result<()> {
-    let mut msg = String::with_capacity(body.len() + 128);
-    let _ = write!(
-        msg,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut rest = msg.as_bytes();
-    while !rest.is_empty() {
-        match stream.write(rest) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => rest = &rest[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait(stream, libc::POLLOUT, deadline)?
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    Ok(())
-}
-
-/// Waits until `stream` is ready for `events`, or fails at the deadline.
-fn wait(stream: &TcpStream, events: libc::c_short, deadline: Instant) -> io::Result<()> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(io::ErrorKind::TimedOut.into());
-    }
-    let mut p = [libc::pollfd {
-        fd: stream.as_raw_fd(),
-        events,
-        revents: 0,
-    }];
-    // SAFETY: one valid pollfd owned by this frame for the whole call.
-    let rc = unsafe { libc::poll(p.as_mut_ptr(), 1, left.as_millis().max(1) as i32) };
-    match rc {
-        0 => Err(io::ErrorKind::TimedOut.into()),
-        n if n > 0 => Ok(()),
-        _ => {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        }
-    }
-}
-
-fn set_nonblocking(stream: &TcpStream) -> io::Result<()> {
-    let fd = stream.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL only read and
-    // set its status flags.
-    let rc = unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 {
-            flags
-        } else {
-            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
-        }
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -547,6 +479,24 @@ mod tests {
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");
         }
+    }
+
+    #[test]
+    fn frames_and_answers_heads() {
+        let p = Scrapes(sample);
+        assert_eq!(p.frame(b"GET /metrics HTTP/1.1\r\n"), Frame::Need);
+        assert_eq!(
+            p.frame(b"GET / HTTP/1.1\r\nA: b\r\n\r\nrest"),
+            Frame::Request(24)
+        );
+        assert_eq!(p.frame(&vec![b'a'; MAX_REQUEST]), Frame::TooLong);
+        let r = p.answer(p.parse(b"GET /metrics HTTP/1.1\r\n\r\n"));
+        let text = String::from_utf8(r.bytes).unwrap();
+        assert!(r.close);
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("vzram_pool_devices 1"), "{text}");
+        let busy = String::from_utf8(p.closing("refused")).unwrap();
+        assert!(busy.starts_with("HTTP/1.1 503 "), "{busy}");
     }
 
     #[test]

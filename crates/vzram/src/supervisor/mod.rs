@@ -33,6 +33,7 @@ use crate::sys::notify::Notifier;
 use served::{Phase, Served};
 
 mod admission;
+mod clients;
 pub mod control;
 pub mod daemon;
 mod devices;

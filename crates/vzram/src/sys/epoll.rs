@@ -1,7 +1,8 @@
-//! The supervisor's epoll set, over vmm-sys-util's `Epoll`, with typed
-//! tokens: what woke the loop is an enum, never a number decoded by hand.
+//! Epoll sets over vmm-sys-util's `Epoll`, with typed tokens: what woke a
+//! loop is an enum, never a number decoded by hand.
 
 use std::io;
+use std::marker::PhantomData;
 use std::os::fd::RawFd;
 
 pub use vmm_sys_util::epoll::EventSet;
@@ -20,7 +21,13 @@ pub enum Token {
     Pending(usize),
 }
 
-impl Token {
+/// A loop's token type: what it stores in an event's data word.
+pub trait Tag: Copy {
+    fn encode(self) -> u64;
+    fn decode(v: u64) -> Self;
+}
+
+impl Tag for Token {
     fn encode(self) -> u64 {
         match self {
             Token::Launcher => u64::MAX,
@@ -40,26 +47,28 @@ impl Token {
     }
 }
 
-pub struct Poller {
+pub struct Poller<T = Token> {
     ep: Epoll,
     events: Vec<EpollEvent>,
+    tag: PhantomData<T>,
 }
 
-impl Poller {
-    pub fn new() -> io::Result<Poller> {
+impl<T: Tag> Poller<T> {
+    pub fn new() -> io::Result<Poller<T>> {
         Ok(Poller {
             ep: Epoll::new()?,
             events: vec![EpollEvent::default(); 64],
+            tag: PhantomData,
         })
     }
 
-    pub fn add(&self, fd: RawFd, t: Token, events: EventSet) -> io::Result<()> {
+    pub fn add(&self, fd: RawFd, t: T, events: EventSet) -> io::Result<()> {
         let ev = EpollEvent::new(events, t.encode());
         self.ep.ctl(ControlOperation::Add, fd, ev)
     }
 
     /// Changes what `fd` is watched for; an empty set disarms it.
-    pub fn modify(&self, fd: RawFd, t: Token, events: EventSet) -> io::Result<()> {
+    pub fn modify(&self, fd: RawFd, t: T, events: EventSet) -> io::Result<()> {
         let ev = EpollEvent::new(events, t.encode());
         self.ep.ctl(ControlOperation::Modify, fd, ev)
     }
@@ -70,7 +79,7 @@ impl Poller {
     }
 
     /// Waits up to `timeout_ms` (-1: for ever) and returns what woke it.
-    pub fn wait(&mut self, timeout_ms: i32) -> io::Result<Vec<Token>> {
+    pub fn wait(&mut self, timeout_ms: i32) -> io::Result<Vec<T>> {
         let n = loop {
             match self.ep.wait(timeout_ms, &mut self.events) {
                 Ok(n) => break n,
@@ -80,7 +89,7 @@ impl Poller {
         };
         Ok(self.events[..n]
             .iter()
-            .map(|e| Token::decode(e.data()))
+            .map(|e| T::decode(e.data()))
             .collect())
     }
 }

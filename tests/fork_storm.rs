@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use vzram_tests::*;
 
 /// How long each storm lasts.
-const STORM: Duration = Duration::from_secs(5);
+const STORM: Duration = Duration::from_secs(10);
 /// Worst verify round allowed on the device next door.
 const MAX_ROUND: Duration = Duration::from_millis(50);
 

@@ -2,7 +2,8 @@
 //!
 //! One epoll thread reads and writes every connection without blocking.
 //! Quick requests (`stat`, a scrape) are answered on it; requests that may
-//! wait (an `add`, a `migrate`) go to a small fixed pool. A cap bounds the
+//! wait (an `add`, a `migrate`) go to a pool of threads, a few kept and more
+//! started while all are busy, one per client at most. A cap bounds the
 //! connections, a deadline bounds each one, and a full descriptor table
 //! pauses accepting for a moment instead of spinning on `accept`.
 
@@ -18,6 +19,8 @@ use crate::sys::epoll::{EventSet, Poller, Tag};
 
 /// How long accepting pauses after the process ran out of descriptors.
 pub const FULL_PAUSE: Duration = Duration::from_millis(200);
+/// How long a pool thread beyond the kept ones waits for work.
+const SPARE_IDLE: Duration = Duration::from_secs(30);
 /// Most connections accepted per wake-up, so that a flood of connects
 /// cannot starve the connections already open.
 const ACCEPT_BATCH: usize = 64;
@@ -64,7 +67,9 @@ pub trait Protocol: Send + Sync + 'static {
 pub struct Limits {
     pub max_clients: usize,
     pub timeout: Timeout,
-    /// Threads for requests that are not quick (0: answer all on the loop).
+    /// Threads kept for requests that are not quick (0: answer all on the
+    /// loop). While every one is busy another starts, up to one per
+    /// client; those beyond this many end after [`SPARE_IDLE`] unused.
     pub pool: usize,
 }
 
@@ -138,22 +143,68 @@ impl Conn {
 
 /// Requests for the pool, and its answers for the loop.
 struct Pool<P: Protocol> {
-    jobs: Mutex<VecDeque<(u64, P::Req)>>,
+    jobs: Mutex<Jobs<P>>,
     ready: Condvar,
     done: Mutex<Vec<(u64, Reply)>>,
     wake: EventFd,
 }
 
+struct Jobs<P: Protocol> {
+    queue: VecDeque<(u64, P::Req)>,
+    threads: usize,
+    idle: usize,
+}
+
 impl<P: Protocol> Pool<P> {
-    fn work(&self, proto: &P) {
+    /// Queues a request; starts a thread if none is free (there are never
+    /// more threads than clients, as each has one request at a time).
+    fn push(self: &Arc<Self>, proto: &Arc<P>, id: u64, req: P::Req, limits: &Limits) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.queue.push_back((id, req));
+        if jobs.idle >= jobs.queue.len() || jobs.threads >= limits.max_clients {
+            drop(jobs);
+            self.ready.notify_one();
+            return;
+        }
+        let spare = jobs.threads >= limits.pool;
+        jobs.threads += 1;
+        drop(jobs);
+        let (pool, proto) = (self.clone(), proto.clone());
+        let started = std::thread::Builder::new()
+            .name(format!("{}-pool", P::NAME))
+            .spawn(move || pool.work(&proto, spare));
+        if let Err(e) = started {
+            // The threads there are take it in turn.
+            tracing::warn!("{}: cannot start a thread: {e}", P::NAME);
+            self.jobs.lock().unwrap_or_else(|e| e.into_inner()).threads -= 1;
+            self.ready.notify_one();
+        }
+    }
+
+    fn work(&self, proto: &P, spare: bool) {
         loop {
             let (id, req) = {
                 let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
-                    if let Some(j) = jobs.pop_front() {
+                    if let Some(j) = jobs.queue.pop_front() {
                         break j;
                     }
-                    jobs = self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+                    jobs.idle += 1;
+                    let (j, timeout) = if spare {
+                        let (j, t) = self
+                            .ready
+                            .wait_timeout(jobs, SPARE_IDLE)
+                            .unwrap_or_else(|e| e.into_inner());
+                        (j, t.timed_out())
+                    } else {
+                        (self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner()), false)
+                    };
+                    jobs = j;
+                    jobs.idle -= 1;
+                    if timeout && jobs.queue.is_empty() {
+                        jobs.threads -= 1;
+                        return;
+                    }
                 }
             };
             let reply = proto.answer(req);
@@ -172,17 +223,15 @@ impl<P: Protocol> Pool<P> {
 pub fn serve<P: Protocol>(listener: OwnedFd, proto: Arc<P>, limits: Limits) -> io::Result<()> {
     set_nonblocking(listener.as_raw_fd())?;
     let pool = Arc::new(Pool::<P> {
-        jobs: Mutex::new(VecDeque::new()),
+        jobs: Mutex::new(Jobs {
+            queue: VecDeque::new(),
+            threads: 0,
+            idle: 0,
+        }),
         ready: Condvar::new(),
         done: Mutex::new(Vec::new()),
         wake: EventFd::new(EFD_NONBLOCK)?,
     });
-    for _ in 0..limits.pool {
-        let (pool, proto) = (pool.clone(), proto.clone());
-        std::thread::Builder::new()
-            .name(format!("{}-pool", P::NAME))
-            .spawn(move || pool.work(&proto))?;
-    }
     let mut server = Server {
         ep: Poller::new()?,
         listener,
@@ -455,12 +504,7 @@ impl<P: Protocol> Server<P> {
             let req = self.proto.parse(&bytes);
             if self.limits.pool > 0 && !self.proto.quick(&req) {
                 c.busy = true;
-                self.pool
-                    .jobs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_back((id, req));
-                self.pool.ready.notify_one();
+                self.pool.push(&self.proto, id, req, &self.limits);
                 continue;
             }
             let r = self.proto.answer(req);

@@ -137,7 +137,7 @@ fn a_device_migrates_intact_and_the_source_drops_its_copy() {
     );
     eprintln!("migrate: {text}(wall {took:?})");
     assert!(text.contains("pages dropped here"), "{text}");
-    assert_eq!(migration(&e.b).state, MigrationState::None);
+    assert_eq!(migration(&e.b).state, MigrationState::Received);
     assert_eq!(e.b.stat().counters("vm").orig_data_size, stored);
     assert_eq!(
         e.a.stat().counters("vm").orig_data_size,
@@ -306,7 +306,7 @@ fn hostile(incoming: &Path, body: &[u8]) -> Vec<u8> {
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut h = Vec::new();
     h.extend_from_slice(b"VZRAMMIG");
-    h.extend_from_slice(&1u32.to_le_bytes());
+    h.extend_from_slice(&vzram_store::migrate::VERSION.to_le_bytes());
     h.extend_from_slice(&4096u32.to_le_bytes());
     h.extend_from_slice(&(64u64 << 20).to_le_bytes());
     h.extend_from_slice(&PAGES.to_le_bytes());

@@ -144,6 +144,9 @@ pub struct DeviceCells {
     /// shared one set bounced its cache lines between cores on every
     /// request. `latency` above is what older files recorded.
     shard_latency: [ShardLatency; LATENCY_SHARDS],
+    /// Set by an operator's `vzram migrate --commit`: the VM has moved,
+    /// for a VMM that keeps its source process. Read by the sender.
+    pub migration_commit: AtomicU64,
 }
 
 /// Latency sets kept apart.
@@ -193,13 +196,32 @@ pub const MIGRATION_SENDING: u64 = 4;
 pub const MIGRATION_SENT: u64 = 5;
 /// The last send failed; the device kept its pages.
 pub const MIGRATION_SEND_FAILED: u64 = 6;
+/// Incoming: received and committed; it serves, and no later stream is
+/// taken (a restart does not make it incoming again).
+pub const MIGRATION_RECEIVED: u64 = 7;
+/// Incoming: every page is here and checked, waiting for the source to
+/// commit; requests wait.
+pub const MIGRATION_PREPARED: u64 = 8;
+/// Sent with `--keep` and committed: the pages are here too.
+pub const MIGRATION_COPIED: u64 = 9;
+/// Sending: the destination holds every page; waiting for the VM to move
+/// (its frontend here to go) before committing.
+pub const MIGRATION_COMMITTING: u64 = 10;
 
 impl MigrationCells {
     /// Whether requests must wait: the device waits for its pages.
     pub fn incoming(&self) -> bool {
         matches!(
             self.state.load(Relaxed),
-            MIGRATION_INCOMING | MIGRATION_RECEIVING | MIGRATION_FAILED
+            MIGRATION_INCOMING | MIGRATION_RECEIVING | MIGRATION_PREPARED | MIGRATION_FAILED
+        )
+    }
+
+    /// Whether a send is under way (any phase).
+    pub fn sending(&self) -> bool {
+        matches!(
+            self.state.load(Relaxed),
+            MIGRATION_SENDING | MIGRATION_COMMITTING
         )
     }
 
@@ -211,6 +233,10 @@ impl MigrationCells {
             MIGRATION_SENDING => "sending",
             MIGRATION_SENT => "sent",
             MIGRATION_SEND_FAILED => "send-failed",
+            MIGRATION_RECEIVED => "received",
+            MIGRATION_PREPARED => "prepared",
+            MIGRATION_COPIED => "copied",
+            MIGRATION_COMMITTING => "committing",
             _ => "none",
         }
     }

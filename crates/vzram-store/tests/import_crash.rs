@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use vzram_store::migrate;
+use vzram_store::migrate::{self, Verdict};
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, StateSpec, PAGE_SIZE};
 
 mod common;
@@ -134,7 +134,7 @@ fn stream_of(v: &[Vec<Vec<u8>>]) -> Vec<u8> {
             }
             false
         };
-        let r = migrate::send(&src, &a, &a, &quiet, &|_| {});
+        let r = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|_| {});
         assert!(r.unwrap_err().to_string().contains("stop"));
         a.shutdown(std::net::Shutdown::Write).unwrap();
         rec.join().unwrap()
@@ -156,8 +156,10 @@ fn open(pool: &Arc<Pool>, root: &Path) -> Arc<Device> {
     pool.create_device(cfg).unwrap()
 }
 
+/// Receives a recorded stream, and the source's commit after it.
 fn receive(dev: &Device, stream: &[u8]) -> migrate::ReceiveReport {
-    migrate::receive(dev, stream, std::io::sink(), &|_| {}, &|| {}).unwrap()
+    let whole = [stream, b"C"].concat();
+    migrate::receive(dev, &whole[..], std::io::sink(), &|_| {}, &|| {}, &|| {}).unwrap()
 }
 
 /// The child: recover, say so, then receive the stream file until killed.

@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use vzram_store::migrate::{self, MigrateError, Progress};
+use vzram_store::migrate::{self, MigrateError, Progress, Verdict};
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
 const SLOTS: u64 = 4096;
@@ -75,10 +75,23 @@ fn migrate(
     Result<migrate::SendReport, MigrateError>,
     Result<migrate::ReceiveReport, MigrateError>,
 ) {
+    migrate_with(src, dst, quiet, &|| Verdict::Commit)
+}
+
+/// [`migrate`] with the source's verdict given.
+fn migrate_with(
+    src: &Device,
+    dst: &Device,
+    quiet: &(dyn Fn() -> bool + Sync),
+    verdict: &dyn Fn() -> Verdict,
+) -> (
+    Result<migrate::SendReport, MigrateError>,
+    Result<migrate::ReceiveReport, MigrateError>,
+) {
     let (a, b) = UnixStream::pair().unwrap();
     std::thread::scope(|sc| {
-        let rx = sc.spawn(|| migrate::receive(dst, &b, &b, &|_| {}, &|| {}));
-        let tx = migrate::send(src, &a, &a, quiet, &|_: Progress| {});
+        let rx = sc.spawn(|| migrate::receive(dst, &b, &b, &|_| {}, &|| {}, &|| {}));
+        let tx = migrate::send(src, &a, &a, quiet, verdict, &|_: Progress| {});
         drop(a);
         (tx, rx.join().unwrap())
     })
@@ -122,7 +135,7 @@ fn writes_during_pre_copy_arrive() {
     let stop = AtomicBool::new(false);
     let (a, b) = UnixStream::pair().unwrap();
     let (tx, rx, rounds) = std::thread::scope(|sc| {
-        let rx = sc.spawn(|| migrate::receive(&dst, &b, &b, &|_| {}, &|| {}));
+        let rx = sc.spawn(|| migrate::receive(&dst, &b, &b, &|_| {}, &|| {}, &|| {}));
         let writer = sc.spawn(|| {
             let cx = &mut Context::new(1);
             let mut round = 2;
@@ -150,7 +163,7 @@ fn writes_during_pre_copy_arrive() {
             std::thread::sleep(std::time::Duration::from_millis(5));
             false
         };
-        let tx = migrate::send(&src, &a, &a, &quiet, &|_| {});
+        let tx = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|_| {});
         let rounds = writer.join().unwrap();
         (tx, rx.join().unwrap(), rounds)
     });
@@ -198,7 +211,7 @@ fn stream_of(src: &Device) -> Vec<u8> {
             (&b).read_to_end(&mut all).unwrap();
             all
         });
-        let r = migrate::send(src, &a, &a, &|| true, &|_| {});
+        let r = migrate::send(src, &a, &a, &|| true, &|| Verdict::Commit, &|_| {});
         assert!(r.unwrap_err().to_string().contains("stop"));
         a.shutdown(std::net::Shutdown::Write).unwrap();
         rec.join().unwrap()
@@ -209,13 +222,15 @@ fn receive_bytes(dst: &Device, bytes: &[u8]) -> Result<migrate::ReceiveReport, M
     let (a, b) = UnixStream::pair().unwrap();
     std::thread::scope(|sc| {
         let w = sc.spawn(move || {
+            // The stream, then the source's commit.
             let _ = (&a).write_all(bytes);
+            let _ = (&a).write_all(b"C");
             let _ = a.shutdown(std::net::Shutdown::Write);
             // Keep reading replies so the receiver never blocks on them.
             let mut sink = Vec::new();
             let _ = std::io::Read::read_to_end(&mut &a, &mut sink);
         });
-        let r = migrate::receive(dst, &b, &b, &|_| {}, &|| {});
+        let r = migrate::receive(dst, &b, &b, &|_| {}, &|| {}, &|| {});
         drop(b);
         w.join().unwrap();
         r
@@ -322,7 +337,7 @@ fn dirty_tracking_sees_writes_and_discards_only_while_on() {
     std::thread::scope(|sc| {
         let rx = sc.spawn(|| {
             let dst = device(&pool, SLOTS, Codec::Lz4);
-            migrate::receive(&dst, &b, &b, &|_| {}, &|| {}).map(|_| dst)
+            migrate::receive(&dst, &b, &b, &|_| {}, &|| {}, &|| {}).map(|_| dst)
         });
         let n = std::cell::Cell::new(0);
         let quiet = || {
@@ -339,7 +354,7 @@ fn dirty_tracking_sees_writes_and_discards_only_while_on() {
                 _ => true,
             }
         };
-        migrate::send(&dev, &a, &a, &quiet, &|_| {}).unwrap();
+        migrate::send(&dev, &a, &a, &quiet, &|| Verdict::Commit, &|_| {}).unwrap();
         let dst = rx.join().unwrap().unwrap();
         same_content(&dev, &dst);
     });
@@ -412,4 +427,138 @@ fn expect_past_the_end(dst: &Device, stream: &[u8], tag: u8) {
         0,
         "{tag}: the device kept pages"
     );
+}
+
+fn written(pool: &Arc<Pool>, n: u64) -> Arc<Device> {
+    let src = device(pool, SLOTS, Codec::Lz4);
+    let cx = &mut Context::new(0);
+    for i in 0..n {
+        src.write_page(cx, i, &page(i, 1)).unwrap();
+    }
+    src
+}
+
+/// Nothing is committed until the source says so: while it waits (longer
+/// than a keepalive period) the destination holds every page, ungated by
+/// nobody; an abort then empties it, and the source still has every page.
+#[test]
+fn an_aborted_move_leaves_the_destination_empty_and_the_source_whole() {
+    let pool = pool();
+    let src = written(&pool, 64);
+    let dst = device(&pool, SLOTS, Codec::Lz4);
+    let t0 = std::time::Instant::now();
+    let verdict = || {
+        if t0.elapsed() < std::time::Duration::from_millis(2500) {
+            Verdict::Wait
+        } else {
+            Verdict::Abort("the VM runs here again".into())
+        }
+    };
+    let (tx, rx) = migrate_with(&src, &dst, &|| true, &verdict);
+    let tx = tx.unwrap_err().to_string();
+    let rx = rx.unwrap_err().to_string();
+    assert!(
+        tx.contains("aborted") && tx.contains("runs here again"),
+        "{tx}"
+    );
+    assert!(
+        rx.contains("by the source") && rx.contains("runs here again"),
+        "{rx}"
+    );
+    assert_eq!(dst.stats().orig_data_size, 0, "the destination kept pages");
+    assert_eq!(src.stats().orig_data_size, 64 * PAGE_SIZE as u64);
+    // A later move of the same device goes through.
+    let (tx, rx) = migrate(&src, &dst, &|| true);
+    assert_eq!(tx.unwrap().pages, 64);
+    assert_eq!(rx.unwrap().pages, 64);
+    same_content(&src, &dst);
+}
+
+/// A source that goes away after the last delta, before any verdict, has
+/// not committed: the destination empties itself.
+#[test]
+fn a_source_that_leaves_before_its_commit_leaves_the_destination_empty() {
+    let pool = pool();
+    let src = written(&pool, 32);
+    let dst = device(&pool, SLOTS, Codec::Lz4);
+    let mut bytes = stream_of(&src);
+    // stream_of's stand-in refused to confirm; replay its stream without
+    // the commit `receive_bytes` adds, by cutting the connection after it.
+    let (a, b) = UnixStream::pair().unwrap();
+    let r = std::thread::scope(|sc| {
+        let w = sc.spawn(move || {
+            (&a).write_all(&bytes).unwrap();
+            let mut k = [0u8; 21];
+            std::io::Read::read_exact(&mut &a, &mut [0u8; 1]).unwrap();
+            std::io::Read::read_exact(&mut &a, &mut k).unwrap();
+            bytes.clear();
+            // Prepared: every page is there. The source leaves.
+            drop(a);
+            k
+        });
+        let r = migrate::receive(&dst, &b, &b, &|_| {}, &|| {}, &|| {});
+        (r, w.join().unwrap())
+    });
+    let (r, k) = r;
+    assert_eq!(k[0], b'K', "no prepared reply");
+    assert_eq!(u64::from_le_bytes(k[1..9].try_into().unwrap()), 32);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("went away before it committed"), "{e}");
+    assert_eq!(dst.stats().orig_data_size, 0);
+}
+
+/// A destination whose confirmation does not carry the record count and
+/// checksum that were sent is told to abort, and the send fails: the
+/// source drops nothing on a confirmation it cannot check.
+#[test]
+fn a_confirmation_with_the_wrong_count_or_checksum_commits_nothing() {
+    let pool = pool();
+    let src = written(&pool, 16);
+    for lie in 0..3u8 {
+        let (a, b) = UnixStream::pair().unwrap();
+        let told = std::thread::scope(|sc| {
+            let fake = sc.spawn(move || {
+                use std::io::Read;
+                (&b).write_all(b"A").unwrap();
+                // Read up to the final marker's end: header, pass, records.
+                let mut all = Vec::new();
+                let mut buf = [0u8; 65536];
+                let (records, crc) = loop {
+                    let n = (&b).read(&mut buf).unwrap();
+                    assert!(n > 0, "the stream ended early");
+                    all.extend_from_slice(&buf[..n]);
+                    // 16 raw-or-compressed records end with 'F' count crc.
+                    if all.len() > 13 && all[all.len() - 13] == b'F' {
+                        let t = all.len() - 12;
+                        let records = u64::from_le_bytes(all[t..t + 8].try_into().unwrap());
+                        let crc = u32::from_le_bytes(all[t + 8..].try_into().unwrap());
+                        if records == 16 {
+                            break (records, crc);
+                        }
+                    }
+                };
+                let (records, crc) = match lie {
+                    0 => (0, crc),
+                    1 => (records, crc ^ 1),
+                    _ => (records + 1, crc),
+                };
+                let mut k = vec![b'K'];
+                k.extend_from_slice(&16u64.to_le_bytes());
+                k.extend_from_slice(&records.to_le_bytes());
+                k.extend_from_slice(&crc.to_le_bytes());
+                (&b).write_all(&k).unwrap();
+                let mut rest = Vec::new();
+                let _ = (&b).read_to_end(&mut rest);
+                rest
+            });
+            let r = migrate::send(&src, &a, &a, &|| true, &|| Verdict::Commit, &|_| {});
+            drop(a);
+            (r, fake.join().unwrap())
+        });
+        let (r, rest) = told;
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("the destination confirmed"), "lie {lie}: {e}");
+        assert_eq!(rest.first(), Some(&b'B'), "lie {lie}: no abort sent");
+        assert_eq!(src.stats().orig_data_size, 16 * PAGE_SIZE as u64);
+    }
 }

@@ -165,6 +165,11 @@ pub struct ServeArgs {
     /// compresses all its writes itself].
     #[arg(long, value_name = "N")]
     pub compress_threads: Option<usize>,
+    /// Longest an incoming migration stream may take to arrive whole, from
+    /// its connect to its last record (the wait for the source's commit
+    /// after it is not counted) [default: 1h].
+    #[arg(long, value_parser = crate::config::parse_duration, value_name = "DURATION")]
+    pub incoming_timeout: Option<std::time::Duration>,
     /// Most microseconds a queue thread may watch its ring for the guest's
     /// next request after the ring ran dry, before it sleeps: up to 32 µs
     /// (as QEMU's iothreads) or as long as its last pass worked, if longer;
@@ -230,6 +235,9 @@ impl ServeArgs {
         cfg.fresh = self.fresh;
         cfg.adopt = self.adopt;
         cfg.compress_threads = self.compress_threads.or(file.compress_threads);
+        if let Some(t) = self.incoming_timeout.or(file.incoming_timeout) {
+            cfg.incoming_timeout = t;
+        }
         cfg.poll_us = self.poll_us.or(file.poll_us);
         cfg.inherit_fds = self.fd.into_iter().collect();
         Ok(cfg)
@@ -366,11 +374,21 @@ pub struct MigrateArgs {
     pub target: DeviceArgs,
     /// The destination device's incoming address: unix:PATH (tunnel it over
     /// SSH or TLS between hosts) or tcp:HOST:PORT (guest memory in clear).
-    #[arg(long, value_parser = parse_addr, value_name = "ADDR")]
-    pub to: Addr,
+    #[arg(
+        long,
+        value_parser = parse_addr,
+        value_name = "ADDR",
+        required_unless_present = "commit"
+    )]
+    pub to: Option<Addr>,
     /// Keep the pages here once the destination has them.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "commit")]
     pub keep: bool,
+    /// Commit a migration under way now: the VM has moved, and its VMM
+    /// keeps the source process (QEMU's source exits or closes the socket
+    /// after a completed migration, which commits by itself).
+    #[arg(long, conflicts_with = "to")]
+    pub commit: bool,
 }
 
 #[cfg(test)]

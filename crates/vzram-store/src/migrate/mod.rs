@@ -36,5 +36,5 @@ mod stream;
 pub use crate::cells::Progress;
 pub use record::{DirtyLog, ExportBuf, Record};
 pub use stream::{
-    empty, receive, send, MigrateError, ReceiveReport, SendReport, StreamHeader, VERSION,
+    empty, receive, send, MigrateError, ReceiveReport, SendReport, StreamHeader, Verdict, VERSION,
 };

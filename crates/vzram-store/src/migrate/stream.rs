@@ -14,8 +14,8 @@ use crate::error::StoreError;
 use crate::PAGE_SIZE;
 
 const MAGIC: [u8; 8] = *b"VZRAMMIG";
-/// Bumped when the stream changes incompatibly.
-pub const VERSION: u32 = 1;
+/// Bumped when the stream changes incompatibly (2: the two-phase end).
+pub const VERSION: u32 = 2;
 const HEADER_LEN: usize = 48;
 const CODEC_NAME_LEN: usize = 15;
 
@@ -25,9 +25,18 @@ const TAG_COMPRESSED: u8 = b'C';
 const TAG_RAW: u8 = b'R';
 const TAG_PASS: u8 = b'P';
 const TAG_FINAL: u8 = b'F';
+const TAG_WAIT: u8 = b'W';
+const TAG_COMMIT: u8 = b'C';
+const TAG_ABORT: u8 = b'B';
 const REPLY_ACCEPT: u8 = b'A';
-const REPLY_DONE: u8 = b'K';
+const REPLY_PREPARED: u8 = b'K';
+const REPLY_COMMITTED: u8 = b'D';
 const REPLY_REFUSE: u8 = b'X';
+/// How often a source waiting for its verdict tells the destination it
+/// is still there (the destination's reads give up after a stall).
+const KEEPALIVE: Duration = Duration::from_secs(2);
+/// How often a source waiting for its verdict asks for it.
+const VERDICT_POLL: Duration = Duration::from_millis(10);
 /// Longest refusal message either side sends or reads.
 const MAX_MESSAGE: usize = 1024;
 /// Highest codec id a slot word can hold that names a codec (lz4, zstd).
@@ -46,6 +55,25 @@ pub enum MigrateError {
     /// Storing or reading a page failed here.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The move was called off before it was committed; both ends are as
+    /// they were before it (the destination empty, the source whole).
+    #[error("aborted: {0}")]
+    Aborted(String),
+    /// The source sent its commit but did not hear the destination take
+    /// it: the destination may or may not serve the pages now.
+    #[error("the commit was sent, but the destination's answer did not come ({0})")]
+    Unconfirmed(String),
+}
+
+/// What the source decides once the destination holds every page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not yet: the VM may still run here.
+    Wait,
+    /// The VM has moved: the destination serves, this end may drop.
+    Commit,
+    /// The VM runs here again: the destination drops its copy.
+    Abort(String),
 }
 
 fn bad<T>(msg: impl Into<String>) -> Result<T, MigrateError> {
@@ -146,6 +174,8 @@ struct Out<W: Write> {
     crc: crc32fast::Hasher,
     records: u64,
     bytes: u64,
+    /// The checksum sent in the final marker.
+    sent_crc: u32,
 }
 
 impl<W: Write> Out<W> {
@@ -155,6 +185,7 @@ impl<W: Write> Out<W> {
             crc: crc32fast::Hasher::new(),
             records: 0,
             bytes: 0,
+            sent_crc: 0,
         }
     }
 
@@ -202,8 +233,16 @@ impl<W: Write> Out<W> {
         let records = self.records;
         self.put(&records.to_le_bytes())?;
         let crc = self.crc.clone().finalize();
+        self.sent_crc = crc;
         self.w.write_all(&crc.to_le_bytes())?;
         self.bytes += 4;
+        self.w.flush()
+    }
+
+    /// A control byte after the final marker (and what follows it): not
+    /// part of the checksummed stream.
+    fn control(&mut self, b: &[u8]) -> io::Result<()> {
+        self.w.write_all(b)?;
         self.w.flush()
     }
 }
@@ -216,6 +255,8 @@ struct In<R: Read> {
     records: u64,
     bytes: u64,
     data: Box<[u8; PAGE_SIZE]>,
+    /// The checksum of everything before the final marker, once it came.
+    got_crc: u32,
 }
 
 /// One item of the stream after the header.
@@ -322,6 +363,7 @@ impl<R: Read> In<R> {
                         self.records
                     ));
                 }
+                self.got_crc = expect;
                 Item::Final
             }
             t => return bad(format!("unknown record type {t:#04x}")),
@@ -330,8 +372,13 @@ impl<R: Read> In<R> {
 }
 
 fn refuse(w: &mut impl Write, msg: &str) {
+    say(w, REPLY_REFUSE, msg)
+}
+
+/// Sends `tag` with a message (a refusal, an abort), best effort.
+fn say(w: &mut impl Write, tag: u8, msg: &str) {
     let m = &msg.as_bytes()[..msg.len().min(MAX_MESSAGE)];
-    let mut b = vec![REPLY_REFUSE];
+    let mut b = vec![tag];
     b.extend_from_slice(&(m.len() as u16).to_le_bytes());
     b.extend_from_slice(m);
     // Best effort: the peer may be gone already.
@@ -349,20 +396,29 @@ fn reply(r: &mut impl Read, want: u8, extra: &mut [u8]) -> Result<(), MigrateErr
         _ => MigrateError::Io(e),
     })?;
     if tag[0] == REPLY_REFUSE {
-        let mut n = [0u8; 2];
-        r.read_exact(&mut n)?;
-        let n = usize::from(u16::from_le_bytes(n)).min(MAX_MESSAGE);
-        let mut m = vec![0u8; n];
-        r.read_exact(&mut m)?;
-        return Err(MigrateError::Refused(
-            String::from_utf8_lossy(&m).into_owned(),
-        ));
+        return Err(MigrateError::Refused(message(r)?));
     }
     if tag[0] != want {
         return bad(format!("unexpected reply {:#04x}", tag[0]));
     }
     r.read_exact(extra)?;
     Ok(())
+}
+
+/// The message after a refusal or an abort tag.
+fn message(r: &mut impl Read) -> io::Result<String> {
+    let mut n = [0u8; 2];
+    r.read_exact(&mut n)?;
+    let n = usize::from(u16::from_le_bytes(n));
+    if n > MAX_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a message of {n} bytes (at most {MAX_MESSAGE})"),
+        ));
+    }
+    let mut m = vec![0u8; n];
+    r.read_exact(&mut m)?;
+    Ok(String::from_utf8_lossy(&m).into_owned())
 }
 
 /// What a finished send did.
@@ -386,14 +442,18 @@ const IDLE_PAUSE: Duration = Duration::from_millis(20);
 
 /// Sends `dev` over `r`/`w` (two ends of one connection): a full pass,
 /// then passes over what was written meanwhile, until `quiet` says nothing
-/// can write any more; then the last delta and the final marker, and waits
-/// for the destination to confirm. Does not drop anything: that is the
-/// caller's choice once this returns Ok.
+/// can write any more; then the last delta and the final marker. Once the
+/// destination has checked and stored everything (its confirmation must
+/// carry the record count and checksum sent), `verdict` decides: commit
+/// (the destination serves) or abort (it drops its copy). Returns Ok only
+/// once the destination has taken the commit. Drops nothing itself: that
+/// is the caller's choice once this returns Ok.
 pub fn send(
     dev: &Device,
     mut r: impl Read,
     w: impl Write,
     quiet: &dyn Fn() -> bool,
+    verdict: &dyn Fn() -> Verdict,
     progress: &dyn Fn(Progress),
 ) -> Result<SendReport, MigrateError> {
     let t0 = Instant::now();
@@ -407,14 +467,49 @@ pub fn send(
     dev.dirty.stop();
     let (passes, quiet_at, final_records) = result?;
     out.finish()?;
+    let mut b = [0u8; 20];
+    reply(&mut r, REPLY_PREPARED, &mut b)?;
+    let final_micros = quiet_at.elapsed().as_micros() as u64;
+    let records = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
+    if (records, crc) != (out.records, out.sent_crc) {
+        let why = format!(
+            "the destination confirmed {records} records with checksum {crc:#010x}, but {} were sent with checksum {:#010x}",
+            out.records, out.sent_crc
+        );
+        say(&mut out.w, TAG_ABORT, &why);
+        return bad(why);
+    }
+    let mut told = Instant::now();
+    loop {
+        match verdict() {
+            Verdict::Commit => break,
+            Verdict::Abort(why) => {
+                say(&mut out.w, TAG_ABORT, &why);
+                return Err(MigrateError::Aborted(why));
+            }
+            Verdict::Wait => {
+                if told.elapsed() >= KEEPALIVE {
+                    out.control(&[TAG_WAIT])?;
+                    told = Instant::now();
+                }
+                std::thread::sleep(VERDICT_POLL);
+            }
+        }
+    }
+    out.control(&[TAG_COMMIT])?;
     let mut pages = [0u8; 8];
-    reply(&mut r, REPLY_DONE, &mut pages)?;
+    reply(&mut r, REPLY_COMMITTED, &mut pages).map_err(|e| match e {
+        // A refusal is an answer: it did not commit.
+        MigrateError::Refused(m) => MigrateError::Refused(m),
+        e => MigrateError::Unconfirmed(e.to_string()),
+    })?;
     Ok(SendReport {
         bytes: out.bytes,
         records: out.records,
         passes,
         pages: u64::from_le_bytes(pages),
-        final_micros: quiet_at.elapsed().as_micros() as u64,
+        final_micros,
         total_micros: t0.elapsed().as_micros() as u64,
         final_records,
     })
@@ -490,13 +585,18 @@ pub struct ReceiveReport {
 /// the device is refused and changes nothing; anything wrong after it (a
 /// bad record, a checksum mismatch, a store error, a broken connection)
 /// empties the device again and is refused too. The device's previous
-/// content is dropped once a valid header has arrived. `commit` runs once
-/// everything is stored and checked, before the source is told.
+/// content is dropped once a valid header has arrived.
+///
+/// Once everything is stored and checked, `prepared` runs and the source
+/// is told (with the record count and checksum); then the source decides.
+/// Its commit runs `commit` before it is confirmed; its abort, or its going
+/// away first, empties the device again.
 pub fn receive(
     dev: &Device,
     r: impl Read,
     mut w: impl Write,
     progress: &dyn Fn(Progress),
+    prepared: &dyn Fn(),
     commit: &dyn Fn(),
 ) -> Result<ReceiveReport, MigrateError> {
     let t0 = Instant::now();
@@ -507,6 +607,7 @@ pub fn receive(
         records: 0,
         bytes: 0,
         data: Box::new([0; PAGE_SIZE]),
+        got_crc: 0,
     };
     let mut h = [0u8; HEADER_LEN];
     inp.get(&mut h).map_err(|e| match e {
@@ -567,7 +668,18 @@ pub fn receive(
                 });
             }
         }
-    })();
+    })()
+    .and_then(|()| {
+        prepared();
+        let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
+        let mut b = vec![REPLY_PREPARED];
+        b.extend_from_slice(&pages.to_le_bytes());
+        b.extend_from_slice(&inp.records.to_le_bytes());
+        b.extend_from_slice(&inp.got_crc.to_le_bytes());
+        w.write_all(&b)?;
+        w.flush()?;
+        verdict(&mut inp.r)
+    });
     if let Err(e) = result {
         refuse(&mut w, &e.to_string());
         // Undo: the device holds nothing from a stream that failed.
@@ -576,10 +688,11 @@ pub fn receive(
     }
     commit();
     let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
-    let mut b = vec![REPLY_DONE];
+    let mut b = vec![REPLY_COMMITTED];
     b.extend_from_slice(&pages.to_le_bytes());
-    w.write_all(&b)?;
-    w.flush()?;
+    // The commit stands even if the source does not hear of it: it keeps
+    // its copy then, and says so.
+    let _ = w.write_all(&b).and_then(|()| w.flush());
     Ok(ReceiveReport {
         bytes: inp.bytes,
         records: inp.records,
@@ -587,6 +700,28 @@ pub fn receive(
         pages,
         micros: t0.elapsed().as_micros() as u64,
     })
+}
+
+/// Waits for the source's verdict: Ok on its commit, an error on its
+/// abort, on its going away, or on anything else.
+fn verdict(r: &mut impl Read) -> Result<(), MigrateError> {
+    loop {
+        let mut tag = [0u8];
+        if let Err(e) = r.read_exact(&mut tag) {
+            return Err(MigrateError::Aborted(format!(
+                "the source went away before it committed ({e})"
+            )));
+        }
+        match tag[0] {
+            TAG_WAIT => {}
+            TAG_COMMIT => return Ok(()),
+            TAG_ABORT => {
+                let why = message(r).unwrap_or_else(|e| format!("(its reason was cut: {e})"));
+                return Err(MigrateError::Aborted(format!("by the source: {why}")));
+            }
+            t => return bad(format!("unexpected {t:#04x} while waiting for the commit")),
+        }
+    }
 }
 
 /// Discards every slot and gives the memory back.

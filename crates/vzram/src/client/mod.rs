@@ -13,9 +13,9 @@ use crate::cli::{
     RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
-    self, Added, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, HostLimitSet, MarkedIdle,
-    Migrated, Recompressed, Removed, ReplyError, Request, Reset, StatReply, WrittenBack,
-    MIGRATE_WAIT, TIER_WAIT,
+    self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, HostLimitSet,
+    MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request, Reset, StatReply,
+    WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -272,9 +272,23 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
 }
 
 pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
+    let Some(to) = &args.to else {
+        let r: Committed = call(
+            &args.target.control,
+            Request::CommitMigration {
+                device: DeviceRef::named(&args.target.device),
+            },
+        )?;
+        let st = serde_json::to_value(r.state).unwrap_or_default();
+        return Ok(format!(
+            "device {}: commit asked; migration {}\n",
+            r.device,
+            st.as_str().unwrap_or("?")
+        ));
+    };
     let req = Request::Migrate {
         device: DeviceRef::named(&args.target.device),
-        to: args.to.to_string(),
+        to: to.to_string(),
         keep: args.keep,
     };
     let wait = MIGRATE_WAIT.saturating_add(std::time::Duration::from_secs(10));
@@ -282,7 +296,7 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     Ok(format!(
         "device {}: migrated to {}: {} pages, {} in {} passes, {:.1} s ({:.1} MiB/s); last delta {} pages in {:.1} ms; {}\n",
         args.target.device,
-        args.to,
+        to,
         r.pages,
         human(r.bytes),
         r.passes,

@@ -97,6 +97,12 @@ struct FileConfig {
     compress_threads: Option<usize>,
     #[serde(alias = "poll-us")]
     poll_us: Option<u64>,
+    #[serde(
+        default,
+        alias = "incoming-timeout",
+        deserialize_with = "super::de::duration"
+    )]
+    incoming_timeout: Option<std::time::Duration>,
     #[serde(default)]
     device: Vec<DeviceDraft>,
 }
@@ -120,6 +126,7 @@ pub struct FileDrafts {
     pub seccomp: Option<SeccompMode>,
     pub compress_threads: Option<usize>,
     pub poll_us: Option<u64>,
+    pub incoming_timeout: Option<std::time::Duration>,
     pub devices: Vec<DeviceDraft>,
 }
 
@@ -190,6 +197,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         seccomp,
         compress_threads: f.compress_threads,
         poll_us: f.poll_us,
+        incoming_timeout: f.incoming_timeout,
         devices,
     })
 }

@@ -152,6 +152,9 @@ impl DeviceSpec {
 /// rotational. A guest sees the serial as `/sys/block/vdX/serial` and
 /// `/dev/disk/by-id/virtio-<serial>`.
 pub const SERIAL_PREFIX: &str = "vzram-";
+/// How long an incoming stream may take by default: a 64 GiB device at
+/// about 20 MiB/s.
+pub const INCOMING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// `vzram-<name>`, cut to the 20 bytes GET_ID has room for (at a character
 /// boundary).
@@ -213,6 +216,8 @@ pub struct DaemonConfig {
     pub compress_threads: Option<usize>,
     /// Longest poll of a ring that ran dry, in µs; None: the default.
     pub poll_us: Option<u64>,
+    /// Longest an incoming migration stream may take to arrive whole.
+    pub incoming_timeout: std::time::Duration,
     pub devices: Vec<DeviceSpec>,
 }
 
@@ -382,6 +387,7 @@ impl DaemonConfig {
             inherit_fds: Vec::new(),
             compress_threads: None,
             poll_us: None,
+            incoming_timeout: INCOMING_TIMEOUT,
             devices,
         })
     }

@@ -3,18 +3,19 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
 use vzram_store::Device;
 
-use super::migration::{self, Conn};
+use super::migration::{self, Conn, Frontend};
 use crate::proto::order::{Answer, Order};
 
 /// What the migration orders need besides the device: the connection
-/// that came with the order, whether the device is quiet, and the gate to
+/// that came with the order, what the frontend is doing, and the gate to
 /// open once an incoming device has its pages.
 pub struct Migrating<'a> {
     pub conn: Option<OwnedFd>,
-    pub quiet: &'a dyn Fn() -> bool,
+    pub frontend: Frontend<'a>,
     pub open_gate: &'a dyn Fn(),
 }
 
@@ -22,12 +23,13 @@ pub struct Migrating<'a> {
 pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answer {
     let failed = |error: String| Answer::Failed { error };
     let answer = match order {
-        Order::Receive | Order::Send { .. } if m.conn.is_none() => {
+        Order::Receive { .. } | Order::Send { .. } if m.conn.is_none() => {
             failed("no migration connection came with the order".into())
         }
-        Order::Receive => {
+        Order::Receive { within_secs } => {
             let conn = Conn::new(m.conn.expect("checked"));
-            let r = migration::receive(dev, &conn, &|| {});
+            let deadline = Instant::now() + Duration::from_secs(*within_secs);
+            let r = migration::receive(dev, &conn, deadline, &|| {});
             // Committed even if the source's confirmation was lost.
             if !dev.cells().migration.incoming() {
                 (m.open_gate)();
@@ -45,7 +47,7 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
         }
         Order::Send { keep } => {
             let conn = Conn::new(m.conn.expect("checked"));
-            match migration::send(dev, &conn, m.quiet, *keep) {
+            match migration::send(dev, &conn, &m.frontend, *keep) {
                 Ok(r) => Answer::Sent {
                     pages: r.pages,
                     bytes: r.bytes,
@@ -60,7 +62,10 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
         }
         Order::ResetIncoming => {
             let mig = &dev.cells().migration;
-            if mig.state.load(Relaxed) == vzram_store::cells::MIGRATION_RECEIVING {
+            if matches!(
+                mig.state.load(Relaxed),
+                vzram_store::cells::MIGRATION_RECEIVING | vzram_store::cells::MIGRATION_PREPARED
+            ) {
                 failed("a migration stream is arriving; reset it once it has failed".into())
             } else {
                 let pages = dev.stats().orig_data_size / vzram_store::PAGE_SIZE as u64;
@@ -111,13 +116,13 @@ pub fn execute(dev: &Device, order: &Order) -> Answer {
                 },
             }
         }
-        Order::Receive | Order::Send { .. } | Order::ResetIncoming => {
+        Order::Receive { .. } | Order::Send { .. } | Order::ResetIncoming => {
             return execute_migration(
                 dev,
                 order,
                 Migrating {
                     conn: None,
-                    quiet: &|| true,
+                    frontend: Frontend::NONE,
                     open_gate: &|| {},
                 },
             )

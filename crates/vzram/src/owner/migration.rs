@@ -9,14 +9,17 @@ use std::io::{self, Read, Write};
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use vzram_store::cells::{
-    MIGRATION_FAILED, MIGRATION_INCOMING, MIGRATION_NONE, MIGRATION_RECEIVING, MIGRATION_SENDING,
+    MIGRATION_COMMITTING, MIGRATION_COPIED, MIGRATION_FAILED, MIGRATION_INCOMING,
+    MIGRATION_PREPARED, MIGRATION_RECEIVED, MIGRATION_RECEIVING, MIGRATION_SENDING,
     MIGRATION_SEND_FAILED, MIGRATION_SENT,
 };
-use vzram_store::migrate::{self, Progress, ReceiveReport, SendReport};
+use vzram_store::migrate::{self, MigrateError, Progress, ReceiveReport, SendReport, Verdict};
 use vzram_store::{Context, Device};
 
 use crate::proto::addr::Addr;
@@ -27,17 +30,36 @@ use crate::proto::addr::Addr;
 pub const STALL: Duration = Duration::from_secs(60);
 
 /// A migration connection: a socket as a file, whose reads and writes give
-/// up after [`STALL`] without progress.
-pub struct Conn(File);
+/// up after [`STALL`] without progress, or at its deadline if it has one.
+pub struct Conn {
+    file: File,
+    deadline: Mutex<Option<Instant>>,
+}
 
 impl Conn {
     pub fn new(fd: OwnedFd) -> Conn {
-        Conn(File::from(fd))
+        Conn {
+            file: File::from(fd),
+            deadline: Mutex::new(None),
+        }
+    }
+
+    /// Reads and writes after `at` fail (None: only stalls do).
+    pub fn set_deadline(&self, at: Option<Instant>) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }
 
     fn wait(&self, events: i16) -> io::Result<()> {
-        if vzram_blk::guard::wait_fd(self.0.as_raw_fd(), events, Some(STALL))? {
+        let deadline = *self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        let left = deadline.map(|t| t.saturating_duration_since(Instant::now()));
+        let wait = left.map_or(STALL, |l| l.min(STALL));
+        if vzram_blk::guard::wait_fd(self.file.as_raw_fd(), events, Some(wait))? {
             Ok(())
+        } else if left.is_some_and(|l| l <= STALL) {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the stream did not finish within its deadline",
+            ))
         } else {
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -50,14 +72,14 @@ impl Conn {
 impl Read for &Conn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.wait(libc::POLLIN)?;
-        (&self.0).read(buf)
+        (&self.file).read(buf)
     }
 }
 
 impl Write for &Conn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.wait(libc::POLLOUT)?;
-        (&self.0).write(buf)
+        (&self.file).write(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -65,51 +87,109 @@ impl Write for &Conn {
     }
 }
 
+/// What the sender knows of the device's frontend.
+pub struct Frontend<'a> {
+    /// Nothing can write: no frontend, or no ring running.
+    pub quiet: &'a dyn Fn() -> bool,
+    /// How many times rings were started: a change after the last delta
+    /// means the VM runs here again (a `cont`, a cancelled migration, a
+    /// reboot).
+    pub starts: &'a dyn Fn() -> u64,
+    /// The frontend has gone (or there never was one): the VM has moved.
+    pub gone: &'a dyn Fn() -> bool,
+}
+
+impl Frontend<'_> {
+    /// A device with no frontend: quiet from the start, nothing to wait for.
+    pub const NONE: Frontend<'static> = Frontend {
+        quiet: &|| true,
+        starts: &|| 0,
+        gone: &|| true,
+    };
+}
+
 /// Sends `dev` over `conn` (see `vzram_store::migrate::send`), keeping its
-/// progress in the device's cells. `quiet` says whether the frontend has
-/// stopped (or there is none). Once the destination confirms, the pages are
-/// dropped here unless `keep`, or unless the frontend started again.
+/// progress in the device's cells. The move is committed once the
+/// destination holds every page and the frontend has gone after the last
+/// delta (or an operator said `vzram migrate --commit`); it is aborted if
+/// the rings start again first. Only a committed move drops the pages here,
+/// and not with `keep`.
 pub fn send(
     dev: &Device,
     conn: &Conn,
-    quiet: &dyn Fn() -> bool,
+    fe: &Frontend<'_>,
     keep: bool,
 ) -> Result<SendReport, String> {
-    let m = &dev.cells().migration;
+    let cells = dev.cells();
+    let m = &cells.migration;
+    cells.migration_commit.store(0, Relaxed);
     m.begin(MIGRATION_SENDING);
-    let r = migrate::send(dev, conn, conn, quiet, &|p: Progress| m.progress(p));
+    // The ring starts counted when the device went quiet for the last delta.
+    let at_quiet = AtomicU64::new(u64::MAX);
+    let quiet = || {
+        let starts = (fe.starts)();
+        let q = (fe.quiet)();
+        if q {
+            at_quiet.store(starts, Relaxed);
+        }
+        q
+    };
+    let verdict = || {
+        m.state.store(MIGRATION_COMMITTING, Relaxed);
+        if (fe.starts)() != at_quiet.load(Relaxed) || !(fe.quiet)() {
+            Verdict::Abort(
+                "the VM's rings started again after the last delta (a `cont`, a cancelled or failed migration, a reboot): it runs here, and this end keeps every page"
+                    .into(),
+            )
+        } else if (fe.gone)() || cells.migration_commit.load(Relaxed) != 0 {
+            Verdict::Commit
+        } else {
+            Verdict::Wait
+        }
+    };
+    let r = migrate::send(dev, conn, conn, &quiet, &verdict, &|p: Progress| {
+        m.progress(p)
+    });
     let rep = match r {
         Ok(rep) => rep,
         Err(e) => {
             m.state.store(MIGRATION_SEND_FAILED, Relaxed);
-            return Err(e.to_string());
+            let why = match e {
+                MigrateError::Unconfirmed(_) => format!(
+                    "{e}: every page is kept here; if the destination serves the device (its stat says received), `vzram reset` this one"
+                ),
+                e => format!("{e}; every page is kept here"),
+            };
+            return Err(why);
         }
     };
     m.final_micros.store(rep.final_micros, Relaxed);
     m.total_micros.store(rep.total_micros, Relaxed);
     m.dirty.store(0, Relaxed);
-    m.state.store(MIGRATION_SENT, Relaxed);
-    if !keep {
-        if quiet() {
-            migrate::empty(dev, &mut Context::new(0)).map_err(|e| {
-                format!("the destination has the pages, but dropping them here failed: {e}")
-            })?;
-        } else {
-            return Err(
-                "the destination confirmed, but the frontend started the device again meanwhile: the pages are kept here (the destination's copy is older)"
-                    .into(),
-            );
-        }
+    if keep {
+        m.state.store(MIGRATION_COPIED, Relaxed);
+    } else {
+        m.state.store(MIGRATION_SENT, Relaxed);
+        migrate::empty(dev, &mut Context::new(0)).map_err(|e| {
+            format!("the destination serves the pages, but dropping them here failed: {e}")
+        })?;
     }
     dev.stats();
     Ok(rep)
 }
 
 /// Receives into `dev` over `conn`; only a device waiting for its pages
-/// takes a stream. On success the device is no longer incoming
-/// (`on_commit` runs then, before the source hears of it); on failure it
-/// stays incoming, empty, marked failed.
-pub fn receive(dev: &Device, conn: &Conn, on_commit: &dyn Fn()) -> Result<ReceiveReport, String> {
+/// takes a stream, and the stream must be whole by `deadline` (the wait
+/// for the source's commit after it is not bounded: the source says every
+/// few seconds that it is still there). On commit the device is received
+/// for good (`on_commit` runs then, before the source hears of it); on
+/// failure or abort it is empty and still waits, marked failed.
+pub fn receive(
+    dev: &Device,
+    conn: &Conn,
+    deadline: Instant,
+    on_commit: &dyn Fn(),
+) -> Result<ReceiveReport, String> {
     let m = &dev.cells().migration;
     if !matches!(m.state.load(Relaxed), MIGRATION_INCOMING | MIGRATION_FAILED) {
         let why = format!(
@@ -120,10 +200,21 @@ pub fn receive(dev: &Device, conn: &Conn, on_commit: &dyn Fn()) -> Result<Receiv
         return Err(why);
     }
     m.begin(MIGRATION_RECEIVING);
-    let r = migrate::receive(dev, conn, conn, &|p| m.progress(p), &|| {
-        m.state.store(MIGRATION_NONE, Relaxed);
-        on_commit();
-    });
+    conn.set_deadline(Some(deadline));
+    let r = migrate::receive(
+        dev,
+        conn,
+        conn,
+        &|p| m.progress(p),
+        &|| {
+            conn.set_deadline(None);
+            m.state.store(MIGRATION_PREPARED, Relaxed);
+        },
+        &|| {
+            m.state.store(MIGRATION_RECEIVED, Relaxed);
+            on_commit();
+        },
+    );
     dev.stats();
     r.map_err(|e| {
         m.state.store(MIGRATION_FAILED, Relaxed);
@@ -170,18 +261,34 @@ impl Listener {
 }
 
 /// Marks a device configured `incoming=` as waiting for its pages, if its
-/// state is new or holds nothing; one left waiting by an earlier run (a
-/// transfer cut short) waits again. A state that holds pages keeps them
-/// and serves: receiving into it would drop them (`--fresh` starts empty).
+/// state is new or holds nothing. One whose stream was cut short (by a
+/// failure or a killed process) is emptied and waits again: it was never
+/// committed, so the source still has every page. One that has received
+/// its stream serves: `incoming=` applies only to a device that never did.
+/// A state that holds pages keeps them and serves: receiving into it would
+/// drop them (`--fresh` starts empty).
 pub fn set_incoming(name: &str, dev: &Device) {
     let m = &dev.cells().migration;
     let empty = dev.stats().orig_data_size == 0;
     match m.state.load(Relaxed) {
-        MIGRATION_RECEIVING => {
-            tracing::warn!(device = %name, "a migration stream was cut short by a restart; waiting for another");
+        MIGRATION_RECEIVING | MIGRATION_PREPARED | MIGRATION_FAILED => {
+            let pages = dev.stats().orig_data_size / vzram_store::PAGE_SIZE as u64;
+            match migrate::empty(dev, &mut Context::new(0)) {
+                Ok(()) => {
+                    tracing::warn!(device = %name, pages, "a migration stream was cut short before its commit: emptied; waiting for another")
+                }
+                Err(e) => {
+                    tracing::error!(device = %name, "a migration stream was cut short, and emptying the device failed: {e}; it keeps waiting")
+                }
+            }
             m.state.store(MIGRATION_FAILED, Relaxed);
+            dev.stats();
         }
-        _ if m.incoming() => tracing::info!(device = %name, "still waiting for its pages"),
+        MIGRATION_INCOMING => tracing::info!(device = %name, "still waiting for its pages"),
+        MIGRATION_RECEIVED => tracing::info!(
+            device = %name,
+            "it received its migration stream already: it serves (incoming= applies only until a stream is committed)"
+        ),
         _ if empty => m.begin(MIGRATION_INCOMING),
         _ => tracing::warn!(
             device = %name,

@@ -109,6 +109,11 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         keep: bool,
     },
+    /// The VM of a device being sent has moved (its VMM keeps the source
+    /// process): commit now.
+    CommitMigration {
+        device: DeviceRef,
+    },
 }
 
 impl DeviceRef {
@@ -255,8 +260,18 @@ pub enum MigrationState {
     /// A stream failed; waits for another.
     Failed,
     Sending,
+    /// Sent and committed; the pages were dropped here.
     Sent,
     SendFailed,
+    /// Received and committed: it serves, and takes no other stream.
+    Received,
+    /// Every page is here, checked; waiting for the source to commit.
+    Prepared,
+    /// Sent with `--keep` and committed: the pages are here too.
+    Copied,
+    /// The destination holds every page; waiting for the VM to move (its
+    /// frontend here to go, or `vzram migrate --commit`).
+    Committing,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -364,6 +379,14 @@ pub struct Migrated {
     pub seconds: f64,
     pub rate_mib_s: f64,
     pub kept: bool,
+}
+
+/// `commit-migration`: the sender's state once it acted on the commit
+/// (`sent` or `copied` when done).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Committed {
+    pub device: String,
+    pub state: MigrationState,
 }
 
 /// A reply line read back: `"ok":true` and the result, or `"ok":false` and

@@ -43,10 +43,14 @@ pub enum Order {
         filter: TierFilter,
         max_pages: Option<u64>,
     },
-    /// Receive the device's pages from the migration connection sent along.
-    Receive,
+    /// Receive the device's pages from the migration connection sent along;
+    /// the stream must be whole within `within_secs` of the order.
+    Receive {
+        within_secs: u64,
+    },
     /// Send the device's pages over the migration connection sent along,
-    /// until the frontend stops; then drop them unless `keep`.
+    /// until the frontend stops; commit once it has gone (or on
+    /// `vzram migrate --commit`), then drop them unless `keep`.
     Send {
         keep: bool,
     },

@@ -197,7 +197,10 @@ impl<P: Protocol> Pool<P> {
                             .unwrap_or_else(|e| e.into_inner());
                         (j, t.timed_out())
                     } else {
-                        (self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner()), false)
+                        (
+                            self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner()),
+                            false,
+                        )
                     };
                     jobs = j;
                     jobs.idle -= 1;

@@ -19,9 +19,9 @@ use super::Supervisor;
 use crate::config::DeviceSpec;
 use crate::proto::addr::Addr;
 use crate::proto::control::{
-    Added, BackingStat, Compacted, DeviceLimitSet, DeviceRef, DeviceStat, Done, Forgotten,
-    HostLimitSet, MarkedIdle, Migrated, MigrationStat, MigrationState, Recompressed, Removed,
-    Request, Reset, StatReply, TierStat, WrittenBack,
+    Added, BackingStat, Committed, Compacted, DeviceLimitSet, DeviceRef, DeviceStat, Done,
+    Forgotten, HostLimitSet, MarkedIdle, Migrated, MigrationStat, MigrationState, Recompressed,
+    Removed, Request, Reset, StatReply, TierStat, WrittenBack,
 };
 use crate::proto::order::{Answer, Order, TierFilter};
 
@@ -279,6 +279,15 @@ impl Control {
                 Self::reply(Done {})
             }
             Request::Migrate { device, to, keep } => self.migrate(&device, &to, keep),
+            Request::CommitMigration { device } => {
+                let (_, d) = self.find(&device)?;
+                self.sup.commit_migration(&d)?;
+                tracing::info!(device = %d.spec.name, "migration commit asked by the operator");
+                Self::reply(Committed {
+                    device: d.spec.name.clone(),
+                    state: migration_state(d.cells.migration.state.load(Ordering::Relaxed)),
+                })
+            }
             Request::MarkIdle { device } => {
                 let (_, d) = self.find(&device)?;
                 let pages = match self.sup.tier(&d, &Order::MarkIdle)? {
@@ -495,6 +504,10 @@ fn migration_state(v: u64) -> MigrationState {
         MIGRATION_SENDING => MigrationState::Sending,
         MIGRATION_SENT => MigrationState::Sent,
         MIGRATION_SEND_FAILED => MigrationState::SendFailed,
+        MIGRATION_RECEIVED => MigrationState::Received,
+        MIGRATION_PREPARED => MigrationState::Prepared,
+        MIGRATION_COPIED => MigrationState::Copied,
+        MIGRATION_COMMITTING => MigrationState::Committing,
         _ => MigrationState::None,
     }
 }
@@ -664,6 +677,7 @@ mod tests {
                 socket_mode: 0o600,
                 state_dir: root.to_path_buf(),
                 compress_threads: None,
+                incoming_timeout: std::time::Duration::from_secs(3600),
                 poll_us: None,
             },
         )

@@ -360,6 +360,7 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
                 socket_mode: cfg.socket_mode,
                 state_dir: cfg.state_dir.clone(),
                 compress_threads: cfg.compress_threads,
+                incoming_timeout: cfg.incoming_timeout,
                 poll_us: cfg.poll_us,
             },
         )

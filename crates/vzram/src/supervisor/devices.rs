@@ -147,6 +147,8 @@ impl Supervisor {
         let Some(d) = self.device(i) else {
             return Err(Error::NoIndex(i));
         };
+        // An arriving stream would hold the device until it ends.
+        self.cut_arriving(&d)?;
         d.removing.store(true, Relaxed);
         self.wake();
         let deadline = Instant::now() + STOP_WAIT;

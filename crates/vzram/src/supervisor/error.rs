@@ -30,8 +30,14 @@ pub enum Error {
     NoBackingFile(String),
     #[error("device {0} is waiting for its own pages (incoming); it has nothing to send")]
     Incoming(String),
-    #[error("device {0}: a migration stream is arriving; reset once it has failed")]
+    #[error("device {0}: the arriving migration stream did not stop; try again")]
     Receiving(String),
+    #[error("device {0}: a migration is already under way (`vzram stat` shows it); one at a time")]
+    MigrationRunning(String),
+    #[error("device {0} was sent to another daemon and its pages dropped here; `vzram reset {0}` to use it afresh")]
+    AlreadySent(String),
+    #[error("device {0} has no migration waiting for its commit (`vzram stat` shows its state)")]
+    NotCommitting(String),
     #[error("device {0}: still in use; try again")]
     InUse(String),
     #[error("device {device}: its worker did not stop within {wait:?}")]

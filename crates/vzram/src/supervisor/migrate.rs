@@ -27,6 +27,21 @@ impl Supervisor {
     /// worker that goes away mid-way (its frontend left, or it died) is
     /// replaced by another attempt from the start.
     pub fn migrate(&self, d: &Served, to: &Addr, keep: bool) -> Result<Answer> {
+        // One at a time: a second sender would find nothing, or race the
+        // first to the commit.
+        if d.migrating.swap(true, Relaxed) {
+            return Err(Error::MigrationRunning(d.spec.name.clone()));
+        }
+        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Relaxed);
+            }
+        }
+        let _done = Done(&d.migrating);
+        if d.cells.migration.state.load(Relaxed) == vzram_store::cells::MIGRATION_SENT {
+            return Err(Error::AlreadySent(d.spec.name.clone()));
+        }
         const ATTEMPTS: usize = 3;
         let mut last = String::new();
         for attempt in 1..=ATTEMPTS {
@@ -41,7 +56,14 @@ impl Supervisor {
                     d.set_migration_error(None);
                     return Ok(a);
                 }
-                // The channel broke: the worker is gone.
+                // The channel broke: the worker is gone. Another attempt
+                // only if nothing was committed (its state says so).
+                Err(e)
+                    if d.cells.migration.state.load(Relaxed)
+                        == vzram_store::cells::MIGRATION_SENT =>
+                {
+                    return Err(failed(d, format!("{e}, after the commit")));
+                }
                 Err(e) => {
                     tracing::warn!(device = %d.spec.name, "migration attempt {attempt}: {e}");
                     last = e.to_string();
@@ -54,6 +76,49 @@ impl Supervisor {
             .store(vzram_store::cells::MIGRATION_SEND_FAILED, Relaxed);
         d.set_migration_error(Some(last.clone()));
         Err(failed(d, last))
+    }
+
+    /// `vzram migrate --commit`: the VM has moved, for a VMM that keeps its
+    /// source process after its migration. Waits a little for the sender
+    /// to act on it; returns the state then.
+    pub fn commit_migration(&self, d: &Served) -> Result<&'static str> {
+        let m = &d.cells.migration;
+        if !m.sending() {
+            return Err(Error::NotCommitting(d.spec.name.clone()));
+        }
+        d.cells.migration_commit.store(1, Relaxed);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while m.sending() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(m.state_name())
+    }
+
+    /// Cuts the stream arriving for `d`, if any, and waits for its receiver
+    /// to give up (it empties the device): for `reset` and `remove`.
+    pub fn cut_arriving(&self, d: &Served) -> Result<()> {
+        let arriving = d.arriving.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(fd) = arriving.as_ref() else {
+            return Ok(());
+        };
+        // SAFETY: shutdown on a copy of the stream's socket that we own;
+        // the receiver's next read or write fails and it undoes the stream.
+        unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+        drop(arriving);
+        tracing::warn!(device = %d.spec.name, "the arriving migration stream is cut");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while d
+            .arriving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Receiving(d.spec.name.clone()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
     }
 
     /// A connection to `to` within `wait`, made by a helper the launcher
@@ -133,7 +198,20 @@ impl Supervisor {
                 return;
             }
             tracing::info!(device = %d.spec.name, "a migration stream connected");
-            match self.on_owner(d, &Order::Receive, Some(fd), MIGRATE_WAIT) {
+            let copy = match fd.try_clone() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(device = %d.spec.name, "migration stream: {e}");
+                    continue;
+                }
+            };
+            *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
+            let order = Order::Receive {
+                within_secs: self.env.incoming_timeout.as_secs().max(1),
+            };
+            let r = self.on_owner(d, &order, Some(fd), MIGRATE_WAIT);
+            *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            match r {
                 Ok((
                     Answer::Received {
                         pages,

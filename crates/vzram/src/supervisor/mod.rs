@@ -60,6 +60,8 @@ pub struct WorkerEnv {
     pub compress_threads: Option<usize>,
     /// `--poll-us`; None: the default.
     pub poll_us: Option<u64>,
+    /// `--incoming-timeout`.
+    pub incoming_timeout: std::time::Duration,
 }
 /// A launcher's answer and the descriptors that came with it.
 type Reply = (Report, Vec<OwnedFd>);

@@ -149,9 +149,8 @@ impl Supervisor {
     pub fn reset(&self, d: &Served) -> Result<u64> {
         let m = &d.cells.migration;
         if m.incoming() {
-            if m.state.load(Relaxed) == vzram_store::cells::MIGRATION_RECEIVING {
-                return Err(Error::Receiving(d.spec.name.clone()));
-            }
+            // A stream under way is cut first: it empties the device.
+            self.cut_arriving(d)?;
             let (answer, _) = self.on_owner(d, &Order::ResetIncoming, None, HOLD_WAIT)?;
             return match answer {
                 Answer::IncomingReset { pages } => {
@@ -163,10 +162,19 @@ impl Supervisor {
                 a => Err(unexpected(a)),
             };
         }
+        if d.migrating.load(Relaxed) {
+            return Err(Error::MigrationRunning(d.spec.name.clone()));
+        }
         let dropped = self.hold(d, |dev| {
             let pages = dev.stats().orig_data_size / 4096;
             let r = dev.discard(&mut vzram_store::Context::new(0), 0..dev.num_slots());
             dev.compact();
+            // A device sent away may be migrated again once reset.
+            use vzram_store::cells::{MIGRATION_COPIED, MIGRATION_SEND_FAILED, MIGRATION_SENT};
+            let _ = m.state.fetch_update(Relaxed, Relaxed, |s| {
+                matches!(s, MIGRATION_SENT | MIGRATION_COPIED | MIGRATION_SEND_FAILED)
+                    .then_some(vzram_store::cells::MIGRATION_NONE)
+            });
             r.map(|()| pages)
         })?;
         match dropped {
@@ -199,7 +207,7 @@ impl Supervisor {
                     order,
                     Migrating {
                         conn: fd.take(),
-                        quiet: &|| true,
+                        frontend: crate::owner::migration::Frontend::NONE,
                         open_gate: &open,
                     },
                 )

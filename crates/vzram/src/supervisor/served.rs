@@ -126,6 +126,11 @@ pub struct Served {
     pub(super) incoming: Mutex<Option<Listener>>,
     /// Why the last migration of the device failed, for `vzram stat`.
     pub migration_error: Mutex<Option<String>>,
+    /// A `vzram migrate` of the device is under way: one at a time.
+    pub migrating: AtomicBool,
+    /// The stream arriving for an incoming device (a copy of its socket),
+    /// so that `reset` and `remove` can cut it.
+    pub arriving: Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 pub(super) enum Phase {
@@ -190,6 +195,8 @@ impl Served {
             removing: AtomicBool::new(false),
             incoming: Mutex::new(None),
             migration_error: Mutex::new(None),
+            migrating: AtomicBool::new(false),
+            arriving: Mutex::new(None),
         })
     }
 

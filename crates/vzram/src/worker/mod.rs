@@ -28,6 +28,7 @@ use vzram_store::{Backing, Device, Pool, PoolConfig, StateFiles, StoreError};
 use crate::owner::attach::device_config;
 use crate::owner::autotier::AutoTier;
 use crate::owner::execute::{execute_migration, Migrating};
+use crate::owner::migration::Frontend;
 use crate::proto::order::Order;
 use crate::proto::wire::{self, FIRST_FD};
 use crate::proto::worker_spec::{Fds, Spec, EXIT_DONE, EXIT_SETUP, EXIT_STATE};
@@ -306,7 +307,11 @@ fn control_loop(
                 let one = busy.lock().unwrap_or_else(|e| e.into_inner());
                 let m = Migrating {
                     conn: fds.pop(),
-                    quiet: &|| rings.quiet(),
+                    frontend: Frontend {
+                        quiet: &|| rings.quiet(),
+                        starts: &|| rings.starts(),
+                        gone: &|| rings.gone(),
+                    },
                     open_gate: &|| {
                         tracing::info!("the device's pages are here: requests run");
                         backend.open_gate()

@@ -25,9 +25,21 @@ pub struct Rings {
     pub disconnected: std::sync::atomic::AtomicBool,
     active: std::sync::atomic::AtomicU64,
     stopping: std::sync::atomic::AtomicU64,
+    /// Rings started (SET_VRING_KICK) so far.
+    starts: std::sync::atomic::AtomicU64,
 }
 
 impl Rings {
+    /// How many times a ring was started.
+    pub fn starts(&self) -> u64 {
+        self.starts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The frontend has gone.
+    pub fn gone(&self) -> bool {
+        self.disconnected.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Nothing can write: no frontend, or no ring running.
     pub fn quiet(&self) -> bool {
         use std::sync::atomic::Ordering::SeqCst;
@@ -44,6 +56,7 @@ impl Rings {
         match m.header.code {
             guard::code::SET_VRING_KICK => {
                 if let Some(i) = index(8).map(|v| v & 0xff).filter(|&i| i < 64) {
+                    self.starts.fetch_add(1, SeqCst);
                     self.active.fetch_or(1 << i, SeqCst);
                 }
             }

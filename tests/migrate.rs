@@ -17,7 +17,7 @@ const PAGES: u64 = 64 << 8;
 
 struct Ends {
     _da: TempDir,
-    _db: TempDir,
+    db: TempDir,
     a: Daemon,
     b: Daemon,
     sock_a: PathBuf,
@@ -28,6 +28,11 @@ struct Ends {
 /// Daemon A serves `vm` (64 MiB); daemon B serves `vm` of `size_b`,
 /// incoming on a unix socket.
 fn ends(tag: &str, size_b: &str) -> Ends {
+    ends_with(tag, size_b, &[])
+}
+
+/// [`ends`], with more arguments for B.
+fn ends_with(tag: &str, size_b: &str, extra_b: &[&str]) -> Ends {
     let da = TempDir::new(&format!("{tag}a"));
     let db = TempDir::new(&format!("{tag}b"));
     let sock_a = da.join("a.sock");
@@ -48,25 +53,23 @@ fn ends(tag: &str, size_b: &str) -> Ends {
         &[&sock_a],
     );
     let inc = format!("unix:{}", incoming.display());
-    let b = Daemon::start(
-        &db,
-        &[
-            "--socket",
-            s(&sock_b),
-            "--size",
-            size_b,
-            "--name",
-            "vm",
-            "--queues",
-            "2",
-            "--incoming",
-            &inc,
-        ],
-        &[&sock_b, &incoming],
-    );
+    let mut args_b = vec![
+        "--socket",
+        s(&sock_b),
+        "--size",
+        size_b,
+        "--name",
+        "vm",
+        "--queues",
+        "2",
+        "--incoming",
+        &inc,
+    ];
+    args_b.extend_from_slice(extra_b);
+    let b = Daemon::start(&db, &args_b, &[&sock_b, &incoming]);
     Ends {
         _da: da,
-        _db: db,
+        db,
         a,
         b,
         sock_a,
@@ -388,4 +391,286 @@ fn reset_gives_up_waiting_and_serves_an_empty_device() {
         "{:?}",
         String::from_utf8_lossy(&reply)
     );
+}
+
+/// Starts B again with the same arguments (`kill`: SIGKILL first).
+fn restart_b(e: &mut Ends, kill: bool) {
+    if kill {
+        e.b.kill9();
+    } else {
+        e.b.terminate_cleanly();
+    }
+    let args: Vec<String> = e.b.args().to_vec();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    e.b = Daemon::start(&e.db, &args, &[&e.sock_b, &e.incoming]);
+    // A killed daemon leaves its control socket file: wait for the new one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&e.b.control).is_err() {
+        assert!(Instant::now() < deadline, "{}", e.b.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_state(d: &Daemon, want: MigrationState, limit: Duration) -> MigrationStat {
+    let deadline = Instant::now() + limit;
+    loop {
+        let m = migration(d);
+        if m.state == want {
+            return m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not {want:?} after {limit:?}: {m:?}\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn_migrate(e: &Ends, to: &Path) -> std::process::Child {
+    Command::new(vzram_bin())
+        .args([
+            "migrate",
+            "--control",
+            s(&e.a.control),
+            "--device",
+            "vm",
+            "--to",
+        ])
+        .arg(format!("unix:{}", to.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn said(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A paused VM keeps its disk: QEMU stops the rings on every `stop`, reset
+/// and reboot, so a stop is not the end of a migration. The destination
+/// gets every page and waits for the commit; the rings start again (a
+/// `cont`) and the move is aborted: the source still has every page, the
+/// destination is empty and waits for another stream.
+#[test]
+fn rings_that_start_again_abort_the_move_and_the_source_keeps_every_page() {
+    use vhost::VhostBackend;
+    use vzram_tests::frontend::{RawDev, Setup};
+    let e = ends("migc", SIZE);
+    write_all(&e.sock_a, 1);
+    let stored = e.a.stat().counters("vm").orig_data_size;
+    let mut v = RawDev::connect(&e.sock_a);
+    // QMP `stop`: the ring is stopped.
+    v.fe.get_vring_base(0).expect("GET_VRING_BASE");
+    let mut m = spawn_migrate(&e, &e.incoming);
+    let st = wait_state(&e.a, MigrationState::Committing, Duration::from_secs(30));
+    let sb = wait_state(&e.b, MigrationState::Prepared, Duration::from_secs(5));
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, stored);
+    eprintln!("stopped VM: source {st:?}, destination {sb:?}");
+    // Still waiting a second later: a stop commits nothing.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        m.try_wait().unwrap().is_none(),
+        "the migrate ended on a stop"
+    );
+    // QMP `cont`: the ring starts again.
+    v.setup_vring(Setup::default());
+    let out = m.wait_with_output().unwrap();
+    let text = said(&out);
+    eprintln!("after cont: {text}");
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("started again"), "{text}");
+    drop(v);
+    assert_eq!(migration(&e.a).state, MigrationState::SendFailed);
+    assert_eq!(e.a.stat().counters("vm").orig_data_size, stored);
+    let mut c = Client::connect(&e.sock_a, 2).expect("connect to A");
+    check_all(&mut c, |i| expected(i, 1), "source after the abort");
+    let m = wait_failed(&e.b, "abort");
+    assert!(
+        m.error.as_deref().unwrap().contains("started again"),
+        "{m:?}"
+    );
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
+}
+
+/// A listener that confirms with a record count and checksum of its own
+/// (here: 0 pages) gets an abort, and the source keeps everything.
+#[test]
+fn a_destination_that_confirms_what_it_did_not_get_gets_nothing_dropped() {
+    let e = ends("migk", SIZE);
+    write_all(&e.sock_a, 1);
+    let stored = e.a.stat().counters("vm").orig_data_size;
+    let fake = e.db.join("fake.sock");
+    let l = std::os::unix::net::UnixListener::bind(&fake).unwrap();
+    let liar = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        c.write_all(b"A").unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0usize;
+        // Until the source stops sending: it waits for the confirmation.
+        while let Ok(n) = c.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let mut k = vec![b'K'];
+        k.extend_from_slice(&[0u8; 20]);
+        c.write_all(&k).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        (got, rest)
+    });
+    let out = spawn_migrate(&e, &fake).wait_with_output().unwrap();
+    let text = said(&out);
+    let (got, rest) = liar.join().unwrap();
+    eprintln!("a lying destination took {got} bytes; the source said: {text}");
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("the destination confirmed 0 records"),
+        "{text}"
+    );
+    assert_eq!(rest.first(), Some(&b'B'), "the source did not abort");
+    assert_eq!(e.a.stat().counters("vm").orig_data_size, stored);
+    assert_eq!(migration(&e.a).state, MigrationState::SendFailed);
+    let mut c = Client::connect(&e.sock_a, 2).expect("connect to A");
+    check_all(&mut c, |i| expected(i, 1), "source");
+}
+
+/// One migration per device: while one runs a second is refused at once,
+/// and a device already sent (its pages dropped) refuses another. A
+/// restart of the destination after its commit does not make it incoming
+/// again.
+#[test]
+fn one_migration_per_device_and_a_committed_destination_stays_received() {
+    let mut e = ends("mig1", SIZE);
+    write_all(&e.sock_a, 1);
+    // A destination that accepts and says nothing holds the first migrate.
+    let hold = e.db.join("hold.sock");
+    let l = std::os::unix::net::UnixListener::bind(&hold).unwrap();
+    let first = spawn_migrate(&e, &hold);
+    let (held, _) = l.accept().unwrap();
+    let second = migrate(&e, &[]);
+    let text = said(&second);
+    assert!(!second.status.success(), "{text}");
+    assert!(text.contains("already under way"), "{text}");
+    drop(held);
+    let out = first.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{}", said(&out));
+    // Now for real, then again.
+    let out = migrate(&e, &[]);
+    assert!(out.status.success(), "{}", said(&out));
+    let again = migrate(&e, &[]);
+    let text = said(&again);
+    assert!(!again.status.success(), "{text}");
+    assert!(text.contains("was sent to another daemon"), "{text}");
+    assert_eq!(migration(&e.b).state, MigrationState::Received);
+    // A restart with the same `--incoming`: it serves at once.
+    restart_b(&mut e, false);
+    assert_eq!(migration(&e.b).state, MigrationState::Received);
+    let mut c = Client::connect(&e.sock_b, 2).expect("connect to B");
+    check_all(&mut c, |i| expected(i, 1), "destination after a restart");
+    // A reset source can be used, and sent, again.
+    let r: Reset = e.a.request(json!({"cmd": "reset", "device": "vm"}));
+    assert_eq!(r.device, "vm");
+    assert_eq!(migration(&e.a).state, MigrationState::None);
+}
+
+/// A header, then `body` written slowly: `pace` between bytes.
+fn trickle(incoming: &Path, body: &[u8], pace: Duration) -> std::thread::JoinHandle<()> {
+    let incoming = incoming.to_path_buf();
+    let body = body.to_vec();
+    std::thread::spawn(move || {
+        let mut c = UnixStream::connect(&incoming).unwrap();
+        let mut h = Vec::new();
+        h.extend_from_slice(b"VZRAMMIG");
+        h.extend_from_slice(&vzram_store::migrate::VERSION.to_le_bytes());
+        h.extend_from_slice(&4096u32.to_le_bytes());
+        h.extend_from_slice(&(64u64 << 20).to_le_bytes());
+        h.extend_from_slice(&PAGES.to_le_bytes());
+        h.push(0);
+        let mut name = [0u8; 15];
+        name[..3].copy_from_slice(b"lz4");
+        h.extend_from_slice(&name);
+        if c.write_all(&h).is_err() {
+            return;
+        }
+        for b in body {
+            std::thread::sleep(pace);
+            if c.write_all(&[b]).is_err() {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_secs(30));
+    })
+}
+
+/// Raw pages for slots 0.. as a stream body (no final marker).
+fn raw_pages(n: u64) -> Vec<u8> {
+    let mut body = b"P".to_vec();
+    body.extend_from_slice(&1u32.to_le_bytes());
+    for i in 0..n {
+        body.push(b'R');
+        body.extend_from_slice(&i.to_le_bytes());
+        body.extend_from_slice(&versioned_page_nonzero(i, 1));
+    }
+    body
+}
+
+/// A peer that sends a byte now and then (never stalling long enough for
+/// the per-read limit) is cut at the stream's deadline; `reset` cuts one
+/// at once instead of being refused.
+#[test]
+fn a_trickling_peer_is_cut_at_the_deadline_and_reset_cuts_it_at_once() {
+    let e = ends_with("migt", SIZE, &["--incoming-timeout", "3s"]);
+    let t = Instant::now();
+    let _peer = trickle(&e.incoming, &raw_pages(1), Duration::from_millis(500));
+    wait_state(&e.b, MigrationState::Receiving, Duration::from_secs(5));
+    let m = wait_failed_within(&e.b, Duration::from_secs(15));
+    let took = t.elapsed();
+    eprintln!("trickling peer cut after {took:?}: {m:?}");
+    assert!(m.error.as_deref().unwrap().contains("deadline"), "{m:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    // Reset during a stream: it is cut and the device serves, empty.
+    let _peer = trickle(&e.incoming, &raw_pages(1), Duration::from_millis(500));
+    wait_state(&e.b, MigrationState::Receiving, Duration::from_secs(5));
+    let t = Instant::now();
+    let r: Reset = e.b.request(json!({"cmd": "reset", "device": "vm"}));
+    assert_eq!(r.device, "vm");
+    eprintln!("reset during a stream took {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(migration(&e.b).state, MigrationState::None);
+}
+
+fn wait_failed_within(d: &Daemon, limit: Duration) -> MigrationStat {
+    wait_state(d, MigrationState::Failed, limit)
+}
+
+/// A destination killed mid-stream holds nothing when it starts again: the
+/// stream was never committed.
+#[test]
+fn a_destination_killed_mid_stream_starts_empty() {
+    let mut e = ends("migx", SIZE);
+    let body = raw_pages(200);
+    let _peer = trickle(&e.incoming, &body[..body.len() - 10], Duration::ZERO);
+    // Wait until most pages are stored.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while e.b.stat().counters("vm").orig_data_size < 150 * PAGE as u64 {
+        assert!(Instant::now() < deadline, "{:?}", migration(&e.b));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    restart_b(&mut e, true);
+    let m = migration(&e.b);
+    eprintln!("after kill -9 mid-stream and a restart: {m:?}");
+    assert_eq!(m.state, MigrationState::Failed, "{m:?}");
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
+    assert!(e.b.log_text().contains("cut short before its commit"));
 }

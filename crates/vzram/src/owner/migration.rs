@@ -260,6 +260,16 @@ impl Listener {
     }
 }
 
+/// A send that a restart cut short committed nothing: the device keeps
+/// every page and may be sent again.
+pub fn settle_send(name: &str, dev: &Device) {
+    let m = &dev.cells().migration;
+    if m.sending() {
+        tracing::warn!(device = %name, "a migration send was cut short by a restart before its commit: every page is kept here");
+        m.state.store(MIGRATION_SEND_FAILED, Relaxed);
+    }
+}
+
 /// Marks a device configured `incoming=` as waiting for its pages, if its
 /// state is new or holds nothing. One whose stream was cut short (by a
 /// failure or a killed process) is emptied and waits again: it was never

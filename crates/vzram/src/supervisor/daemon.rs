@@ -23,7 +23,7 @@ use super::served::{BackingFile, Served};
 use super::{Supervisor, WorkerEnv};
 use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
 use crate::owner::attach::device_config;
-use crate::owner::migration::{set_incoming, Listener};
+use crate::owner::migration::{set_incoming, settle_send, Listener};
 use crate::owner::placement;
 use crate::proto::addr::Addr;
 use crate::proto::worker_spec::LogLevel;
@@ -293,6 +293,7 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
         if let Err(e) = placement::record(&spec.socket, &state_files.dir) {
             tracing::warn!(device = %spec.name, socket = %spec.socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
         }
+        settle_send(&spec.name, &store);
         if spec.incoming.is_some() {
             set_incoming(&spec.name, &store);
         } else if store.cells().migration.incoming() {

@@ -12,7 +12,7 @@ use super::served::{BackingFile, Phase, Served};
 use super::{Supervisor, STOP_WAIT};
 use crate::config::DeviceSpec;
 use crate::owner::attach::{attach, device_config};
-use crate::owner::migration::{set_incoming, Listener};
+use crate::owner::migration::{set_incoming, settle_send, Listener};
 use crate::proto::launch::{Report, Request};
 
 impl Supervisor {
@@ -117,6 +117,7 @@ impl Supervisor {
             ),
             _ => tracing::info!(device = %spec.name, socket = %spec.socket.display(), "added"),
         }
+        settle_send(&spec.name, &dev);
         if spec.incoming.is_some() {
             set_incoming(&spec.name, &dev);
         }

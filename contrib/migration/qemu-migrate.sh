@@ -4,6 +4,12 @@
 #
 #   source:       vzram A serves vm1 (8G) at /run/vzram/a/vm1.sock
 #   destination:  vzram B serves vm1 (8G, the same size) incoming
+#
+# Order: destination device incoming (1), destination QEMU (2), then on the
+# source start `vzram migrate` in the background (4) just before QEMU's
+# migration (3); it prints nothing on stdout. The source keeps every page
+# until the move is committed. Under libvirt, contrib/libvirt/hooks/qemu
+# does (1) on "migrate begin" and (4) as `qemu DOMAIN vzram-send ADDR`.
 set -eu
 A_CTL=/run/vzram/a/control.sock
 B_CTL=/run/vzram/b/control.sock
@@ -30,7 +36,9 @@ vzram add --control "$B_CTL" \
 #    delta (milliseconds). Between hosts, tunnel the unix socket:
 #      ssh -N -L /run/vzram/a/vm1.to-b:$IN root@DEST &
 #    and use --to unix:/run/vzram/a/vm1.to-b.
-vzram migrate --control "$A_CTL" --device vm1 --to "unix:$IN"
+vzram migrate --control "$A_CTL" --device vm1 --to "unix:$IN" >/dev/null &
+# then step 3 (QMP migrate), and wait for it:
+wait
 
 # 5. Check: the destination device serves, the source dropped its copy.
 vzram stat --control "$B_CTL"

@@ -303,10 +303,8 @@ fn wait_failed(d: &Daemon, what: &str) -> MigrationStat {
     }
 }
 
-/// A tiny hostile sender: a valid header, then whatever it is given.
-fn hostile(incoming: &Path, body: &[u8]) -> Vec<u8> {
-    let mut c = UnixStream::connect(incoming).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+/// A valid stream header for B's device (64 MiB, lz4).
+fn header() -> Vec<u8> {
     let mut h = Vec::new();
     h.extend_from_slice(b"VZRAMMIG");
     h.extend_from_slice(&vzram_store::migrate::VERSION.to_le_bytes());
@@ -317,6 +315,14 @@ fn hostile(incoming: &Path, body: &[u8]) -> Vec<u8> {
     let mut name = [0u8; 15];
     name[..3].copy_from_slice(b"lz4");
     h.extend_from_slice(&name);
+    h
+}
+
+/// A tiny hostile sender: a valid header, then whatever it is given.
+fn hostile(incoming: &Path, body: &[u8]) -> Vec<u8> {
+    let mut c = UnixStream::connect(incoming).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let h = header();
     // A destination that refuses at once (it is not waiting) may close
     // before the header is in: the reply, read below, is what is checked.
     let _ = c.write_all(&h);
@@ -590,17 +596,7 @@ fn trickle(incoming: &Path, body: &[u8], pace: Duration) -> std::thread::JoinHan
     let body = body.to_vec();
     std::thread::spawn(move || {
         let mut c = UnixStream::connect(&incoming).unwrap();
-        let mut h = Vec::new();
-        h.extend_from_slice(b"VZRAMMIG");
-        h.extend_from_slice(&vzram_store::migrate::VERSION.to_le_bytes());
-        h.extend_from_slice(&4096u32.to_le_bytes());
-        h.extend_from_slice(&(64u64 << 20).to_le_bytes());
-        h.extend_from_slice(&PAGES.to_le_bytes());
-        h.push(0);
-        let mut name = [0u8; 15];
-        name[..3].copy_from_slice(b"lz4");
-        h.extend_from_slice(&name);
-        if c.write_all(&h).is_err() {
+        if c.write_all(&header()).is_err() {
             return;
         }
         for b in body {

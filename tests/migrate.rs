@@ -78,20 +78,23 @@ fn ends_with(tag: &str, size_b: &str, extra_b: &[&str]) -> Ends {
     }
 }
 
+/// `vzram migrate` of A's device to `to`.
+fn migrate_cmd(e: &Ends, to: &Path) -> Command {
+    let mut c = Command::new(vzram_bin());
+    c.args([
+        "migrate",
+        "--control",
+        s(&e.a.control),
+        "--device",
+        "vm",
+        "--to",
+    ])
+    .arg(format!("unix:{}", to.display()));
+    c
+}
+
 fn migrate(e: &Ends, extra: &[&str]) -> Output {
-    Command::new(vzram_bin())
-        .args([
-            "migrate",
-            "--control",
-            s(&e.a.control),
-            "--device",
-            "vm",
-            "--to",
-        ])
-        .arg(format!("unix:{}", e.incoming.display()))
-        .args(extra)
-        .output()
-        .unwrap()
+    migrate_cmd(e, &e.incoming).args(extra).output().unwrap()
 }
 
 fn migration(d: &Daemon) -> MigrationStat {
@@ -444,16 +447,7 @@ fn no_worker(d: &Daemon) {
 }
 
 fn spawn_migrate(e: &Ends, to: &Path) -> std::process::Child {
-    Command::new(vzram_bin())
-        .args([
-            "migrate",
-            "--control",
-            s(&e.a.control),
-            "--device",
-            "vm",
-            "--to",
-        ])
-        .arg(format!("unix:{}", to.display()))
+    migrate_cmd(e, to)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -49,6 +49,18 @@ struct Watch {
 }
 
 impl Watch {
+    /// Stops watching device `i`'s listener (a new client waits in the
+    /// backlog) until something arms it again.
+    fn disarm(&mut self, ep: &Poller, i: usize, d: &Served) -> io::Result<()> {
+        ep.modify(
+            d.listener.as_raw_fd(),
+            Token::Listener(i),
+            EventSet::empty(),
+        )?;
+        self.listening.insert(i, false);
+        Ok(())
+    }
+
     fn next_resume(&self) -> Option<Instant> {
         self.paused.values().min().copied()
     }
@@ -287,21 +299,11 @@ impl Supervisor {
                 // the backlog until the worker has gone (its end arms the
                 // listener again). If the frontend still looks connected
                 // after a grace, the timers refuse the newcomer.
-                ep.modify(
-                    d.listener.as_raw_fd(),
-                    Token::Listener(i),
-                    EventSet::empty(),
-                )?;
-                watch.listening.insert(i, false);
+                watch.disarm(ep, i, d)?;
                 contender.get_or_insert_with(Instant::now);
             }
             Phase::Busy => {
-                ep.modify(
-                    d.listener.as_raw_fd(),
-                    Token::Listener(i),
-                    EventSet::empty(),
-                )?;
-                watch.listening.insert(i, false);
+                watch.disarm(ep, i, d)?;
             }
             Phase::Pending {
                 conn,
@@ -364,12 +366,7 @@ impl Supervisor {
                     tracing::warn!(device = %d.spec.name, "cannot accept a frontend: {e}; device sockets are not accepting for {FULL_PAUSE:?} at a time until it succeeds");
                     watch.accept_failing = true;
                 }
-                ep.modify(
-                    d.listener.as_raw_fd(),
-                    Token::Listener(i),
-                    EventSet::empty(),
-                )?;
-                watch.listening.insert(i, false);
+                watch.disarm(ep, i, d)?;
                 watch.paused.insert(i, Instant::now() + FULL_PAUSE);
                 Ok(None)
             }

@@ -24,6 +24,8 @@ const HOOK_TIMEOUT: Duration = Duration::from_secs(20);
 struct Host {
     dir: TempDir,
     d: Daemon,
+    /// `VZRAM_HOOK_LOG`.
+    log: PathBuf,
 }
 
 impl Host {
@@ -44,7 +46,8 @@ impl Host {
         let socks: Vec<PathBuf> = devices.iter().map(|n| dir.join(&sock(n))).collect();
         let socks: Vec<&Path> = socks.iter().map(PathBuf::as_path).collect();
         let d = Daemon::start(&dir, &args, &socks);
-        let h = Host { dir, d };
+        let log = dir.join("hook.log");
+        let h = Host { dir, d, log };
         for n in devices {
             h.vzram_domain(n);
         }
@@ -80,7 +83,7 @@ impl Host {
             .env("VZRAM_RUN_DIR", self.dir.path())
             .env("VZRAM_ETC_DIR", self.dir.join("etc"))
             .env("VZRAM_CONTROL", &self.d.control)
-            .env("VZRAM_HOOK_LOG", self.dir.join("hook.log"))
+            .env("VZRAM_HOOK_LOG", &self.log)
             .env("VZRAM_LIBVIRT_RUN", self.dir.join("libvirt"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -144,7 +147,7 @@ impl Host {
     }
 
     fn hook_log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("hook.log")).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The device's migration state as `vzram stat --json` shows it, or
@@ -263,12 +266,22 @@ fn migrate_begin_makes_the_device_incoming_and_prints_nothing() {
     drop(c);
     assert_eq!(stored(&mut h, "other"), 2 * PAGE as u64);
     check_pages(&h.sock("other"), 2, "another device");
-    // The vzram CLI's output went to the log, not to stdout.
+    // The vzram CLI's output went to the log, not to stdout; with no log
+    // to write, to stderr.
     let log = h.hook_log();
+    assert!(log.contains("added device vm2"), "{log}");
     assert!(
         log.contains("vm2 migrate begin: device vm2 incoming"),
         "{log}"
     );
+    h.log = PathBuf::from("/nonexistent/vzram-hook.log");
+    h.vzram_domain("vm2b");
+    let out = h.hook("vm2b", "migrate", "begin");
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("added device vm2b"), "{err}");
+    assert_eq!(h.state("vm2b"), Some(MigrationState::Incoming));
 }
 
 #[test]

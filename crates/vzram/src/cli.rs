@@ -142,6 +142,18 @@ pub struct ServeArgs {
     /// --socket-mode's: whoever can connect to it changes limits.
     #[arg(long, value_parser = config::parse_mode)]
     pub control_mode: Option<u32>,
+    /// Permissions of incoming devices' unix migration sockets, in octal
+    /// [default: 0600]; not --socket-mode's: whoever can connect writes the
+    /// device's pages before it serves.
+    #[arg(long, value_parser = config::parse_mode)]
+    pub incoming_mode: Option<u32>,
+    /// Directory of TLS credentials for migration streams on tcp:, laid
+    /// out as QEMU's tls-creds-x509: ca-cert.pem, and server-cert.pem with
+    /// server-key.pem (to receive) and/or client-cert.pem with
+    /// client-key.pem (to send). Both ends must show a certificate from
+    /// the CA; tcp: is refused without it.
+    #[arg(long, value_name = "DIR")]
+    pub tls_creds: Option<PathBuf>,
     /// System call filter once set-up is done: on, off (for debugging) or
     /// log (allow all, the kernel logs what would be refused) [default: on].
     #[arg(long, value_name = "MODE")]
@@ -229,6 +241,15 @@ impl ServeArgs {
         if let Some(m) = self.control_mode.or(file.control_mode) {
             cfg.control_mode = m;
         }
+        if let Some(m) = self.incoming_mode.or(file.incoming_mode) {
+            cfg.incoming_mode = m;
+        }
+        if let Some(dir) = self.tls_creds.or(file.tls_creds) {
+            let creds = crate::owner::tls::load_dir(&dir)
+                .map_err(|e| ConfigError(format!("--tls-creds: {e}")))?;
+            cfg.tls = Some(creds);
+        }
+        cfg.check_tls()?;
         if let Some(d) = self.state_dir.or(file.state_dir) {
             cfg.state_dir = d;
         }

@@ -91,6 +91,10 @@ struct FileConfig {
     socket_mode: Option<toml::Spanned<ModeValue>>,
     #[serde(alias = "control-mode")]
     control_mode: Option<toml::Spanned<ModeValue>>,
+    #[serde(alias = "incoming-mode")]
+    incoming_mode: Option<toml::Spanned<ModeValue>>,
+    #[serde(alias = "tls-creds")]
+    tls_creds: Option<PathBuf>,
     /// `true`/`false`, or "on", "off", "log".
     seccomp: Option<SeccompValue>,
     #[serde(alias = "compress-threads")]
@@ -123,6 +127,8 @@ pub struct FileDrafts {
     pub state_dir: Option<PathBuf>,
     pub socket_mode: Option<u32>,
     pub control_mode: Option<u32>,
+    pub incoming_mode: Option<u32>,
+    pub tls_creds: Option<PathBuf>,
     pub seccomp: Option<SeccompMode>,
     pub compress_threads: Option<usize>,
     pub poll_us: Option<u64>,
@@ -169,6 +175,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
     };
     let socket_mode = mode("socket_mode", f.socket_mode)?;
     let control_mode = mode("control_mode", f.control_mode)?;
+    let incoming_mode = mode("incoming_mode", f.incoming_mode)?;
     let seccomp = match f.seccomp {
         None => None,
         Some(SeccompValue::Bool(true)) => Some(SeccompMode::On),
@@ -194,6 +201,8 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         state_dir: f.state_dir,
         socket_mode,
         control_mode,
+        incoming_mode,
+        tls_creds: f.tls_creds,
         seccomp,
         compress_threads: f.compress_threads,
         poll_us: f.poll_us,

@@ -218,10 +218,34 @@ pub struct DaemonConfig {
     pub poll_us: Option<u64>,
     /// Longest an incoming migration stream may take to arrive whole.
     pub incoming_timeout: std::time::Duration,
+    /// The mode of incoming devices' unix migration sockets: whoever can
+    /// connect writes the device, so not --socket-mode's.
+    pub incoming_mode: u32,
+    /// Credentials for migration streams on TCP (`--tls-creds`).
+    pub tls: Option<crate::proto::tls::CredsDir>,
     pub devices: Vec<DeviceSpec>,
 }
 
 impl DaemonConfig {
+    /// A device that receives on TCP needs the server credentials: a
+    /// stream anyone who reaches the port could write is refused.
+    pub fn check_tls(&self) -> Result<(), ConfigError> {
+        let server = self.tls.as_ref().is_some_and(|t| t.server.is_some());
+        for d in &self.devices {
+            if let Some(a @ Addr::Tcp(_)) = &d.incoming {
+                if !server {
+                    return err(format!(
+                        "device {}: incoming {a} needs --tls-creds with {} and {} (a stream on plain TCP is refused)",
+                        d.name,
+                        crate::proto::tls::SERVER_CERT,
+                        crate::proto::tls::SERVER_KEY
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Fills in defaults and checks everything that can be checked before
     /// touching the system.
     pub fn build(
@@ -388,6 +412,8 @@ impl DaemonConfig {
             compress_threads: None,
             poll_us: None,
             incoming_timeout: INCOMING_TIMEOUT,
+            incoming_mode: DEFAULT_SOCKET_MODE,
+            tls: None,
             devices,
         })
     }

@@ -112,12 +112,13 @@ pub fn run() -> io::Result<()> {
                         shards,
                         backing,
                         incoming,
+                        incoming_mode,
                     },
                     _,
                 )) => match prepare(&path, mode, state, size, algo, shards, backing).and_then(|p| {
                     match &incoming {
                         None => Ok((p, None)),
-                        Some(a) => match socket::bind(a, mode) {
+                        Some(a) => match socket::bind(a, incoming_mode) {
                             Ok(fd) => Ok((p, Some(fd))),
                             Err(e) => {
                                 drop(p);

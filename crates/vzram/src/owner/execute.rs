@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use vzram_store::Device;
 
-use super::migration::{self, Conn, Frontend};
+use super::migration::{self, Frontend, Link};
 use crate::proto::order::{Answer, Order};
 
 /// What the migration orders need besides the device: the connection
@@ -26,10 +26,14 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
         Order::Receive { .. } | Order::Send { .. } if m.conn.is_none() => {
             failed("no migration connection came with the order".into())
         }
-        Order::Receive { within_secs } => {
-            let conn = Conn::new(m.conn.expect("checked"));
+        Order::Receive { within_secs, tls } => {
+            let fd = m.conn.expect("checked");
             let deadline = Instant::now() + Duration::from_secs(*within_secs);
-            let r = migration::receive(dev, &conn, deadline, &|| {});
+            let link = match tls {
+                None => Ok(Link::plain(fd)),
+                Some(creds) => Link::tls_server(fd, creds, deadline),
+            };
+            let r = link.and_then(|l| migration::receive(dev, &l, deadline, &|| {}));
             // Committed even if the source's confirmation was lost.
             if !dev.cells().migration.incoming() {
                 (m.open_gate)();
@@ -45,9 +49,13 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                 Err(e) => failed(e),
             }
         }
-        Order::Send { keep } => {
-            let conn = Conn::new(m.conn.expect("checked"));
-            match migration::send(dev, &conn, &m.frontend, *keep) {
+        Order::Send { keep, tls } => {
+            let fd = m.conn.expect("checked");
+            let link = match tls {
+                None => Ok(Link::plain(fd)),
+                Some(t) => Link::tls_client(fd, t),
+            };
+            match link.and_then(|l| migration::send(dev, &l, &m.frontend, *keep)) {
                 Ok(r) => Answer::Sent {
                     pages: r.pages,
                     bytes: r.bytes,

@@ -1,5 +1,6 @@
 //! Live migration as the owner of a device runs it: the connection a
-//! transfer runs over, and the two halves ([`send`], [`receive`]). Sockets
+//! transfer runs over (plain on a unix socket, mutual TLS on TCP), and the
+//! two halves ([`send`], [`receive`]). Sockets
 //! are bound and connected by the launcher (or at start-up, before the
 //! sandbox): the supervisor and the workers may not. The stream itself is
 //! `vzram_store::migrate`'s.
@@ -11,8 +12,10 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData, StreamOwned};
 
 use vzram_store::cells::{
     MIGRATION_COMMITTING, MIGRATION_COPIED, MIGRATION_FAILED, MIGRATION_INCOMING,
@@ -22,7 +25,9 @@ use vzram_store::cells::{
 use vzram_store::migrate::{self, MigrateError, Progress, ReceiveReport, SendReport, Verdict};
 use vzram_store::{Context, Device};
 
+use super::tls;
 use crate::proto::addr::Addr;
+use crate::proto::tls::{ClientTls, Credentials};
 
 /// How long one read or write on a migration connection may stall before
 /// the transfer is given up: a peer that stops talking must not hold a
@@ -87,6 +92,118 @@ impl Write for &Conn {
     }
 }
 
+/// A migration connection as the stream sees it: the socket itself, or
+/// TLS over it. The stream reads and writes from one thread, in turn.
+pub struct Link {
+    conn: Arc<Conn>,
+    io: Mutex<Box<dyn Stream>>,
+}
+
+trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+/// The socket as rustls's transport (it wants one it owns).
+struct Sock(Arc<Conn>);
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self.0).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Link {
+    /// A unix socket's stream: the socket's mode is its access control.
+    pub fn plain(fd: OwnedFd) -> Link {
+        let conn = Arc::new(Conn::new(fd));
+        Link {
+            io: Mutex::new(Box::new(Sock(conn.clone()))),
+            conn,
+        }
+    }
+
+    /// The destination's end of a TCP stream, once the source has shown a
+    /// certificate from the CA; the handshake must be done by `deadline`.
+    pub fn tls_server(fd: OwnedFd, creds: &Credentials, deadline: Instant) -> Result<Link, String> {
+        let cfg = tls::server_config(creds).map_err(|e| e.to_string())?;
+        let conn = Arc::new(Conn::new(fd));
+        conn.set_deadline(Some(deadline));
+        let mut tls = ServerConnection::new(cfg).map_err(|e| format!("TLS: {e}"))?;
+        let mut sock = Sock(conn.clone());
+        handshake(&mut tls, &mut sock)
+            .map_err(|e| format!("TLS handshake with the source failed: {e}"))?;
+        Ok(Link {
+            io: Mutex::new(Box::new(StreamOwned::new(tls, sock))),
+            conn,
+        })
+    }
+
+    /// The source's end of a TCP stream, once the destination has shown a
+    /// certificate from the CA for the name it was reached by.
+    pub fn tls_client(fd: OwnedFd, t: &ClientTls) -> Result<Link, String> {
+        let cfg = tls::client_config(&t.creds).map_err(|e| e.to_string())?;
+        let name = tls::server_name(&t.server_name).map_err(|e| e.to_string())?;
+        let conn = Arc::new(Conn::new(fd));
+        let mut tls = ClientConnection::new(cfg, name).map_err(|e| format!("TLS: {e}"))?;
+        let mut sock = Sock(conn.clone());
+        handshake(&mut tls, &mut sock).map_err(|e| {
+            format!(
+                "TLS handshake with the destination {} failed: {e}",
+                t.server_name
+            )
+        })?;
+        Ok(Link {
+            io: Mutex::new(Box::new(StreamOwned::new(tls, sock))),
+            conn,
+        })
+    }
+
+    /// Reads and writes after `at` fail (None: only stalls do).
+    pub fn set_deadline(&self, at: Option<Instant>) {
+        self.conn.set_deadline(at);
+    }
+
+    fn io(&self) -> std::sync::MutexGuard<'_, Box<dyn Stream>> {
+        self.io.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn handshake<S: SideData>(tls: &mut ConnectionCommon<S>, sock: &mut Sock) -> io::Result<()> {
+    while tls.is_handshaking() {
+        tls.complete_io(sock)?;
+    }
+    // The last flight (a client's Finished) must leave before the stream.
+    while tls.wants_write() {
+        tls.write_tls(sock)?;
+    }
+    Ok(())
+}
+
+impl Read for &Link {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.io().read(buf)
+    }
+}
+
+impl Write for &Link {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.io().write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.io().flush()
+    }
+}
+
 /// What the sender knows of the device's frontend.
 pub struct Frontend<'a> {
     /// Nothing can write: no frontend, or no ring running.
@@ -116,7 +233,7 @@ impl Frontend<'_> {
 /// and not with `keep`.
 pub fn send(
     dev: &Device,
-    conn: &Conn,
+    conn: &Link,
     fe: &Frontend<'_>,
     keep: bool,
 ) -> Result<SendReport, String> {
@@ -186,7 +303,7 @@ pub fn send(
 /// failure or abort it is empty and still waits, marked failed.
 pub fn receive(
     dev: &Device,
-    conn: &Conn,
+    conn: &Link,
     deadline: Instant,
     on_commit: &dyn Fn(),
 ) -> Result<ReceiveReport, String> {
@@ -223,7 +340,7 @@ pub fn receive(
 }
 
 /// Refuses a stream before reading it (best effort).
-pub fn refuse(conn: &Conn, why: &str) {
+pub fn refuse(conn: &Link, why: &str) {
     let m = &why.as_bytes()[..why.len().min(1024)];
     let mut b = vec![b'X'];
     b.extend_from_slice(&(m.len() as u16).to_le_bytes());

@@ -8,3 +8,4 @@ pub mod autotier;
 pub mod execute;
 pub mod migration;
 pub mod placement;
+pub mod tls;

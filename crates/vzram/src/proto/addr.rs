@@ -14,6 +14,24 @@ pub enum Addr {
     Tcp(String),
 }
 
+impl Addr {
+    /// The host of a TCP address, without its port or an IPv6 address's
+    /// brackets: the name the peer's certificate must carry.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            Addr::Unix(_) => None,
+            Addr::Tcp(hp) => {
+                let host = hp.rsplit_once(':').map_or(hp.as_str(), |(h, _)| h);
+                Some(
+                    host.strip_prefix('[')
+                        .and_then(|h| h.strip_suffix(']'))
+                        .unwrap_or(host),
+                )
+            }
+        }
+    }
+}
+
 impl FromStr for Addr {
     type Err = String;
 
@@ -77,6 +95,11 @@ mod tests {
             Ok(Addr::Tcp("10.0.0.2:4444".into()))
         );
         assert_eq!("tcp:[::1]:4444".parse(), Ok(Addr::Tcp("[::1]:4444".into())));
+        let host = |s: &str| s.parse::<Addr>().unwrap().host().map(str::to_string);
+        assert_eq!(host("tcp:[::1]:4444").as_deref(), Some("::1"));
+        assert_eq!(host("tcp:10.0.0.2:4444").as_deref(), Some("10.0.0.2"));
+        assert_eq!(host("tcp:dst.example:1").as_deref(), Some("dst.example"));
+        assert_eq!(host("unix:/x"), None);
         for bad in [
             "",
             "unix:",

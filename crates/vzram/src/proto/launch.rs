@@ -38,9 +38,12 @@ pub enum Request {
         algo: Codec,
         shards: usize,
         backing: Option<PathBuf>,
-        /// An incoming device's migration address, bound too (last fd).
+        /// An incoming device's migration address, bound too (last fd),
+        /// a unix socket with `incoming_mode`.
         #[serde(default)]
         incoming: Option<Addr>,
+        #[serde(default = "incoming_mode")]
+        incoming_mode: u32,
     },
     /// Connect to another vzram's migration address within `wait_ms`
     /// (name resolution included). Sent with one descriptor, the
@@ -101,6 +104,10 @@ pub enum Report {
 
 /// How long a connection to a migration destination may take, overall.
 pub const CONNECT_WAIT: Duration = Duration::from_secs(10);
+
+fn incoming_mode() -> u32 {
+    0o600
+}
 
 fn connect_wait_ms() -> u64 {
     CONNECT_WAIT.as_millis() as u64

@@ -1,13 +1,14 @@
 //! What crosses a process boundary, typed end to end: the framing
 //! ([`wire`]), supervisor ↔ launcher ([`launch`]), supervisor ↔ worker
-//! ([`order`], [`worker_spec`]), the control socket ([`control`]) and
-//! migration addresses ([`addr`]). Nothing here depends on the rest of the
-//! crate, so each process reads the same definitions.
+//! ([`order`], [`worker_spec`]), the control socket ([`control`]),
+//! migration addresses ([`addr`]) and their TLS credentials ([`tls`]). Nothing here
+//! depends on the rest of the crate, so each process reads the same definitions.
 
 pub mod addr;
 pub mod codec;
 pub mod control;
 pub mod launch;
 pub mod order;
+pub mod tls;
 pub mod wire;
 pub mod worker_spec;

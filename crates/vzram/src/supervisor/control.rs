@@ -678,6 +678,8 @@ mod tests {
                 state_dir: root.to_path_buf(),
                 compress_threads: None,
                 incoming_timeout: std::time::Duration::from_secs(3600),
+                incoming_mode: 0o600,
+                tls: None,
                 poll_us: None,
             },
         )

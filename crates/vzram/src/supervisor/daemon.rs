@@ -201,13 +201,10 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
         incoming.push(match &spec.incoming {
             None => None,
             Some(a @ Addr::Unix(p)) => {
-                Some(Listener::new(a, files.bind(p, cfg.socket_mode)?.into()))
+                Some(Listener::new(a, files.bind(p, cfg.incoming_mode)?.into()))
             }
-            Some(a) => {
-                let fd = socket::bind(a, cfg.socket_mode)?;
-                tracing::warn!(device = %spec.name, incoming = %a, "migration stream on plain TCP: guest memory travels unencrypted; prefer a unix socket through an SSH or TLS tunnel");
-                Some(Listener::new(a, fd))
-            }
+            // Mutual TLS (checked in the configuration).
+            Some(a) => Some(Listener::new(a, socket::bind(a, 0)?)),
         });
     }
 
@@ -362,6 +359,8 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
                 state_dir: cfg.state_dir.clone(),
                 compress_threads: cfg.compress_threads,
                 incoming_timeout: cfg.incoming_timeout,
+                incoming_mode: cfg.incoming_mode,
+                tls: cfg.tls.clone().map(Arc::new),
                 poll_us: cfg.poll_us,
             },
         )

@@ -13,6 +13,7 @@ use super::{Supervisor, STOP_WAIT};
 use crate::config::DeviceSpec;
 use crate::owner::attach::{attach, device_config};
 use crate::owner::migration::{set_incoming, settle_send, Listener};
+use crate::proto::addr::Addr;
 use crate::proto::launch::{Report, Request};
 
 impl Supervisor {
@@ -20,6 +21,14 @@ impl Supervisor {
     /// recovered a state left under its name (`recover=true`).
     pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<(usize, bool)> {
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(spec.incoming, Some(Addr::Tcp(_)))
+            && self.env.tls.as_ref().is_none_or(|t| t.server.is_none())
+        {
+            return Err(Error::NoTls {
+                what: "an incoming tcp: address",
+                need: "server-cert.pem and server-key.pem",
+            });
+        }
         for (_, d) in self.devices() {
             if d.spec.name == spec.name {
                 return Err(Error::NameTaken(spec.name));
@@ -52,6 +61,7 @@ impl Supervisor {
             shards: usize::from(spec.queues),
             backing: spec.tier.backing_file.clone(),
             incoming: spec.incoming.clone(),
+            incoming_mode: self.env.incoming_mode,
         })?;
         let (dir, existing, replaced, prepared_backing) = match report {
             Report::Prepared {

@@ -36,6 +36,11 @@ pub enum Error {
     MigrationRunning(String),
     #[error("device {0} was sent to another daemon and its pages dropped here; `vzram reset {0}` to use it afresh")]
     AlreadySent(String),
+    #[error("{what} needs mutual TLS: start the daemon with --tls-creds DIR holding ca-cert.pem, {need}")]
+    NoTls {
+        what: &'static str,
+        need: &'static str,
+    },
     #[error("device {0} has no migration waiting for its commit (`vzram stat` shows its state)")]
     NotCommitting(String),
     #[error("device {0}: still in use; try again")]

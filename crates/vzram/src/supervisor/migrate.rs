@@ -11,11 +11,12 @@ use super::error::{Error, Result};
 use super::orders::{failed, unexpected, HOLD_WAIT};
 use super::served::Served;
 use super::Supervisor;
-use crate::owner::migration::{refuse, Conn, Listener};
+use crate::owner::migration::{refuse, Link, Listener};
 use crate::proto::addr::Addr;
 use crate::proto::control::MIGRATE_WAIT;
 use crate::proto::launch::{ConnectReply, Request, CONNECT_WAIT};
 use crate::proto::order::{Answer, Order};
+use crate::proto::tls::ClientTls;
 use crate::proto::wire::{self, seqpacket_pair};
 
 /// How long past its connect deadline a helper's answer is waited for.
@@ -39,6 +40,19 @@ impl Supervisor {
             }
         }
         let _done = Done(&d.migrating);
+        let tls = match to.host() {
+            None => None,
+            Some(host) => {
+                let creds = self.env.tls.as_ref().and_then(|t| t.client.clone());
+                Some(ClientTls {
+                    creds: creds.ok_or(Error::NoTls {
+                        what: "a migration to tcp:",
+                        need: "client-cert.pem and client-key.pem",
+                    })?,
+                    server_name: host.to_string(),
+                })
+            }
+        };
         if d.cells.migration.state.load(Relaxed) == vzram_store::cells::MIGRATION_SENT {
             return Err(Error::AlreadySent(d.spec.name.clone()));
         }
@@ -47,7 +61,11 @@ impl Supervisor {
         for attempt in 1..=ATTEMPTS {
             let fd = self.connect(to, CONNECT_WAIT)?;
             tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
-            match self.on_owner(d, &Order::Send { keep }, Some(fd), HOLD_WAIT) {
+            let order = Order::Send {
+                keep,
+                tls: tls.clone(),
+            };
+            match self.on_owner(d, &order, Some(fd), HOLD_WAIT) {
                 Ok((Answer::Failed { error }, _)) => {
                     d.set_migration_error(Some(error.clone()));
                     return Err(failed(d, error));
@@ -191,12 +209,26 @@ impl Supervisor {
                 }
             };
             if !d.cells.migration.incoming() {
-                refuse(
-                    &Conn::new(fd),
-                    &format!("device {} is not waiting for a migration", d.spec.name),
-                );
+                // On TCP the peer hears nothing before a handshake; this
+                // thread does not hold one up for it.
+                if let Listener::Unix(_) = l {
+                    refuse(
+                        &Link::plain(fd),
+                        &format!("device {} is not waiting for a migration", d.spec.name),
+                    );
+                }
                 return;
             }
+            let tls = match l {
+                Listener::Unix(_) => None,
+                Listener::Tcp(_) => match self.env.tls.as_ref().and_then(|t| t.server.clone()) {
+                    Some(c) => Some(c),
+                    None => {
+                        tracing::error!(device = %d.spec.name, "a TCP migration stream without server credentials: refused");
+                        continue;
+                    }
+                },
+            };
             tracing::info!(device = %d.spec.name, "a migration stream connected");
             let copy = match fd.try_clone() {
                 Ok(c) => c,
@@ -208,6 +240,7 @@ impl Supervisor {
             *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
             let order = Order::Receive {
                 within_secs: self.env.incoming_timeout.as_secs().max(1),
+                tls,
             };
             let r = self.on_owner(d, &order, Some(fd), MIGRATE_WAIT);
             *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = None;

@@ -62,6 +62,10 @@ pub struct WorkerEnv {
     pub poll_us: Option<u64>,
     /// `--incoming-timeout`.
     pub incoming_timeout: std::time::Duration,
+    /// `--incoming-mode`, for devices added at run time.
+    pub incoming_mode: u32,
+    /// `--tls-creds`, read at start: the workers may open no files.
+    pub tls: Option<Arc<crate::proto::tls::CredsDir>>,
 }
 /// A launcher's answer and the descriptors that came with it.
 type Reply = (Report, Vec<OwnedFd>);

@@ -1,0 +1,345 @@
+//! Migration on `tcp:` is mutual TLS: two daemons with certificates from
+//! one CA (made here) move a device intact; without credentials a `tcp:`
+//! incoming or migrate is refused (exit 2); a plain-TCP peer and a peer
+//! whose certificate comes from another CA get nothing, and both devices
+//! keep what they had.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use vzram_tests::*;
+
+const SIZE: &str = "32M";
+const PAGES: u64 = 32 << 8;
+
+/// A CA and the two pairs it signs, as credentials directories laid out
+/// as QEMU's tls-creds-x509: `dest` (server) and `source` (client).
+struct Pki {
+    dest: PathBuf,
+    source: PathBuf,
+}
+
+fn pki(dir: &TempDir, tag: &str) -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, format!("vzram test CA {tag}"));
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let leaf = |names: Vec<String>| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &ca, &ca_key)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(vec!["127.0.0.1".into(), "localhost".into()]);
+    let (client_cert, client_key) = leaf(vec!["source.example".into()]);
+    let dest = dir.join(&format!("{tag}-dest"));
+    let source = dir.join(&format!("{tag}-source"));
+    for (d, files) in [
+        (
+            &dest,
+            [
+                ("server-cert.pem", server_cert),
+                ("server-key.pem", server_key),
+            ],
+        ),
+        (
+            &source,
+            [
+                ("client-cert.pem", client_cert),
+                ("client-key.pem", client_key),
+            ],
+        ),
+    ] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("ca-cert.pem"), ca.pem()).unwrap();
+        for (name, text) in files {
+            std::fs::write(d.join(name), text).unwrap();
+        }
+    }
+    Pki { dest, source }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn source(dir: &TempDir, creds: Option<&Path>) -> (Daemon, PathBuf) {
+    let sock = dir.join("a.sock");
+    let mut args = vec!["--socket", s(&sock), "--size", SIZE, "--name", "vm"];
+    if let Some(c) = creds {
+        args.extend(["--tls-creds", s(c)]);
+    }
+    let d = Daemon::start(dir, &args, &[&sock]);
+    (d, sock)
+}
+
+/// A destination with `vm` incoming on `tcp:127.0.0.1:port`.
+fn destination(dir: &TempDir, creds: &Path, port: u16) -> (Daemon, PathBuf) {
+    let sock = dir.join("b.sock");
+    let inc = format!("tcp:127.0.0.1:{port}");
+    let d = Daemon::start(
+        dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            SIZE,
+            "--name",
+            "vm",
+            "--incoming",
+            &inc,
+            "--tls-creds",
+            s(creds),
+        ],
+        &[&sock],
+    );
+    // The listener is bound before the daemon says it is ready.
+    (d, sock)
+}
+
+fn migrate(a: &Daemon, to: &str) -> Output {
+    Command::new(vzram_bin())
+        .args(["migrate", "--control", s(&a.control), "--device", "vm"])
+        .args(["--to", to])
+        .output()
+        .unwrap()
+}
+
+fn said(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn write_pages(sock: &Path) {
+    let mut c = Client::connect(sock, 1).expect("connect");
+    for i in 0..PAGES {
+        c.q(0)
+            .write(i * PAGE as u64, &versioned_page_nonzero(i, 7))
+            .unwrap();
+    }
+}
+
+fn check_pages(sock: &Path, what: &str) {
+    let mut c = Client::connect(sock, 1).expect("connect");
+    for i in 0..PAGES {
+        let got = c.q(0).read(i * PAGE as u64, PAGE).unwrap();
+        assert!(
+            got == versioned_page_nonzero(i, 7),
+            "{what}: page {i} differs"
+        );
+    }
+}
+
+fn migration(d: &Daemon) -> MigrationStat {
+    d.stat().devices()[0].migration.clone()
+}
+
+/// B still waits, and holds nothing.
+fn still_waiting(b: &Daemon, what: &str) {
+    let m = migration(b);
+    assert!(
+        matches!(m.state, MigrationState::Incoming | MigrationState::Failed),
+        "{what}: {m:?}"
+    );
+    assert_eq!(b.stat().counters("vm").orig_data_size, 0, "{what}");
+}
+
+#[test]
+fn a_device_migrates_over_mutual_tls() {
+    let dir = TempDir::new("tlsok");
+    let p = pki(&dir, "one");
+    let port = free_port();
+    let (b, sock_b) = destination(&dir, &p.dest, port);
+    let da = TempDir::new("tlsoka");
+    let (a, sock_a) = source(&da, Some(&p.source));
+    write_pages(&sock_a);
+    let stored = a.stat().counters("vm").orig_data_size;
+    let t0 = Instant::now();
+    let out = migrate(&a, &format!("tcp:127.0.0.1:{port}"));
+    eprintln!("migrate over TLS ({:?}): {}", t0.elapsed(), said(&out));
+    assert!(out.status.success(), "{}\n{}", said(&out), b.log_text());
+    assert_eq!(migration(&b).state, MigrationState::Received);
+    assert_eq!(b.stat().counters("vm").orig_data_size, stored);
+    assert_eq!(a.stat().counters("vm").orig_data_size, 0, "source dropped");
+    check_pages(&sock_b, "destination");
+}
+
+#[test]
+fn tcp_without_credentials_is_refused_at_start() {
+    let dir = TempDir::new("tlsno");
+    let sock = dir.join("b.sock");
+    let inc = format!("tcp:127.0.0.1:{}", free_port());
+    let base = ["--socket", s(&sock), "--size", SIZE, "--incoming", &inc];
+    let refused = |extra: &[&str], want: &str| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let o = serve_refused(&dir, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!sock.exists(), "a refused start leaves no socket");
+    };
+    refused(&[], "needs --tls-creds");
+    let p = pki(&dir, "one");
+    // A source's directory has no server pair: it cannot receive.
+    refused(&["--tls-creds", s(&p.source)], "needs --tls-creds");
+    refused(&["--tls-creds", s(&dir.join("nowhere"))], "ca-cert.pem");
+    let half = dir.join("half");
+    std::fs::create_dir_all(&half).unwrap();
+    std::fs::copy(p.dest.join("ca-cert.pem"), half.join("ca-cert.pem")).unwrap();
+    std::fs::copy(p.dest.join("server-cert.pem"), half.join("server-cert.pem")).unwrap();
+    refused(
+        &["--tls-creds", s(&half)],
+        "server-cert.pem without server-key.pem",
+    );
+    std::fs::write(half.join("server-key.pem"), "not a key\n").unwrap();
+    refused(&["--tls-creds", s(&half)], "server-key.pem");
+
+    // A source without client credentials refuses a tcp: migrate, and
+    // connects nowhere.
+    let da = TempDir::new("tlsnoa");
+    let (a, sock_a) = source(&da, None);
+    write_pages(&sock_a);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let o = migrate(&a, &format!("tcp:{}", l.local_addr().unwrap()));
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert!(said(&o).contains("needs mutual TLS"), "{}", said(&o));
+    assert!(l.accept().is_err(), "the source connected");
+    check_pages(&sock_a, "source");
+}
+
+#[test]
+fn a_plain_tcp_peer_gets_a_tls_failure_never_a_vzram_reply() {
+    let dir = TempDir::new("tlsplain");
+    let p = pki(&dir, "one");
+    let port = free_port();
+    let (b, _sock_b) = destination(&dir, &p.dest, port);
+    // A plain sender: a vzram stream header, then pages.
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut body = b"VZRAMMIG".to_vec();
+    body.extend_from_slice(&vzram_store::migrate::VERSION.to_le_bytes());
+    body.extend(std::iter::repeat_n(0x52, 64 << 10));
+    let _ = c.write_all(&body);
+    let _ = c.shutdown(std::net::Shutdown::Write);
+    let mut reply = Vec::new();
+    let _ = c.read_to_end(&mut reply);
+    // A TLS alert record (content type 21), or nothing at all.
+    assert!(
+        reply.is_empty() || reply[0] == 21,
+        "a plain peer got {:?}",
+        &reply[..reply.len().min(32)]
+    );
+    still_waiting(&b, "after a plain peer");
+    assert!(b.log_text().contains("TLS handshake"), "{}", b.log_text());
+
+    // A plain listener posing as the destination: the source refuses to
+    // send to it and keeps every page.
+    let da = TempDir::new("tlsplaina");
+    let (a, sock_a) = source(&da, Some(&p.source));
+    write_pages(&sock_a);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = format!("tcp:{}", l.local_addr().unwrap());
+    // It takes every attempt (one that meets a worker on its way out is
+    // made again on a new connection) until the source gives up.
+    l.set_nonblocking(true).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    let fake = std::thread::spawn(move || {
+        let mut firsts = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((mut s, _)) = l.accept() else {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut got = [0u8; 5];
+            if s.read_exact(&mut got).is_ok() {
+                firsts.push(got[0]);
+                // What a plain vzram destination would answer: accept.
+                let _ = s.write_all(b"A");
+            }
+        }
+        firsts
+    });
+    let o = migrate(&a, &to);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let firsts = fake.join().unwrap();
+    assert!(
+        !firsts.is_empty() && firsts.iter().all(|&b| b == 22),
+        "the source opens with a TLS handshake record: {firsts:?}"
+    );
+    assert!(!o.status.success(), "{}", said(&o));
+    assert!(said(&o).contains("TLS handshake"), "{}", said(&o));
+    assert_ne!(migration(&a).state, MigrationState::Sent);
+    check_pages(&sock_a, "source after a plain listener");
+}
+
+#[test]
+fn a_peer_with_a_certificate_from_another_ca_is_refused() {
+    let dir = TempDir::new("tlsca");
+    let good = pki(&dir, "good");
+    let rogue = pki(&dir, "rogue");
+    let port = free_port();
+    let (b, _sock_b) = destination(&dir, &good.dest, port);
+    let to = format!("tcp:127.0.0.1:{port}");
+
+    // A source whose client certificate the destination's CA did not sign.
+    let da = TempDir::new("tlscaa");
+    let (a, sock_a) = source(&da, Some(&rogue.source));
+    write_pages(&sock_a);
+    let o = migrate(&a, &to);
+    assert!(!o.status.success(), "{}", said(&o));
+    still_waiting(&b, "after a rogue source");
+    let log = b.log_text();
+    assert!(
+        log.contains("TLS handshake with the source failed"),
+        "{log}"
+    );
+    assert_ne!(migration(&a).state, MigrationState::Sent);
+    check_pages(&sock_a, "rogue source");
+
+    // A destination whose server certificate the source's CA did not sign.
+    let dc = TempDir::new("tlscac");
+    let port_c = free_port();
+    let (c, _sock_c) = destination(&dc, &rogue.dest, port_c);
+    let de = TempDir::new("tlscae");
+    let (e, sock_e) = source(&de, Some(&good.source));
+    write_pages(&sock_e);
+    let o = migrate(&e, &format!("tcp:127.0.0.1:{port_c}"));
+    assert!(!o.status.success(), "{}", said(&o));
+    assert!(
+        said(&o).contains("TLS handshake with the destination"),
+        "{}",
+        said(&o)
+    );
+    assert!(
+        said(&o).to_lowercase().contains("certificate"),
+        "{}",
+        said(&o)
+    );
+    still_waiting(&c, "a rogue destination");
+    check_pages(&sock_e, "source refusing a rogue destination");
+
+    // And the good pair still works after all that.
+    let o = migrate(&e, &to);
+    assert!(o.status.success(), "{}\n{}", said(&o), b.log_text());
+    assert_eq!(migration(&b).state, MigrationState::Received);
+}

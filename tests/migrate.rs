@@ -454,14 +454,6 @@ fn spawn_migrate(e: &Ends, to: &Path) -> std::process::Child {
         .unwrap()
 }
 
-fn said(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// A paused VM keeps its disk: QEMU stops the rings on every `stop`, reset
 /// and reboot, so a stop is not the end of a migration. The destination
 /// gets every page and waits for the commit; the rings start again (a
@@ -682,4 +674,19 @@ fn a_destination_killed_mid_stream_starts_empty() {
     assert_eq!(m.state, MigrationState::Failed, "{m:?}");
     assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
     assert!(e.b.log_text().contains("cut short before its commit"));
+}
+
+/// The incoming socket has its own mode: whoever connects writes the
+/// device's pages, so a group that may reach the device sockets
+/// (`--socket-mode 0660`) does not get it.
+#[test]
+fn the_incoming_socket_has_its_own_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let e = ends_with("inmode", SIZE, &["--socket-mode", "0660"]);
+    assert_eq!(mode(&e.sock_b), 0o660);
+    assert_eq!(mode(&e.incoming), 0o600, "the default");
+    drop(e);
+    let e = ends_with("inmode2", SIZE, &["--incoming-mode", "0640"]);
+    assert_eq!(mode(&e.incoming), 0o640);
 }

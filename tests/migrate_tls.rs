@@ -117,14 +117,6 @@ fn migrate(a: &Daemon, to: &str) -> Output {
         .unwrap()
 }
 
-fn said(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 fn write_pages(sock: &Path) {
     let mut c = Client::connect(sock, 1).expect("connect");
     for i in 0..PAGES {

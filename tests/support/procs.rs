@@ -87,3 +87,12 @@ mod tests {
         assert!(tree.len() >= 3, "no grandchild in {tree:?}");
     }
 }
+
+/// What a finished command printed, stdout then stderr, for messages.
+pub fn said(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

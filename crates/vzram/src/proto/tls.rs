@@ -47,3 +47,25 @@ pub const SERVER_CERT: &str = "server-cert.pem";
 pub const SERVER_KEY: &str = "server-key.pem";
 pub const CLIENT_CERT: &str = "client-cert.pem";
 pub const CLIENT_KEY: &str = "client-key.pem";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_the_key() {
+        let c = Credentials {
+            ca: "CA".into(),
+            cert: "CERT".into(),
+            key: "-----BEGIN PRIVATE KEY-----SECRET".into(),
+        };
+        let t = format!(
+            "{:?}",
+            ClientTls {
+                creds: c,
+                server_name: "h".into()
+            }
+        );
+        assert!(!t.contains("SECRET") && !t.contains("PRIVATE"), "{t}");
+    }
+}

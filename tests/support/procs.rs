@@ -54,6 +54,15 @@ pub fn cpu_ticks(pid: u32) -> u64 {
         + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
 
+/// What a finished command printed, stdout then stderr, for messages.
+pub fn said(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::process::Command;
@@ -86,13 +95,4 @@ mod tests {
         assert!(tree.contains(&child.id()), "{tree:?}");
         assert!(tree.len() >= 3, "no grandchild in {tree:?}");
     }
-}
-
-/// What a finished command printed, stdout then stderr, for messages.
-pub fn said(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }

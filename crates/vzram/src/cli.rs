@@ -394,22 +394,29 @@ pub struct MigrateArgs {
     #[command(flatten)]
     pub target: DeviceArgs,
     /// The destination device's incoming address: unix:PATH (tunnel it over
-    /// SSH or TLS between hosts) or tcp:HOST:PORT (guest memory in clear).
+    /// SSH between hosts) or tcp:HOST:PORT (mutual TLS: the daemon needs
+    /// --tls-creds with client-cert.pem and client-key.pem).
     #[arg(
         long,
         value_parser = parse_addr,
         value_name = "ADDR",
-        required_unless_present = "commit"
+        required_unless_present_any = ["commit", "cancel"]
     )]
     pub to: Option<Addr>,
     /// Keep the pages here once the destination has them.
-    #[arg(long, conflicts_with = "commit")]
+    #[arg(long, conflicts_with_all = ["commit", "cancel"])]
     pub keep: bool,
     /// Commit a migration under way now: the VM has moved, and its VMM
     /// keeps the source process (QEMU's source exits or closes the socket
     /// after a completed migration, which commits by itself).
-    #[arg(long, conflicts_with = "to")]
+    #[arg(long, conflicts_with_all = ["to", "cancel"])]
     pub commit: bool,
+    /// Call off a migration under way: the VMM's own migration was
+    /// cancelled or failed and the guest runs here. The sender aborts (at
+    /// once, also in pre-copy), the destination drops its copy and waits
+    /// again, and every page stays here.
+    #[arg(long, conflicts_with = "to")]
+    pub cancel: bool,
 }
 
 #[cfg(test)]
@@ -485,14 +492,22 @@ mod tests {
             "--size",
             "1G",
             "--incoming",
-            "tcp:127.0.0.1:4444",
+            "unix:/tmp/b.in",
         ])
         .unwrap();
         assert_eq!(c.devices[0].incoming, Some(Addr::Unix("/tmp/a.in".into())));
-        assert_eq!(
-            c.devices[1].incoming,
-            Some(Addr::Tcp("127.0.0.1:4444".into()))
-        );
+        assert_eq!(c.devices[1].incoming, Some(Addr::Unix("/tmp/b.in".into())));
+        // TCP is mutual TLS: without credentials it is refused at start.
+        let e = serve(&[
+            "--socket",
+            "/tmp/b",
+            "--size",
+            "1G",
+            "--incoming",
+            "tcp:127.0.0.1:4444",
+        ])
+        .unwrap_err();
+        assert!(e.contains("needs --tls-creds"), "{e}");
         let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=/tmp/x"]).unwrap_err();
         assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{e}");
         let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=unix:/tmp/a"]).unwrap_err();

@@ -606,6 +606,46 @@ mod tests {
         (status, String::from_utf8_lossy(&out).into_owned())
     }
 
+    /// [`in_child`] for a child that uses std's panic and backtrace
+    /// machinery: a fork would inherit their locks as another test thread
+    /// held them (a panicking test with RUST_BACKTRACE set) and hang. This
+    /// test binary is run again instead, for the test `name` alone, and
+    /// runs `f` under the filter in that fresh process.
+    fn in_fresh_process(name: &str, f: fn()) -> (libc::c_int, String) {
+        use std::os::unix::process::ExitStatusExt;
+        const CHILD: &str = "VZRAM_SECCOMP_TEST_CHILD";
+        if std::env::var(CHILD).as_deref() == Ok(name) {
+            let allow = allow_list(Mode::On, Role::Worker, &[]).unwrap();
+            let errno = errno_filters().unwrap();
+            if install_sigsys_handler().is_err()
+                || errno
+                    .iter()
+                    .any(|f| seccompiler::apply_filter_all_threads(f).is_err())
+                || seccompiler::apply_filter_all_threads(&allow).is_err()
+            {
+                // SAFETY: ends this process.
+                unsafe { libc::_exit(99) };
+            }
+            f();
+            // SAFETY: ends this process.
+            unsafe { libc::_exit(0) };
+        }
+        let test = format!(
+            "{}::{name}",
+            module_path!().split_once("::").map_or("", |(_, m)| m)
+        );
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, name)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.into_raw(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     fn killed_by_sigsys(status: libc::c_int) -> bool {
         libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS
     }
@@ -615,7 +655,7 @@ mod tests {
         // A panic in a queue thread ends that thread and is logged; with
         // RUST_BACKTRACE set, std also captures and symbolises a backtrace
         // (opening the binary fails with EACCES, so addresses only).
-        let (st, err) = in_child(|| {
+        let (st, err) = in_fresh_process("a_panic_with_a_backtrace_is_reported_not_killed", || {
             // The test harness captures eprintln! and the default panic
             // hook's output; write to the real stderr instead.
             fn raw(s: &str) {

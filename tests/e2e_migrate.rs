@@ -2,7 +2,8 @@
 //! own migration, to a second QEMU whose disk is an incoming device on
 //! vzram B; `vzram migrate` carries the swapped-out pages from A to B. The
 //! guest finishes its memory-pressure rounds on the destination with every
-//! page intact.
+//! page intact. And the migrations that do not happen (a `stop`/`cont`, a
+//! cancelled QEMU migration): the guest stays whole on its source.
 //!
 //! Like tests/e2e.rs: skipped only when QEMU is absent and `VZRAM_E2E` is
 //! unset. Numbers: `cargo test --test e2e_migrate -- --nocapture`.
@@ -156,6 +157,243 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     let b = st.dev_at(&sock_b);
     eprintln!("  destination stat: {}", b.summary());
     ensure!(b.stats.reads > 0 && b.stats.failed_reads == 0, "{b:?}");
+    da.shutdown();
+    db.shutdown();
+}
+
+/// Waits until `d`'s device at `sock` is in migration state `want`.
+fn wait_migration(
+    d: &mut vzram_tests::Daemon,
+    sock: &std::path::Path,
+    want: vzram_tests::MigrationState,
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let m = d.stat_cli().dev_at(sock).migration.clone();
+        if m.state == want {
+            return;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "not {want:?} after {limit:?}: {m:?}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The two ways a migration that does not happen must leave the guest whole
+/// on its source, with a real QEMU: a QMP `stop`, `vzram migrate` (which
+/// goes as far as the destination holding everything), then `cont`: the
+/// move is aborted. Then a QEMU migration cancelled in pre-copy
+/// (`migrate_cancel`) with `vzram migrate --cancel`. The guest finishes its
+/// rounds on the source with every page intact; the destination is empty.
+#[test]
+fn a_stopped_or_cancelled_migration_leaves_the_guest_whole_on_its_source() {
+    use vzram_tests::MigrationState;
+    let Some(ctx) = Ctx::new("migrate-undo") else {
+        return;
+    };
+    let sock_a = ctx.path("a.sock");
+    let sock_b = ctx.path("b.sock");
+    let incoming = ctx.path("b-incoming.sock");
+    let qemu_mig = ctx.path("qemu-migration.sock");
+    let (qmp_a, qmp_b) = (ctx.path("qmp-a.sock"), ctx.path("qmp-b.sock"));
+    let dev = |sock: &std::path::Path, name: &str| {
+        vec![
+            "--socket".to_string(),
+            s(sock).into(),
+            "--size".into(),
+            "1G".into(),
+            "--queues".into(),
+            "2".into(),
+            "--name".into(),
+            name.into(),
+        ]
+    };
+    let mut da = ctx.daemon_at("a.ctl", &dev(&sock_a, "a"), &[&sock_a]);
+    let mut b_args = dev(&sock_b, "b");
+    b_args.extend(["--incoming".to_string(), format!("unix:{}", s(&incoming))]);
+    let mut db = ctx.daemon_at("b.ctl", &b_args, &[&sock_b, &incoming]);
+    let guest = |sock: &std::path::Path, qmp: &std::path::Path| {
+        GuestOpts::new(sock, "swap")
+            .queues(2)
+            .mem("256M")
+            .arg("vzram.rounds=5")
+            .qemu_arg("-qmp")
+            .qemu_arg(format!("unix:{},server=on,wait=off", s(qmp)))
+    };
+    let migrate = |extra: &[&str]| {
+        let mut c = Command::new(&ctx.bin);
+        c.args([
+            "migrate",
+            "--control",
+            s(&ctx.path("a.ctl")),
+            "--device",
+            "a",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        c
+    };
+    let to = format!("unix:{}", s(&incoming));
+    let ga = ctx.boot("source", &guest(&sock_a, &qmp_a));
+    ga.wait_for("PRESSURE-ROUND pass=0", SWAP_BOOT);
+    let stored = da.stat_cli().dev_at(&sock_a).stats.orig_data_size;
+    ensure!(stored > 32 * MIB, "the source holds only {stored} bytes");
+    let mut qa = Qmp::connect(&qmp_a, Duration::from_secs(10));
+
+    // 1. A paused VM: stop, migrate to the last delta, cont.
+    qa.execute("stop", serde_json::json!({}));
+    let t0 = Instant::now();
+    let sender = migrate(&["--to", &to])
+        .spawn()
+        .expect("spawn vzram migrate");
+    wait_migration(
+        &mut da,
+        &sock_a,
+        MigrationState::Committing,
+        Duration::from_secs(120),
+    );
+    let b = db.stat_cli().dev_at(&sock_b).clone();
+    ensure!(
+        b.migration.state == MigrationState::Prepared && b.stats.orig_data_size > 0,
+        "the destination should hold everything and wait: {:?}",
+        b.migration
+    );
+    let held = b.stats.orig_data_size;
+    thread::sleep(Duration::from_secs(1));
+    ensure!(
+        da.stat_cli().dev_at(&sock_a).migration.state == MigrationState::Committing,
+        "a stop alone moved on"
+    );
+    qa.execute("cont", serde_json::json!({}));
+    let out = sender.wait_with_output().expect("vzram migrate");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        !out.status.success() && said.contains("started again"),
+        "stop/migrate/cont: {said}"
+    );
+    eprintln!(
+        "  stop, migrate, cont: aborted after {:.1}s, the destination had held {} MiB",
+        t0.elapsed().as_secs_f64(),
+        held / MIB
+    );
+    // The destination drops its copy as it reads the abort.
+    wait_migration(
+        &mut db,
+        &sock_b,
+        MigrationState::Failed,
+        Duration::from_secs(30),
+    );
+    ensure!(
+        db.stat_cli().dev_at(&sock_b).stats.orig_data_size == 0,
+        "the destination kept pages after the abort"
+    );
+    ensure!(
+        da.stat_cli().dev_at(&sock_a).stats.orig_data_size > 0,
+        "the source dropped its pages"
+    );
+
+    // 2. A QEMU migration cancelled in pre-copy, and vzram's with it.
+    let gb = ctx.boot(
+        "destination",
+        &guest(&sock_b, &qmp_b)
+            .qemu_arg("-incoming")
+            .qemu_arg(format!("unix:{}", s(&qemu_mig))),
+    );
+    let _qb = Qmp::connect(&qmp_b, Duration::from_secs(60));
+    let sender = migrate(&["--to", &to])
+        .spawn()
+        .expect("spawn vzram migrate");
+    // Slow enough that the cancel lands in QEMU's pre-copy.
+    qa.execute(
+        "migrate-set-parameters",
+        serde_json::json!({ "max-bandwidth": 4u64 << 20 }),
+    );
+    qa.execute(
+        "migrate",
+        serde_json::json!({ "uri": format!("unix:{}", s(&qemu_mig)) }),
+    );
+    wait_migration(
+        &mut da,
+        &sock_a,
+        MigrationState::Sending,
+        Duration::from_secs(60),
+    );
+    thread::sleep(Duration::from_secs(2));
+    let info = qa.execute("query-migrate", serde_json::json!({}));
+    ensure!(
+        info["status"].as_str() == Some("active"),
+        "QEMU's migration is not in pre-copy: {info}"
+    );
+    qa.execute("migrate_cancel", serde_json::json!({}));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = qa.execute("query-migrate", serde_json::json!({}));
+        if info["status"].as_str() == Some("cancelled") {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "not cancelled: {info}");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let out = migrate(&["--cancel"])
+        .output()
+        .expect("vzram migrate --cancel");
+    ensure!(
+        out.status.success(),
+        "vzram migrate --cancel: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sender.wait_with_output().expect("vzram migrate");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        !out.status.success() && said.contains("cancelled"),
+        "migrate_cancel: {said}"
+    );
+    drop(gb.kill());
+    wait_migration(
+        &mut db,
+        &sock_b,
+        MigrationState::Failed,
+        Duration::from_secs(30),
+    );
+    ensure!(
+        !ga.printed("PRESSURE "),
+        "the guest had finished before the cancel: nothing was shown"
+    );
+    ensure!(
+        db.stat_cli().dev_at(&sock_b).stats.orig_data_size == 0,
+        "the destination kept pages after the cancel"
+    );
+    ensure!(
+        qa.execute("query-status", serde_json::json!({}))["status"].as_str() == Some("running"),
+        "the source guest does not run"
+    );
+
+    // The guest finishes every round on its source, every page verified.
+    let out = ga.wait(SWAP_BOOT);
+    out.expect_ok();
+    let p = out.fields("PRESSURE ");
+    ensure!(p.num("mismatches") == 0, "{}", p.line);
+    ensure!(p.num("rounds") >= 5, "{}", p.line);
+    ensure!(
+        !out.lines.iter().any(|l| l.contains("MISMATCH")),
+        "page mismatches reported"
+    );
+    let st = da.stat_cli();
+    let a = st.dev_at(&sock_a);
+    eprintln!("  source stat: {}", a.summary());
+    ensure!(a.stats.reads > 0 && a.stats.failed_reads == 0, "{a:?}");
     da.shutdown();
     db.shutdown();
 }

@@ -452,6 +452,47 @@ fn a_stop_after_a_completed_migration_keeps_the_pages() {
     check_pages(&h.sock("vm11"), 11, "after a second start and stop");
 }
 
+/// The source side: `vzram-send` backgrounds the sender; the VMM's
+/// migration fails while the guest runs here (its rings never stop), and
+/// `vzram-cancel` calls the send off: the source keeps every page, the
+/// destination drops what it took and waits again. A second cancel, with
+/// nothing under way, is harmless.
+#[test]
+fn a_send_called_off_by_vzram_cancel_keeps_every_page_on_the_source() {
+    use vzram_tests::frontend::RawDev;
+    let mut h = Host::new("hook-src", &["vm12"]);
+    write_pages(&h.sock("vm12"), 12);
+    let dst = TempDir::new("hook-dst12");
+    let dst_sock = dst.join("vm12.sock");
+    let dst_in = dst.join("vm12.migrate");
+    let spec = format!(
+        "socket={},size={SIZE},name=vm12,incoming=unix:{}",
+        s(&dst_sock),
+        s(&dst_in)
+    );
+    let b = Daemon::start(&dst, &["--device", &spec], &[&dst_sock, &dst_in]);
+    // The guest runs: a frontend with its ring started.
+    let v = RawDev::connect(&h.sock("vm12"));
+    h.ok("vm12", "vzram-send", &format!("unix:{}", s(&dst_in)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while h.state("vm12") != Some(MigrationState::Sending) {
+        assert!(Instant::now() < deadline, "never sending: {}", h.hook_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    h.ok("vm12", "vzram-cancel", "");
+    assert_eq!(h.state("vm12"), Some(MigrationState::SendFailed));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.stat().devices()[0].migration.state != MigrationState::Failed {
+        assert!(Instant::now() < deadline, "the destination did not drop it");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(b.stat().counters("vm12").orig_data_size, 0);
+    h.ok("vm12", "vzram-cancel", "");
+    assert!(h.hook_log().contains("no migration of vm12 to cancel"));
+    drop(v);
+    check_pages(&h.sock("vm12"), 12, "the source after the cancel");
+}
+
 /// The hook is POSIX sh; shellcheck reads it when installed.
 #[test]
 fn the_hook_passes_shellcheck() {

@@ -500,6 +500,69 @@ fn rings_that_start_again_abort_the_move_and_the_source_keeps_every_page() {
     assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
 }
 
+/// A VMM migration called off in pre-copy (QMP `migrate_cancel` while the
+/// guest runs) never stops the rings, so nothing would end the send:
+/// `vzram migrate --cancel` aborts it at once. The source keeps every page
+/// and may migrate again; the destination drops what it took and waits.
+#[test]
+fn a_cancel_in_pre_copy_aborts_the_move_and_a_later_migrate_goes_through() {
+    use vzram_tests::frontend::RawDev;
+    let e = ends("migx", SIZE);
+    write_all(&e.sock_a, 1);
+    let stored = e.a.stat().counters("vm").orig_data_size;
+    let cancel = || {
+        Command::new(vzram_bin())
+            .args(["migrate", "--control", s(&e.a.control), "--device", "vm"])
+            .arg("--cancel")
+            .output()
+            .unwrap()
+    };
+    // Nothing to cancel yet: refused, exit 2.
+    let out = cancel();
+    assert_eq!(out.status.code(), Some(2), "{}", said(&out));
+    assert!(
+        said(&out).contains("no migration to cancel"),
+        "{}",
+        said(&out)
+    );
+    // A running ring: the device is never quiet, the send stays in pre-copy.
+    let v = RawDev::connect(&e.sock_a);
+    let m = spawn_migrate(&e, &e.incoming);
+    wait_state(&e.a, MigrationState::Sending, Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while e.b.stat().counters("vm").orig_data_size < stored {
+        assert!(Instant::now() < deadline, "B never got the first pass");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(migration(&e.a).state, MigrationState::Sending);
+    let out = cancel();
+    let text = said(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("send-failed"), "{text}");
+    let out = m.wait_with_output().unwrap();
+    let text = said(&out);
+    eprintln!("after the cancel: {text}");
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("cancelled by the operator"), "{text}");
+    let mb = wait_failed(&e.b, "cancel");
+    assert!(mb.error.as_deref().unwrap().contains("cancelled"), "{mb:?}");
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
+    drop(v);
+    assert_eq!(migration(&e.a).state, MigrationState::SendFailed);
+    assert_eq!(e.a.stat().counters("vm").orig_data_size, stored);
+    let mut c = Client::connect(&e.sock_a, 2).expect("connect to A");
+    check_all(&mut c, |i| expected(i, 1), "source after the cancel");
+    drop(c);
+    // The VM never left: a later migration is allowed and completes.
+    no_worker(&e.a);
+    let out = migrate(&e, &[]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert_eq!(migration(&e.b).state, MigrationState::Received);
+    let mut c = Client::connect(&e.sock_b, 2).expect("connect to B");
+    check_all(&mut c, |i| expected(i, 1), "destination");
+}
+
 /// A listener that confirms with a record count and checksum of its own
 /// (here: 0 pages) gets an abort, and the source keeps everything.
 #[test]

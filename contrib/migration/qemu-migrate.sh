@@ -37,7 +37,11 @@ vzram add --control "$B_CTL" \
 #      ssh -N -L /run/vzram/a/vm1.to-b:$IN root@DEST &
 #    and use --to unix:/run/vzram/a/vm1.to-b.
 vzram migrate --control "$A_CTL" --device vm1 --to "unix:$IN" >/dev/null &
-# then step 3 (QMP migrate), and wait for it:
+# then step 3 (QMP migrate), and wait for it. If QEMU's migration fails or
+# is cancelled (QMP migrate_cancel) while the guest still runs here, the
+# rings never stop and the sender would go on: call it off, the destination
+# drops what it took and the source keeps every page:
+#   vzram migrate --control "$A_CTL" --device vm1 --cancel
 wait
 
 # 5. Check: the destination device serves, the source dropped its copy.

@@ -144,10 +144,19 @@ pub struct DeviceCells {
     /// shared one set bounced its cache lines between cores on every
     /// request. `latency` above is what older files recorded.
     shard_latency: [ShardLatency; LATENCY_SHARDS],
-    /// Set by an operator's `vzram migrate --commit`: the VM has moved,
-    /// for a VMM that keeps its source process. Read by the sender.
+    /// What an operator asked of a send under way (`MIGRATION_ASK_*`):
+    /// `vzram migrate --commit` (the VM has moved, for a VMM that keeps its
+    /// source process) or `--cancel` (the VMM's migration was called off).
+    /// Read by the sender.
     pub migration_commit: AtomicU64,
 }
+
+/// Nothing asked of the sender.
+pub const MIGRATION_ASK_NONE: u64 = 0;
+/// Commit the move (`vzram migrate --commit`).
+pub const MIGRATION_ASK_COMMIT: u64 = 1;
+/// Call the move off, the VM runs here (`vzram migrate --cancel`).
+pub const MIGRATION_ASK_CANCEL: u64 = 2;
 
 /// Latency sets kept apart.
 pub const LATENCY_SHARDS: usize = 8;

@@ -134,7 +134,7 @@ fn stream_of(v: &[Vec<Vec<u8>>]) -> Vec<u8> {
             }
             false
         };
-        let r = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|_| {});
+        let r = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {});
         assert!(r.unwrap_err().to_string().contains("stop"));
         a.shutdown(std::net::Shutdown::Write).unwrap();
         rec.join().unwrap()

@@ -91,7 +91,7 @@ fn migrate_with(
     let (a, b) = UnixStream::pair().unwrap();
     std::thread::scope(|sc| {
         let rx = sc.spawn(|| migrate::receive(dst, &b, &b, &|_| {}, &|| {}, &|| {}));
-        let tx = migrate::send(src, &a, &a, quiet, verdict, &|_: Progress| {});
+        let tx = migrate::send(src, &a, &a, quiet, verdict, &|| None, &|_: Progress| {});
         drop(a);
         (tx, rx.join().unwrap())
     })
@@ -163,7 +163,7 @@ fn writes_during_pre_copy_arrive() {
             std::thread::sleep(std::time::Duration::from_millis(5));
             false
         };
-        let tx = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|_| {});
+        let tx = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {});
         let rounds = writer.join().unwrap();
         (tx, rx.join().unwrap(), rounds)
     });
@@ -211,7 +211,15 @@ fn stream_of(src: &Device) -> Vec<u8> {
             (&b).read_to_end(&mut all).unwrap();
             all
         });
-        let r = migrate::send(src, &a, &a, &|| true, &|| Verdict::Commit, &|_| {});
+        let r = migrate::send(
+            src,
+            &a,
+            &a,
+            &|| true,
+            &|| Verdict::Commit,
+            &|| None,
+            &|_| {},
+        );
         assert!(r.unwrap_err().to_string().contains("stop"));
         a.shutdown(std::net::Shutdown::Write).unwrap();
         rec.join().unwrap()
@@ -354,7 +362,7 @@ fn dirty_tracking_sees_writes_and_discards_only_while_on() {
                 _ => true,
             }
         };
-        migrate::send(&dev, &a, &a, &quiet, &|| Verdict::Commit, &|_| {}).unwrap();
+        migrate::send(&dev, &a, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {}).unwrap();
         let dst = rx.join().unwrap().unwrap();
         same_content(&dev, &dst);
     });
@@ -551,7 +559,15 @@ fn a_confirmation_with_the_wrong_count_or_checksum_commits_nothing() {
                 let _ = (&b).read_to_end(&mut rest);
                 rest
             });
-            let r = migrate::send(&src, &a, &a, &|| true, &|| Verdict::Commit, &|_| {});
+            let r = migrate::send(
+                &src,
+                &a,
+                &a,
+                &|| true,
+                &|| Verdict::Commit,
+                &|| None,
+                &|_| {},
+            );
             drop(a);
             (r, fake.join().unwrap())
         });
@@ -560,5 +576,58 @@ fn a_confirmation_with_the_wrong_count_or_checksum_commits_nothing() {
         assert!(e.contains("the destination confirmed"), "lie {lie}: {e}");
         assert_eq!(rest.first(), Some(&b'B'), "lie {lie}: no abort sent");
         assert_eq!(src.stats().orig_data_size, 16 * PAGE_SIZE as u64);
+    }
+}
+
+/// A cancel while the guest still runs here (its VMM's own migration was
+/// called off in pre-copy) ends the stream at once: the destination drops
+/// what it took, the source keeps every page, both say "aborted".
+#[test]
+fn a_cancel_during_pre_copy_aborts_both_ends_and_the_source_keeps_everything() {
+    let pool = pool();
+    let src = device(&pool, SLOTS, Codec::Lz4);
+    let cx = &mut Context::new(0);
+    for s in 0..SLOTS {
+        src.write_page(cx, s, &page(s, 1)).unwrap();
+    }
+    let before: Vec<_> = (0..SLOTS).map(|s| read(&src, s)).collect();
+    let dst = device(&pool, SLOTS, Codec::Lz4);
+    let passes = std::sync::atomic::AtomicU32::new(0);
+    let (a, b) = UnixStream::pair().unwrap();
+    let (tx, rx) = std::thread::scope(|sc| {
+        let rx = sc.spawn(|| {
+            migrate::receive(&dst, &b, &b, &|_| {}, &|| panic!("prepared"), &|| {
+                panic!("committed")
+            })
+        });
+        // Never quiet: the guest runs; the cancel comes after a few
+        // (empty) passes over dirty slots.
+        let cancelled = || {
+            (passes.fetch_add(1, Ordering::Relaxed) >= 5)
+                .then(|| "cancelled by the operator".into())
+        };
+        let tx = migrate::send(
+            &src,
+            &a,
+            &a,
+            &|| false,
+            &|| panic!("no verdict is asked before the last delta"),
+            &cancelled,
+            &|_| {},
+        );
+        drop(a);
+        (tx, rx.join().unwrap())
+    });
+    match tx {
+        Err(MigrateError::Aborted(why)) => assert!(why.contains("cancelled"), "{why}"),
+        r => panic!("the source: {r:?}"),
+    }
+    match rx {
+        Err(MigrateError::Aborted(why)) => assert!(why.contains("cancelled"), "{why}"),
+        r => panic!("the destination: {r:?}"),
+    }
+    assert_eq!(dst.stats().orig_data_size, 0, "the destination dropped it");
+    for s in 0..SLOTS {
+        assert!(read(&src, s) == before[s as usize], "slot {s} changed");
     }
 }

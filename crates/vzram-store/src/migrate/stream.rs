@@ -343,6 +343,12 @@ impl<R: Read> In<R> {
                 self.get(&mut b)?;
                 Item::Pass(u32::from_le_bytes(b))
             }
+            // Not checksummed: the source calls the move off mid-stream.
+            TAG_ABORT => {
+                let why =
+                    message(&mut self.r).unwrap_or_else(|e| format!("(its reason was cut: {e})"));
+                return Err(MigrateError::Aborted(format!("by the source: {why}")));
+            }
             TAG_FINAL => {
                 let records = self.u64()?;
                 let expect = self.crc.clone().finalize();
@@ -445,15 +451,19 @@ const IDLE_PAUSE: Duration = Duration::from_millis(20);
 /// can write any more; then the last delta and the final marker. Once the
 /// destination has checked and stored everything (its confirmation must
 /// carry the record count and checksum sent), `verdict` decides: commit
-/// (the destination serves) or abort (it drops its copy). Returns Ok only
-/// once the destination has taken the commit. Drops nothing itself: that
-/// is the caller's choice once this returns Ok.
+/// (the destination serves) or abort (it drops its copy). `cancelled`,
+/// asked between batches of records before that, ends the stream with an
+/// abort at once (an operator's `vzram migrate --cancel` after the VMM's
+/// own migration was called off while the guest still runs). Returns Ok
+/// only once the destination has taken the commit. Drops nothing itself:
+/// that is the caller's choice once this returns Ok.
 pub fn send(
     dev: &Device,
     mut r: impl Read,
     w: impl Write,
     quiet: &dyn Fn() -> bool,
     verdict: &dyn Fn() -> Verdict,
+    cancelled: &dyn Fn() -> Option<String>,
     progress: &dyn Fn(Progress),
 ) -> Result<SendReport, MigrateError> {
     let t0 = Instant::now();
@@ -463,9 +473,17 @@ pub fn send(
     out.w.flush()?;
     reply(&mut r, REPLY_ACCEPT, &mut [])?;
     dev.dirty.start(dev.num_slots());
-    let result = send_passes(dev, &mut out, quiet, progress);
+    let result = send_passes(dev, &mut out, quiet, cancelled, progress);
     dev.dirty.stop();
-    let (passes, quiet_at, final_records) = result?;
+    let (passes, quiet_at, final_records) = match result {
+        Err(MigrateError::Aborted(why)) => {
+            // Mid-stream: the destination reads the tag where a record
+            // would be, and drops what it took.
+            say(&mut out.w, TAG_ABORT, &why);
+            return Err(MigrateError::Aborted(why));
+        }
+        r => r?,
+    };
     out.finish()?;
     let mut b = [0u8; 20];
     reply(&mut r, REPLY_PREPARED, &mut b)?;
@@ -519,14 +537,23 @@ fn send_passes<W: Write>(
     dev: &Device,
     out: &mut Out<W>,
     quiet: &dyn Fn() -> bool,
+    cancelled: &dyn Fn() -> Option<String>,
     progress: &dyn Fn(Progress),
 ) -> Result<(u32, Instant, u64), MigrateError> {
+    let stop = || match cancelled() {
+        Some(why) => Err(MigrateError::Aborted(why)),
+        None => Ok(()),
+    };
     let mut buf = ExportBuf::new()?;
     let mut pass = 1;
     out.pass(pass)?;
     // The destination starts empty: the first pass skips empty slots.
     for range in dev.stored_ranges() {
+        stop()?;
         for s in range {
+            if s % 4096 == 0 {
+                stop()?;
+            }
             let rec = dev.export(&mut buf, s)?;
             if rec != Record::Empty {
                 out.record(s, rec)?;
@@ -540,6 +567,7 @@ fn send_passes<W: Write>(
         });
     }
     loop {
+        stop()?;
         // Looked at before the dirty slots are taken: whatever was written
         // before the device went quiet is in this pass.
         let was_quiet = quiet();

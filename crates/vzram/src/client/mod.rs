@@ -273,22 +273,23 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
 
 pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     let Some(to) = &args.to else {
-        let r: Committed = call(
-            &args.target.control,
-            Request::CommitMigration {
-                device: DeviceRef::named(&args.target.device),
-            },
-        )?;
+        let device = DeviceRef::named(&args.target.device);
+        let (req, what) = if args.cancel {
+            (Request::CancelMigration { device }, "cancel")
+        } else {
+            (Request::CommitMigration { device }, "commit")
+        };
+        let r: Committed = call(&args.target.control, req)?;
         let st = serde_json::to_value(r.state).unwrap_or_default();
         return Ok(format!(
-            "device {}: commit asked; migration {}\n",
+            "device {}: {what} asked; migration {}\n",
             r.device,
             st.as_str().unwrap_or("?")
         ));
     };
     let req = Request::Migrate {
         device: DeviceRef::named(&args.target.device),
-        to: to.to_string(),
+        to: to.clone(),
         keep: args.keep,
     };
     let wait = MIGRATE_WAIT.saturating_add(std::time::Duration::from_secs(10));

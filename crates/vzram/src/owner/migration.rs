@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData, StreamOwned};
 
 use vzram_store::cells::{
-    MIGRATION_COMMITTING, MIGRATION_COPIED, MIGRATION_FAILED, MIGRATION_INCOMING,
-    MIGRATION_PREPARED, MIGRATION_RECEIVED, MIGRATION_RECEIVING, MIGRATION_SENDING,
-    MIGRATION_SEND_FAILED, MIGRATION_SENT,
+    MIGRATION_ASK_CANCEL, MIGRATION_ASK_COMMIT, MIGRATION_ASK_NONE, MIGRATION_COMMITTING,
+    MIGRATION_COPIED, MIGRATION_FAILED, MIGRATION_INCOMING, MIGRATION_PREPARED, MIGRATION_RECEIVED,
+    MIGRATION_RECEIVING, MIGRATION_SENDING, MIGRATION_SEND_FAILED, MIGRATION_SENT,
 };
 use vzram_store::migrate::{self, MigrateError, Progress, ReceiveReport, SendReport, Verdict};
 use vzram_store::{Context, Device};
@@ -239,7 +239,12 @@ pub fn send(
 ) -> Result<SendReport, String> {
     let cells = dev.cells();
     let m = &cells.migration;
-    cells.migration_commit.store(0, Relaxed);
+    cells.migration_commit.store(MIGRATION_ASK_NONE, Relaxed);
+    let cancelled = || {
+        (cells.migration_commit.load(Relaxed) == MIGRATION_ASK_CANCEL).then(|| {
+            "cancelled by the operator (`vzram migrate --cancel`): the VM runs here, and this end keeps every page".to_string()
+        })
+    };
     m.begin(MIGRATION_SENDING);
     // The ring starts counted when the device went quiet for the last delta.
     let at_quiet = AtomicU64::new(u64::MAX);
@@ -253,20 +258,28 @@ pub fn send(
     };
     let verdict = || {
         m.state.store(MIGRATION_COMMITTING, Relaxed);
-        if (fe.starts)() != at_quiet.load(Relaxed) || !(fe.quiet)() {
+        if let Some(why) = cancelled() {
+            Verdict::Abort(why)
+        } else if (fe.starts)() != at_quiet.load(Relaxed) || !(fe.quiet)() {
             Verdict::Abort(
                 "the VM's rings started again after the last delta (a `cont`, a cancelled or failed migration, a reboot): it runs here, and this end keeps every page"
                     .into(),
             )
-        } else if (fe.gone)() || cells.migration_commit.load(Relaxed) != 0 {
+        } else if (fe.gone)() || cells.migration_commit.load(Relaxed) == MIGRATION_ASK_COMMIT {
             Verdict::Commit
         } else {
             Verdict::Wait
         }
     };
-    let r = migrate::send(dev, conn, conn, &quiet, &verdict, &|p: Progress| {
-        m.progress(p)
-    });
+    let r = migrate::send(
+        dev,
+        conn,
+        conn,
+        &quiet,
+        &verdict,
+        &cancelled,
+        &|p: Progress| m.progress(p),
+    );
     let rep = match r {
         Ok(rep) => rep,
         Err(e) => {

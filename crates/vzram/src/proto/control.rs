@@ -104,14 +104,20 @@ pub enum Request {
     /// Send the device's pages to another vzram's incoming device.
     Migrate {
         device: DeviceRef,
-        /// `unix:PATH` or `tcp:HOST:PORT`.
-        to: String,
+        /// `unix:PATH` or `tcp:HOST:PORT` (a malformed one is refused
+        /// when the request is read).
+        to: crate::proto::addr::Addr,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         keep: bool,
     },
     /// The VM of a device being sent has moved (its VMM keeps the source
     /// process): commit now.
     CommitMigration {
+        device: DeviceRef,
+    },
+    /// The VMM's migration of a device being sent was called off (the
+    /// guest runs here): abort, the destination drops its copy.
+    CancelMigration {
         device: DeviceRef,
     },
 }
@@ -381,8 +387,9 @@ pub struct Migrated {
     pub kept: bool,
 }
 
-/// `commit-migration`: the sender's state once it acted on the commit
-/// (`sent` or `copied` when done).
+/// `commit-migration` and `cancel-migration`: the sender's state once it
+/// acted on the order (`sent` or `copied` after a commit, `send-failed`
+/// after a cancel).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Committed {
     pub device: String,

@@ -288,6 +288,15 @@ impl Control {
                     state: migration_state(d.cells.migration.state.load(Ordering::Relaxed)),
                 })
             }
+            Request::CancelMigration { device } => {
+                let (_, d) = self.find(&device)?;
+                self.sup.cancel_migration(&d)?;
+                tracing::warn!(device = %d.spec.name, "migration cancelled by the operator");
+                Self::reply(Committed {
+                    device: d.spec.name.clone(),
+                    state: migration_state(d.cells.migration.state.load(Ordering::Relaxed)),
+                })
+            }
             Request::MarkIdle { device } => {
                 let (_, d) = self.find(&device)?;
                 let pages = match self.sup.tier(&d, &Order::MarkIdle)? {
@@ -375,9 +384,8 @@ impl Control {
         }
     }
 
-    fn migrate(&self, device: &DeviceRef, to: &str, keep: bool) -> Result<Value> {
+    fn migrate(&self, device: &DeviceRef, to: &Addr, keep: bool) -> Result<Value> {
         let (_, d) = self.find(device)?;
-        let to = to.parse::<Addr>().map_err(Error::Invalid)?;
         if d.cells.migration.incoming() {
             return Err(Error::Incoming(d.spec.name.clone()));
         }
@@ -389,7 +397,7 @@ impl Control {
             final_records,
             final_micros,
             total_micros,
-        } = self.sup.migrate(&d, &to, keep)?
+        } = self.sup.migrate(&d, to, keep)?
         else {
             return Err(Error::WorkerAnswer("not the one asked for".into()));
         };

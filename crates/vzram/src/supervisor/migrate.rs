@@ -104,12 +104,28 @@ impl Supervisor {
         if !m.sending() {
             return Err(Error::NotCommitting(d.spec.name.clone()));
         }
-        d.cells.migration_commit.store(1, Relaxed);
+        self.ask_sender(d, vzram_store::cells::MIGRATION_ASK_COMMIT);
+        Ok(m.state_name())
+    }
+
+    /// `vzram migrate --cancel`: the VMM's own migration was called off
+    /// (the guest runs here): the sender aborts, at once in pre-copy, and
+    /// the destination drops its copy. Waits a little for the sender to
+    /// act on it; returns the state then.
+    pub fn cancel_migration(&self, d: &Served) -> Result<&'static str> {
+        if !d.cells.migration.sending() {
+            return Err(Error::NotSending(d.spec.name.clone()));
+        }
+        self.ask_sender(d, vzram_store::cells::MIGRATION_ASK_CANCEL);
+        Ok(d.cells.migration.state_name())
+    }
+
+    fn ask_sender(&self, d: &Served, ask: u64) {
+        d.cells.migration_commit.store(ask, Relaxed);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while m.sending() && std::time::Instant::now() < deadline {
+        while d.cells.migration.sending() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(m.state_name())
     }
 
     /// Cuts the stream arriving for `d`, if any, and waits for its receiver

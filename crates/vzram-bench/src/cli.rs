@@ -36,6 +36,11 @@ pub enum Cmd {
     /// completes its first 4 KiB read. Also times a clean disconnect + reconnect (a new
     /// worker without the supervisor's failure backoff). Medians and p90.
     Restart(RestartArgs),
+    /// Migration stream throughput: `vzram migrate --keep` of one device holding corpus
+    /// pages to a fresh incoming daemon on this host, over unix: (plain) and over
+    /// tcp:127.0.0.1 (mutual TLS, certificates made for the run), interleaved; medians
+    /// of the stream and guest-data MiB/s per transport and the TLS/unix ratio.
+    Migrate(MigrateArgs),
     /// A guest's swap test, timed: the test guest (contrib/guest, QEMU TCG) runs the e2e
     /// swap scenario against each target in turn, interleaved; the guest's swap-test
     /// and pressure seconds, QEMU's wall and CPU time and the daemon's CPU time over
@@ -241,6 +246,32 @@ pub struct RestartArgs {
     pub json: Option<PathBuf>,
 }
 
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// Data written to the source device (corpus pages from offset 0).
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    pub data: u64,
+    /// Migrations per transport, transports interleaved (unix, tls, unix, tls...).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Device size (both ends); must hold --data.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub dev_size: u64,
+    /// Page corpus written [default: ../shared/data/anon-pages.bin when present, else
+    /// the synthetic mix]
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
+    pub corpus: Option<PathBuf>,
+    /// Write the built-in synthetic page mix instead.
+    #[arg(long)]
+    pub synthetic: bool,
+    #[arg(long, value_name = "PATH")]
+    pub vzram_bin: Option<PathBuf>,
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
 /// Defaults are those of the e2e swap test (`tests/e2e.rs`, `swap_under_pressure`):
 /// a 1 GiB lz4 disk with 2 queues, a 256 MiB guest, 2 pressure rounds.
 #[derive(Args, Debug)]
@@ -347,6 +378,14 @@ mod tests {
         let Cmd::Restart(r) = r.cmd else { panic!() };
         assert_eq!(r.data, vec![1 << 20, 2 << 30]);
         assert_eq!(r.repeat, 10);
+        let m = Cli::try_parse_from(["vzram-bench", "migrate"]).unwrap();
+        let Cmd::Migrate(m) = m.cmd else { panic!() };
+        assert_eq!((m.data, m.dev_size, m.repeat), (512 << 20, 1 << 30, 5));
+        let m = Cli::try_parse_from(["vzram-bench", "migrate", "--data", "64M", "--repeat", "2"])
+            .unwrap();
+        let Cmd::Migrate(m) = m.cmd else { panic!() };
+        assert_eq!((m.data, m.repeat), (64 << 20, 2));
+        assert!(Cli::try_parse_from(["vzram-bench", "migrate", "--data", "1M,2M"]).is_err());
     }
 
     #[test]

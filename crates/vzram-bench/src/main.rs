@@ -13,6 +13,7 @@ mod guest;
 mod hist;
 mod job;
 mod measure;
+mod migrate;
 mod plot;
 mod report;
 mod restart;
@@ -174,6 +175,35 @@ fn real_main(cli: Cli) -> Result<()> {
                 sys::nproc()
             );
             restart::print_table(&rs);
+            Ok(())
+        }
+        Cmd::Migrate(a) => {
+            let work = WorkDir::new(a.work_dir.clone())?;
+            let env = Env {
+                work_dir: work.path.clone(),
+                shm_dir: "/dev/shm".into(),
+                vzram_bin: vzram_bin(a.vzram_bin.clone()),
+                vzram_base_bin: None,
+                vzram_args: Vec::new(),
+                vzram_base_args: Vec::new(),
+                qsd_bin: "qemu-storage-daemon".into(),
+                corpus: Corpus::resolve(a.corpus.as_deref(), a.synthetic)?,
+            };
+            env.check(&[TargetSpec::parse("vzram", Algo::Lz4)?])?;
+            let json = a.json.as_deref().map(JsonOut::open).transpose()?;
+            let r = migrate::run(&env, &a, json);
+            let r = work.finish(r)?;
+            println!(
+                "Data: {} ({} pages), {} written to a {} device, {} migrations per transport \
+                 (interleaved), {} CPUs.\n",
+                env.corpus.name,
+                env.corpus.len(),
+                units::format_size(a.data),
+                units::format_size(a.dev_size),
+                a.repeat,
+                sys::nproc()
+            );
+            migrate::print_table(&r);
             Ok(())
         }
         Cmd::Guest(a) => {

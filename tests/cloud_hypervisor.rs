@@ -782,6 +782,16 @@ fn run_sh_starts_the_vmm_once_the_disk_is_served_and_waits_boundedly() {
     );
     assert!(out.contains("shared=on"), "{out}");
     assert!(!sock.exists(), "the daemon was not stopped with the VM");
+    // The device is named after the VM's root image, and so is its state.
+    let state = state_dir_for(dir.path()).join("ch-rootfs-test");
+    assert!(
+        state.join("header").exists(),
+        "no state at {}",
+        state.display()
+    );
+    // The next boot starts it again, --fresh: never an earlier VM's pages.
+    let (st, err, _) = run_sh(&dir, &[("VZRAM", &bin), ("VZRAM_SOCK", &sock)]);
+    assert!(st.success(), "run.sh again: {st}: {err}");
 
     // A daemon that exits at once (here: refused flags).
     let fails = dir.join("bin/vzram-fails");

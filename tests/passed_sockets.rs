@@ -134,3 +134,64 @@ fn systemd_socket_activation_by_path() {
     assert!(!String::from_utf8_lossy(&env).contains("LISTEN_"));
     assert!(d.terminate().success());
 }
+
+/// systemd's `SocketMode=` is one mode for every socket of a unit: a
+/// control socket passed in at the device sockets' 0660 would let every
+/// QEMU of the group remove, reset or migrate any device. The daemon gives
+/// it `--control-mode` (default 0600) before it serves, and says so.
+#[test]
+fn a_passed_control_socket_gets_the_control_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    for (flag, want) in [(None, 0o600), (Some("0640"), 0o640)] {
+        let dir = TempDir::new("passctl");
+        let a = dir.join("a.sock");
+        let control = dir.join("control.sock");
+        let (la, lc) = (listener(&a), listener(&control));
+        for p in [&a, &control] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o660)).unwrap();
+        }
+        let (fa, fc) = (la.as_raw_fd(), lc.as_raw_fd());
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg("LISTEN_PID=$$ LISTEN_FDS=2 exec \"$0\" \"$@\"")
+            .arg(vzram_bin())
+            .arg("serve")
+            .arg("--device")
+            .arg(format!("socket={},size=16M,name=a", s(&a)))
+            .arg("--control")
+            .arg(&control);
+        if let Some(m) = flag {
+            cmd.args(["--control-mode", m]);
+        }
+        // SAFETY: only dup2 between fork and exec, as above.
+        unsafe {
+            cmd.pre_exec(move || {
+                let hi_a = libc::fcntl(fa, libc::F_DUPFD, 100);
+                let hi_c = libc::fcntl(fc, libc::F_DUPFD, 100);
+                if hi_a < 0 || hi_c < 0 || libc::dup2(hi_a, 3) < 0 || libc::dup2(hi_c, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut d = Daemon::start_command(cmd, &control, &dir.join("d.log"), &[&a]);
+        drop((la, lc));
+        // The passed control socket listens before the daemon is up.
+        assert!(d.stat().devices()[0].socket == a);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&control), want, "{flag:?}\n{}", d.log_text());
+        assert_eq!(
+            mode(&a),
+            0o660,
+            "a device socket passed in is left as it is"
+        );
+        assert!(
+            d.log_text()
+                .contains("the control socket passed in had mode 0660"),
+            "{}",
+            d.log_text()
+        );
+        io_works(&a);
+        assert!(d.terminate().success());
+    }
+}

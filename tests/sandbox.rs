@@ -311,6 +311,24 @@ fn dockerfile_default_command_makes_sockets_the_vmm_can_use() {
         .find_map(|l| l.strip_prefix("CMD "))
         .expect("a CMD in the Dockerfile");
     let cmd: Vec<String> = serde_json::from_str(cmd_line).expect("CMD in JSON form");
+    // State on a volume the host mounts (a tmpfs), never the container's
+    // own /dev/shm that `docker restart` replaces.
+    let state_in_image = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ENV VZRAM_STATE_DIR="))
+        .expect("ENV VZRAM_STATE_DIR in the Dockerfile");
+    let volumes = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("VOLUME "))
+        .expect("a VOLUME in the Dockerfile");
+    assert!(
+        volumes.contains(&format!("\"{state_in_image}\"")),
+        "the state dir {state_in_image} is not a volume: {volumes}"
+    );
+    assert!(
+        dockerfile.contains(&format!(":{state_in_image} ")),
+        "the Dockerfile's run line does not bind-mount the state dir"
+    );
 
     let dir = TempDir::new("docker");
     // Stands in for the host's /run/vzram, prepared as the comment says.
@@ -318,10 +336,16 @@ fn dockerfile_default_command_makes_sockets_the_vmm_can_use() {
     std::fs::create_dir(&run).unwrap();
     chown(&run, uid, VMM_GID);
     std::fs::set_permissions(&run, Permissions::from_mode(0o2770)).unwrap();
-    let args: Vec<String> = cmd
+    // Stands in for the host's tmpfs bind-mounted as the state volume.
+    let state = dir.join("state");
+    std::fs::create_dir(&state).unwrap();
+    chown(&state, uid, uid);
+    std::fs::set_permissions(&state, Permissions::from_mode(0o700)).unwrap();
+    let mut args: Vec<String> = cmd
         .iter()
         .map(|a| a.replace("/run/vzram", s(&run)))
         .collect();
+    args.extend(["--state-dir".into(), s(&state).into()]);
     let path_after = |flag: &str| {
         let i = args.iter().position(|a| a == flag).unwrap_or_else(|| {
             panic!("the Dockerfile's CMD has no {flag}: {cmd:?}");
@@ -377,6 +401,10 @@ fn dockerfile_default_command_makes_sockets_the_vmm_can_use() {
     // The socket serves: a VMM (root here) does I/O on it.
     exercise(&d, &sock, 1);
     assert!(d.terminate().success(), "{}", d.log_text());
+    assert!(
+        state.join("vzram").join("table").exists(),
+        "the device's state is not in the state volume"
+    );
 }
 
 #[test]

@@ -6,14 +6,21 @@
 #      VZRAM_CONTROL  the daemon's control socket (default: VZRAM_SOCK with .ctl)
 #      VZRAM          the vzram binary (default: vzram on PATH)
 #      VZRAM_WAIT     seconds to wait for the daemon to be ready (default 10)
+#      VZRAM_NAME     the device's name, and so its state's (default: ch-
+#                     and the root image's name without its extension)
+# Each run is a new boot of the VM, whose swap starts empty: the device is
+# started --fresh, so it never serves pages of an earlier VM with the same
+# name (nor fails when the size changed). State goes where vzram's default
+# puts it ($VZRAM_STATE_DIR, else /dev/shm/vzram), under that name.
 set -euo pipefail
 kernel=${1:?kernel}; rootfs=${2:?root disk image}
 sock=${VZRAM_SOCK:-/tmp/vzram-ch.sock}
 ctl=${VZRAM_CONTROL:-${sock%.sock}.ctl}
 vzram=${VZRAM:-vzram}
 wait_s=${VZRAM_WAIT:-10}
+name=${VZRAM_NAME:-ch-$(basename "${rootfs%.*}")}
 
-"$vzram" serve --socket "$sock" --size 2G --queues 2 --control "$ctl" &
+"$vzram" serve --socket "$sock" --size 2G --queues 2 --control "$ctl" --name "$name" --fresh &
 pid=$!
 # SIGTERM: the daemon removes its sockets and exits.
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true' EXIT

@@ -61,6 +61,31 @@ pub enum Error {
     LoopFailed,
 }
 
+/// A control socket passed in (systemd's `SocketMode=` is one mode for
+/// every socket of a unit) gets `--control-mode` all the same: whoever can
+/// connect may remove, reset or migrate any device. Refused if it cannot.
+fn control_mode_of_passed(path: &Path, mode: u32) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |source: io::Error| {
+        Error::Passed(io::Error::new(
+            source.kind(),
+            format!(
+                "the control socket {} cannot be given mode {mode:04o} (--control-mode): {source}",
+                path.display()
+            ),
+        ))
+    };
+    let was = std::fs::metadata(path).map_err(fail)?.permissions().mode() & 0o7777;
+    if was != mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)?;
+        tracing::warn!(
+            socket = %path.display(),
+            "the control socket passed in had mode {was:04o}: set to {mode:04o} (--control-mode)"
+        );
+    }
+    Ok(())
+}
+
 impl Error {
     /// State that does not match the configuration, or a backing file that
     /// is missing, too small or taken, is a configuration error: the fix is
@@ -306,7 +331,10 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
 
     let control_listener = match &cfg.control {
         Some(path) => Some(match passed.remove(path) {
-            Some(fd) => UnixListener::from(fd),
+            Some(fd) => {
+                control_mode_of_passed(path, cfg.control_mode)?;
+                UnixListener::from(fd)
+            }
             None => files.bind(path, cfg.control_mode)?,
         }),
         None => None,

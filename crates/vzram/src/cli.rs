@@ -8,7 +8,7 @@ use clap::{ArgGroup, Args, Parser, Subcommand};
 
 use crate::config::{self, ConfigError, DaemonConfig, DeviceDraft, SeccompMode};
 use crate::proto::addr::{parse_addr, Addr};
-pub use crate::proto::worker_spec::LogLevel;
+pub use crate::proto::worker_spec::{LogFormat, LogLevel};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -192,6 +192,11 @@ pub struct ServeArgs {
     /// Least severe log messages shown; RUST_LOG, when set, wins.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
+    /// How log lines are written: text (under systemd, when stderr is the
+    /// journal, each line starts with its syslog priority, without a
+    /// timestamp of its own) or json, one object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// `--control` when not given: systemd's runtime directory, else the

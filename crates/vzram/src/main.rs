@@ -55,7 +55,7 @@ fn main() -> ExitCode {
     }
     match cli.command {
         Command::Serve(args) => {
-            let log_level = args.log_level;
+            let (log_level, log_format) = (args.log_level, args.log_format);
             let cfg = match args.resolve() {
                 Ok(c) => c,
                 Err(e) => {
@@ -63,8 +63,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
-            vzram::init_logging(log_level);
-            match vzram::serve(cfg, log_level) {
+            vzram::init_logging(log_level, log_format);
+            match vzram::serve(cfg, log_level, log_format) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     // Once, on stderr (the log's stream too): not also as a log line.

@@ -47,6 +47,18 @@ impl std::fmt::Display for SeccompMode {
     }
 }
 
+/// `--log-format`, and how a worker writes its lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Text; when stderr is the journal (`JOURNAL_STREAM`), each line
+    /// starts with its syslog priority and carries no timestamp.
+    #[default]
+    Text,
+    /// One JSON object per line, for other collectors.
+    Json,
+}
+
 /// `--log-level`, and the level a worker logs at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -91,6 +103,8 @@ pub struct Spec {
     pub state_dir: PathBuf,
     pub seccomp: SeccompMode,
     pub log_level: LogLevel,
+    #[serde(default)]
+    pub log_format: LogFormat,
     /// Compress-pool threads (capped at the cores); None: the cores, at
     /// most 4.
     #[serde(default)]

@@ -554,6 +554,7 @@ impl Supervisor {
             state_dir: d.files.dir.clone(),
             seccomp: self.env.seccomp,
             log_level: self.env.log_level,
+            log_format: self.env.log_format,
             compress_threads: self.env.compress_threads,
             poll_us: self.env.poll_us,
             backing: d.backing.as_ref().map(|b| spec::BackingSpec {

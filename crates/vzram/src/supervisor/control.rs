@@ -682,6 +682,7 @@ mod tests {
             WorkerEnv {
                 seccomp: SeccompMode::Off,
                 log_level: LogLevel::Info,
+                log_format: Default::default(),
                 socket_mode: 0o600,
                 state_dir: root.to_path_buf(),
                 compress_threads: None,

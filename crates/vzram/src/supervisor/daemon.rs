@@ -26,7 +26,7 @@ use crate::owner::attach::device_config;
 use crate::owner::migration::{set_incoming, settle_send, Listener};
 use crate::owner::placement;
 use crate::proto::addr::Addr;
-use crate::proto::worker_spec::LogLevel;
+use crate::proto::worker_spec::{LogFormat, LogLevel};
 use crate::sys::fds::{memfd, raise_fd_limit};
 use crate::sys::listen;
 use crate::sys::notify::Notifier;
@@ -174,7 +174,7 @@ impl Drop for SocketFiles {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Returns the signal number.
-pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
+pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Result<i32, Error> {
     // Block the shutdown signals before any thread starts, so every thread
     // inherits the mask and only `sigwait` below ever sees them.
     let signals = ShutdownSignals::block().map_err(Error::Signal)?;
@@ -383,6 +383,7 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel) -> Result<i32, Error> {
             WorkerEnv {
                 seccomp: cfg.seccomp,
                 log_level,
+                log_format,
                 socket_mode: cfg.socket_mode,
                 state_dir: cfg.state_dir.clone(),
                 compress_threads: cfg.compress_threads,

@@ -28,7 +28,7 @@ use vzram_store::Pool;
 
 use crate::proto::control::{WorkerState, WorkerStatus};
 use crate::proto::launch::{Report, Request};
-use crate::proto::worker_spec::{LogLevel, SeccompMode};
+use crate::proto::worker_spec::{LogFormat, LogLevel, SeccompMode};
 use crate::sys::notify::Notifier;
 use served::{Phase, Served};
 
@@ -52,6 +52,7 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 pub struct WorkerEnv {
     pub seccomp: SeccompMode,
     pub log_level: LogLevel,
+    pub log_format: LogFormat,
     /// For devices added at run time: their sockets' mode, and where their
     /// state goes unless they say.
     pub socket_mode: u32,

@@ -1,17 +1,104 @@
 //! Logging, set up the same way in every process of the daemon.
 
+use std::fmt;
 use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
 
-use crate::proto::worker_spec::LogLevel;
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::proto::worker_spec::{LogFormat, LogLevel};
 
 /// Logs go to stderr; `RUST_LOG`, when set, filters them, else `level`.
-pub fn init(level: LogLevel) {
+pub fn init(level: LogLevel, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.as_str()));
-    tracing_subscriber::fmt()
+    let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // No colour codes in log files and journald.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => b.with_ansi(false).json().init(),
+        // journald stamps each line itself, and takes `<N>` as the
+        // priority: without it every line is info, and
+        // `journalctl -p warning` misses the warnings.
+        LogFormat::Text if stderr_is_the_journal() => b
+            .with_ansi(false)
+            .event_format(Journal(
+                tracing_subscriber::fmt::format()
+                    .without_time()
+                    .with_ansi(false),
+            ))
+            .init(),
+        // No colour codes in log files.
+        LogFormat::Text => b.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+/// systemd sets `JOURNAL_STREAM` to the device and inode of the stream it
+/// connected; only if stderr is still that stream is it the journal (a
+/// child whose stderr was redirected inherits the variable too).
+fn stderr_is_the_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = v.to_str().and_then(|s| s.split_once(':')) else {
+        return false;
+    };
+    let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else {
+        return false;
+    };
+    // SAFETY: fstat fills in a stat buffer we own, for our own stderr.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(std::io::stderr().as_raw_fd(), &mut st) != 0 {
+            return false;
+        }
+        st
+    };
+    st.st_dev == dev && st.st_ino == ino
+}
+
+/// sd-daemon(3)'s priority of a level: `<3>` error to `<7>` debug.
+fn priority(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// Each line prefixed with its priority, the rest as `F` writes it.
+struct Journal<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for Journal<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(w, "<{}>", priority(*event.metadata().level()))?;
+        self.0.format_event(ctx, w, event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priorities_follow_sd_daemon() {
+        assert_eq!(priority(Level::ERROR), 3);
+        assert_eq!(priority(Level::WARN), 4);
+        assert_eq!(priority(Level::INFO), 6);
+        assert_eq!(priority(Level::DEBUG), 7);
+    }
 }

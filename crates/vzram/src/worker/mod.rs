@@ -64,7 +64,7 @@ pub fn main(spec_json: &str) -> i32 {
             return EXIT_SETUP;
         }
     };
-    logging::init(spec.log_level);
+    logging::init(spec.log_level, spec.log_format);
     exit_on_panic();
     let span = tracing::info_span!("worker", device = %spec.name);
     let _enter = span.enter();

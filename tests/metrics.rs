@@ -92,26 +92,29 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         ("vzram_mem_limit_bytes", "vm1", vm1.mem_limit),
         ("vzram_same_pages", "vm1", vm1.same_pages),
         ("vzram_huge_pages", "vm1", vm1.huge_pages),
-        ("vzram_reads_total", "vm1", vm1.reads),
-        ("vzram_writes_total", "vm1", vm1.writes),
-        ("vzram_discards_total", "vm1", vm1.discards),
+        ("vzram_read_bytes_total", "vm1", vm1.reads * PAGE as u64),
+        ("vzram_write_bytes_total", "vm1", vm1.writes * PAGE as u64),
+        ("vzram_discard_bytes_total", "vm1", vm1.discards * PAGE as u64),
         ("vzram_failed_reads_total", "vm1", vm1.failed_reads),
         ("vzram_failed_writes_total", "vm1", vm1.failed_writes),
         ("vzram_pages_compacted_total", "vm1", vm1.pages_compacted),
         ("vzram_limit_hits_total", "vm1", vm1.limit_hits),
-        ("vzram_writes_total", "vm2", vm2.writes),
+        ("vzram_write_bytes_total", "vm2", vm2.writes * PAGE as u64),
         ("vzram_orig_data_bytes", "vm2", vm2.orig_data_size),
     ] {
-        let got = metric(body, &format!("{series}{{device=\"{dev}\"}}"));
+        let got = metric(body, &format!("{series}{{vzram_device=\"{dev}\"}}"));
         assert_eq!(got, want, "{series} of {dev}\n{body}");
     }
-    // The numbers are the workload's (pages), not zeros on both sides.
-    assert_eq!(metric(body, "vzram_writes_total{device=\"vm1\"}"), 308);
+    // The numbers are the workload's (308 pages), not zeros on both sides.
+    assert_eq!(
+        metric(body, "vzram_write_bytes_total{vzram_device=\"vm1\"}"),
+        308 * 4096
+    );
     // One latency sample a request: 301 writes, 10 reads, 1 discard.
     let lat = |op: &str, what: &str| {
         metric(
             body,
-            &format!("vzram_request_duration_seconds_{what}{{device=\"vm1\",op=\"{op}\"}}"),
+            &format!("vzram_request_duration_seconds_{what}{{vzram_device=\"vm1\",op=\"{op}\"}}"),
         )
     };
     assert_eq!(lat("write", "count"), 301, "{body}");
@@ -121,18 +124,21 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
     assert_eq!(
         metric(
             body,
-            "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"write\",le=\"+Inf\"}"
+            "vzram_request_duration_seconds_bucket{vzram_device=\"vm1\",op=\"write\",le=\"+Inf\"}"
         ),
         301
     );
-    assert_eq!(metric(body, "vzram_reads_total{device=\"vm1\"}"), 10);
-    assert_eq!(metric(body, "vzram_same_pages{device=\"vm1\"}"), 8);
     assert_eq!(
-        metric(body, "vzram_mem_limit_bytes{device=\"vm1\"}"),
+        metric(body, "vzram_read_bytes_total{vzram_device=\"vm1\"}"),
+        10 * 4096
+    );
+    assert_eq!(metric(body, "vzram_same_pages{vzram_device=\"vm1\"}"), 8);
+    assert_eq!(
+        metric(body, "vzram_mem_limit_bytes{vzram_device=\"vm1\"}"),
         32 << 20
     );
-    assert_eq!(metric(body, "vzram_connected{device=\"vm1\"}"), 1);
-    assert_eq!(metric(body, "vzram_connected{device=\"vm2\"}"), 0);
+    assert_eq!(metric(body, "vzram_connected{vzram_device=\"vm1\"}"), 1);
+    assert_eq!(metric(body, "vzram_connected{vzram_device=\"vm2\"}"), 0);
     let pool = st.pool();
     for (series, want) in [
         ("vzram_pool_mem_used_bytes", pool.mem_used_total),
@@ -143,7 +149,9 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         assert_eq!(metric(body, series), want, "{series}\n{body}");
     }
     assert_eq!(metric(body, "vzram_pool_mem_limit_bytes"), 1 << 30);
-    assert!(body.contains("# TYPE vzram_reads_total counter"), "{body}");
+    assert!(body.contains("# TYPE vzram_read_bytes_total counter"), "{body}");
+    // node_exporter's block devices carry `device`: never mixed with ours.
+    assert!(!body.contains("{device="), "{body}");
     assert!(body.contains("# TYPE vzram_mem_used_bytes gauge"), "{body}");
     drop(slow);
 
@@ -168,7 +176,10 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
     assert_eq!(status(&get(addr, "/metrics")), "HTTP/1.1 200 OK");
     c.q(0).write(0, &[3; 4096]).unwrap();
     let body = get(addr, "/metrics");
-    assert_eq!(metric(&body, "vzram_writes_total{device=\"vm1\"}"), 309);
+    assert_eq!(
+        metric(&body, "vzram_write_bytes_total{vzram_device=\"vm1\"}"),
+        309 * 4096
+    );
 }
 
 #[test]

@@ -576,21 +576,21 @@ fn written_back_pages_survive_kill_9() {
     assert_eq!(st.stats.backed_pages, PAGES - 100, "{st:?}");
     assert!(st.stats.mem_used_total < 2 * MIB, "{st:?}");
     let body = scrape(d.stat().0.metrics.unwrap().parse().unwrap());
-    let label = "{device=\"vm1\"}";
+    let label = "{vzram_device=\"vm1\"}";
     assert_eq!(
         metric(&body, &format!("vzram_backed_pages{label}")),
         PAGES - 100
     );
     assert_eq!(
-        metric(&body, &format!("vzram_backed_writes_total{label}")),
-        st.stats.backed_writes
+        metric(&body, &format!("vzram_backing_write_bytes_total{label}")),
+        st.stats.backed_writes * PAGE as u64
     );
     assert_eq!(
         metric(&body, &format!("vzram_backing_blocks{label}")),
         32 * MIB / PAGE as u64 - 1
     );
     for name in [
-        "vzram_backed_reads_total",
+        "vzram_backing_read_bytes_total",
         "vzram_spills_total",
         "vzram_recompressed_pages_total",
         "vzram_recompress_saved_bytes_total",

@@ -12,7 +12,7 @@ use vzram_store::PoolStats;
 
 use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
 use super::error::{Error, Result};
-use super::metrics::{DeviceSample, Sample};
+use super::metrics::{DeviceSample, MigrationSample, Sample};
 use super::orders::unexpected;
 use super::served::Served;
 use super::Supervisor;
@@ -86,6 +86,16 @@ impl Control {
                         .map(|r| (r.name(), d.restarts[*r as usize].load(Ordering::Relaxed)))
                         .collect(),
                     refused_clients: d.refused_clients.load(Ordering::Relaxed),
+                    migration: {
+                        let m = &d.cells.migration;
+                        MigrationSample {
+                            state: m.state_name(),
+                            bytes: m.bytes.load(Ordering::Relaxed),
+                            records: m.records.load(Ordering::Relaxed),
+                            pass: m.pass.load(Ordering::Relaxed),
+                            dirty: m.dirty.load(Ordering::Relaxed),
+                        }
+                    },
                 })
                 .collect(),
             leftovers: self

@@ -42,6 +42,7 @@ pub struct DeviceSample {
     pub restarts: Vec<(&'static str, u64)>,
     /// Clients closed before a worker: their first message was not vhost-user.
     pub refused_clients: u64,
+    pub migration: MigrationSample,
 }
 
 /// Everything one scrape reports.
@@ -54,6 +55,51 @@ pub struct Sample {
 }
 
 type DevField = fn(&DeviceSample) -> u64;
+
+/// Bytes in a page: traffic counters are exported in bytes, not pages.
+const PAGE: u64 = vzram_store::PAGE_SIZE as u64;
+
+/// The label naming a device: not `device`, which node_exporter's block
+/// device series carry (a scrape of both would mix them up).
+const DEVICE: &str = "vzram_device";
+
+/// Upper bounds of the exported latency buckets, in µs: a subset of the
+/// store's powers of two, around what was measured (BENCHMARKS.md): 4K
+/// reads at QD1 take 8–12 µs, 32K reads at QD8 about 200 µs, a written-back
+/// page a disk read, and a starved machine milliseconds. 11 buckets where
+/// the store keeps 24.
+const LATENCY_BOUNDS_US: [u64; 10] = [8, 16, 32, 64, 128, 256, 1 << 10, 1 << 12, 1 << 14, 1 << 17];
+
+/// Where a device's migration stands.
+#[derive(Debug, Default)]
+pub struct MigrationSample {
+    /// As `vzram stat` names it (`none`, `sending`, `received`, ...).
+    pub state: &'static str,
+    /// The current or last stream: bytes, records, pass, and the slots
+    /// written since that pass began (a sender's).
+    pub bytes: u64,
+    pub records: u64,
+    pub pass: u64,
+    pub dirty: u64,
+}
+
+/// The store's histogram folded into [`LATENCY_BOUNDS_US`] (and +Inf):
+/// each store bucket goes to the first exported bound at or above its own.
+fn coarse(h: &LatencySnapshot) -> Vec<(f64, u64)> {
+    let mut out: Vec<(f64, u64)> = LATENCY_BOUNDS_US
+        .iter()
+        .map(|&us| (us as f64 * 1e-6, 0))
+        .chain([(f64::INFINITY, 0)])
+        .collect();
+    for &(bound, n) in &h.buckets {
+        let i = out
+            .iter()
+            .position(|&(b, _)| bound <= b * (1.0 + 1e-9))
+            .unwrap_or(out.len() - 1);
+        out[i].1 += n;
+    }
+    out
+}
 type PoolField = fn(&PoolStats) -> u64;
 
 /// Per-device series: name (counters get `_total` from the encoder), help,
@@ -119,17 +165,23 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         MetricType::Gauge,
         |d| u64::from(d.connected),
     ),
-    ("vzram_reads", "Pages read", MetricType::Counter, |d| {
-        d.stats.reads
-    }),
-    ("vzram_writes", "Pages written", MetricType::Counter, |d| {
-        d.stats.writes
-    }),
     (
-        "vzram_discards",
-        "Pages discarded",
+        "vzram_read_bytes",
+        "Bytes the guest read (whole pages)",
         MetricType::Counter,
-        |d| d.stats.discards,
+        |d| d.stats.reads * PAGE,
+    ),
+    (
+        "vzram_write_bytes",
+        "Bytes the guest wrote (whole pages)",
+        MetricType::Counter,
+        |d| d.stats.writes * PAGE,
+    ),
+    (
+        "vzram_discard_bytes",
+        "Bytes the guest discarded (whole pages)",
+        MetricType::Counter,
+        |d| d.stats.discards * PAGE,
     ),
     (
         "vzram_failed_reads",
@@ -168,16 +220,16 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         |d| d.stats.backed_pages,
     ),
     (
-        "vzram_backed_reads",
-        "Pages read from the backing file",
+        "vzram_backing_read_bytes",
+        "Bytes read from the backing file (whole pages)",
         MetricType::Counter,
-        |d| d.stats.backed_reads,
+        |d| d.stats.backed_reads * PAGE,
     ),
     (
-        "vzram_backed_writes",
-        "Pages written to the backing file",
+        "vzram_backing_write_bytes",
+        "Bytes written to the backing file (whole pages)",
         MetricType::Counter,
-        |d| d.stats.backed_writes,
+        |d| d.stats.backed_writes * PAGE,
     ),
     (
         "vzram_spills",
@@ -256,7 +308,7 @@ impl Collector for Sample {
         for (name, help, ty, value) in DEVICE_METRICS {
             let mut m = enc.encode_descriptor(name, help, None, *ty)?;
             for d in &self.devices {
-                let labels = [("device", d.name.as_str())];
+                let labels = [(DEVICE, d.name.as_str())];
                 let mut series = m.encode_family(&labels)?;
                 match ty {
                     MetricType::Counter => series
@@ -276,12 +328,12 @@ impl Collector for Sample {
         )?;
         for d in &self.devices {
             for (op, h) in &d.latency {
-                let labels = [("device", d.name.as_str()), ("op", op.name())];
+                let labels = [(DEVICE, d.name.as_str()), ("op", op.name())];
                 m.encode_family(&labels)?
                     .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
                         h.sum_seconds,
                         h.count,
-                        &h.buckets,
+                        &coarse(h),
                         None,
                     )?;
             }
@@ -294,8 +346,48 @@ impl Collector for Sample {
         )?;
         for d in &self.devices {
             for (reason, n) in &d.restarts {
-                m.encode_family(&[("device", d.name.as_str()), ("reason", reason)])?
+                m.encode_family(&[(DEVICE, d.name.as_str()), ("reason", reason)])?
                     .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(n, None)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "vzram_migration_state",
+            "1 for the state of the device's migration, as vzram stat names it (none, incoming, receiving, prepared, received, failed, sending, committing, sent, copied, send-failed)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for d in &self.devices {
+            m.encode_family(&[(DEVICE, d.name.as_str()), ("state", d.migration.state)])?
+                .encode_gauge(&1u64)?;
+        }
+        type MigField = fn(&MigrationSample) -> u64;
+        const MIGRATION: [(&str, &str, MigField); 4] = [
+            (
+                "vzram_migration_stream_bytes",
+                "Bytes of the current (or last) migration stream, sent or received",
+                |m| m.bytes,
+            ),
+            (
+                "vzram_migration_records",
+                "Records of the current (or last) migration stream",
+                |m| m.records,
+            ),
+            (
+                "vzram_migration_pass",
+                "Pass of the current (or last) migration stream: 1 is the full copy, then the deltas",
+                |m| m.pass,
+            ),
+            (
+                "vzram_migration_dirty_pages",
+                "Pages written on the source since its current pass began (what the next delta sends)",
+                |m| m.dirty,
+            ),
+        ];
+        for (name, help, value) in MIGRATION {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for d in &self.devices {
+                m.encode_family(&[(DEVICE, d.name.as_str())])?
+                    .encode_gauge(&value(&d.migration))?;
             }
         }
         for (name, help, ty, value) in POOL_METRICS {
@@ -441,11 +533,25 @@ mod tests {
                 latency: vec![(
                     Op::Read,
                     LatencySnapshot {
-                        buckets: vec![(1e-6, 2), (2e-6, 3), (f64::INFINITY, 1)],
-                        count: 6,
+                        buckets: vec![
+                            (1e-6, 2),
+                            (2e-6, 3),
+                            (16e-6, 4),
+                            (32e-6, 1),
+                            (512e-6, 7),
+                            (f64::INFINITY, 1),
+                        ],
+                        count: 18,
                         sum_seconds: 0.5,
                     },
                 )],
+                migration: MigrationSample {
+                    state: "sending",
+                    bytes: 4096,
+                    records: 9,
+                    pass: 2,
+                    dirty: 3,
+                },
             }],
         }
     }
@@ -454,31 +560,49 @@ mod tests {
     fn renders_labelled_series() {
         let t = render(sample());
         for line in [
-            "vzram_orig_data_bytes{device=\"vm1\"} 12288",
-            "vzram_reads_total{device=\"vm1\"} 7",
-            "vzram_writes_total{device=\"vm1\"} 3",
-            "vzram_connected{device=\"vm1\"} 1",
-            "vzram_backing_blocks{device=\"vm1\"} 100",
-            "vzram_backed_pages{device=\"vm1\"} 4",
-            "vzram_spills_total{device=\"vm1\"} 2",
-            "vzram_recompressed_pages_total{device=\"vm1\"} 9",
-            "vzram_backed_reads_total{device=\"vm1\"} 0",
+            "vzram_orig_data_bytes{vzram_device=\"vm1\"} 12288",
+            "vzram_read_bytes_total{vzram_device=\"vm1\"} 28672",
+            "vzram_write_bytes_total{vzram_device=\"vm1\"} 12288",
+            "vzram_connected{vzram_device=\"vm1\"} 1",
+            "vzram_backing_blocks{vzram_device=\"vm1\"} 100",
+            "vzram_backed_pages{vzram_device=\"vm1\"} 4",
+            "vzram_spills_total{vzram_device=\"vm1\"} 2",
+            "vzram_recompressed_pages_total{vzram_device=\"vm1\"} 9",
+            "vzram_backing_read_bytes_total{vzram_device=\"vm1\"} 0",
             "# TYPE vzram_recompress_saved_bytes_total counter",
-            "# TYPE vzram_reads_total counter",
+            "# TYPE vzram_read_bytes_total counter",
             "# TYPE vzram_mem_used_bytes gauge",
             "vzram_pool_mem_used_bytes 8192",
             "vzram_pool_devices 1",
             "# TYPE vzram_request_duration_seconds histogram",
-            "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"read\",le=\"2e-06\"} 5",
-            "vzram_request_duration_seconds_bucket{device=\"vm1\",op=\"read\",le=\"+Inf\"} 6",
-            "vzram_request_duration_seconds_count{device=\"vm1\",op=\"read\"} 6",
+            // 1 and 2 µs fold into 8 µs; 512 µs into 1024 µs.
+            "vzram_request_duration_seconds_bucket{vzram_device=\"vm1\",op=\"read\",le=\"8e-06\"} 5",
+            "vzram_request_duration_seconds_bucket{vzram_device=\"vm1\",op=\"read\",le=\"1.6e-05\"} 9",
+            "vzram_request_duration_seconds_bucket{vzram_device=\"vm1\",op=\"read\",le=\"3.2e-05\"} 10",
+            "vzram_request_duration_seconds_bucket{vzram_device=\"vm1\",op=\"read\",le=\"0.000256\"} 10",
+            "vzram_request_duration_seconds_bucket{vzram_device=\"vm1\",op=\"read\",le=\"0.001024\"} 17",
+            "vzram_request_duration_seconds_bucket{vzram_device=\"vm1\",op=\"read\",le=\"+Inf\"} 18",
+            "vzram_request_duration_seconds_count{vzram_device=\"vm1\",op=\"read\"} 18",
             "# TYPE vzram_worker_restarts_total counter",
-            "vzram_worker_restarts_total{device=\"vm1\",reason=\"short\"} 5",
-            "vzram_worker_restarts_total{device=\"vm1\",reason=\"signal\"} 1",
-            "vzram_refused_clients_total{device=\"vm1\"} 3",
+            "vzram_worker_restarts_total{vzram_device=\"vm1\",reason=\"short\"} 5",
+            "vzram_worker_restarts_total{vzram_device=\"vm1\",reason=\"signal\"} 1",
+            "vzram_refused_clients_total{vzram_device=\"vm1\"} 3",
+            "vzram_migration_state{vzram_device=\"vm1\",state=\"sending\"} 1",
+            "vzram_migration_stream_bytes{vzram_device=\"vm1\"} 4096",
+            "vzram_migration_records{vzram_device=\"vm1\"} 9",
+            "vzram_migration_pass{vzram_device=\"vm1\"} 2",
+            "vzram_migration_dirty_pages{vzram_device=\"vm1\"} 3",
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");
         }
+        // 11 buckets, a sum and a count per operation; no `device` label.
+        assert_eq!(
+            t.lines()
+                .filter(|l| l.starts_with("vzram_request_duration_seconds_bucket"))
+                .count(),
+            11
+        );
+        assert!(!t.contains("{device="), "{t}");
     }
 
     #[test]

@@ -800,8 +800,8 @@ fn runtime_errors_print_once() {
     let sock = dir.join("a.sock");
     for (args, code) in [
         (vec!["serve", "--socket", s(&missing), "--size", "1M"], 1),
-        // Too large for the state files: the store refuses it.
-        (vec!["serve", "--socket", s(&sock), "--size", "64P"], 2),
+        // Too large for its slot table: refused before anything is made.
+        (vec!["serve", "--socket", s(&sock), "--size", "100T"], 2),
     ] {
         let o = vzram(&args);
         let err = stderr(&o);

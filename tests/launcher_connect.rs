@@ -164,13 +164,21 @@ struct Setup {
 }
 
 fn setup(tag: &str) -> Setup {
+    setup_with(tag, false)
+}
+
+/// [`setup`]; with `tls`, the daemon has client credentials (a migration
+/// on `tcp:` is mutual TLS, refused without them).
+fn setup_with(tag: &str, tls: bool) -> Setup {
     let dir = TempDir::new(tag);
     let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
-    let d = Daemon::start(
-        &dir,
-        &["--device", &dev(&a, "a"), "--device", &dev(&b, "b")],
-        &[&a, &b],
-    );
+    let (da, db) = (dev(&a, "a"), dev(&b, "b"));
+    let mut args = vec!["--device", da.as_str(), "--device", db.as_str()];
+    let creds = tls.then(|| vzram_tests::pki::pki(&dir, "lc").source);
+    if let Some(c) = &creds {
+        args.extend(["--tls-creds", s(c)]);
+    }
+    let d = Daemon::start(&dir, &args, &[&a, &b]);
     Setup { dir, d, a, b }
 }
 
@@ -270,7 +278,7 @@ fn a_full_backlog_migration_target_while_another_device_reconnects() {
 
 #[test]
 fn a_tcp_target_that_drops_syns_fails_by_the_deadline() {
-    let mut st = setup("lc-tcp");
+    let mut st = setup_with("lc-tcp", true);
     let (_l, port, _held) = full_tcp();
     let to = format!("tcp:127.0.0.1:{port}");
     launcher_free_while_connecting(&mut st, &to);

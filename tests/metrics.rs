@@ -94,7 +94,11 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         ("vzram_huge_pages", "vm1", vm1.huge_pages),
         ("vzram_read_bytes_total", "vm1", vm1.reads * PAGE as u64),
         ("vzram_write_bytes_total", "vm1", vm1.writes * PAGE as u64),
-        ("vzram_discard_bytes_total", "vm1", vm1.discards * PAGE as u64),
+        (
+            "vzram_discard_bytes_total",
+            "vm1",
+            vm1.discards * PAGE as u64,
+        ),
         ("vzram_failed_reads_total", "vm1", vm1.failed_reads),
         ("vzram_failed_writes_total", "vm1", vm1.failed_writes),
         ("vzram_pages_compacted_total", "vm1", vm1.pages_compacted),
@@ -149,7 +153,10 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
         assert_eq!(metric(body, series), want, "{series}\n{body}");
     }
     assert_eq!(metric(body, "vzram_pool_mem_limit_bytes"), 1 << 30);
-    assert!(body.contains("# TYPE vzram_read_bytes_total counter"), "{body}");
+    assert!(
+        body.contains("# TYPE vzram_read_bytes_total counter"),
+        "{body}"
+    );
     // node_exporter's block devices carry `device`: never mixed with ours.
     assert!(!body.contains("{device="), "{body}");
     assert!(body.contains("# TYPE vzram_mem_used_bytes gauge"), "{body}");

@@ -10,62 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use vzram_tests::pki::pki;
 use vzram_tests::*;
 
 const SIZE: &str = "32M";
 const PAGES: u64 = 32 << 8;
-
-/// A CA and the two pairs it signs, as credentials directories laid out
-/// as QEMU's tls-creds-x509: `dest` (server) and `source` (client).
-struct Pki {
-    dest: PathBuf,
-    source: PathBuf,
-}
-
-fn pki(dir: &TempDir, tag: &str) -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, format!("vzram test CA {tag}"));
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let leaf = |names: Vec<String>| {
-        let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(names)
-            .unwrap()
-            .signed_by(&key, &ca, &ca_key)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf(vec!["127.0.0.1".into(), "localhost".into()]);
-    let (client_cert, client_key) = leaf(vec!["source.example".into()]);
-    let dest = dir.join(&format!("{tag}-dest"));
-    let source = dir.join(&format!("{tag}-source"));
-    for (d, files) in [
-        (
-            &dest,
-            [
-                ("server-cert.pem", server_cert),
-                ("server-key.pem", server_key),
-            ],
-        ),
-        (
-            &source,
-            [
-                ("client-cert.pem", client_cert),
-                ("client-key.pem", client_key),
-            ],
-        ),
-    ] {
-        std::fs::create_dir_all(d).unwrap();
-        std::fs::write(d.join("ca-cert.pem"), ca.pem()).unwrap();
-        for (name, text) in files {
-            std::fs::write(d.join(name), text).unwrap();
-        }
-    }
-    Pki { dest, source }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

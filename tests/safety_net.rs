@@ -142,7 +142,9 @@ fn each_device_reports_its_own_latency_histogram() {
         for (op, want) in [("write", writes), ("read", reads)] {
             let got = metric(
                 &body,
-                &format!("vzram_request_duration_seconds_count{{vzram_device=\"{name}\",op=\"{op}\"}}"),
+                &format!(
+                    "vzram_request_duration_seconds_count{{vzram_device=\"{name}\",op=\"{op}\"}}"
+                ),
             );
             let counts: Vec<&str> = body
                 .lines()

@@ -81,8 +81,12 @@ fi
 
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
-rc=0
-"${cmd[@]}" | tee "$out" || rc=$?
+# SeaBIOS clears the screen and turns line wrap off (ESC c, ESC [?7l):
+# shown as they are, they leave the operator's terminal without wrap.
+set +e
+"${cmd[@]}" | sed -u 's/\x1b\[[0-9;?]*[A-Za-z]//g; s/\x1bc//g' | tee "$out"
+rc=${PIPESTATUS[0]}
+set -e
 if ! grep -aq '^VZRAM-GUEST-DONE rc=0' "$out"; then
     echo "run.sh: guest did not report success (qemu rc=$rc)" >&2
     exit 1

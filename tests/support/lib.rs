@@ -34,6 +34,7 @@ pub mod frontend;
 pub mod guest;
 pub mod metrics;
 pub mod paths;
+pub mod pki;
 pub mod procs;
 pub mod stats;
 

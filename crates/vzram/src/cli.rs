@@ -488,6 +488,15 @@ mod tests {
     }
 
     #[test]
+    fn a_device_too_large_for_its_table_is_refused_before_anything() {
+        let e = serve(&["--socket", "/tmp/x", "--size", "100T"]).unwrap_err();
+        assert!(e.contains("over the largest device, 64T"), "{e}");
+        assert!(serve(&["--socket", "/tmp/x", "--size", "64T"]).is_ok());
+        let e = serve(&["--socket", "/tmp/x", "--size", "1P"]).unwrap_err();
+        assert!(e.contains("unknown unit"), "{e}");
+    }
+
+    #[test]
     fn incoming_addresses() {
         let c = serve(&[
             "--device",

@@ -109,9 +109,9 @@ pub struct DeviceDraft {
     #[serde(default, alias = "auto-recompress", deserialize_with = "de::boolean")]
     pub auto_recompress: Option<bool>,
     /// That device waits for its pages from another vzram (`vzram migrate`
-    /// there) before it serves a request: unix:PATH (recommended; tunnel it
-    /// over SSH or TLS between hosts) or tcp:HOST:PORT (unencrypted: it
-    /// carries guest memory in clear).
+    /// there) before it serves a request: unix:PATH (tunnel it over SSH
+    /// between hosts) or tcp:HOST:PORT (mutual TLS: needs --tls-creds with
+    /// server-cert.pem and server-key.pem).
     #[arg(long, value_parser = crate::proto::addr::parse_addr, value_name = "ADDR")]
     #[serde(default, deserialize_with = "de::addr")]
     pub incoming: Option<Addr>,
@@ -125,7 +125,15 @@ pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, String> {
         let (k, v) = part
             .split_once('=')
             .ok_or_else(|| format!("bad device option {part:?}: expected key=value"))?;
-        map.insert(k.to_string(), serde_json::Value::String(v.to_string()));
+        // `_` and `-` name the same key: `mem-limit=1G,mem_limit=2G` too.
+        let dup = map
+            .keys()
+            .any(|o| o.replace('_', "-") == k.replace('_', "-"));
+        if dup || map.insert(k.to_string(), v.to_string().into()).is_some() {
+            return Err(format!(
+                "device spec {s:?}: {k} is given twice (which one is meant?)"
+            ));
+        }
     }
     DeviceDraft::deserialize(serde_json::Value::Object(map))
         .map_err(|e| format!("device spec {s:?}: {e}"))

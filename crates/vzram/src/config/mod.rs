@@ -304,6 +304,12 @@ impl DaemonConfig {
                     "device {name}: size {size} bytes is not a positive multiple of {PAGE_SIZE} (sizes are whole pages)"
                 ));
             }
+            if size > parse::MAX_DEVICE_SIZE {
+                return err(format!(
+                    "device {name}: size {size} bytes is over the largest device, {}T",
+                    parse::MAX_DEVICE_SIZE >> 40
+                ));
+            }
             let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
             if !(1..=MAX_QUEUES).contains(&usize::from(queues)) {
                 return err(format!(

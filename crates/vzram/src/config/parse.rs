@@ -39,7 +39,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'M' => 20,
                 'G' => 30,
                 'T' => 40,
-                'P' => 50,
                 _ => {
                     return Err(format!(
                         "bad size {s:?}: unknown unit {c:?} (use K, M, G or T)"
@@ -94,26 +93,50 @@ pub fn parse_codec(s: &str) -> Result<Codec, String> {
     s.parse::<Codec>()
 }
 
-/// Parses a duration: a whole number with `s`, `m` or `h` (`90s`, `10m`, `1h`).
+/// The largest device: its slot table (1/512 of it) is mapped whole, and
+/// must fit the address space with room for the pool.
+pub const MAX_DEVICE_SIZE: u64 = 64 << 40;
+
+/// Parses a duration: whole numbers each with `s`, `m`, `h` or `d`, largest
+/// unit first (`90s`, `10m`, `1h30m`, `2d`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    let bad = || format!("bad duration {s:?}: expected a whole number with s, m or h, such as 10m");
-    let (number, unit) = t.split_at(t.len().saturating_sub(1));
-    let secs_per = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        _ => return Err(bad()),
+    let bad = || {
+        format!(
+            "bad duration {s:?}: expected whole numbers with d, h, m or s, such as 10m or 1h30m"
+        )
     };
-    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+    let too_long = || format!("bad duration {s:?}: too long");
+    let mut total: u64 = 0;
+    let mut last_unit = u64::MAX;
+    let mut rest = t;
+    if rest.is_empty() {
         return Err(bad());
     }
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(secs_per))
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("bad duration {s:?}: too long"))
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let (number, tail) = rest.split_at(digits);
+        let unit = tail.chars().next().ok_or_else(bad)?;
+        let secs_per = match unit {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(bad()),
+        };
+        // Each unit once, largest first: `1m1h` is a typo, not 61 minutes.
+        if number.is_empty() || secs_per >= last_unit {
+            return Err(bad());
+        }
+        last_unit = secs_per;
+        let n: u64 = number.parse().map_err(|_| too_long())?;
+        total = n
+            .checked_mul(secs_per)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(too_long)?;
+        rest = &tail[1..];
+    }
+    Ok(Duration::from_secs(total))
 }
 
 /// The codec a device recompresses with unless told: zstd:3 for an lz4

@@ -30,6 +30,8 @@ fn sizes() {
         "1..5G",
         "1.5.G",
         "8iG",
+        "100P",
+        "1E",
         "1.0000000000000000000000000000000000000001G",
     ] {
         assert!(parse_size(bad).is_err(), "{bad:?} parsed");
@@ -58,6 +60,14 @@ fn device_spec() {
     assert_eq!(d.algo, Some(Codec::Zstd { level: 3 }));
     assert_eq!(d.readonly, Some(true));
     assert!(parse_device_spec("socket=/a,colour=red").is_err());
+    for twice in [
+        "socket=/a,size=1G,socket=/b",
+        "socket=/a,size=1G,size=2G",
+        "socket=/a,size=1G,mem-limit=1G,mem_limit=2G",
+    ] {
+        let e = parse_device_spec(twice).unwrap_err();
+        assert!(e.contains("given twice"), "{twice}: {e}");
+    }
     assert!(parse_device_spec("socket").is_err());
     assert!(parse_device_spec("size=12Q").is_err());
     assert!(parse_device_spec("algo=gzip").is_err());
@@ -172,15 +182,22 @@ fn durations() {
     assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
     assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
     assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+    assert_eq!(parse_duration("1d2h3m4s"), Ok(Duration::from_secs(93784)));
+    assert_eq!(parse_duration("10d"), Ok(Duration::from_secs(864000)));
     for bad in [
         "",
         "10",
         "m",
         "1.5m",
         "-1m",
-        "10d",
+        "10w",
         "10 m",
+        "1m1h",
+        "1h1h",
+        "1h30",
         "99999999999999999999h",
+        "213503982334602d",
     ] {
         assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
     }

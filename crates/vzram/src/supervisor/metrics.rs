@@ -253,6 +253,16 @@ const POOL_METRICS: &[(&str, &str, MetricType, PoolField)] = &[
 
 impl Collector for Sample {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // The usual `_build_info` idiom: a constant 1 whose label says which
+        // build is running, to join on or alert on mixed versions.
+        enc.encode_descriptor(
+            "vzram_build_info",
+            "The running vzram's version (as the label); always 1",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_family(&[("version", crate::proto::VERSION)])?
+        .encode_gauge(&1u64)?;
         for (name, help, ty, value) in DEVICE_METRICS {
             let mut m = enc.encode_descriptor(name, help, None, *ty)?;
             for d in &self.devices {
@@ -453,6 +463,10 @@ mod tests {
     #[test]
     fn renders_labelled_series() {
         let t = render(sample());
+        let build = format!(
+            "vzram_build_info{{version=\"{}\"}} 1",
+            crate::proto::VERSION
+        );
         for line in [
             "vzram_orig_data_bytes{device=\"vm1\"} 12288",
             "vzram_reads_total{device=\"vm1\"} 7",
@@ -476,6 +490,8 @@ mod tests {
             "vzram_worker_restarts_total{device=\"vm1\",reason=\"short\"} 5",
             "vzram_worker_restarts_total{device=\"vm1\",reason=\"signal\"} 1",
             "vzram_refused_clients_total{device=\"vm1\"} 3",
+            "# TYPE vzram_build_info gauge",
+            build.as_str(),
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");
         }

@@ -365,3 +365,45 @@ fn configuration_errors_at_start_exit_2_and_leave_nothing() {
     args.extend(["--metrics", &port]);
     refused_cleanly("metrics port in use", &dir, &args, &ctl, &port);
 }
+
+/// A start refused for a device's state, after another device's new state
+/// was made: that state and the state dir the start made both go again.
+#[test]
+fn a_start_refused_for_a_state_leaves_no_state_dir() {
+    let dir = TempDir::new("nostate");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let old = dir.join("old");
+    // b served once from `old`: the marker beside b.sock names it.
+    Daemon::start(
+        &dir,
+        &["--socket", s(&b), "--size", "1M", "--state-dir", s(&old)],
+        &[&b],
+    )
+    .shutdown();
+    let fresh = dir.join("fresh");
+    let o = vzram_env(
+        &[
+            "serve",
+            "--state-dir",
+            s(&fresh),
+            "--device",
+            &format!("socket={},size=1M", s(&a)),
+            "--device",
+            &format!("socket={},size=1M", s(&b)),
+            "--control",
+            s(&dir.join("control.sock")),
+        ],
+        &[],
+    );
+    let err = said(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(errors[0].contains("was last served from"), "{err}");
+    assert!(
+        err.contains("new device state"),
+        "a's state was not made first: {err}"
+    );
+    assert!(!fresh.exists(), "the failed start left {}", fresh.display());
+    assert!(!a.exists() && !dir.join("control.sock").exists(), "{err}");
+}

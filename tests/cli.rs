@@ -10,12 +10,14 @@ use std::time::Duration;
 use vzram_tests::*;
 
 fn vzram(args: &[&str]) -> Output {
-    // A daemon started here keeps its state in a directory of its own.
+    // A daemon started here keeps its state, and its control socket when
+    // not given one, in a directory of its own.
     let state = TempDir::new("clistate");
     let mut cmd = Command::new(vzram_bin());
     cmd.args(args)
         .stdin(Stdio::null())
-        .env("VZRAM_STATE_DIR", state.path());
+        .env("VZRAM_STATE_DIR", state.path())
+        .env("VZRAM_CONTROL", state.join("control.sock"));
     // A daemon that wrongly starts must not hang the test.
     let mut child = cmd
         .stdout(Stdio::piped())
@@ -594,9 +596,10 @@ fn stale_socket_is_replaced_and_a_live_one_refused() {
     let mut c = Client::connect(&sock, 1).unwrap();
     c.q(0).write(0, &[1; 4096]).unwrap();
 
-    // A second daemon on the same socket must not steal it.
+    // A second daemon on the same socket must not steal it: a
+    // configuration error, exit 2.
     let o = vzram(&["serve", "--socket", s(&sock), "--size", "1M"]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("another process"), "{}", stderr(&o));
     assert_eq!(c.q(0).read(0, 4096).unwrap(), vec![1; 4096]);
 
@@ -604,7 +607,7 @@ fn stale_socket_is_replaced_and_a_live_one_refused() {
     let file = dir.join("file");
     std::fs::write(&file, "keep me").unwrap();
     let o = vzram(&["serve", "--socket", s(&file), "--size", "1M"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
     drop(d);
 }
@@ -799,7 +802,7 @@ fn runtime_errors_print_once() {
     let missing = dir.join("no/such/dir/a.sock");
     let sock = dir.join("a.sock");
     for (args, code) in [
-        (vec!["serve", "--socket", s(&missing), "--size", "1M"], 1),
+        (vec!["serve", "--socket", s(&missing), "--size", "1M"], 2),
         // Too large for its slot table: refused before anything is made.
         (vec!["serve", "--socket", s(&sock), "--size", "100T"], 2),
     ] {
@@ -837,7 +840,7 @@ fn sizes_take_fractions_and_binary_suffixes() {
 }
 
 /// `vzram stat` without `--control` asks $RUNTIME_DIRECTORY/control.sock,
-/// else /run/vzram/control.sock.
+/// else /run/vzram/control.sock (`operator.rs` has `$VZRAM_CONTROL` too).
 #[test]
 fn stat_has_a_default_control_socket() {
     let dir = TempDir::new("defctl");
@@ -846,6 +849,7 @@ fn stat_has_a_default_control_socket() {
     let o = Command::new(vzram_bin())
         .args(["stat", "--json"])
         .env("RUNTIME_DIRECTORY", dir.path())
+        .env_remove("VZRAM_CONTROL")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
@@ -854,6 +858,7 @@ fn stat_has_a_default_control_socket() {
     let o = Command::new(vzram_bin())
         .arg("compact")
         .env("RUNTIME_DIRECTORY", dir.path())
+        .env_remove("VZRAM_CONTROL")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
@@ -861,6 +866,7 @@ fn stat_has_a_default_control_socket() {
         let o = Command::new(vzram_bin())
             .arg("stat")
             .env_remove("RUNTIME_DIRECTORY")
+            .env_remove("VZRAM_CONTROL")
             .output()
             .unwrap();
         assert_eq!(o.status.code(), Some(1));
@@ -887,6 +893,8 @@ fn log_level_flag_and_rust_log() {
         let mut cmd = Command::new(vzram_bin());
         cmd.args(["serve", "--size", "1M", "--socket"])
             .arg(&a)
+            .arg("--control")
+            .arg(dir.join("control.sock"))
             .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

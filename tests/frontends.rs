@@ -372,13 +372,22 @@ fn probes_of_a_served_socket_are_not_connections() {
     let d = vm1(&dir, &sock);
 
     // A second daemon on the same socket checks it, finds it live, gives up.
+    let ctl = dir.join("second-control.sock");
     let (o, took) = vzram(
-        &["serve", "--socket", s(&sock), "--size", "1M"],
+        &[
+            "serve",
+            "--socket",
+            s(&sock),
+            "--size",
+            "1M",
+            "--control",
+            s(&ctl),
+        ],
         Duration::from_secs(20),
     );
     let err = stderr(&o);
     eprintln!("second serve: {:?} after {took:?}: {err:?}", o.status);
-    assert_eq!(o.status.code(), Some(1), "{err:?}");
+    assert_eq!(o.status.code(), Some(2), "{err:?}");
     assert!(err.contains("another process is serving it"), "{err:?}");
     let dev = stat_device(&d, "vm1");
     assert_eq!(dev.connections, 0, "after the second serve: {dev:?}");

@@ -29,8 +29,8 @@ pub struct DaemonOpts {
     /// Started once the control socket accepts a connection, not as soon as
     /// its file and the device sockets exist. A killed daemon leaves its
     /// socket files behind (the new one replaces them), so a file is no
-    /// sign of life: the control socket is, bound last, once every device
-    /// is set up and listening.
+    /// sign of life: the control socket is, bound last of the sockets (its
+    /// requests wait in its backlog until every device is set up).
     pub ready_on_connect: bool,
     /// Dropping it sends SIGTERM and waits 5 s for the exit before SIGKILL,
     /// instead of SIGKILL at once.
@@ -335,12 +335,15 @@ impl Drop for Daemon {
 }
 
 /// Runs `vzram serve ARGS`, which must refuse to start: its output, or a
-/// panic if it is still running after 10 s.
+/// panic if it is still running after 10 s. Its control socket, unless
+/// ARGS name one, is `DIR/refused.ctl` (`VZRAM_CONTROL`): not that of a
+/// [`Daemon`] running for `dir`, which would stop it first.
 pub fn serve_refused(dir: &TempDir, args: &[&str]) -> std::process::Output {
     let mut child = Command::new(vzram_bin())
         .arg("serve")
         .args(args)
         .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+        .env("VZRAM_CONTROL", dir.join("refused.ctl"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -300,8 +300,8 @@ impl Serve {
             .arg("--control")
             .arg(&control);
         let mut daemon = Daemon::spawn("vzram", &mut cmd, log)?;
-        // The control socket comes last, once the devices (and their incoming
-        // listeners) are set up.
+        // The control socket comes last, after the devices' (and their
+        // incoming listeners).
         let mut paths = vec![socket.clone()];
         paths.extend(wait.iter().cloned());
         paths.push(control.clone());

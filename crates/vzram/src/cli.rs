@@ -128,7 +128,9 @@ pub struct ServeArgs {
     #[arg(long, value_parser = config::parse_size)]
     pub host_mem_limit: Option<u64>,
     /// Control socket for `vzram stat`, `set-limit`, `compact` and the
-    /// other client commands.
+    /// other client commands [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock]; its
+    /// directory must exist.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any
@@ -199,18 +201,6 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 }
 
-/// `--control` when not given: systemd's runtime directory, else the
-/// path the unit in contrib/systemd uses.
-fn default_control() -> PathBuf {
-    match std::env::var_os("RUNTIME_DIRECTORY") {
-        Some(d) if !d.is_empty() => {
-            let d = d.to_string_lossy();
-            PathBuf::from(d.split(':').next().unwrap_or_default()).join("control.sock")
-        }
-        _ => PathBuf::from("/run/vzram/control.sock"),
-    }
-}
-
 impl ServeArgs {
     /// Merges the config file, `--device` specs and the single-device flags,
     /// in that order; flags on the command line win over the file.
@@ -272,21 +262,24 @@ impl ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct StatArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    /// The daemon's control socket [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Only this device (name or index).
+    #[arg(value_name = "NAME")]
+    pub device: Option<String>,
 }
 
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("target").required(true).args(["device", "host"])))]
 pub struct SetLimitArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    /// The daemon's control socket [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Device name or index.
     #[arg(long)]
@@ -301,9 +294,9 @@ pub struct SetLimitArgs {
 
 #[derive(Debug, Args)]
 pub struct CompactArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    /// The daemon's control socket [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Only this device (name or index).
     #[arg(long)]
@@ -312,9 +305,9 @@ pub struct CompactArgs {
 
 #[derive(Debug, Args)]
 pub struct AddArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    /// The daemon's control socket [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// The device, with the keys of `serve --device`:
     /// socket=PATH,size=SIZE[,name=N,queues=N,mem-limit=M,algo=A,serial=S,readonly=true,state-dir=D,
@@ -339,9 +332,9 @@ pub enum BackingCommand {
 
 #[derive(Debug, Args)]
 pub struct ForgetArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    /// The daemon's control socket [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// The left-over state's name.
     pub name: String,
@@ -349,9 +342,9 @@ pub struct ForgetArgs {
 
 #[derive(Debug, Args)]
 pub struct DeviceArgs {
-    /// The daemon's control socket [default: $RUNTIME_DIRECTORY/control.sock,
-    /// else /run/vzram/control.sock].
-    #[arg(long, value_name = "PATH", default_value_os_t = default_control(), hide_default_value = true)]
+    /// The daemon's control socket [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// Device name or index.
     #[arg(long)]

@@ -8,9 +8,11 @@ use clap::Parser;
 
 use vzram::cli::{self, Cli, Command};
 
-/// Exit code for bad input: flags, config files, requests the daemon refuses.
+/// Exit code for bad input: flags, config files, requests the daemon
+/// refuses, and what `serve` finds wrong before serving (a socket path it
+/// cannot bind, a port in use): a restart would fail the same way.
 const EXIT_USAGE: u8 = 2;
-/// Exit code for failures at run time (a socket that cannot be bound, a daemon not running).
+/// Exit code for failures at run time (a daemon not running, the supervisor's loop failing).
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {

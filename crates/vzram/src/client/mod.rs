@@ -13,9 +13,9 @@ use crate::cli::{
     RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
-    self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, HostLimitSet,
-    MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request, Reset, StatReply,
-    WrittenBack, MIGRATE_WAIT, TIER_WAIT,
+    self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
+    HostLimitSet, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request, Reset,
+    StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -87,13 +87,56 @@ fn typed<T: DeserializeOwned>(reply: Value) -> Result<T, ClientError> {
 }
 
 pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
-    let reply = exchange(&args.control, Request::Stat {}, control::CLIENT_TIMEOUT)?;
-    let stat: StatReply = typed(reply.clone())?;
-    if args.json {
-        Ok(format!("{reply}\n"))
-    } else {
-        Ok(render(&stat))
+    let mut reply = exchange(&args.control, Request::Stat {}, control::CLIENT_TIMEOUT)?;
+    let mut stat: StatReply = typed(reply.clone())?;
+    if let Some(asked) = &args.device {
+        let i = one_device(&stat, asked)?;
+        stat.devices = vec![stat.devices.swap_remove(i)];
+        stat.leftovers.clear();
+        // The JSON the same way: its devices are the reply's, in order.
+        if let Some(Value::Array(ds)) = reply.get_mut("devices") {
+            *ds = vec![ds.swap_remove(i)];
+        }
+        reply["leftovers"] = Value::Array(Vec::new());
     }
+    if args.json {
+        return Ok(format!("{reply}\n"));
+    }
+    let mut out = render(&stat);
+    // Absent from a daemon older than the version field.
+    if let Some(v) = Head::of(&reply).and_then(|h| h.version) {
+        out += &format!("daemon: vzram {v}\n");
+    }
+    Ok(out)
+}
+
+/// Where `asked` is in the reply's devices: by name, else by index, as
+/// the daemon reads a device in a request.
+fn one_device(stat: &StatReply, asked: &str) -> Result<usize, ClientError> {
+    let ds = &stat.devices;
+    ds.iter()
+        .position(|d| d.name == asked)
+        .or_else(|| {
+            let i: usize = asked.parse().ok()?;
+            ds.iter().position(|d| d.index == i)
+        })
+        .ok_or_else(|| {
+            let known: Vec<String> = ds
+                .iter()
+                .map(|d| format!("{} ({})", d.name, d.index))
+                .collect();
+            ClientError {
+                message: format!(
+                    "no device {asked:?}; the daemon serves {}",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+                code: 2,
+            }
+        })
 }
 
 pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {

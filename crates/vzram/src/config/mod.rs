@@ -3,6 +3,7 @@
 //! the user's input, so the binary reports it in one line and exits 2.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -168,6 +169,14 @@ pub fn default_serial(name: &str) -> String {
     s
 }
 
+/// systemd's runtime directory: the first of `$RUNTIME_DIRECTORY`'s
+/// ':'-separated paths (a unit may name several), if set.
+fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
+    let d = var.filter(|d| !d.is_empty())?;
+    let first = d.to_string_lossy().split(':').next()?.to_string();
+    (!first.is_empty()).then(|| PathBuf::from(first))
+}
+
 /// Where state lives when no flag or file says: `$VZRAM_STATE_DIR`, else
 /// systemd's runtime directory (kept across restarts with
 /// `RuntimeDirectoryPreserve=yes`), else `/dev/shm/vzram`. The last two are
@@ -176,25 +185,43 @@ pub fn default_state_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("VZRAM_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    match std::env::var_os("RUNTIME_DIRECTORY") {
-        Some(d) if !d.is_empty() => {
-            let first = d
-                .to_string_lossy()
-                .split(':')
-                .next()
-                .unwrap_or("")
-                .to_string();
-            PathBuf::from(first).join("state")
-        }
-        _ => PathBuf::from("/dev/shm/vzram"),
+    match runtime_directory(std::env::var_os("RUNTIME_DIRECTORY")) {
+        Some(d) => d.join("state"),
+        None => PathBuf::from("/dev/shm/vzram"),
     }
 }
+
+/// The control socket when `--control` (or `control` in the file) does not
+/// say: `$VZRAM_CONTROL`, else `$RUNTIME_DIRECTORY/control.sock` (systemd),
+/// else `/run/vzram/control.sock`. `vzram serve` binds it and the client
+/// commands look for it here, so both find the same one.
+pub fn default_control() -> PathBuf {
+    control_from(
+        std::env::var_os("VZRAM_CONTROL"),
+        std::env::var_os("RUNTIME_DIRECTORY"),
+    )
+}
+
+/// [`default_control`] from the two variables' values.
+pub fn control_from(vzram_control: Option<OsString>, runtime: Option<OsString>) -> PathBuf {
+    if let Some(c) = vzram_control.filter(|c| !c.is_empty()) {
+        return PathBuf::from(c);
+    }
+    match runtime_directory(runtime) {
+        Some(d) => d.join("control.sock"),
+        None => PathBuf::from(DEFAULT_CONTROL),
+    }
+}
+
+/// The last resort of [`default_control`]: the path contrib's units use.
+pub const DEFAULT_CONTROL: &str = "/run/vzram/control.sock";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonConfig {
     /// Pool-wide cap on memory; 0 = none.
     pub host_mem_limit: u64,
-    pub control: Option<PathBuf>,
+    /// The control socket; always one ([`default_control`] unless given).
+    pub control: PathBuf,
     pub socket_mode: u32,
     /// The control socket's own mode: it changes limits, so it stays the
     /// admin's even when the VMM's group may reach the device sockets.
@@ -385,9 +412,10 @@ impl DaemonConfig {
                 incoming: d.incoming,
             });
         }
+        let control = control.unwrap_or_else(default_control);
         for d in &devices {
             if let Some(Addr::Unix(p)) = &d.incoming {
-                if sockets.contains(p) || control.as_ref() == Some(p) {
+                if sockets.contains(p) || control == *p {
                     return err(format!(
                         "device {}: incoming socket {} is also a device or control socket",
                         d.name,
@@ -396,13 +424,11 @@ impl DaemonConfig {
                 }
             }
         }
-        if let Some(c) = &control {
-            if sockets.contains(c) {
-                return err(format!(
-                    "control socket {} is also a device socket",
-                    c.display()
-                ));
-            }
+        if sockets.contains(&control) {
+            return err(format!(
+                "control socket {} is also a device socket",
+                control.display()
+            ));
         }
         Ok(DaemonConfig {
             host_mem_limit: host_mem_limit.unwrap_or(0),

@@ -450,3 +450,19 @@ fn recover_fresh_and_adopt_in_a_spec() {
     assert_eq!(OnState::Refuse.existing(false, false), Existing::Refuse);
     assert_eq!(OnState::Fresh.existing(true, false), Existing::Discard);
 }
+
+#[test]
+fn control_socket_order() {
+    use super::{control_from, DEFAULT_CONTROL};
+    let os = |s: &str| Some(std::ffi::OsString::from(s));
+    assert_eq!(control_from(None, None), PathBuf::from(DEFAULT_CONTROL));
+    assert_eq!(control_from(os(""), os("")), PathBuf::from(DEFAULT_CONTROL));
+    assert_eq!(
+        control_from(None, os("/run/a:/run/b")),
+        PathBuf::from("/run/a/control.sock")
+    );
+    assert_eq!(
+        control_from(os("/x/c.sock"), os("/run/a")),
+        PathBuf::from("/x/c.sock")
+    );
+}

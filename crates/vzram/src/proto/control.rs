@@ -11,7 +11,8 @@
 //! {"cmd":"writeback","device":"vm1","cold":true,"max_pages":1000}    idle, huge, incompressible
 //! {"cmd":"migrate","device":"vm1","to":"unix:/run/m.sock","keep":false}
 //! ```
-//! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`.
+//! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`,
+//! and the daemon's `"version"` either way ([`Head`]).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -394,6 +395,53 @@ pub struct Migrated {
 pub struct Committed {
     pub device: String,
     pub state: MigrationState,
+}
+
+/// What every reply line carries beside its result: whether it worked,
+/// the daemon's version, and a refusal's reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Head {
+    pub ok: bool,
+    /// The daemon's [`super::VERSION`]; None from a daemon older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Head {
+    /// A success's head, from this daemon.
+    pub fn ok() -> Head {
+        Head {
+            ok: true,
+            version: Some(super::VERSION.to_string()),
+            error: None,
+        }
+    }
+
+    /// A refusal, from this daemon.
+    pub fn refused(error: impl Into<String>) -> Head {
+        Head {
+            ok: false,
+            version: Some(super::VERSION.to_string()),
+            error: Some(error.into()),
+        }
+    }
+
+    /// The head of a reply line read back; None if it has none.
+    pub fn of(reply: &Value) -> Option<Head> {
+        Head::deserialize(reply).ok()
+    }
+}
+
+/// A reply line as the daemon writes it: the head, then the result's
+/// fields (an object) beside it.
+#[derive(Debug, Serialize)]
+pub struct ReplyLine<T: Serialize> {
+    #[serde(flatten)]
+    pub head: Head,
+    #[serde(flatten)]
+    pub body: T,
 }
 
 /// A reply line read back: `"ok":true` and the result, or `"ok":false` and

@@ -12,3 +12,7 @@ pub mod order;
 pub mod tls;
 pub mod wire;
 pub mod worker_spec;
+
+/// This build's version: logged at start, in every control reply
+/// ([`control::Head`]) and in `/metrics` as `vzram_build_info`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

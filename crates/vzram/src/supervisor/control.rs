@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use vzram_store::PoolStats;
 
 use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
@@ -20,8 +20,8 @@ use crate::config::DeviceSpec;
 use crate::proto::addr::Addr;
 use crate::proto::control::{
     Added, BackingStat, Committed, Compacted, DeviceLimitSet, DeviceRef, DeviceStat, Done,
-    Forgotten, HostLimitSet, MarkedIdle, Migrated, MigrationStat, MigrationState, Recompressed,
-    Removed, Request, Reset, StatReply, TierStat, WrittenBack,
+    Forgotten, Head, HostLimitSet, MarkedIdle, Migrated, MigrationStat, MigrationState,
+    Recompressed, Removed, ReplyLine, Request, Reset, StatReply, TierStat, WrittenBack,
 };
 use crate::proto::order::{Answer, Order, TierFilter};
 
@@ -140,14 +140,15 @@ impl Control {
     }
 
     fn answer_request(&self, req: Request) -> Value {
-        match self.handle(req) {
-            Ok(mut v) => {
-                v["ok"] = json!(true);
-                v
-            }
+        let line = match self.handle(req) {
+            Ok(body) => serde_json::to_value(ReplyLine {
+                head: Head::ok(),
+                body,
+            }),
             // The one place an error becomes text.
-            Err(e) => json!({"ok": false, "error": e.to_string()}),
-        }
+            Err(e) => return refusal(&e.to_string()),
+        };
+        line.unwrap_or_else(|e| refusal(&format!("cannot encode the reply: {e}")))
     }
 
     /// A typed reply as the line's JSON.
@@ -537,6 +538,11 @@ pub enum Line {
     Req(Request),
 }
 
+/// A refusal's line, with the daemon's version as every reply has.
+fn refusal(why: &str) -> Value {
+    serde_json::to_value(Head::refused(why)).unwrap_or_default()
+}
+
 fn line_of(v: &Value) -> Vec<u8> {
     let mut b = v.to_string().into_bytes();
     b.push(b'\n');
@@ -579,7 +585,7 @@ impl Protocol for Control {
     fn answer(&self, l: Line) -> Reply {
         let bytes = match l {
             Line::Blank => Vec::new(),
-            Line::Bad(e) => line_of(&json!({"ok": false, "error": e})),
+            Line::Bad(e) => line_of(&refusal(&e)),
             Line::Req(r) => line_of(&self.answer_request(r)),
         };
         Reply {
@@ -596,7 +602,7 @@ impl Protocol for Control {
     }
 
     fn closing(&self, why: &str) -> Vec<u8> {
-        line_of(&json!({"ok": false, "error": why}))
+        line_of(&refusal(why))
     }
 }
 
@@ -630,6 +636,7 @@ mod tests {
     use super::super::WorkerEnv;
     use super::*;
     use crate::proto::worker_spec::{LogLevel, SeccompMode};
+    use serde_json::json;
     use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec};
 
     /// One request line as the socket's server answers it.
@@ -811,6 +818,16 @@ mod tests {
         assert!(c.too_long().close);
         let s = handle_line(&c, r#"{"cmd":"stat"}"#);
         assert_eq!(s["ok"], true);
+        // Every reply says which daemon answered, refusals and bad lines too.
+        assert_eq!(s["version"], crate::proto::VERSION, "{s}");
+        for bad in [r#"{"cmd":"remove","device":"nope"}"#, "nonsense"] {
+            let r = handle_line(&c, bad);
+            assert_eq!(
+                (&r["ok"], &r["version"]),
+                (&json!(false), &json!(crate::proto::VERSION)),
+                "{r}"
+            );
+        }
         assert_eq!(s["devices"].as_array().unwrap().len(), 2);
         assert_eq!(s["devices"][1]["name"], "b");
         assert_eq!(s["pool"]["devices"], 2);

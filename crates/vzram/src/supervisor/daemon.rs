@@ -90,9 +90,21 @@ impl Error {
     /// State that does not match the configuration, or a backing file that
     /// is missing, too small or taken, is a configuration error: the fix is
     /// a flag (`--fresh`) or the config, not a retry.
+    /// So is a socket path that cannot be bound (a missing directory, too
+    /// long, a file or a live daemon in the way) and a metrics port that
+    /// is taken.
     pub fn is_config(&self) -> bool {
         let store = match self {
             Error::Store(s) | Error::Device { source: s, .. } => s,
+            Error::Socket(e) => return e.is_config(),
+            Error::Metrics { source, .. } => {
+                return matches!(
+                    source.kind(),
+                    io::ErrorKind::AddrInUse
+                        | io::ErrorKind::AddrNotAvailable
+                        | io::ErrorKind::PermissionDenied
+                )
+            }
             _ => return false,
         };
         matches!(
@@ -125,6 +137,8 @@ impl SocketFiles {
                 source,
             })
         };
+        // Before the directory is opened: its errors say what is wrong.
+        socket::check_path(path)?;
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -233,14 +247,46 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
         });
     }
 
+    let control_listener = match passed.remove(&cfg.control) {
+        Some(fd) => {
+            control_mode_of_passed(&cfg.control, cfg.control_mode)?;
+            UnixListener::from(fd)
+        }
+        None => files.bind(&cfg.control, cfg.control_mode)?,
+    };
+    for path in passed.keys() {
+        tracing::warn!(socket = %path.display(), "a socket was passed in that no device uses; closed");
+    }
+    drop(passed);
+    // Bound here: the filter allows no new socket, and no getsockname to
+    // learn the port of a `:0` afterwards. Like the sockets, before any
+    // state is touched, so a port in use leaves nothing made.
+    let metrics_listener = match cfg.metrics {
+        Some(addr) => {
+            let fail = |source| Error::Metrics { addr, source };
+            let l = TcpListener::bind(addr).map_err(fail)?;
+            let bound = l.local_addr().map_err(fail)?;
+            Some((l, bound))
+        }
+        None => None,
+    };
+
     // Every device's state is opened, locked and recovered here, once: a
     // damaged or mismatched one stops the start, and the numbers `stat`
     // shows are exact from the first moment. Then the mapping goes; the
     // locked files stay, for the workers.
-    let roots = state_roots(&cfg)?;
-    // States made by this start are deleted again if it fails: declared
-    // before `devices`, so dropped after them (their locks released).
-    let mut made = NewStates(Vec::new());
+    // Logged once the sockets and ports are ours: a start refused for
+    // them says so in its one error line, nothing else.
+    tracing::info!(version = %crate::proto::VERSION, "vzram starting");
+
+    // States (and state dirs) made by this start are deleted again if it
+    // fails: declared before `devices`, so dropped after them (their locks
+    // released).
+    let mut made = NewStates::default();
+    let roots = state_roots(&cfg, &mut made.roots)?;
+    // Markers beside the sockets are written once nothing can fail the
+    // start for the configuration's sake.
+    let mut markers = Vec::with_capacity(cfg.devices.len());
     let mut devices = Vec::with_capacity(cfg.devices.len());
     for ((spec, listener), incoming) in cfg.devices.iter().zip(listeners).zip(incoming) {
         let mut dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
@@ -309,12 +355,14 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
             None => {
                 tracing::info!(device = %spec.name, state = %dir, "new device state");
                 let claimed = backing.as_ref().and_then(|b| b.open().ok());
-                made.0.push((state_files.dir.clone(), claimed));
+                made.states.push((state_files.dir.clone(), claimed));
             }
         }
-        if let Err(e) = placement::record(&spec.socket, &state_files.dir) {
-            tracing::warn!(device = %spec.name, socket = %spec.socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
-        }
+        markers.push((
+            spec.name.clone(),
+            spec.socket.clone(),
+            state_files.dir.clone(),
+        ));
         settle_send(&spec.name, &store);
         if spec.incoming.is_some() {
             set_incoming(&spec.name, &store);
@@ -329,41 +377,20 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
 
     let leftovers = leftovers(&cfg, &roots);
 
-    let control_listener = match &cfg.control {
-        Some(path) => Some(match passed.remove(path) {
-            Some(fd) => {
-                control_mode_of_passed(path, cfg.control_mode)?;
-                UnixListener::from(fd)
-            }
-            None => files.bind(path, cfg.control_mode)?,
-        }),
-        None => None,
-    };
-    for path in passed.keys() {
-        tracing::warn!(socket = %path.display(), "a socket was passed in that no device uses; closed");
-    }
-    drop(passed);
-    // Bound here: the filter allows no new socket, and no getsockname to
-    // learn the port of a `:0` afterwards.
-    let metrics_listener = match cfg.metrics {
-        Some(addr) => {
-            let fail = |source| Error::Metrics { addr, source };
-            let l = TcpListener::bind(addr).map_err(fail)?;
-            let bound = l.local_addr().map_err(fail)?;
-            Some((l, bound))
-        }
-        None => None,
-    };
-
     // glibc installs its thread-signal handlers (rt_sigaction) when the
     // first thread starts; let that happen before the filter forbids it.
     std::thread::Builder::new()
         .spawn(|| {})
         .and_then(|t| t.join().map_err(|_| io::Error::other("thread panicked")))
         .map_err(Error::Thread)?;
+    for (name, socket, dir) in markers {
+        if let Err(e) = placement::record(&socket, &dir) {
+            tracing::warn!(device = %name, socket = %socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
+        }
+    }
     // Set-up is done: from here on only the calls supervising needs.
     seccomp::install(cfg.seccomp, &files.dir_fds())?;
-    made.0.clear();
+    made.keep();
     match cfg.seccomp {
         SeccompMode::On => tracing::info!("seccomp filter active"),
         SeccompMode::Log => {
@@ -409,11 +436,11 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
     let ctl = Arc::new(
         Control::new(sup.clone()).with_metrics(metrics_listener.as_ref().map(|(_, a)| *a)),
     );
-    if let Some(l) = control_listener {
+    {
         let ctl = ctl.clone();
         std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || control::serve(l, ctl))
+            .spawn(move || control::serve(control_listener, ctl))
             .map_err(Error::Thread)?;
     }
     if let Some((l, addr)) = metrics_listener {
@@ -436,9 +463,7 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
             "serving"
         );
     }
-    if let Some(c) = &cfg.control {
-        tracing::info!(control = %c.display(), "control socket ready");
-    }
+    tracing::info!(control = %cfg.control.display(), "control socket ready");
 
     // Every socket listens and every device's state is recovered.
     // Status lines may follow at once: the supervisor has the notifier
@@ -473,9 +498,6 @@ fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
     }
 }
 
-/// The states a start made; deleted on drop unless the start got through
-/// (a failed start leaves no blank state that the next one would take as
-/// the device's).
 /// Before names came from sockets, a device without `name=` was `vzramN`,
 /// N its place in the config. A device named after its socket that has no
 /// state yet, while such a state from an older vzram (no socket in its
@@ -505,13 +527,27 @@ fn legacy_name(cfg: &DaemonConfig, spec: &DeviceSpec, root: &Path) -> Result<(),
     }
 }
 
-/// A backing file such a state claimed is blanked again, so the next
-/// start may take it.
-struct NewStates(Vec<(PathBuf, Option<vzram_store::Backing>)>);
+/// The states a start made; deleted on drop unless the start got through
+/// (a failed start leaves no blank state that the next one would take as
+/// the device's). A backing file such a state claimed is blanked again, so
+/// the next start may take it, and a state dir the start made is removed.
+#[derive(Default)]
+struct NewStates {
+    states: Vec<(PathBuf, Option<vzram_store::Backing>)>,
+    roots: Vec<PathBuf>,
+}
+
+impl NewStates {
+    /// The start got through: keep all.
+    fn keep(&mut self) {
+        self.states.clear();
+        self.roots.clear();
+    }
+}
 
 impl Drop for NewStates {
     fn drop(&mut self) {
-        for (dir, backing) in self.0.drain(..) {
+        for (dir, backing) in self.states.drain(..) {
             if let Some(b) = backing {
                 if let Err(e) = b.release() {
                     tracing::warn!(backing = %b.path().display(), "cannot blank the backing file this failed start claimed: {e}");
@@ -521,13 +557,18 @@ impl Drop for NewStates {
                 tracing::warn!(state = %dir.display(), "cannot delete the state this failed start made: {e}");
             }
         }
+        // Empty once its states are gone; one that is not keeps what it holds.
+        for root in self.roots.drain(..).rev() {
+            let _ = std::fs::remove_dir(&root);
+        }
     }
 }
 
 /// Every state root the devices use, each checked once: logged with its
 /// file system and room, made if missing (under a parent that exists),
-/// and cleared of what a crash left half made or half deleted.
-fn state_roots(cfg: &DaemonConfig) -> Result<Vec<PathBuf>, Error> {
+/// and cleared of what a crash left half made or half deleted. Those it
+/// made are added to `made`.
+fn state_roots(cfg: &DaemonConfig, made: &mut Vec<PathBuf>) -> Result<Vec<PathBuf>, Error> {
     let mut roots: Vec<PathBuf> = Vec::new();
     for spec in &cfg.devices {
         let r = spec.state_root(cfg).to_path_buf();
@@ -553,7 +594,7 @@ fn state_roots(cfg: &DaemonConfig) -> Result<Vec<PathBuf>, Error> {
             )));
         }
         match std::fs::DirBuilder::new().create(root) {
-            Ok(()) => {}
+            Ok(()) => made.push(root.clone()),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && root.is_dir() => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(fail(format!(

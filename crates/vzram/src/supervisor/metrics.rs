@@ -305,6 +305,16 @@ const POOL_METRICS: &[(&str, &str, MetricType, PoolField)] = &[
 
 impl Collector for Sample {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // The usual `_build_info` idiom: a constant 1 whose label says which
+        // build is running, to join on or alert on mixed versions.
+        enc.encode_descriptor(
+            "vzram_build_info",
+            "The running vzram's version (as the label); always 1",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_family(&[("version", crate::proto::VERSION)])?
+        .encode_gauge(&1u64)?;
         for (name, help, ty, value) in DEVICE_METRICS {
             let mut m = enc.encode_descriptor(name, help, None, *ty)?;
             for d in &self.devices {
@@ -559,6 +569,10 @@ mod tests {
     #[test]
     fn renders_labelled_series() {
         let t = render(sample());
+        let build = format!(
+            "vzram_build_info{{version=\"{}\"}} 1",
+            crate::proto::VERSION
+        );
         for line in [
             "vzram_orig_data_bytes{vzram_device=\"vm1\"} 12288",
             "vzram_read_bytes_total{vzram_device=\"vm1\"} 28672",
@@ -592,6 +606,8 @@ mod tests {
             "vzram_migration_records{vzram_device=\"vm1\"} 9",
             "vzram_migration_pass{vzram_device=\"vm1\"} 2",
             "vzram_migration_dirty_pages{vzram_device=\"vm1\"} 3",
+            "# TYPE vzram_build_info gauge",
+            build.as_str(),
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");
         }

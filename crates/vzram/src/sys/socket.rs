@@ -24,6 +24,62 @@ pub struct SocketError {
     pub source: io::Error,
 }
 
+impl SocketError {
+    /// Whether the fix is in the configuration (a path, a port, another
+    /// daemon already there), so a restart would fail the same way.
+    pub fn is_config(&self) -> bool {
+        use io::ErrorKind::*;
+        matches!(
+            self.source.kind(),
+            NotFound
+                | NotADirectory
+                | InvalidInput
+                | AlreadyExists
+                | AddrInUse
+                | AddrNotAvailable
+                | PermissionDenied
+        )
+    }
+}
+
+/// Room for a unix socket's path: `sun_path` less its terminating NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// What can be told of a socket path before binding it: its length, and
+/// that its directory is there (the kernel's errors say neither plainly).
+pub fn check_path(path: &Path) -> Result<(), SocketError> {
+    let fail = |kind, msg: String| SocketError {
+        path: path.to_path_buf(),
+        source: io::Error::new(kind, msg),
+    };
+    let n = path.as_os_str().len();
+    if n > MAX_SOCKET_PATH {
+        return Err(fail(
+            io::ErrorKind::InvalidInput,
+            format!("the path is {n} bytes, and a unix socket's path may have {MAX_SOCKET_PATH} at most"),
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(fail(
+            io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", dir.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(fail(
+            io::ErrorKind::NotFound,
+            format!("its directory {} does not exist", dir.display()),
+        )),
+        Err(e) => Err(fail(
+            e.kind(),
+            format!("its directory {}: {e}", dir.display()),
+        )),
+    }
+}
+
 /// Creates a listening socket with the given mode. A stale socket file from
 /// a daemon that died is replaced; a live one is an error.
 pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> {
@@ -31,6 +87,7 @@ pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> 
         path: path.to_path_buf(),
         source,
     };
+    check_path(path)?;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if listened_on(path) {

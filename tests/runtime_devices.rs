@@ -179,6 +179,14 @@ fn reset_drops_the_data_and_is_refused_while_connected() {
     let st = d.stat();
     assert_eq!(st.counters("vm1").orig_data_size, 0);
     assert_eq!(st.counters("vm1").mem_used_total, 0, "{}", st);
+    // As zram's reset: the I/O counters start again, and the pages the
+    // reset dropped are no guest discards.
+    let io = st.counters("vm1");
+    assert_eq!(
+        (io.reads, io.writes, io.discards, io.failed_writes),
+        (0, 0, 0, 0),
+        "{io:?}"
+    );
     let max = st.counters("vm1").mem_used_max;
     assert!(max > 0);
     let mut c = Client::connect(&a, 1).unwrap();

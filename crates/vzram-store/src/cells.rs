@@ -285,6 +285,38 @@ impl DeviceCells {
         s
     }
 
+    /// Zeroes the event counters and latencies (reads, writes, discards,
+    /// failures, compactions, backing-file traffic, recompressions,
+    /// spills), as zram's reset does; the gauges describe what is stored
+    /// and stay. For `vzram reset`, once the device is empty.
+    pub fn zero_counters(&self) {
+        for c in &self.counters {
+            for a in [
+                &c.reads,
+                &c.writes,
+                &c.discards,
+                &c.failed_reads,
+                &c.failed_writes,
+                &c.limit_hits,
+                &c.pages_compacted,
+                &c.backed_reads,
+                &c.backed_writes,
+                &c.recompressed,
+                &c.recompress_saved,
+            ] {
+                a.store(0, Relaxed);
+            }
+        }
+        self.spills.store(0, Relaxed);
+        for l in self
+            .latency
+            .iter()
+            .chain(self.shard_latency.iter().flat_map(|s| &s.0))
+        {
+            l.clear();
+        }
+    }
+
     /// Records one request's latency for queue (or store shard) `queue`.
     #[inline]
     pub fn record(&self, op: Op, queue: usize, d: std::time::Duration) {
@@ -383,6 +415,14 @@ impl Latency {
         self.buckets[k.min(LATENCY_BUCKETS - 1)].fetch_add(1, Relaxed);
         self.count.fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    fn clear(&self) {
+        for b in &self.buckets {
+            b.store(0, Relaxed);
+        }
+        self.count.store(0, Relaxed);
+        self.sum_ns.store(0, Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> LatencySnapshot {

@@ -19,6 +19,12 @@ pub fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
+/// The bytes of `orig` held in memory: pages written back to the backing
+/// file take none of the pool, and are no memory saved by compression.
+fn in_memory(orig: u64, backed_pages: u64) -> u64 {
+    orig.saturating_sub(backed_pages * 4096)
+}
+
 fn ratio(orig: u64, used: u64) -> String {
     if used == 0 {
         "-".into()
@@ -62,21 +68,23 @@ pub fn render(reply: &StatReply) -> String {
     let pool = &reply.pool;
     let limit = |n: u64| if n == 0 { "-".to_string() } else { human(n) };
 
-    // orig, compr, used, limit, max, same, huge, compacted
-    let mm_row = |name: &str, [orig, compr, used, lim, max, same, huge, compacted]: [u64; 8]| {
-        vec![
-            name.to_string(),
-            human(orig),
-            human(compr),
-            human(used),
-            limit(lim),
-            human(max),
-            same.to_string(),
-            huge.to_string(),
-            compacted.to_string(),
-            ratio(orig, used),
-        ]
-    };
+    // orig, compr, used, limit, max, same, huge, compacted, backed; RATIO
+    // is what memory holds over the memory it takes.
+    let mm_row =
+        |name: &str, [orig, compr, used, lim, max, same, huge, compacted, backed]: [u64; 9]| {
+            vec![
+                name.to_string(),
+                human(orig),
+                human(compr),
+                human(used),
+                limit(lim),
+                human(max),
+                same.to_string(),
+                huge.to_string(),
+                compacted.to_string(),
+                ratio(in_memory(orig, backed), used),
+            ]
+        };
     let mut mm: Vec<Vec<String>> = devices
         .iter()
         .map(|d| {
@@ -92,6 +100,7 @@ pub fn render(reply: &StatReply) -> String {
                     s.same_pages,
                     s.huge_pages,
                     s.pages_compacted,
+                    s.backed_pages,
                 ],
             )
         })
@@ -107,6 +116,7 @@ pub fn render(reply: &StatReply) -> String {
             pool.same_pages,
             pool.huge_pages,
             pool.pages_compacted,
+            devices.iter().map(|d| d.stats.backed_pages).sum(),
         ],
     ));
 
@@ -369,6 +379,30 @@ mod tests {
             .lines()
             .any(|l| l.starts_with("vm1") && l.contains("1.0 GiB") && l.contains("yes")));
         assert!(!t.contains("bd_stat"), "no device tiers: {t}");
+    }
+
+    #[test]
+    fn the_ratio_counts_only_what_memory_holds() {
+        // 10 pages stored, 8 of them on the backing file: the 2 in memory
+        // take 4 KiB of pool, a ratio of 2, not 10.
+        let mut d = device("vm1", "/s1");
+        d.stats.orig_data_size = 10 * 4096;
+        d.stats.backed_pages = 8;
+        d.stats.mem_used_total = 4096;
+        let mut reply = StatReply {
+            pool: Default::default(),
+            devices: vec![d],
+            metrics: None,
+            state_dir: Default::default(),
+            leftovers: Vec::new(),
+        };
+        reply.pool.orig_data_size = 10 * 4096;
+        reply.pool.mem_used_total = 4096;
+        let t = render(&reply);
+        for name in ["vm1 ", "(pool)"] {
+            let row = t.lines().find(|l| l.starts_with(name)).unwrap();
+            assert!(row.trim_end().ends_with(" 2.00"), "{row}");
+        }
     }
 
     #[test]

@@ -169,6 +169,9 @@ impl Supervisor {
             let pages = dev.stats().orig_data_size / 4096;
             let r = dev.discard(&mut vzram_store::Context::new(0), 0..dev.num_slots());
             dev.compact();
+            // As zram's reset: a new start for the counters too (the
+            // discard above is not the guest's).
+            d.cells.zero_counters();
             // A device sent away may be migrated again once reset.
             use vzram_store::cells::{MIGRATION_COPIED, MIGRATION_SEND_FAILED, MIGRATION_SENT};
             let _ = m.state.fetch_update(Relaxed, Relaxed, |s| {

@@ -84,6 +84,21 @@ fn socket_path_is_the_same_as_socket() {
     drop(d);
 }
 
+/// QEMU's backend-program convention starts the program itself, with no
+/// subcommand: `vzram --socket-path PATH ...` is `vzram serve ...`.
+#[test]
+fn the_program_itself_serves_a_socket_path() {
+    let dir = TempDir::new("passprog");
+    let sock = dir.join("q.sock");
+    let control = dir.join("control.sock");
+    let mut cmd = Command::new(vzram_bin());
+    cmd.args(["--socket-path", s(&sock), "--size", "16M", "--control"])
+        .arg(&control);
+    let mut d = Daemon::start_command(cmd, &control, &dir.join("d.log"), &[&sock]);
+    io_works(&sock);
+    assert!(d.terminate().success());
+}
+
 #[test]
 fn systemd_socket_activation_by_path() {
     let dir = TempDir::new("passsd");

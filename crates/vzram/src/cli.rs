@@ -43,6 +43,23 @@ where
         .any(|a| a == PRINT_CAPABILITIES)
 }
 
+/// QEMU's backend-program convention (docs/interop/vhost-user.rst) starts
+/// the program itself with `--socket-path PATH` or `--fd N`, no subcommand:
+/// those arguments are `vzram serve`'s.
+pub fn as_backend_program(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let backend = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
+        ["--socket-path", "--fd"]
+            .iter()
+            .any(|f| a == *f || a.starts_with(&format!("{f}=")))
+    });
+    if !backend {
+        return args;
+    }
+    let mut out = args;
+    out.insert(1, "serve".into());
+    out
+}
+
 /// What `--print-capabilities` prints: the backend type QEMU's
 /// `docs/interop/vhost-user.json` calls `block`, and the block features it
 /// defines that `vzram serve` has (`--read-only`; not `--blk-file`: a vzram
@@ -118,10 +135,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", conflicts_with = "socket")]
     pub fd: Option<i32>,
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N,
-    /// backing-file=PATH,recompress-algo=A,idle-after=10m,auto-writeback=true,auto-recompress=true].
+    /// state-dir=DIR,recover=true,fresh=true,adopt=true,backing-file=PATH,recompress-algo=A,
+    /// idle-after=10m,auto-writeback=true,auto-recompress=true,incoming=ADDR]: the keys of the
+    /// flags above, each at most once.
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
-    /// TOML file with host_mem_limit, control, metrics, socket_mode, control_mode, seccomp and [[device]] tables.
+    /// TOML file with host_mem_limit, control, metrics, state_dir, socket_mode, control_mode,
+    /// incoming_mode, tls_creds, seccomp, compress_threads, poll_us, incoming_timeout and
+    /// [[device]] tables (the keys of --device; `-` or `_` alike).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
@@ -487,6 +508,58 @@ mod tests {
         assert!(serve(&["--socket", "/tmp/x", "--size", "64T"]).is_ok());
         let e = serve(&["--socket", "/tmp/x", "--size", "1P"]).unwrap_err();
         assert!(e.contains("unknown unit"), "{e}");
+    }
+
+    #[test]
+    fn the_program_itself_takes_socket_path_and_fd() {
+        let argv = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        for (given, want) in [
+            (
+                vec!["vzram", "--socket-path", "/tmp/a", "--size", "1G"],
+                vec!["vzram", "serve", "--socket-path", "/tmp/a", "--size", "1G"],
+            ),
+            (
+                vec!["vzram", "--fd=3", "--size", "1G"],
+                vec!["vzram", "serve", "--fd=3", "--size", "1G"],
+            ),
+            (vec!["vzram", "stat"], vec!["vzram", "stat"]),
+            (vec!["vzram"], vec!["vzram"]),
+        ] {
+            assert_eq!(as_backend_program(argv(&given)), argv(&want));
+        }
+    }
+
+    /// `--help` names every key of `--device` (the device flags, read from
+    /// clap) and of the configuration file (read from its parser).
+    #[test]
+    fn help_names_every_key() {
+        let mut cmd = Cli::command();
+        let serve = cmd.find_subcommand_mut("serve").unwrap();
+        let help = |id: &str| {
+            serve
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_long_help().or(a.get_help()))
+                .map(|h| h.to_string())
+                .unwrap()
+        };
+        let device = help("devices");
+        let drafts = DeviceDraft::augment_args(clap::Command::new("x"));
+        for a in drafts.get_arguments() {
+            let key = format!("{}=", a.get_id().as_str().replace('_', "-"));
+            assert!(device.contains(&key), "--device help lacks {key}: {device}");
+        }
+        let file = help("config");
+        let keys = crate::config::file_keys();
+        assert!(keys.len() > 10, "{keys:?}");
+        for k in keys {
+            let k = if k == "device" {
+                "[[device]]".to_string()
+            } else {
+                k
+            };
+            assert!(file.contains(&k), "--config help lacks {k}: {file}");
+        }
     }
 
     #[test]

@@ -38,7 +38,8 @@ fn main() -> ExitCode {
     if cli::wants_capabilities(std::env::args_os().skip(1)) {
         return print_capabilities();
     }
-    let cli = match Cli::try_parse() {
+    let argv = cli::as_backend_program(std::env::args_os().collect());
+    let cli = match Cli::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             e.exit()

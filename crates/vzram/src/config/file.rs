@@ -137,6 +137,21 @@ pub struct FileDrafts {
 }
 
 /// Reads and parses a TOML config file.
+/// The top-level keys the file takes (snake_case), as its parser lists
+/// them: for checking that `--help` names them all.
+pub fn keys() -> Vec<String> {
+    let e = parse_file("a_key_no_file_has = 1").err().map(|e| e.0);
+    let e = e.unwrap_or_default();
+    let list = e.split("expected one of").nth(1).unwrap_or_default();
+    let mut keys: Vec<String> = list
+        .split(',')
+        .map(|k| k.trim().trim_matches('`').replace('-', "_"))
+        .filter(|k| !k.is_empty())
+        .collect();
+    keys.dedup();
+    keys
+}
+
 pub fn load_file(path: &Path) -> Result<FileDrafts, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;

@@ -20,7 +20,7 @@ mod tests;
 
 pub use crate::proto::worker_spec::SeccompMode;
 pub use draft::{parse_device_spec, DeviceDraft};
-pub use file::{load_file, parse_file, FileDrafts};
+pub use file::{keys as file_keys, load_file, parse_file, FileDrafts};
 pub use parse::{
     default_recompress_algo, parse_bool, parse_codec, parse_duration, parse_metrics_addr,
     parse_mode, parse_size, ConfigError, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US,

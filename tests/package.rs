@@ -3,7 +3,8 @@
 //! one by default), then listed, unpacked into a scratch root and used: the
 //! packaged binary serves a device, the packaged example config serves as
 //! the unit would run it, the manual pages, completions, sysusers file and
-//! QEMU's backend descriptor are what they claim to be. CI must have
+//! QEMU's backend descriptor are what they claim to be, and dpkg installs,
+//! reinstalls and purges it in a scratch root. CI must have
 //! dpkg-deb (`CI` set: a missing one fails); elsewhere the test skips with
 //! a line.
 
@@ -200,20 +201,47 @@ fn the_debian_package_holds_a_working_daemon() {
         serde_json::from_str(&stdout(Command::new(&bin).arg("--print-capabilities"))).unwrap();
     assert_eq!(caps["type"], json["type"], "{caps}");
 
-    // The sysusers file makes the unit's user: system, no login, in kvm.
-    if have("systemd-sysusers", true) {
-        run(Command::new("systemd-sysusers").arg(format!("--root={}", r.display())));
-        let passwd = read(&r.join("etc/passwd"));
-        let user = passwd
-            .lines()
-            .find(|l| l.starts_with("vzram:"))
-            .unwrap_or_else(|| panic!("no vzram user:\n{passwd}"));
-        assert!(user.ends_with(":/nonexistent:/usr/sbin/nologin"), "{user}");
-        let group = read(&r.join("etc/group"));
+    // Installed by dpkg into a scratch root (its maintainer scripts run
+    // here with DPKG_ROOT set, so they touch only that root): the sysusers
+    // file makes the unit's user, system, no login, in kvm; a second
+    // install changes nothing; a purge leaves no file behind.
+    if !have("systemd-sysusers", true) {
+        return;
+    }
+    if stdout(Command::new("id").arg("-u")).trim() != "0" {
+        eprintln!("skipped: dpkg --root needs root");
+        return;
+    }
+    let dr = t.join("dpkg-root");
+    std::fs::create_dir_all(dr.join("var/lib/dpkg/info")).unwrap();
+    std::fs::create_dir_all(dr.join("var/lib/dpkg/updates")).unwrap();
+    std::fs::write(dr.join("var/lib/dpkg/status"), "").unwrap();
+    let dpkg = |args: &[&str]| {
+        stdout(
+            Command::new("dpkg")
+                .arg(format!("--root={}", dr.display()))
+                .args(["--force-script-chrootless", "--force-depends"])
+                .args(args),
+        )
+    };
+    for _ in 0..2 {
+        dpkg(&["-i", s(&deb)]);
+        let passwd = read(&dr.join("etc/passwd"));
+        let users: Vec<&str> = passwd.lines().filter(|l| l.starts_with("vzram:")).collect();
+        assert!(
+            users.len() == 1 && users[0].ends_with(":/nonexistent:/usr/sbin/nologin"),
+            "{passwd}"
+        );
+        let group = read(&dr.join("etc/group"));
         let kvm = group
             .lines()
             .find(|l| l.starts_with("kvm:"))
             .unwrap_or_else(|| panic!("no kvm group:\n{group}"));
         assert!(kvm.ends_with(":vzram"), "{kvm}");
+        assert!(dr.join("usr/bin/vzram").is_file());
+    }
+    dpkg(&["--purge", "vzram"]);
+    for f in FILES {
+        assert!(!dr.join(f).exists(), "{f} is left after a purge");
     }
 }

@@ -6,7 +6,6 @@ use std::path::Path;
 
 use clap::CommandFactory;
 
-use super::ClientError;
 use crate::cli::Cli;
 
 /// The command line as the pages show it: no `help` subcommand (`--help`
@@ -15,33 +14,24 @@ fn command() -> clap::Command {
     Cli::command().disable_help_subcommand(true)
 }
 
-fn failed(what: &str, e: std::io::Error) -> ClientError {
-    ClientError {
-        message: format!("cannot write the {what}: {e}"),
-        code: 1,
-    }
-}
-
 /// `vzram.1` as roff; with `dir`, every page (`vzram.1`, `vzram-serve.1`,
 /// ...) written there and a line naming them returned.
-pub fn man(dir: Option<&Path>) -> Result<String, ClientError> {
+pub fn man(dir: Option<&Path>) -> std::io::Result<String> {
     let cmd = command();
     if let Some(dir) = dir {
-        clap_mangen::generate_to(cmd, dir).map_err(|e| failed("manual pages", e))?;
+        clap_mangen::generate_to(cmd, dir)?;
         return Ok(format!("manual pages written to {}\n", dir.display()));
     }
     let mut out = Vec::new();
-    clap_mangen::Man::new(cmd)
-        .render(&mut out)
-        .map_err(|e| failed("manual page", e))?;
+    clap_mangen::Man::new(cmd).render(&mut out)?;
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// The completion script for `shell`.
-pub fn completions(shell: clap_complete::Shell) -> Result<String, ClientError> {
+pub fn completions(shell: clap_complete::Shell) -> String {
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut command(), "vzram", &mut out);
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -50,7 +40,7 @@ mod tests {
 
     #[test]
     fn the_manual_names_the_commands_and_hides_the_packagers_ones() {
-        let page = man(None).ok().unwrap();
+        let page = man(None).unwrap();
         assert!(page.contains(".TH vzram 1"), "{page}");
         assert!(page.contains("vzram\\-serve(1)"), "{page}");
         assert!(!page.contains("completions"), "{page}");
@@ -63,7 +53,7 @@ mod tests {
             clap_complete::Shell::Zsh,
             clap_complete::Shell::Fish,
         ] {
-            let script = completions(shell).ok().unwrap();
+            let script = completions(shell);
             assert!(script.contains("serve"), "{shell}: {script}");
             assert!(script.contains("mem-limit"), "{shell}: {script}");
         }

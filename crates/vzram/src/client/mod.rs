@@ -46,8 +46,11 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Recompress(a) => recompress(&a),
         Command::Writeback(a) => writeback(&a),
         Command::Migrate(a) => migrate(&a),
-        Command::Man(a) => docs::man(a.dir.as_deref()),
-        Command::Completions(a) => docs::completions(a.shell),
+        Command::Man(a) => docs::man(a.dir.as_deref()).map_err(|e| ClientError {
+            message: format!("cannot write the manual pages: {e}"),
+            code: 1,
+        }),
+        Command::Completions(a) => Ok(docs::completions(a.shell)),
         Command::Serve(_) => Err(ClientError {
             message: "serve is the daemon, not a client command".into(),
             code: 2,

@@ -58,7 +58,7 @@ fn unit(name: &str) -> String {
 }
 
 /// `systemd-analyze verify` in a scratch root laid out as the units expect
-/// (the binary at /usr/local/bin/vzram, systemd's own units beside them):
+/// (the binary at /usr/bin/vzram, where the package puts it, systemd's own units beside them):
 /// any line it prints, a warning included, fails.
 #[test]
 fn the_systemd_units_verify() {
@@ -68,8 +68,8 @@ fn the_systemd_units_verify() {
     let r = TempDir::new("units");
     let sys = r.join("etc/systemd/system");
     std::fs::create_dir_all(&sys).unwrap();
-    std::fs::create_dir_all(r.join("usr/local/bin")).unwrap();
-    std::fs::copy(vzram_bin(), r.join("usr/local/bin/vzram")).unwrap();
+    std::fs::create_dir_all(r.join("usr/bin")).unwrap();
+    std::fs::copy(vzram_bin(), r.join("usr/bin/vzram")).unwrap();
     std::fs::create_dir_all(r.join("usr/lib/systemd")).unwrap();
     let st = Command::new("cp")
         .args(["-a", "/lib/systemd/system"])

@@ -123,6 +123,29 @@ pub enum Command {
     /// meanwhile, and the last delta once the frontend has stopped (QEMU
     /// does at the end of its own migration). Then drops them here.
     Migrate(MigrateArgs),
+    /// The manual page, made from these definitions (roff): `vzram.1` on
+    /// stdout, or with `--dir` one page per command written there.
+    /// Hidden: for packagers (contrib/package/deb.sh).
+    #[command(hide = true)]
+    Man(ManArgs),
+    /// Shell completions on stdout. Hidden: for packagers.
+    #[command(hide = true)]
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write vzram.1 and a page per command (vzram-serve.1, ...) into this
+    /// existing directory instead of printing vzram.1.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell the script is for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Debug, Args)]

@@ -1,7 +1,9 @@
 //! Client commands that talk to a running daemon over its control socket:
 //! `vzram stat`, `set-limit`, `compact`, `add`, `remove`, `reset`,
 //! `reset-max`, `mark-idle`, `recompress`, `writeback`. Requests are
-//! [`control::Request`], the type the daemon parses.
+//! [`control::Request`], the type the daemon parses. And two that need no
+//! daemon: `backing init`, and the packagers' `man` and `completions`
+//! (`docs`).
 
 use std::path::Path;
 
@@ -19,6 +21,7 @@ use crate::proto::control::{
 };
 use render::{human, render};
 
+mod docs;
 mod render;
 
 /// An error for the user, and the exit code it deserves.
@@ -43,6 +46,11 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Recompress(a) => recompress(&a),
         Command::Writeback(a) => writeback(&a),
         Command::Migrate(a) => migrate(&a),
+        Command::Man(a) => docs::man(a.dir.as_deref()).map_err(|e| ClientError {
+            message: format!("cannot write the manual pages: {e}"),
+            code: 1,
+        }),
+        Command::Completions(a) => Ok(docs::completions(a.shell)),
         Command::Serve(_) => Err(ClientError {
             message: "serve is the daemon, not a client command".into(),
             code: 2,

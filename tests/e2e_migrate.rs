@@ -8,6 +8,7 @@
 //! Like tests/e2e.rs: skipped only when QEMU is absent and `VZRAM_E2E` is
 //! unset. Numbers: `cargo test --test e2e_migrate -- --nocapture`.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -17,17 +18,24 @@ use vzram_tests::{ensure, s, Summary, MIB};
 
 const SWAP_BOOT: Duration = Duration::from_secs(300);
 
-#[test]
-fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
-    let Some(ctx) = Ctx::new("migrate") else {
-        return;
-    };
+/// The two hosts: vzram A serves `a` (1 GiB, 2 queues); vzram B serves
+/// `b`, incoming on a unix socket; and where the QEMUs talk.
+struct Ends {
+    sock_a: PathBuf,
+    sock_b: PathBuf,
+    incoming: PathBuf,
+    qemu_mig: PathBuf,
+    qmp_a: PathBuf,
+    qmp_b: PathBuf,
+    da: vzram_tests::Daemon,
+    db: vzram_tests::Daemon,
+}
+
+fn ends(ctx: &Ctx) -> Ends {
     let sock_a = ctx.path("a.sock");
     let sock_b = ctx.path("b.sock");
     let incoming = ctx.path("b-incoming.sock");
-    let qemu_mig = ctx.path("qemu-migration.sock");
-    let (qmp_a, qmp_b) = (ctx.path("qmp-a.sock"), ctx.path("qmp-b.sock"));
-    let dev = |sock: &std::path::Path, name: &str| {
+    let dev = |sock: &Path, name: &str| {
         vec![
             "--socket".to_string(),
             s(sock).into(),
@@ -39,21 +47,51 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
             name.into(),
         ]
     };
-    let mut da = ctx.daemon_at("a.ctl", &dev(&sock_a, "a"), &[&sock_a]);
+    let da = ctx.daemon_at("a.ctl", &dev(&sock_a, "a"), &[&sock_a]);
     let mut b_args = dev(&sock_b, "b");
     b_args.extend(["--incoming".to_string(), format!("unix:{}", s(&incoming))]);
-    let mut db = ctx.daemon_at("b.ctl", &b_args, &[&sock_b, &incoming]);
+    let db = ctx.daemon_at("b.ctl", &b_args, &[&sock_b, &incoming]);
+    Ends {
+        qemu_mig: ctx.path("qemu-migration.sock"),
+        qmp_a: ctx.path("qmp-a.sock"),
+        qmp_b: ctx.path("qmp-b.sock"),
+        sock_a,
+        sock_b,
+        incoming,
+        da,
+        db,
+    }
+}
+
+/// A guest swapping on `sock` for `rounds` pressure rounds, with QMP.
+fn swapping(sock: &Path, qmp: &Path, rounds: u32) -> GuestOpts {
+    GuestOpts::new(sock, "swap")
+        .queues(2)
+        .mem("256M")
+        .arg(format!("vzram.rounds={rounds}"))
+        .qemu_arg("-qmp")
+        .qemu_arg(format!("unix:{},server=on,wait=off", s(qmp)))
+}
+
+#[test]
+fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
+    let Some(ctx) = Ctx::new("migrate") else {
+        return;
+    };
+    let Ends {
+        sock_a,
+        sock_b,
+        incoming,
+        qemu_mig,
+        qmp_a,
+        qmp_b,
+        mut da,
+        mut db,
+    } = ends(&ctx);
 
     // The source: swap in use, four passes so the guest still has work to
     // do after it moves.
-    let guest = |sock: &std::path::Path, qmp: &std::path::Path| {
-        GuestOpts::new(sock, "swap")
-            .queues(2)
-            .mem("256M")
-            .arg("vzram.rounds=4")
-            .qemu_arg("-qmp")
-            .qemu_arg(format!("unix:{},server=on,wait=off", s(qmp)))
-    };
+    let guest = |sock: &std::path::Path, qmp: &std::path::Path| swapping(sock, qmp, 4);
     let ga = ctx.boot("source", &guest(&sock_a, &qmp_a));
     ga.wait_for("PRESSURE-ROUND pass=0", SWAP_BOOT);
     let stored = da.stat_cli().dev_at(&sock_a).stats.orig_data_size;
@@ -194,35 +232,17 @@ fn a_stopped_or_cancelled_migration_leaves_the_guest_whole_on_its_source() {
     let Some(ctx) = Ctx::new("migrate-undo") else {
         return;
     };
-    let sock_a = ctx.path("a.sock");
-    let sock_b = ctx.path("b.sock");
-    let incoming = ctx.path("b-incoming.sock");
-    let qemu_mig = ctx.path("qemu-migration.sock");
-    let (qmp_a, qmp_b) = (ctx.path("qmp-a.sock"), ctx.path("qmp-b.sock"));
-    let dev = |sock: &std::path::Path, name: &str| {
-        vec![
-            "--socket".to_string(),
-            s(sock).into(),
-            "--size".into(),
-            "1G".into(),
-            "--queues".into(),
-            "2".into(),
-            "--name".into(),
-            name.into(),
-        ]
-    };
-    let mut da = ctx.daemon_at("a.ctl", &dev(&sock_a, "a"), &[&sock_a]);
-    let mut b_args = dev(&sock_b, "b");
-    b_args.extend(["--incoming".to_string(), format!("unix:{}", s(&incoming))]);
-    let mut db = ctx.daemon_at("b.ctl", &b_args, &[&sock_b, &incoming]);
-    let guest = |sock: &std::path::Path, qmp: &std::path::Path| {
-        GuestOpts::new(sock, "swap")
-            .queues(2)
-            .mem("256M")
-            .arg("vzram.rounds=5")
-            .qemu_arg("-qmp")
-            .qemu_arg(format!("unix:{},server=on,wait=off", s(qmp)))
-    };
+    let Ends {
+        sock_a,
+        sock_b,
+        incoming,
+        qemu_mig,
+        qmp_a,
+        qmp_b,
+        mut da,
+        mut db,
+    } = ends(&ctx);
+    let guest = |sock: &std::path::Path, qmp: &std::path::Path| swapping(sock, qmp, 5);
     let migrate = |extra: &[&str]| {
         let mut c = Command::new(&ctx.bin);
         c.args([

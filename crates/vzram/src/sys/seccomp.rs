@@ -560,6 +560,20 @@ mod tests {
         assert_eq!(errno_filters().unwrap().len(), 2);
     }
 
+    /// Puts this process under the worker's filters (built before, so a
+    /// forked child need not allocate); exits 99 if it cannot.
+    fn enter(allow: &BpfProgram, errno: &[BpfProgram]) {
+        if install_sigsys_handler().is_err()
+            || errno
+                .iter()
+                .any(|f| seccompiler::apply_filter_all_threads(f).is_err())
+            || seccompiler::apply_filter_all_threads(allow).is_err()
+        {
+            // SAFETY: ends this process.
+            unsafe { libc::_exit(99) };
+        }
+    }
+
     /// Runs `f` in a forked child under the filter; returns its wait status
     /// and what it wrote to stderr.
     fn in_child(f: fn()) -> (libc::c_int, String) {
@@ -576,15 +590,7 @@ mod tests {
         if pid == 0 {
             // SAFETY: the child's stderr becomes the pipe's write end.
             unsafe { libc::dup2(pipe[1], 2) };
-            if install_sigsys_handler().is_err()
-                || errno
-                    .iter()
-                    .any(|f| seccompiler::apply_filter_all_threads(f).is_err())
-                || seccompiler::apply_filter_all_threads(&allow).is_err()
-            {
-                // SAFETY: ends the child.
-                unsafe { libc::_exit(99) };
-            }
+            enter(&allow, &errno);
             f();
             // SAFETY: ends the child.
             unsafe { libc::_exit(0) };
@@ -617,15 +623,7 @@ mod tests {
         if std::env::var(CHILD).as_deref() == Ok(name) {
             let allow = allow_list(Mode::On, Role::Worker, &[]).unwrap();
             let errno = errno_filters().unwrap();
-            if install_sigsys_handler().is_err()
-                || errno
-                    .iter()
-                    .any(|f| seccompiler::apply_filter_all_threads(f).is_err())
-                || seccompiler::apply_filter_all_threads(&allow).is_err()
-            {
-                // SAFETY: ends this process.
-                unsafe { libc::_exit(99) };
-            }
+            enter(&allow, &errno);
             f();
             // SAFETY: ends this process.
             unsafe { libc::_exit(0) };

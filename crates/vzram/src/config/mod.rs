@@ -390,12 +390,8 @@ impl DaemonConfig {
                     "device {name}: mem-limit {mem_limit} is above its size {size} (0 means no limit)"
                 ));
             }
-            let host = host_mem_limit.unwrap_or(0);
-            if mem_limit != 0 && host != 0 && mem_limit > host {
-                return err(format!(
-                    "device {name}: mem-limit {mem_limit} is above the host limit {host}"
-                ));
-            }
+            // One above the host limit is accepted, with a warning when
+            // the daemon starts (the host limit caps it first).
             devices.push(DeviceSpec {
                 name,
                 socket,

@@ -423,6 +423,12 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
         .map_err(Error::Launcher)?,
     );
     *sup.leftovers_mut() = leftovers;
+    // Limits at odds with each other or with what recovered states hold
+    // are accepted, with a warning, as `set-limit` accepts them.
+    for (_, d) in sup.devices() {
+        sup.device_limit_warnings(&d);
+    }
+    sup.host_limit_warnings(false);
     let looping = {
         let sup = sup.clone();
         std::thread::Builder::new()

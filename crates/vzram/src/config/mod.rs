@@ -510,3 +510,31 @@ fn tier_spec(
         auto_recompress,
     })
 }
+
+/// How the configuration is built again from the file's new text, as at
+/// start (the command line's flags still win over the file).
+type Rebuild =
+    dyn Fn(FileDrafts) -> Result<(DaemonConfig, Option<PathBuf>), ConfigError> + Send + Sync;
+
+/// What SIGHUP needs: the `--config` file (absolute) and how to turn its
+/// text into a configuration.
+pub struct Reload {
+    pub path: PathBuf,
+    rebuild: Box<Rebuild>,
+}
+
+impl Reload {
+    /// `rebuild` returns the configuration and the TLS credentials
+    /// directory it names (the credentials themselves are the ones read
+    /// at start).
+    pub fn new(path: PathBuf, rebuild: Box<Rebuild>) -> Reload {
+        Reload { path, rebuild }
+    }
+
+    /// The configuration the file's `text` gives, and its TLS directory.
+    pub fn build(&self, text: &str) -> Result<(DaemonConfig, Option<PathBuf>), ConfigError> {
+        let file = parse_file(text)
+            .map_err(|e| ConfigError(format!("{}: {}", self.path.display(), e.0)))?;
+        (self.rebuild)(file)
+    }
+}

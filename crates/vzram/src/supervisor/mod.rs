@@ -12,7 +12,8 @@
 //!
 //! The rest: orders to devices ([`orders`]), migration ([`migrate`]),
 //! devices added and removed at run time ([`devices`]), memory limits
-//! ([`limits`]), requests to the
+//! ([`limits`]), the configuration read again on SIGHUP ([`reload`]),
+//! requests to the
 //! launcher ([`launch`]), the control socket ([`control`]), `/metrics`
 //! ([`metrics`]) and start-up ([`daemon`]).
 
@@ -44,6 +45,7 @@ mod limits;
 pub mod metrics;
 mod migrate;
 mod orders;
+pub mod reload;
 pub mod served;
 
 /// How long stopping waits for workers to go.

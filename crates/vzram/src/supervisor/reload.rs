@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 
 use super::error::{Error, Result};
-use super::served::Served;
+use super::served::{Phase, Served};
 use super::Supervisor;
 use crate::config::{DaemonConfig, DeviceSpec, Reload};
 use crate::proto::launch::{Report, Request};
@@ -238,14 +238,25 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
         tracing::info!(device = %spec.name, "reload: no longer in the file, and already removed");
         return false;
     };
-    if d.connected.load(Relaxed) {
+    // Under the phase lock: with no frontend, or one connecting, none is
+    // admitted from here on.
+    let busy = {
+        let ph = d.phase();
+        let busy = !matches!(*ph, Phase::Idle) || d.connected.load(Relaxed);
+        if !busy {
+            d.removing.store(true, Relaxed);
+        }
+        busy
+    };
+    if busy {
         tracing::warn!(
             device = %spec.name,
-            "reload: no longer in the file, but a frontend is connected: kept, since removing it deletes its state, the VM's disk; stop the VM and reload again, or `vzram remove {}`",
+            "reload: no longer in the file, but a frontend is connected: kept, since removing it deletes its state, the VM's disk (a device busy with a compaction or reset is kept too); stop the VM and reload again, or `vzram remove {}`",
             spec.name
         );
         return false;
     }
+    // Removing waits for every other hold on the device to go.
     drop(d);
     match sup.remove(i) {
         Ok(()) => {
@@ -253,6 +264,10 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
             true
         }
         Err(e) => {
+            // Still served: frontends are welcome again.
+            if let Some(d) = sup.device(i) {
+                d.removing.store(false, Relaxed);
+            }
             tracing::error!(device = %spec.name, "reload: no longer in the file, but not removed: {e}");
             false
         }

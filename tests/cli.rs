@@ -59,7 +59,6 @@ fn bad_input_exits_2_with_a_one_line_message() {
     )
     .unwrap();
     let dup = format!("socket={sock},size=1M");
-    let limited = format!("socket={sock},size=4G,mem-limit=2G");
     let over_size = format!("socket={sock},size=1G,mem-limit=2G");
     let over_size_toml = dir.join("over.toml");
     std::fs::write(
@@ -194,10 +193,6 @@ fn bad_input_exits_2_with_a_one_line_message() {
         (
             vec!["serve", "--socket", sock, "--size", "4097"],
             "multiple of 4096",
-        ),
-        (
-            vec!["serve", "--device", &limited, "--host-mem-limit", "1G"],
-            "above the host limit",
         ),
         (vec!["serve", "--log-level", "loud"], "loud"),
         // A device limit above the device's size.

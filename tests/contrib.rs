@@ -58,7 +58,8 @@ fn unit(name: &str) -> String {
 }
 
 /// `systemd-analyze verify` in a scratch root laid out as the units expect
-/// (the binary at /usr/bin/vzram, where the package puts it, systemd's own units beside them):
+/// (the binary at /usr/bin/vzram, where the package puts it, /bin/kill
+/// for `ExecReload=`, systemd's own units beside them):
 /// any line it prints, a warning included, fails.
 #[test]
 fn the_systemd_units_verify() {
@@ -70,6 +71,9 @@ fn the_systemd_units_verify() {
     std::fs::create_dir_all(&sys).unwrap();
     std::fs::create_dir_all(r.join("usr/bin")).unwrap();
     std::fs::copy(vzram_bin(), r.join("usr/bin/vzram")).unwrap();
+    // For ExecReload=: the host's /bin/kill (procps).
+    std::fs::create_dir_all(r.join("bin")).unwrap();
+    std::fs::copy("/bin/kill", r.join("bin/kill")).expect("/bin/kill (procps) for ExecReload=");
     std::fs::create_dir_all(r.join("usr/lib/systemd")).unwrap();
     let st = Command::new("cp")
         .args(["-a", "/lib/systemd/system"])
@@ -117,4 +121,16 @@ fn the_units_keep_the_control_socket_private_and_do_not_retry_a_bad_config() {
     assert!(!control.contains("SocketGroup="));
     // The service's --control is the socket the unit passes.
     assert!(service.contains("--control /run/vzram/control.sock"));
+}
+
+/// `systemctl reload vzram` sends SIGHUP, which reads the config again
+/// (tests/reload.rs), instead of failing for want of `ExecReload=`.
+#[test]
+fn the_service_reloads_with_sighup() {
+    let unit = std::fs::read_to_string(root().join("contrib/systemd/vzram.service")).unwrap();
+    assert!(
+        unit.lines()
+            .any(|l| l.trim() == "ExecReload=/bin/kill -HUP $MAINPID"),
+        "{unit}"
+    );
 }

@@ -148,7 +148,7 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// A single device (`--socket`, `--size`, ...).
     #[command(flatten)]
@@ -249,18 +249,68 @@ impl ServeArgs {
     /// Merges the config file, `--device` specs and the single-device flags,
     /// in that order; flags on the command line win over the file.
     pub fn resolve(self) -> Result<DaemonConfig, ConfigError> {
+        self.resolve_reloadable().map(|(cfg, _)| cfg)
+    }
+
+    /// [`ServeArgs::resolve`], and with `--config` what SIGHUP needs to
+    /// build the configuration again from the file's new text: these same
+    /// flags (which still win over the file), the socket `--fd` was bound
+    /// to and the TLS credentials read now (the daemon may not read them
+    /// again under its filter).
+    pub fn resolve_reloadable(self) -> Result<(DaemonConfig, Option<config::Reload>), ConfigError> {
         let file = match &self.config {
             Some(p) => config::load_file(p)?,
             None => config::FileDrafts::default(),
         };
+        let fd_socket = match self.fd {
+            Some(fd) => Some(
+                crate::sys::listen::bound_path(fd)
+                    .map_err(|e| ConfigError(format!("--fd {fd}: {e}")))?,
+            ),
+            None => None,
+        };
+        let tls_dir = self.tls_creds.clone().or(file.tls_creds.clone());
+        let mut cfg = self.clone().merge(file, fd_socket.clone())?;
+        if let Some(dir) = &tls_dir {
+            let creds = crate::owner::tls::load_dir(dir)
+                .map_err(|e| ConfigError(format!("--tls-creds: {e}")))?;
+            cfg.tls = Some(creds);
+        }
+        cfg.check_tls()?;
+        let reload = match &self.config {
+            None => None,
+            Some(p) => {
+                let path = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+                let tls = cfg.tls.clone();
+                let args = self.clone();
+                Some(config::Reload::new(
+                    path,
+                    Box::new(move |file| {
+                        let dir = args.tls_creds.clone().or(file.tls_creds.clone());
+                        let mut cfg = args.clone().merge(file, fd_socket.clone())?;
+                        // The credentials in use: new ones need a restart.
+                        cfg.tls = tls.clone();
+                        cfg.check_tls()?;
+                        Ok((cfg, dir))
+                    }),
+                ))
+            }
+        };
+        Ok((cfg, reload))
+    }
+
+    /// The file's drafts and these flags as one configuration, without
+    /// the TLS credentials.
+    fn merge(
+        self,
+        file: config::FileDrafts,
+        fd_socket: Option<PathBuf>,
+    ) -> Result<DaemonConfig, ConfigError> {
         let mut drafts = file.devices;
         drafts.extend(self.devices);
         let mut single = self.single;
-        if let Some(fd) = self.fd {
-            single.socket = Some(
-                crate::sys::listen::bound_path(fd)
-                    .map_err(|e| ConfigError(format!("--fd {fd}: {e}")))?,
-            );
+        if fd_socket.is_some() {
+            single.socket = fd_socket;
         }
         if single.socket.is_some() {
             drafts.push(single);
@@ -283,12 +333,6 @@ impl ServeArgs {
         if let Some(m) = self.incoming_mode.or(file.incoming_mode) {
             cfg.incoming_mode = m;
         }
-        if let Some(dir) = self.tls_creds.or(file.tls_creds) {
-            let creds = crate::owner::tls::load_dir(&dir)
-                .map_err(|e| ConfigError(format!("--tls-creds: {e}")))?;
-            cfg.tls = Some(creds);
-        }
-        cfg.check_tls()?;
         if let Some(d) = self.state_dir.or(file.state_dir) {
             cfg.state_dir = d;
         }

@@ -59,7 +59,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
             let (log_level, log_format) = (args.log_level, args.log_format);
-            let cfg = match args.resolve() {
+            let (cfg, reload) = match args.resolve_reloadable() {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("error: {}", one_line(&e.to_string()));
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
                 }
             };
             vzram::init_logging(log_level, log_format);
-            match vzram::serve(cfg, log_level, log_format) {
+            match vzram::serve(cfg, log_level, log_format, reload) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     // Once, on stderr (the log's stream too): not also as a log line.

@@ -160,11 +160,13 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
             bytes: args.size,
         },
     };
-    match req {
-        Request::SetLimit { host: true, .. } => {
-            call::<HostLimitSet>(&args.control, req).map(drop)?
-        }
-        _ => call::<DeviceLimitSet>(&args.control, req).map(drop)?,
+    let warnings = match req {
+        Request::SetLimit { host: true, .. } => call::<HostLimitSet>(&args.control, req)?.warnings,
+        _ => call::<DeviceLimitSet>(&args.control, req)?.warnings,
+    };
+    // Set all the same; what it is at odds with goes to stderr.
+    for w in warnings {
+        eprintln!("warning: {w}");
     }
     let what = args
         .device

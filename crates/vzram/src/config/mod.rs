@@ -390,12 +390,8 @@ impl DaemonConfig {
                     "device {name}: mem-limit {mem_limit} is above its size {size} (0 means no limit)"
                 ));
             }
-            let host = host_mem_limit.unwrap_or(0);
-            if mem_limit != 0 && host != 0 && mem_limit > host {
-                return err(format!(
-                    "device {name}: mem-limit {mem_limit} is above the host limit {host}"
-                ));
-            }
+            // One above the host limit is accepted, with a warning when
+            // the daemon starts (the host limit caps it first).
             devices.push(DeviceSpec {
                 name,
                 socket,
@@ -513,4 +509,32 @@ fn tier_spec(
         auto_writeback,
         auto_recompress,
     })
+}
+
+/// How the configuration is built again from the file's new text, as at
+/// start (the command line's flags still win over the file).
+type Rebuild =
+    dyn Fn(FileDrafts) -> Result<(DaemonConfig, Option<PathBuf>), ConfigError> + Send + Sync;
+
+/// What SIGHUP needs: the `--config` file (absolute) and how to turn its
+/// text into a configuration.
+pub struct Reload {
+    pub path: PathBuf,
+    rebuild: Box<Rebuild>,
+}
+
+impl Reload {
+    /// `rebuild` returns the configuration and the TLS credentials
+    /// directory it names (the credentials themselves are the ones read
+    /// at start).
+    pub fn new(path: PathBuf, rebuild: Box<Rebuild>) -> Reload {
+        Reload { path, rebuild }
+    }
+
+    /// The configuration the file's `text` gives, and its TLS directory.
+    pub fn build(&self, text: &str) -> Result<(DaemonConfig, Option<PathBuf>), ConfigError> {
+        let file = parse_file(text)
+            .map_err(|e| ConfigError(format!("{}: {}", self.path.display(), e.0)))?;
+        (self.rebuild)(file)
+    }
 }

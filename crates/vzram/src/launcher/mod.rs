@@ -187,9 +187,37 @@ pub fn run() -> io::Result<()> {
                     };
                     send(&sock, &r, &[])?;
                 }
+                Some((Request::Open { id, path }, _)) => match open_regular(&path) {
+                    Ok(f) => send(&sock, &Report::Opened { id }, &[f.as_raw_fd()])?,
+                    Err(e) => send(
+                        &sock,
+                        &Report::Failed {
+                            id,
+                            error: format!("cannot read {}: {e}", path.display()),
+                        },
+                        &[],
+                    )?,
+                },
             }
         }
     }
+}
+
+/// Opens `path` read-only if it is a regular file. Without blocking: a
+/// FIFO given as the configuration file would hold up the launcher.
+fn open_regular(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(f)
 }
 
 type Prepared = (

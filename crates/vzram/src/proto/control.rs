@@ -301,12 +301,19 @@ pub struct MigrationStat {
 pub struct DeviceLimitSet {
     pub device: String,
     pub mem_limit: u64,
+    /// Set, but at odds with the host limit or with what the device
+    /// holds now: one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// The reply to `set-limit` of the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostLimitSet {
     pub host_mem_limit: u64,
+    /// Set, but below a device's limit or what the devices hold now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -65,6 +65,10 @@ pub enum Request {
         #[serde(default)]
         expect: Option<u64>,
     },
+    /// Open a regular file for reading: the configuration file, read
+    /// again on SIGHUP, which the supervisor may not open under its
+    /// filter. The reply, [`Report::Opened`], carries the descriptor.
+    Open { id: u64, path: PathBuf },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -98,6 +102,10 @@ pub enum Report {
         id: u64,
     },
     Pong {
+        id: u64,
+    },
+    /// Descriptor: the file a [`Request::Open`] named, read-only.
+    Opened {
         id: u64,
     },
 }
@@ -161,7 +169,8 @@ impl Report {
             | Report::Exited { id, .. }
             | Report::Prepared { id, .. }
             | Report::Removed { id }
-            | Report::Pong { id } => *id,
+            | Report::Pong { id }
+            | Report::Opened { id } => *id,
         }
     }
 }

@@ -669,7 +669,10 @@ impl Supervisor {
                     (None, None) => failed(&d, Restart::Signal, format!("worker {pid} ended"), ran),
                 }
             }
-            Report::Prepared { .. } | Report::Removed { .. } | Report::Pong { .. } => {}
+            Report::Prepared { .. }
+            | Report::Removed { .. }
+            | Report::Pong { .. }
+            | Report::Opened { .. } => {}
         }
         Ok(())
     }

@@ -172,25 +172,11 @@ impl Control {
                 ..
             } => {
                 let (_, d) = self.find(&r)?;
-                if bytes > d.spec.size {
-                    return Err(Error::Invalid(format!(
-                        "device {}: a limit of {bytes} bytes is above its size {} (0 means no limit)",
-                        d.spec.name, d.spec.size
-                    )));
-                }
-                let host = self.sup.pool.host_mem_limit();
-                if host != 0 && bytes > host {
-                    return Err(Error::Invalid(format!(
-                        "device {}: a limit of {bytes} bytes is above the host limit {host}",
-                        d.spec.name
-                    )));
-                }
-                // The worker, if any, reads the limit from the shared cells.
-                d.cells.budget().set_limit(bytes);
-                tracing::info!(device = %d.spec.name, bytes, "device memory limit set");
+                let warnings = self.sup.set_device_limit(&d, bytes)?;
                 Self::reply(DeviceLimitSet {
                     device: d.spec.name.clone(),
                     mem_limit: bytes,
+                    warnings,
                 })
             }
             Request::SetLimit {
@@ -198,10 +184,10 @@ impl Control {
                 host: true,
                 bytes,
             } => {
-                self.sup.pool.set_host_mem_limit(bytes);
-                tracing::info!(bytes, "host memory limit set");
+                let warnings = self.sup.set_host_limit(bytes);
                 Self::reply(HostLimitSet {
                     host_mem_limit: bytes,
+                    warnings,
                 })
             }
             Request::SetLimit {

@@ -19,9 +19,10 @@ use vzram_store::{BackingSpec, Existing, Leftover, Pool, PoolConfig, StateSpec, 
 use super::control::{self, Control};
 use super::launch;
 use super::metrics;
+use super::reload::Reloads;
 use super::served::{BackingFile, Served};
 use super::{Supervisor, WorkerEnv};
-use crate::config::{DaemonConfig, DeviceSpec, SeccompMode};
+use crate::config::{DaemonConfig, DeviceSpec, Reload, SeccompMode};
 use crate::owner::attach::device_config;
 use crate::owner::migration::{set_incoming, settle_send, Listener};
 use crate::owner::placement;
@@ -188,7 +189,13 @@ impl Drop for SocketFiles {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Returns the signal number.
-pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Result<i32, Error> {
+/// SIGHUP reads the configuration file again when `reload` says how.
+pub fn run(
+    cfg: DaemonConfig,
+    log_level: LogLevel,
+    log_format: LogFormat,
+    reload: Option<Reload>,
+) -> Result<i32, Error> {
     // Block the shutdown signals before any thread starts, so every thread
     // inherits the mask and only `sigwait` below ever sees them.
     let signals = ShutdownSignals::block().map_err(Error::Signal)?;
@@ -423,6 +430,12 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
         .map_err(Error::Launcher)?,
     );
     *sup.leftovers_mut() = leftovers;
+    // Limits at odds with each other or with what recovered states hold
+    // are accepted, with a warning, as `set-limit` accepts them.
+    for (_, d) in sup.devices() {
+        sup.device_limit_warnings(&d);
+    }
+    sup.host_limit_warnings(false);
     let looping = {
         let sup = sup.clone();
         std::thread::Builder::new()
@@ -474,7 +487,8 @@ pub fn run(cfg: DaemonConfig, log_level: LogLevel, log_format: LogFormat) -> Res
         &format!("READY=1\nSTATUS=serving {} devices", sup.devices().len()),
     );
 
-    let sig = signals.wait().map_err(Error::Signal)?;
+    let reloads = Reloads::start(sup.clone(), cfg.clone(), reload).map_err(Error::Thread)?;
+    let sig = signals.wait(|| reloads.request()).map_err(Error::Signal)?;
     if sup.loop_failed() {
         notify(&notifier, "STOPPING=1");
         drop(files);

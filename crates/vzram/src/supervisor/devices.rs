@@ -147,6 +147,9 @@ impl Supervisor {
         self.wake();
         self.tell_status();
         if let Some(d) = self.device(i) {
+            // Accepted at odds with the host limit or with a recovered
+            // state's use, as `set-limit` accepts it: with a warning.
+            self.device_limit_warnings(&d);
             self.start_incoming(d).map_err(Error::Thread)?;
         }
         Ok((i, existing))

@@ -11,7 +11,9 @@
 //! longer each time (capped) and shows as failing in `vzram stat`.
 //!
 //! The rest: orders to devices ([`orders`]), migration ([`migrate`]),
-//! devices added and removed at run time ([`devices`]), requests to the
+//! devices added and removed at run time ([`devices`]), memory limits
+//! ([`limits`]), the configuration read again on SIGHUP ([`reload`]),
+//! requests to the
 //! launcher ([`launch`]), the control socket ([`control`]), `/metrics`
 //! ([`metrics`]) and start-up ([`daemon`]).
 
@@ -39,9 +41,11 @@ pub mod daemon;
 mod devices;
 pub mod error;
 mod launch;
+mod limits;
 pub mod metrics;
 mod migrate;
 mod orders;
+pub mod reload;
 pub mod served;
 
 /// How long stopping waits for workers to go.

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// SIGTERM, SIGINT and SIGHUP, blocked in every thread and taken with
 /// `sigwait`. SIGHUP's default action would kill the daemon and every
-/// device's data with it (a closed terminal, a reload by habit).
+/// device's data with it (a closed terminal); here it reloads.
 pub struct ShutdownSignals {
     set: libc::sigset_t,
 }
@@ -30,17 +30,16 @@ impl ShutdownSignals {
         }
     }
 
-    /// Waits for a shutdown signal; SIGHUP is logged and ignored (there is
-    /// nothing to reload).
-    pub fn wait(&self) -> io::Result<i32> {
+    /// Waits for a shutdown signal; on SIGHUP calls `hup` (which hands the
+    /// reload to another thread: a shutdown signal is never kept waiting)
+    /// and waits on.
+    pub fn wait(&self, mut hup: impl FnMut()) -> io::Result<i32> {
         loop {
             let mut sig = 0;
             // SAFETY: `set` is a valid signal set and `sig` a valid out pointer.
             let rc = unsafe { libc::sigwait(&self.set, &mut sig) };
             match rc {
-                0 if sig == libc::SIGHUP => {
-                    tracing::info!("SIGHUP ignored: vzram has no configuration to reload; devices keep serving")
-                }
+                0 if sig == libc::SIGHUP => hup(),
                 0 => return Ok(sig),
                 libc::EINTR => continue,
                 e => return Err(io::Error::from_raw_os_error(e)),

@@ -1,0 +1,376 @@
+//! SIGHUP reads the `--config` file again, through the real daemon with
+//! its seccomp filter on (the default): devices added and removed, limits
+//! changed, what needs a restart logged and left, a broken file ignored,
+//! a device with a frontend kept. And the one rule for limits at odds
+//! with each other or with what a device holds: accepted, with a warning.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use vzram_tests::*;
+
+const MIB: u64 = 1 << 20;
+
+/// A `[[device]]` table.
+fn device(name: &str, socket: &Path, size: &str, extra: &str) -> String {
+    format!(
+        "[[device]]\nname = \"{name}\"\nsocket = \"{}\"\nsize = \"{size}\"\nqueues = 1\n{extra}\n",
+        s(socket)
+    )
+}
+
+/// Sends SIGHUP and waits until the daemon logs `needle` one more time
+/// than before (each reload ends with one line that says so).
+fn hup_and_wait(d: &mut Daemon, needle: &str) {
+    let before = d.log_text().matches(needle).count();
+    // SAFETY: kill(2) on the daemon we started; no memory is involved.
+    let rc = unsafe { libc::kill(d.pid() as i32, libc::SIGHUP) };
+    assert_eq!(rc, 0, "kill -HUP: {}", std::io::Error::last_os_error());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.log_text().matches(needle).count() <= before {
+        d.assert_alive();
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} within 20 s after SIGHUP:\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Writes and reads back 1 MiB on `sock`.
+fn serves(sock: &Path, seed: u64) {
+    let mut c = Client::connect(sock, 1).unwrap_or_else(|e| panic!("{}: {e}", sock.display()));
+    let data = noise(seed, MIB as usize);
+    c.q(0).write(0, &data).expect("write");
+    assert_eq!(c.q(0).read(0, data.len()).expect("read"), data);
+}
+
+fn names(st: &Stats) -> Vec<String> {
+    let mut n: Vec<String> = st.devices().iter().map(|d| d.name.clone()).collect();
+    n.sort();
+    n
+}
+
+/// `vzram ARGS --control CTL`, as it came.
+fn vzram_cli(d: &Daemon, args: &[&str]) -> Output {
+    Command::new(vzram_bin())
+        .args(args)
+        .arg("--control")
+        .arg(&d.control)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn sighup_adds_removes_and_sets_limits_and_logs_what_needs_a_restart() {
+    let dir = TempDir::new("reload-apply");
+    let (a, b, c) = (dir.join("a.sock"), dir.join("b.sock"), dir.join("c.sock"));
+    let cfg = dir.join("vzram.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_mem_limit = \"64M\"\n{}{}",
+            device("a", &a, "16M", "mem_limit = \"8M\""),
+            device("b", &b, "16M", "")
+        ),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
+    assert!(d.log_text().contains("seccomp filter active"));
+    let b_state = d.stat().dev("b").state.clone();
+    assert!(b_state.exists());
+
+    // b removed, c added, a's limit changed, a's size changed, the host
+    // limit changed.
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_mem_limit = \"48M\"\n{}{}",
+            device("a", &a, "32M", "mem_limit = \"4M\""),
+            device("c", &c, "16M", "")
+        ),
+    )
+    .unwrap();
+    hup_and_wait(&mut d, "reload done");
+    let st = d.stat_cli();
+    assert_eq!(names(&st), ["a", "c"], "{st}");
+    assert_eq!(st.counters("a").mem_limit, 4 * MIB);
+    assert_eq!(st.dev("a").size_bytes, 16 * MIB, "a size needs a restart");
+    assert_eq!(st.pool().mem_limit, 48 * MIB);
+    assert!(!b.exists(), "b's socket is removed");
+    assert!(!b_state.exists(), "b's state is removed");
+    serves(&c, 1);
+    serves(&a, 2);
+    let log = d.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("size changed in the file") && l.contains("needs a restart")),
+        "{log}"
+    );
+    for line in [
+        "reload: no longer in the file: removed",
+        "reload: in the file and not served: added",
+        "reload: mem_limit changed in the file, set",
+        "reload: host memory limit changed in the file, set",
+    ] {
+        assert!(log.contains(line), "no {line:?} in:\n{log}");
+    }
+
+    // The same file again: nothing to do, and the size still needs a restart.
+    hup_and_wait(&mut d, "reload done");
+    let log = d.log_text();
+    let last = log.lines().rfind(|l| l.contains("reload done")).unwrap();
+    assert!(last.contains("changes=0"), "{last}");
+    assert!(last.contains("need_restart=1"), "{last}");
+
+    // A device of the file removed by hand is the file's again on reload.
+    d.cli(&["remove", "--device", "c"]);
+    assert_eq!(names(&d.stat_cli()), ["a"]);
+    hup_and_wait(&mut d, "reload done");
+    assert_eq!(names(&d.stat_cli()), ["a", "c"]);
+    serves(&c, 9);
+}
+
+#[test]
+fn a_file_that_does_not_parse_changes_nothing() {
+    let dir = TempDir::new("reload-broken");
+    let a = dir.join("a.sock");
+    let cfg = dir.join("vzram.toml");
+    std::fs::write(&cfg, device("a", &a, "16M", "mem_limit = \"8M\"")).unwrap();
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a]);
+    serves(&a, 3);
+
+    // Not TOML; then TOML whose device is wrong; then no file at all.
+    let b = dir.join("b.sock");
+    let broken = [
+        format!("[[device]\nsocket = \"{}\"\n", s(&b)),
+        format!(
+            "{}{}",
+            device("a", &a, "16M", "mem_limit = \"4M\""),
+            device("b", &b, "16M", "mem_limit = \"32M\"")
+        ),
+    ];
+    for text in &broken {
+        std::fs::write(&cfg, text).unwrap();
+        hup_and_wait(&mut d, "nothing changed");
+    }
+    std::fs::remove_file(&cfg).unwrap();
+    hup_and_wait(&mut d, "nothing changed");
+    let log = d.log_text();
+    assert!(!log.contains("reload done"), "{log}");
+    let st = d.stat_cli();
+    assert_eq!(names(&st), ["a"]);
+    assert_eq!(st.counters("a").mem_limit, 8 * MIB);
+    assert!(!b.exists());
+    serves(&a, 4);
+}
+
+#[test]
+fn a_removed_device_with_a_frontend_is_kept_until_it_goes() {
+    let dir = TempDir::new("reload-connected");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let cfg = dir.join("vzram.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}{}",
+            device("a", &a, "16M", ""),
+            device("b", &b, "16M", "")
+        ),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
+    let mut client = Client::connect(&b, 1).unwrap();
+    let data = noise(5, MIB as usize);
+    client.q(0).write(0, &data).unwrap();
+
+    std::fs::write(&cfg, device("a", &a, "16M", "")).unwrap();
+    hup_and_wait(&mut d, "reload done");
+    assert_eq!(names(&d.stat_cli()), ["a", "b"]);
+    let log = d.log_text();
+    assert!(
+        log.contains("a frontend is connected: kept"),
+        "no warning in:\n{log}"
+    );
+    // Its VM saw nothing.
+    assert_eq!(client.q(0).read(0, data.len()).unwrap(), data);
+
+    // Once the frontend is gone, the next reload removes it.
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.stat().dev("b").connected {
+        assert!(Instant::now() < deadline, "b still connected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    hup_and_wait(&mut d, "reload done");
+    assert_eq!(names(&d.stat_cli()), ["a"]);
+    assert!(!b.exists());
+}
+
+#[test]
+fn a_device_added_by_reload_recovers_a_left_over_state_only_when_told() {
+    let dir = TempDir::new("reload-identity");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let cfg = dir.join("vzram.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}{}",
+            device("a", &a, "16M", ""),
+            device("b", &b, "16M", "")
+        ),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
+    serves(&b, 6);
+    d.terminate_cleanly();
+    drop(d);
+
+    // Started without b: its state is left over.
+    std::fs::write(&cfg, device("a", &a, "16M", "")).unwrap();
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a]);
+    // Back in the file, as `vzram add` would take it: refused.
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}{}",
+            device("a", &a, "16M", ""),
+            device("b", &b, "16M", "")
+        ),
+    )
+    .unwrap();
+    hup_and_wait(&mut d, "reload done");
+    assert_eq!(names(&d.stat_cli()), ["a"]);
+    assert!(
+        d.log_text()
+            .contains("reload: in the file and not served, but not added"),
+        "{}",
+        d.log_text()
+    );
+    // recover=true serves its pages.
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}{}",
+            device("a", &a, "16M", ""),
+            device("b", &b, "16M", "recover = true")
+        ),
+    )
+    .unwrap();
+    hup_and_wait(&mut d, "reload done");
+    assert_eq!(names(&d.stat_cli()), ["a", "b"]);
+    let mut c = Client::connect(&b, 1).unwrap();
+    assert_eq!(
+        c.q(0).read(0, MIB as usize).unwrap(),
+        noise(6, MIB as usize)
+    );
+}
+
+#[test]
+fn sighup_without_config_reloads_nothing() {
+    let dir = TempDir::new("reload-none");
+    let a = dir.join("a.sock");
+    let mut d = Daemon::start(
+        &dir,
+        &["--device", &format!("socket={},size=16M,queues=1", s(&a))],
+        &[&a],
+    );
+    hup_and_wait(&mut d, "nothing to reload");
+    serves(&a, 7);
+}
+
+/// Limits at odds: accepted, with a warning to the client and in the log.
+#[test]
+fn limits_at_odds_are_set_with_a_warning() {
+    let dir = TempDir::new("limits-warn");
+    let a = dir.join("a.sock");
+    let cfg = dir.join("vzram.toml");
+    // At start: a device limit above the host limit.
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_mem_limit = \"4M\"\n{}",
+            device("a", &a, "32M", "mem_limit = \"8M\"")
+        ),
+    )
+    .unwrap();
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a]);
+    assert!(
+        d.log_text()
+            .contains("device a: its limit of 8388608 bytes is above the host limit of 4194304"),
+        "{}",
+        d.log_text()
+    );
+    let st = d.stat_cli();
+    assert_eq!(st.counters("a").mem_limit, 8 * MIB);
+    assert_eq!(st.pool().mem_limit, 4 * MIB);
+
+    // set-limit: the host limit below a device's limit.
+    let o = vzram_cli(&d, &["set-limit", "--host", "2M"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        err.contains("warning: the host limit of 2097152 bytes is below device a's limit"),
+        "{err}"
+    );
+    assert_eq!(d.stat().pool().mem_limit, 2 * MIB);
+    // A device limit above the host limit.
+    let o = vzram_cli(&d, &["set-limit", "--device", "a", "6M"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{o:?}");
+    assert!(err.contains("is above the host limit"), "{err}");
+    assert_eq!(d.stat().counters("a").mem_limit, 6 * MIB);
+
+    // A device limit below what it holds now.
+    let o = vzram_cli(&d, &["set-limit", "--host", "0"]);
+    assert!(o.status.success() && o.stderr.is_empty(), "{o:?}");
+    let mut c = Client::connect(&a, 1).unwrap();
+    let data = noise(8, 4 * MIB as usize);
+    c.q(0).write(0, &data).unwrap();
+    let used = d.stat().counters("a").mem_used_total;
+    assert!(used > MIB, "{used}");
+    let o = vzram_cli(&d, &["set-limit", "--device", "a", "1M"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        err.contains("is below the") && err.contains("it holds now"),
+        "{err}"
+    );
+    assert_eq!(d.stat().counters("a").mem_limit, MIB);
+    // Nothing stored was dropped.
+    assert_eq!(c.q(0).read(0, data.len()).unwrap(), data);
+    // And the host limit below what the devices hold.
+    let o = vzram_cli(&d, &["set-limit", "--host", "1M"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{o:?}");
+    assert!(err.contains("the devices hold now"), "{err}");
+    assert!(d.log_text().contains("the devices hold now"));
+
+    // Still refused: a device limit above its size.
+    let o = vzram_cli(&d, &["set-limit", "--device", "a", "64M"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+
+    // A reload applies the same rule: a host limit below the device's.
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_mem_limit = \"3M\"\n{}",
+            device("a", &a, "32M", "mem_limit = \"16M\"")
+        ),
+    )
+    .unwrap();
+    hup_and_wait(&mut d, "reload done");
+    let st = d.stat_cli();
+    assert_eq!(st.pool().mem_limit, 3 * MIB);
+    assert_eq!(st.counters("a").mem_limit, 16 * MIB);
+    let log = d.log_text();
+    let after = &log[log.rfind("SIGHUP").unwrap()..];
+    assert!(
+        after.contains("device a: its limit of 16777216 bytes is above the host limit of 3145728"),
+        "{after}"
+    );
+    assert!(after.contains("the devices hold now"), "{after}");
+}

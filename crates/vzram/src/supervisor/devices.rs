@@ -158,6 +158,19 @@ impl Supervisor {
     /// Removes device `i` for good: its frontend is disconnected, its
     /// socket and its state deleted, its memory given back.
     pub fn remove(&self, i: usize) -> Result<()> {
+        self.remove_with(i, false)
+    }
+
+    /// Stops serving device `i` but keeps its state (and what its backing
+    /// file holds): a left-over state from now on, which `add ...,
+    /// recover=true` serves again and `vzram forget` deletes. What a
+    /// reload does with a device gone from the file: an edit of a file
+    /// never deletes a VM's disk by itself.
+    pub fn unserve(&self, i: usize) -> Result<()> {
+        self.remove_with(i, true)
+    }
+
+    fn remove_with(&self, i: usize, keep_state: bool) -> Result<()> {
         let Some(d) = self.device(i) else {
             return Err(Error::NoIndex(i));
         };
@@ -180,6 +193,14 @@ impl Supervisor {
         let socket = d.spec.socket.clone();
         let dir = d.files.dir.clone();
         let name = d.spec.name.clone();
+        let left = vzram_store::Leftover {
+            name: name.clone(),
+            dir: dir.clone(),
+            size_bytes: d.files.header.size_bytes,
+            bytes: d.state_bytes(),
+            socket: d.files.header.socket.clone(),
+            creation_id: d.files.header.creation_id,
+        };
         // Everyone else lets go within moments (a stat, the loop's turn);
         // the state can be deleted only once its lock is free.
         let mut d = d;
@@ -202,10 +223,16 @@ impl Supervisor {
         let (report, _) = self.ask(|id| Request::Remove {
             id,
             socket: Some(socket),
-            state: Some(dir),
+            state: (!keep_state).then_some(dir),
             expect: None,
         })?;
         match report {
+            Report::Removed { .. } if keep_state => {
+                tracing::warn!(device = %name, "no longer served; its state is kept, left over (`vzram add --device ...,name={name},recover=true` serves it again, `vzram forget {name}` deletes it)");
+                self.leftovers_mut().push(left);
+                self.tell_status();
+                Ok(())
+            }
             Report::Removed { .. } => {
                 // Its written-back pages went with the state: the file is
                 // blank again, for any device to take.

@@ -1,8 +1,8 @@
 //! SIGHUP (`systemctl reload`): the `--config` file is read again and
 //! what can change at run time is applied: devices in the file and not
 //! served added (as `vzram add` adds them, under its identity rules),
-//! devices gone from the file removed (only while no frontend is
-//! connected), device and host memory limits (as `vzram set-limit`
+//! devices gone from the file no longer served (only while no frontend
+//! is connected; their states are kept, left over), device and host memory limits (as `vzram set-limit`
 //! sets them). What cannot change while serving is logged as needing a
 //! restart and left as it is. A file that does not parse changes nothing.
 
@@ -227,8 +227,10 @@ fn same_device(
     }
 }
 
-/// A device no longer in the file: removed, with its state, unless a
-/// frontend is connected. Whether it was removed.
+/// A device no longer in the file: no longer served, unless a frontend is
+/// connected; its state is kept as a left-over one (a file edited by
+/// mistake, a device renamed, must not delete a VM's disk: `vzram forget`
+/// does that on purpose). Whether it was taken out.
 fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
     let Some((i, d)) = sup
         .devices()
@@ -251,16 +253,16 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
     if busy {
         tracing::warn!(
             device = %spec.name,
-            "reload: no longer in the file, but a frontend is connected: kept, since removing it deletes its state, the VM's disk (a device busy with a compaction or reset is kept too); stop the VM and reload again, or `vzram remove {}`",
+            "reload: no longer in the file, but a frontend is connected: still served (a device busy with a compaction or reset is kept too); stop the VM and reload again, or `vzram remove {}`",
             spec.name
         );
         return false;
     }
     // Removing waits for every other hold on the device to go.
     drop(d);
-    match sup.remove(i) {
+    match sup.unserve(i) {
         Ok(()) => {
-            tracing::info!(device = %spec.name, "reload: no longer in the file: removed, with its state");
+            tracing::info!(device = %spec.name, "reload: no longer in the file: no longer served, its state kept as a left-over one");
             true
         }
         Err(e) => {

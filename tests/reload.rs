@@ -22,6 +22,16 @@ fn device(name: &str, socket: &Path, size: &str, extra: &str) -> String {
 
 /// Sends SIGHUP and waits until the daemon logs `needle` one more time
 /// than before (each reload ends with one line that says so).
+/// The file with devices a and b (16M each), `b_extra` in b's table.
+fn write_ab(cfg: &Path, a: &Path, b: &Path, b_extra: &str) {
+    let text = format!(
+        "{}{}",
+        device("a", a, "16M", ""),
+        device("b", b, "16M", b_extra)
+    );
+    std::fs::write(cfg, text).unwrap();
+}
+
 fn hup_and_wait(d: &mut Daemon, needle: &str) {
     let before = d.log_text().matches(needle).count();
     // SAFETY: kill(2) on the daemon we started; no memory is involved.
@@ -182,15 +192,7 @@ fn a_removed_device_with_a_frontend_is_kept_until_it_goes() {
     let dir = TempDir::new("reload-connected");
     let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
     let cfg = dir.join("vzram.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "{}{}",
-            device("a", &a, "16M", ""),
-            device("b", &b, "16M", "")
-        ),
-    )
-    .unwrap();
+    write_ab(&cfg, &a, &b, "");
     let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
     let mut client = Client::connect(&b, 1).unwrap();
     let data = noise(5, MIB as usize);
@@ -224,15 +226,7 @@ fn a_device_added_by_reload_recovers_a_left_over_state_only_when_told() {
     let dir = TempDir::new("reload-identity");
     let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
     let cfg = dir.join("vzram.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "{}{}",
-            device("a", &a, "16M", ""),
-            device("b", &b, "16M", "")
-        ),
-    )
-    .unwrap();
+    write_ab(&cfg, &a, &b, "");
     let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
     serves(&b, 6);
     d.terminate_cleanly();
@@ -242,15 +236,7 @@ fn a_device_added_by_reload_recovers_a_left_over_state_only_when_told() {
     std::fs::write(&cfg, device("a", &a, "16M", "")).unwrap();
     let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a]);
     // Back in the file, as `vzram add` would take it: refused.
-    std::fs::write(
-        &cfg,
-        format!(
-            "{}{}",
-            device("a", &a, "16M", ""),
-            device("b", &b, "16M", "")
-        ),
-    )
-    .unwrap();
+    write_ab(&cfg, &a, &b, "");
     hup_and_wait(&mut d, "reload done");
     assert_eq!(names(&d.stat_cli()), ["a"]);
     assert!(
@@ -260,15 +246,7 @@ fn a_device_added_by_reload_recovers_a_left_over_state_only_when_told() {
         d.log_text()
     );
     // recover=true serves its pages.
-    std::fs::write(
-        &cfg,
-        format!(
-            "{}{}",
-            device("a", &a, "16M", ""),
-            device("b", &b, "16M", "recover = true")
-        ),
-    )
-    .unwrap();
+    write_ab(&cfg, &a, &b, "recover = true");
     hup_and_wait(&mut d, "reload done");
     assert_eq!(names(&d.stat_cli()), ["a", "b"]);
     let mut c = Client::connect(&b, 1).unwrap();

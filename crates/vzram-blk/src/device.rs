@@ -45,9 +45,9 @@ pub enum ExecError {
     /// A discard/write-zeroes segment longer than `max_discard_sectors`. IOERR.
     #[error("discard/write-zeroes segment of {0} sectors is too long")]
     SegmentTooLong(u32),
-    /// Compressing a page of the write failed unexpectedly (a bug, caught
-    /// so the queue goes on). IOERR.
-    #[error("the compress pool lost a page of this write")]
+    /// Compressing or reading a page of the request on the compress pool
+    /// failed unexpectedly (a bug, caught so the queue goes on). IOERR.
+    #[error("the compress pool lost a page of this request")]
     Lost,
 }
 
@@ -229,6 +229,19 @@ impl BlkDevice {
         }
         let (start, end) = self.byte_range(req.offset(), req.readable_len).ok()?;
         if !start.is_multiple_of(PAGE) || !req.readable_len.is_multiple_of(PAGE) || start == end {
+            return None;
+        }
+        Some((start / PAGE, ((end - start) / PAGE) as usize))
+    }
+
+    /// The first slot and the page count of a read that is whole, aligned
+    /// pages inside the device: what the compress pool can decompress.
+    pub fn whole_page_read(&self, req: &Request) -> Option<(u64, usize)> {
+        if req.kind != RequestType::In {
+            return None;
+        }
+        let (start, end) = self.byte_range(req.offset(), req.writable_len).ok()?;
+        if !start.is_multiple_of(PAGE) || !req.writable_len.is_multiple_of(PAGE) || start == end {
             return None;
         }
         Some((start / PAGE, ((end - start) / PAGE) as usize))

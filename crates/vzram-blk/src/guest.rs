@@ -111,6 +111,37 @@ pub(crate) unsafe fn with_mut<M: GuestMemory + ?Sized, T>(
     Some(r)
 }
 
+/// The start of the `len` bytes at `addr`, when they lie in one region,
+/// for a pooled read to decompress into from another thread (see
+/// `pool::GuestPage`). The pointer is valid while the snapshot `mem` is
+/// from stays alive; writing through it falls under [`with_mut`]'s
+/// contract, and the writer marks the bytes dirty ([`mark_dirty`]) after.
+pub(crate) fn ptr_mut<M: GuestMemory + ?Sized>(
+    mem: &M,
+    addr: GuestAddress,
+    len: usize,
+) -> Option<std::ptr::NonNull<u8>> {
+    let s = mem.physical_memory()?.get_slice(addr, len).ok()?;
+    if s.len() != len {
+        return None;
+    }
+    // The guard of an mmap region (vm-memory without xen) unmaps nothing
+    // when dropped: the pointer outlives it.
+    std::ptr::NonNull::new(s.ptr_guard_mut().as_ptr())
+}
+
+/// Tells the dirty log (if any) that the `len` bytes at `addr` changed:
+/// what [`with_mut`] does after its writer, for bytes another thread wrote
+/// through [`ptr_mut`].
+pub(crate) fn mark_dirty<M: GuestMemory + ?Sized>(mem: &M, addr: GuestAddress, len: usize) {
+    if let Some(s) = mem
+        .physical_memory()
+        .and_then(|pm| pm.get_slice(addr, len).ok())
+    {
+        s.bitmap().mark_dirty(0, s.len());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

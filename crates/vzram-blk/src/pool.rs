@@ -1,9 +1,12 @@
 //! The compress pool: a few threads, shared by every queue of the process,
 //! that turn the pages of a queue's multi-page writes into store objects
-//! ([`vzram_store::Device::prepare_write`]) while the queue thread goes on
+//! ([`vzram_store::Device::prepare_write`]) and decompress the pages of its
+//! multi-page reads straight into guest memory
+//! ([`vzram_store::Device::read_page`]) while the queue thread goes on
 //! parsing. The queue thread commits and completes in its own order; the
 //! pool only ever sees pages, never the ring. Writes smaller than
-//! `POOL_MIN_PAGES` (queue.rs) stay on the queue thread.
+//! `POOL_MIN_PAGES` and reads smaller than `POOL_MIN_READ_PAGES` (queue.rs)
+//! stay on the queue thread.
 //!
 //! A queue thread hands over a [`Batch`] of jobs and then helps: it runs
 //! jobs off the shared list itself until its own are done, so a pool of N
@@ -13,6 +16,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -46,12 +50,43 @@ struct Tasks {
     stop: bool,
 }
 
-/// One page to prepare and, once done, its result.
+/// A page of guest memory a pooled read decompresses into.
+#[derive(Clone, Copy)]
+pub struct GuestPage(NonNull<Page>);
+
+// SAFETY: a pointer into guest memory, which is shared by every thread of
+// the process; `GuestPage::new`'s caller keeps it mapped until the job that
+// holds it is done, whichever thread runs it.
+unsafe impl Send for GuestPage {}
+
+impl GuestPage {
+    /// # Safety
+    ///
+    /// `ptr` is the start of `PAGE_SIZE` bytes of guest memory in one
+    /// region, which stay mapped until every job of the batch it is put in
+    /// is done ([`CompressPool::wait`] or [`Batch::wait_done`] returned).
+    /// The bytes are written as `crate::guest::with_mut` writes them, and
+    /// its contract holds for them.
+    pub(crate) unsafe fn new(ptr: NonNull<u8>) -> GuestPage {
+        GuestPage(ptr.cast())
+    }
+}
+
+/// One page to prepare (a write) or to read into guest memory and, once
+/// done, its result.
 pub struct Job {
     pub slot: u64,
     pub page: Box<Page>,
-    /// None until done; stays None if preparing panicked.
-    out: Option<Result<Prepared, StoreError>>,
+    /// Some: a read of `slot` into this page of guest memory; `page` is
+    /// unused.
+    read_to: Option<GuestPage>,
+    /// None until done; stays None if the job panicked.
+    out: Option<Outcome>,
+}
+
+enum Outcome {
+    Prepared(Result<Prepared, StoreError>),
+    Read(Result<(), StoreError>),
 }
 
 /// A queue's jobs in flight. Made once per queue and reused: the pages
@@ -73,6 +108,7 @@ impl Batch {
                     Mutex::new(Job {
                         slot: 0,
                         page: Box::new([0; PAGE_SIZE]),
+                        read_to: None,
                         out: None,
                     })
                 })
@@ -83,22 +119,70 @@ impl Batch {
         })
     }
 
-    /// Job `i`, to fill in before handing it over with [`CompressPool::submit`].
+    /// Job `i` as a write, to fill in before handing it over with
+    /// [`CompressPool::submit`].
     pub fn job(&self, i: usize) -> MutexGuard<'_, Job> {
-        lock(&self.jobs[i])
+        let mut job = lock(&self.jobs[i]);
+        job.read_to = None;
+        job
     }
 
-    /// Job `i`'s result, once [`CompressPool::wait`] returned. None: it was
-    /// never submitted, or preparing it panicked.
+    /// Makes job `i` a read of `slot` into `to`.
+    pub fn read_job(&self, i: usize, slot: u64, to: GuestPage) {
+        let mut job = lock(&self.jobs[i]);
+        job.slot = slot;
+        job.read_to = Some(to);
+    }
+
+    /// Write job `i`'s result, once [`CompressPool::wait`] returned. None:
+    /// it was never submitted, or preparing it panicked.
     pub fn take(&self, i: usize) -> Option<Result<Prepared, StoreError>> {
-        lock(&self.jobs[i]).out.take()
+        match lock(&self.jobs[i]).out.take() {
+            Some(Outcome::Prepared(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Read job `i`'s result, as [`Batch::take`].
+    pub fn take_read(&self, i: usize) -> Option<Result<(), StoreError>> {
+        match lock(&self.jobs[i]).out.take() {
+            Some(Outcome::Read(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Blocks until every submitted job is done, running none of them:
+    /// guest memory that reads write into must stay mapped until then,
+    /// even when the queue thread unwinds.
+    pub fn wait_done(&self) {
+        let mut g = lock(&self.done);
+        while self.pending.load(Ordering::Acquire) > 0 {
+            g = self.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     fn run(&self, i: usize, cx: &mut Context) {
         let mut job = lock(&self.jobs[i]);
-        let Job { slot, page, out } = &mut *job;
+        let Job {
+            slot,
+            page,
+            read_to,
+            out,
+        } = &mut *job;
         // A panic must not leave the queue waiting for this job forever.
-        *out = catch_unwind(AssertUnwindSafe(|| self.dev.prepare_write(cx, *slot, page))).ok();
+        *out = catch_unwind(AssertUnwindSafe(|| match read_to {
+            None => Outcome::Prepared(self.dev.prepare_write(cx, *slot, page)),
+            Some(to) => {
+                // SAFETY: `GuestPage::new`'s caller keeps the page mapped
+                // until this job is done, and read_page only writes it (a
+                // fill, a copy, or a decoder's output, taking no length or
+                // index from what it reads back): `guest::with_mut`'s
+                // contract, as for a read on the queue thread.
+                let dst = unsafe { to.0.as_mut() };
+                Outcome::Read(self.dev.read_page(cx, *slot, dst))
+            }
+        }))
+        .ok();
         drop(job);
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             let _g = lock(&self.done);
@@ -160,13 +244,8 @@ impl CompressPool {
             let next = lock(&self.inner.tasks).queue.pop_front();
             match next {
                 Some((b, i)) => b.run(i, cx),
-                None => {
-                    // The rest are running on pool threads.
-                    let mut g = lock(&batch.done);
-                    while batch.pending.load(Ordering::Acquire) > 0 {
-                        g = batch.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
-                    }
-                }
+                // The rest are running on pool threads.
+                None => batch.wait_done(),
             }
         }
     }

@@ -5,7 +5,8 @@
 //! One drain loop decides when a drain ends (EVENT_IDX re-enable, polling,
 //! a pass that takes nothing); a strategy decides how a pass takes and
 //! completes requests: `Inline`, one at a time on this thread, or
-//! `Batched`, whose multi-page writes the compress pool compresses.
+//! `Batched`, whose multi-page writes the compress pool compresses and
+//! whose multi-page reads it decompresses.
 
 use std::io;
 use std::sync::Arc;
@@ -18,8 +19,8 @@ use vzram_store::{Context, Device, Op, Page, PAGE_SIZE};
 
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
 use crate::poll::Poller;
-use crate::pool::{Batch, CompressPool, BATCH_PAGES};
-use crate::request::{Request, RequestError, SegmentCursor};
+use crate::pool::{Batch, CompressPool, GuestPage, BATCH_PAGES};
+use crate::request::{Request, RequestError, RequestType, SegmentCursor};
 
 /// Why a queue stopped draining; the guest's doing, logged and survived.
 #[derive(Debug, thiserror::Error)]
@@ -294,13 +295,16 @@ impl Strategy for Inline {
 }
 
 /// Takes up to [`BATCH_REQUESTS`] chains (and [`BATCH_PAGES`] pages of
-/// whole-page writes of at least [`POOL_MIN_PAGES`]) off the ring, copying
-/// each such write's pages out of guest memory and handing them to the pool
+/// whole-page writes of at least [`POOL_MIN_PAGES`] and reads of at least
+/// [`POOL_MIN_READ_PAGES`]) off the ring, copying each such write's pages
+/// out of guest memory and handing them, and the reads' pages, to the pool
 /// as it goes; then, in avail order, runs the others and commits the
 /// writes, writes each status and adds each to the used ring. Completions
 /// stay in the order the chains were taken (see [`drain_queue`] on why QEMU
 /// needs that), and so do commits: of two writes to one slot in a batch the
-/// later one wins, and a read sees every write taken before it.
+/// later one wins, and a read sees every write taken before it (only reads
+/// taken before any request that changes the store go to the pool: the
+/// pool reads before anything commits).
 struct Batched;
 
 impl Strategy for Batched {
@@ -317,7 +321,8 @@ impl Strategy for Batched {
         A: GuestAddressSpace,
         H: ChainHook,
     {
-        let n = take_batch(ring, mem, dev, scratch, hook);
+        let mut held = Held::default();
+        let n = take_batch(ring, mem, dev, scratch, hook, &mut held);
         if n > 0 {
             complete_batch(ring, mem, dev, scratch, hook, n, pending)?;
         }
@@ -420,6 +425,60 @@ enum State {
         first: usize,
         n: usize,
     },
+    /// A read of whole pages, jobs `first..first + n`, each decompressed
+    /// straight into its page of guest memory.
+    PooledRead {
+        first: usize,
+        n: usize,
+    },
+}
+
+/// The guest memory snapshots a batch's pooled reads write into, kept
+/// until their jobs are done (dropping it waits for them, should the
+/// queue thread unwind): a memory table change must not unmap a page a
+/// pool thread is writing.
+struct Held<T> {
+    batch: Option<Arc<Batch>>,
+    first: Option<T>,
+    more: Vec<T>,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            batch: None,
+            first: None,
+            more: Vec::new(),
+        }
+    }
+}
+
+impl<T> Held<T> {
+    /// Keeps `snap` (once: requests between table changes share one).
+    fn keep<M: ?Sized>(&mut self, batch: &Arc<Batch>, snap: T)
+    where
+        T: std::ops::Deref<Target = M>,
+    {
+        if self.batch.is_none() {
+            self.batch = Some(batch.clone());
+        }
+        let last = self.more.last().or(self.first.as_ref());
+        if last.is_some_and(|l| std::ptr::eq::<M>(&**l, &*snap)) {
+            return;
+        }
+        match self.first {
+            None => self.first = Some(snap),
+            Some(_) => self.more.push(snap),
+        }
+    }
+}
+
+impl<T> Drop for Held<T> {
+    fn drop(&mut self) {
+        if let Some(b) = &self.batch {
+            b.wait_done();
+        }
+    }
 }
 
 /// Requests one batch takes from the ring before it completes them.
@@ -430,6 +489,9 @@ const BATCH_REQUESTS: usize = 128;
 /// guest's swap-out is mostly writes of 16 pages and more (BENCHMARKS.md
 /// §8.4), which the pool spreads over its threads.
 pub const POOL_MIN_PAGES: usize = 4;
+/// Pages a read must carry to go to the pool. A read hands over no copy,
+/// only a pointer, and its pages are written where the guest wants them.
+pub const POOL_MIN_READ_PAGES: usize = 2;
 
 /// Pops and parses up to a batch of chains, submitting whole-page writes to
 /// the pool as they come. Returns how many were taken.
@@ -439,6 +501,7 @@ fn take_batch<R, A, H>(
     dev: &BlkDevice,
     scratch: &mut Scratch,
     hook: &mut H,
+    held: &mut Held<A::T>,
 ) -> usize
 where
     R: QueueRing,
@@ -448,6 +511,9 @@ where
     let b = scratch.batched.as_mut().expect("callers check");
     let mut n = 0;
     let mut pages = 0;
+    // Whether a request taken so far may change the store: reads after it
+    // run at their turn, after it.
+    let mut mutated = false;
     while n < BATCH_REQUESTS && pages < BATCH_PAGES {
         // A fresh snapshot per request, as in `drain_queue`.
         let guard = mem.memory();
@@ -477,6 +543,24 @@ where
         // the object one request ahead of its turn (`complete_batch`).
         e.slot = dev.first_slot(&e.req);
         dev.prefetch_slot(e.slot);
+        let read = (!mutated).then(|| dev.whole_page_read(&e.req)).flatten();
+        mutated |= !matches!(
+            e.req.kind,
+            RequestType::In | RequestType::Flush | RequestType::GetId
+        );
+        if let Some((slot, count)) = read {
+            let first = pages;
+            if (POOL_MIN_READ_PAGES..=BATCH_PAGES - pages).contains(&count)
+                && point_reads(m, &e.req, &b.batch, slot, first..first + count)
+            {
+                held.keep(&b.batch, guard.clone());
+                b.pool.submit(&b.batch, first..first + count);
+                pages += count;
+                e.since = Instant::now();
+                e.state = State::PooledRead { first, n: count };
+                continue;
+            }
+        }
         e.state = match dev.whole_page_write(&e.req) {
             // One that does not fit in what is left of the batch runs on
             // this thread at its turn.
@@ -496,6 +580,33 @@ where
         };
     }
     n
+}
+
+/// Points a read's jobs at its pages of guest memory. False when a page is
+/// not one piece of one region: the read then runs on this thread, at its
+/// turn, and the jobs are not submitted.
+fn point_reads<M: GuestMemory>(
+    mem: &M,
+    req: &Request,
+    batch: &Batch,
+    first_slot: u64,
+    jobs: std::ops::Range<usize>,
+) -> bool {
+    let mut out = SegmentCursor::new(&req.writable);
+    for (k, i) in jobs.enumerate() {
+        let Some(ptr) = out
+            .next_whole(PAGE_SIZE)
+            .and_then(|a| crate::guest::ptr_mut(mem, a, PAGE_SIZE))
+        else {
+            return false;
+        };
+        // SAFETY: PAGE_SIZE bytes of one region (ptr_mut checked them),
+        // kept mapped by the snapshot `mem` derefs from, which the caller
+        // holds (`Held`) until the batch's jobs are done; the pool writes
+        // them only with read_page, as `guest::with_mut`'s contract asks.
+        batch.read_job(i, first_slot + k as u64, unsafe { GuestPage::new(ptr) });
+    }
+    true
 }
 
 /// Copies a write's payload into the batch's job pages: the guest may change
@@ -578,6 +689,24 @@ where
                     }
                 }
                 dev.record_latency(Op::Write, cx.shard(), e.since);
+                *clock = None;
+                r
+            }
+            State::PooledRead { first, n } => {
+                let mut r = Ok(e.req.writable_len as u32);
+                for i in first..first + n {
+                    match (b.batch.take_read(i), &r) {
+                        (Some(Ok(())), _) | (_, Err(_)) => {}
+                        (Some(Err(err)), Ok(_)) => r = Err(ChainError::Exec(err.into())),
+                        (None, Ok(_)) => r = Err(ChainError::Exec(ExecError::Lost)),
+                    }
+                }
+                // Every page was written, even after a failed one.
+                let mut out = SegmentCursor::new(&e.req.writable);
+                while let Some(a) = out.next_whole(PAGE_SIZE) {
+                    crate::guest::mark_dirty(m, a, PAGE_SIZE);
+                }
+                dev.record_latency(Op::Read, cx.shard(), e.since);
                 *clock = None;
                 r
             }

@@ -392,6 +392,22 @@ impl<'a> SegmentCursor<'a> {
         Some(r)
     }
 
+    /// The address of the next `n` bytes of the stream, and moves past
+    /// them, when they lie in one segment; else None, and the cursor stays.
+    pub(crate) fn next_whole(&mut self, n: usize) -> Option<GuestAddress> {
+        while self.segs.get(self.idx)?.len == self.off {
+            self.idx += 1;
+            self.off = 0;
+        }
+        let seg = self.segs[self.idx];
+        if ((seg.len - self.off) as usize) < n {
+            return None;
+        }
+        let addr = seg.addr.unchecked_add(u64::from(self.off));
+        self.off += n as u32;
+        Some(addr)
+    }
+
     fn next_piece(
         &mut self,
         want: usize,

@@ -22,8 +22,10 @@ pub struct Cli {
 pub enum Cmd {
     /// Run one fio-like job against one or more targets.
     Run(RunArgs),
-    /// The standard comparison: 4K randread/randwrite QD32 on 1 and 2 queues, QD1
-    /// randread, memory per GiB stored, for qsd, vzram and the codec ceiling.
+    /// The standard comparison, shaped like a swapping guest on one queue: 4K
+    /// randread and randwrite QD32, 4K randread QD1, 64K randwrite QD8 (swap-out),
+    /// 32K randread QD8 and QD1 (swap-in readahead), and memory per GiB stored; for
+    /// qsd, vzram and the codec ceiling. Queue counts: `scaling`.
     Compare(CompareArgs),
     /// vzram (and qsd for contrast) at 1, 2, 4... queues, up to the core count.
     Scaling(ScalingArgs),

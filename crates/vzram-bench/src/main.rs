@@ -75,20 +75,24 @@ fn real_main(cli: Cli) -> Result<()> {
             let c = &a.common;
             let targets = parse_targets(&a.targets, c.algo)?;
             let mut plan: Plan = Vec::new();
-            for (kind, qd, queues) in [
-                (JobKind::Randread, 32, 1),
-                (JobKind::Randwrite, 32, 1),
-                (JobKind::Randread, 1, 1),
-                (JobKind::Randread, 32, 2),
-                (JobKind::Randwrite, 32, 2),
+            // What a swapping guest does, one queue: 4K pages at depth and
+            // alone, swap-out as the 64K writes Linux batches, swap-in as the
+            // 32K reads of its page-cluster readahead (8 pages).
+            for (kind, bs, qd) in [
+                (JobKind::Randread, 4096, 32),
+                (JobKind::Randwrite, 4096, 32),
+                (JobKind::Randread, 4096, 1),
+                (JobKind::Randwrite, 65536, 8),
+                (JobKind::Randread, 32768, 8),
+                (JobKind::Randread, 32768, 1),
             ] {
-                // The codec has no queue depth: its QD1 run would repeat the QD32 one.
+                // The codec has no queue depth: its QD1 run would repeat the deep one.
                 let t: Vec<TargetSpec> = targets
                     .iter()
                     .filter(|t| qd > 1 || t.kind != Kind::Codec)
                     .copied()
                     .collect();
-                plan.push((job_spec(c, kind, 4096, qd, queues, true), t));
+                plan.push((job_spec(c, kind, bs, qd, 1, true), t));
             }
             // Memory per GiB stored, per algorithm: one sequential fill each.
             let mut fill_targets: Vec<TargetSpec> = Vec::new();

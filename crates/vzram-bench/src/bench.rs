@@ -89,13 +89,35 @@ pub fn run_plan(ctx: &mut Ctx, plan: &Plan, repeat: u32) -> Result<Vec<RunResult
     Ok(results)
 }
 
+/// The plan without the targets this host cannot run (see `targets::skipped`);
+/// an error if nothing is left.
+pub fn without(plan: Plan, skipped: &[(TargetSpec, String)]) -> Result<Plan> {
+    let plan: Plan = plan
+        .into_iter()
+        .map(|(job, ts)| {
+            let ts: Vec<TargetSpec> = ts
+                .into_iter()
+                .filter(|t| skipped.iter().all(|(s, _)| s != t))
+                .collect();
+            (job, ts)
+        })
+        .filter(|(_, ts)| !ts.is_empty())
+        .collect();
+    if plan.is_empty() {
+        bail!("no target left to run");
+    }
+    Ok(plan)
+}
+
 pub fn run_one(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Result<RunResult> {
     job.validate()?;
     ctx.seq += 1;
     let load = crate::sys::load_1m();
     let mut r = match spec.kind {
         Kind::Codec => run_codec(ctx, spec, job, rep),
-        Kind::Qsd | Kind::Vzram | Kind::VzramBase => run_block(ctx, spec, job, rep),
+        Kind::Qsd | Kind::Vzram | Kind::VzramBase | Kind::HostZram => {
+            run_block(ctx, spec, job, rep)
+        }
     }?;
     r.load_1m = load;
     Ok(r)
@@ -123,10 +145,7 @@ fn base_result(spec: &TargetSpec, job: &JobSpec, rep: u32, ctx: &Ctx, t: &Totals
     RunResult {
         record: "run".into(),
         target: spec.label(),
-        target_kind: match spec.kind {
-            Kind::VzramBase => "vzram-base".into(),
-            k => format!("{k:?}").to_lowercase(),
-        },
+        target_kind: spec.kind.name().into(),
         algo: (spec.kind != Kind::Qsd).then(|| spec.algo.to_string()),
         job: job.kind.name().into(),
         bs: job.bs,
@@ -351,7 +370,8 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
     if r.stored_bytes > 0 {
         r.mem_per_byte = Some(mem.host_bytes as f64 / r.stored_bytes as f64);
     }
-    // vzram's stat numbers; other targets (and a failed stat) have none.
+    // vzram's stat or zram's mm_stat numbers; other targets (and a failed stat)
+    // have none.
     if let Some(sizes) = mem.stat_sizes {
         let (orig, compr) = (sizes.orig_data_size, sizes.compr_data_size);
         if orig > 0 && compr > 0 {
@@ -360,4 +380,44 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
     }
     r.mem_details = serde_json::to_value(&mem)?;
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(kind: JobKind) -> JobSpec {
+        JobSpec {
+            kind,
+            bs: 4096,
+            iodepth: 1,
+            queues: 1,
+            size: 1 << 20,
+            runtime_s: 1.0,
+            ramp_s: 0.0,
+            prefill: false,
+            verify: false,
+            poll: false,
+            think_us: 0,
+        }
+    }
+
+    #[test]
+    fn skipped_targets_leave_the_plan() {
+        let t = |s: &str| TargetSpec::parse(s, Algo::Lz4).unwrap();
+        let plan: Plan = vec![
+            (
+                job(JobKind::Randread),
+                vec![t("qsd"), t("host-zram"), t("vzram")],
+            ),
+            (job(JobKind::Fill), vec![t("host-zram")]),
+        ];
+        let skipped = vec![(t("host-zram"), "no zram".to_string())];
+        let left = without(plan.clone(), &skipped).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].1, vec![t("qsd"), t("vzram")]);
+        assert_eq!(without(plan.clone(), &[]).unwrap().len(), 2);
+        let only = vec![(job(JobKind::Fill), vec![t("host-zram")])];
+        assert!(without(only, &skipped).is_err());
+    }
 }

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 #[command(
     name = "vzram-bench",
     version,
-    about = "Benchmark vzram against qemu-storage-daemon and the raw codec: same client \
-             (libblkio virtio-blk-vhost-user), same data, same machine, same run."
+    about = "Benchmark vzram against qemu-storage-daemon (a tmpfs file, or the host's \
+             kernel zram) and the raw codec: same client (libblkio virtio-blk-vhost-user), \
+             same data, same machine, same run."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -25,7 +26,8 @@ pub enum Cmd {
     /// The standard comparison, shaped like a swapping guest on one queue: 4K
     /// randread and randwrite QD32, 4K randread QD1, 64K randwrite QD8 (swap-out),
     /// 32K randread QD8 and QD1 (swap-in readahead), and memory per GiB stored; for
-    /// qsd, vzram and the codec ceiling. Queue counts: `scaling`.
+    /// qsd, vzram and the codec ceiling (and host-zram when named in --targets).
+    /// Queue counts: `scaling`.
     Compare(CompareArgs),
     /// vzram (and qsd for contrast) at 1, 2, 4... queues, up to the core count.
     Scaling(ScalingArgs),
@@ -73,7 +75,8 @@ pub struct Common {
     /// Runs per configuration, targets interleaved (A B A B...); medians are reported.
     #[arg(long)]
     pub repeat: Option<u32>,
-    /// Compression algorithm for vzram and codec targets: lz4, zstd, zstd:LEVEL.
+    /// Compression algorithm for vzram and codec targets: lz4, zstd, zstd:LEVEL
+    /// (host-zram is always lz4).
     #[arg(long, default_value = "lz4")]
     pub algo: Algo,
     /// Append results as JSON lines to FILE.
@@ -127,6 +130,7 @@ pub struct Daemons {
         allow_hyphen_values = true
     )]
     pub vzram_base_args: String,
+    /// qemu-storage-daemon, for targets qsd and host-zram.
     #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
     pub qsd_bin: PathBuf,
     /// Sockets, daemon logs (and guest consoles) [default: /tmp/vzram-bench-PID]
@@ -156,8 +160,10 @@ pub struct RunArgs {
     pub prefill: bool,
     #[arg(long)]
     pub no_prefill: bool,
-    /// Comma-separated: qsd, vzram, vzram-base (needs --vzram-base-bin), codec; an
-    /// algorithm may follow '@' (vzram@zstd:3).
+    /// Comma-separated: qsd, vzram, vzram-base (needs --vzram-base-bin), host-zram,
+    /// codec; an algorithm may follow '@' (vzram@zstd:3). host-zram is a kernel
+    /// zram device (lz4, hot-added, reset after the run) behind qemu-storage-daemon
+    /// with O_DIRECT; it needs root and is skipped, with the reason, without zram.
     #[arg(long, default_value = "qsd,vzram,codec")]
     pub targets: String,
     #[command(flatten)]
@@ -166,6 +172,7 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct CompareArgs {
+    /// As for `run`; qsd and host-zram, when named, also get a memory fill.
     #[arg(long, default_value = "qsd,vzram,codec")]
     pub targets: String,
     /// Algorithms whose memory per GiB stored is measured (fill runs).
@@ -186,6 +193,7 @@ pub struct ScalingArgs {
     pub iodepth: u32,
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     pub bs: u64,
+    /// As for `run` (qsd, vzram, vzram-base, host-zram, codec).
     #[arg(long, default_value = "vzram,qsd")]
     pub targets: String,
     #[command(flatten)]
@@ -279,7 +287,7 @@ pub struct MigrateArgs {
 #[derive(Args, Debug)]
 pub struct GuestArgs {
     /// Comma-separated: vzram, qsd, vzram-base (needs --vzram-base-bin or
-    /// --vzram-base-args); an algorithm may follow '@' (vzram@zstd:3).
+    /// --vzram-base-args), host-zram; an algorithm may follow '@' (vzram@zstd:3).
     #[arg(long, default_value = "vzram,qsd")]
     pub targets: String,
     /// Boots per target, targets interleaved (A B A B...); medians are reported.
@@ -347,7 +355,7 @@ mod tests {
             "--runtime",
             "5",
             "--targets",
-            "qsd,codec",
+            "qsd,host-zram,codec",
             "--synthetic",
             "--algo",
             "zstd:3",
@@ -360,6 +368,7 @@ mod tests {
         assert_eq!(r.common.algo, Algo::Zstd(3));
         assert!(r.common.synthetic);
         assert!(!r.prefill);
+        assert_eq!(r.targets, "qsd,host-zram,codec");
     }
 
     #[test]

@@ -203,9 +203,16 @@ fn check(script: &Path) -> Result<()> {
 }
 
 pub fn run(env: &Env, args: &GuestArgs, mut json: Option<JsonOut>) -> Result<Vec<GuestResult>> {
-    let targets: Vec<TargetSpec> = crate::targets::parse_targets(&args.targets, args.algo)?;
+    let mut targets: Vec<TargetSpec> = crate::targets::parse_targets(&args.targets, args.algo)?;
     if let Some(t) = targets.iter().find(|t| t.kind == Kind::Codec) {
         bail!("--targets: {} has no socket for a guest", t.label());
+    }
+    for (t, why) in crate::targets::skipped(&targets) {
+        eprintln!("{}: skipped: {why}", t.label());
+        targets.retain(|x| *x != t);
+    }
+    if targets.is_empty() {
+        bail!("no target left to run");
     }
     env.check(&targets)?;
     let script = run_sh(args.run_sh.as_deref());
@@ -321,7 +328,7 @@ fn one(
     // A daemon that died explains a failed boot better than the console does.
     let alive = target.daemon().check_alive();
     drop(target);
-    if t.kind != Kind::Qsd {
+    if matches!(t.kind, Kind::Vzram | Kind::VzramBase) {
         remove_own_state();
     }
     let (console, wall, qemu_cpu, daemon_cpu) = match (alive, r) {
@@ -331,10 +338,7 @@ fn one(
     Ok(GuestResult {
         record: "guest".into(),
         target: t.label(),
-        target_kind: match t.kind {
-            Kind::VzramBase => "vzram-base".into(),
-            k => format!("{k:?}").to_lowercase(),
-        },
+        target_kind: t.kind.name().into(),
         algo: (t.kind != Kind::Qsd).then(|| t.algo.to_string()),
         rep,
         size: args.size,

@@ -96,8 +96,11 @@ fn real_main(cli: Cli) -> Result<()> {
             }
             // Memory per GiB stored, per algorithm: one sequential fill each.
             let mut fill_targets: Vec<TargetSpec> = Vec::new();
-            if targets.iter().any(|t| t.kind == Kind::Qsd) {
-                fill_targets.push(TargetSpec::parse("qsd", c.algo)?);
+            for name in ["qsd", "host-zram"] {
+                let t = TargetSpec::parse(name, c.algo)?;
+                if targets.iter().any(|x| x.kind == t.kind) {
+                    fill_targets.push(t);
+                }
             }
             for algo in a.mem_algos.split(',').filter(|s| !s.is_empty()) {
                 let algo: Algo = algo.trim().parse()?;
@@ -343,6 +346,12 @@ fn daemons_env(d: &cli::Daemons, corpus: Corpus) -> Result<(WorkDir, Env)> {
 
 fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
     let all: Vec<TargetSpec> = plan.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+    let skipped = targets::skipped(&all);
+    for (t, why) in &skipped {
+        eprintln!("{}: skipped: {why}", t.label());
+    }
+    let plan = bench::without(plan, &skipped)?;
+    let all: Vec<TargetSpec> = plan.iter().flat_map(|(_, t)| t.iter().copied()).collect();
     let (work, env) = daemons_env(&c.daemons, Corpus::resolve(c.data.as_deref(), c.synthetic)?)?;
     env.check(&all)?;
     let repeat = c.repeat.unwrap_or(default_repeat).max(1);
@@ -366,6 +375,9 @@ fn run_plan(c: &Common, plan: Plan, default_repeat: u32) -> Result<()> {
         repeat,
         sys::nproc()
     );
+    for (t, why) in &skipped {
+        println!("{}: skipped: {why}\n", t.label());
+    }
     report::print_table(&results);
     if let Some(p) = &c.plot {
         plot::draw(&results, p)?;

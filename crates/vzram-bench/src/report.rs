@@ -155,6 +155,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 pub struct Summary {
     pub target: String,
     pub target_kind: String,
+    pub algo: Option<String>,
     pub job: String,
     pub bs: u64,
     pub iodepth: u32,
@@ -204,6 +205,7 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
             Summary {
                 target: t,
                 target_kind: r0.target_kind.clone(),
+                algo: r0.algo.clone(),
                 job: r0.job.clone(),
                 bs: r0.bs,
                 iodepth: r0.iodepth,
@@ -332,60 +334,78 @@ fn print_before_after(results: &[RunResult], s: &[Summary]) {
     println!();
 }
 
-/// vzram against qsd (per repeat, same run, then the median) and against the codec.
+/// The compressed targets against qsd and the codec; vzram against host-zram (the
+/// kernel's zram) when it ran.
 fn print_ratios(results: &[RunResult], s: &[Summary]) {
-    let vz: Vec<String> = {
-        let mut v: Vec<String> = s
-            .iter()
-            .filter(|x| x.target_kind == "vzram")
-            .map(|x| x.target.clone())
-            .collect();
-        v.dedup();
-        v
-    };
-    if vz.is_empty() {
-        return;
+    let qsd = ratio_rows(results, s, "qsd", &["vzram", "host-zram"], true);
+    if !qsd.is_empty() {
+        print_ratio_table("qsd", true, &qsd);
+    }
+    let zram = ratio_rows(results, s, "host-zram", &["vzram"], false);
+    if !zram.is_empty() {
+        println!(
+            "vzram against host-zram (kernel zram, lz4, behind qemu-storage-daemon), same run, \
+             interleaved:\n"
+        );
+        print_ratio_table("host-zram", false, &zram);
+    }
+}
+
+fn print_ratio_table(base: &str, with_codec: bool, rows: &[String]) {
+    let codec = if with_codec { " MB/s vs codec |" } else { "" };
+    println!(
+        "| config | target | IOPS vs {base} (median, min–max of runs) | p50 vs {base} | \
+         p99 vs {base} | server CPU/req vs {base} | memory vs {base} |{codec}"
+    );
+    let codec = if with_codec { "---:|" } else { "" };
+    println!("|---|---|---:|---:|---:|---:|---:|{codec}");
+    for r in rows {
+        println!("{r}");
+    }
+    println!();
+}
+
+/// One row per (configuration, target of a kind in `kinds`): IOPS against the
+/// `base` kind's run of the same repeat (then the median), medians' ratios of the
+/// rest, and MB/s against the codec of the same algorithm when `with_codec`. No
+/// rows when neither `base` nor (with_codec) a codec ran.
+fn ratio_rows(
+    results: &[RunResult],
+    s: &[Summary],
+    base: &str,
+    kinds: &[&str],
+    with_codec: bool,
+) -> Vec<String> {
+    let has = |kind: &str| s.iter().any(|x| x.target_kind == kind);
+    if !(has(base) || (with_codec && has("codec"))) {
+        return Vec::new();
     }
     let mut rows = Vec::new();
-    let configs: Vec<String> = {
-        let mut c: Vec<String> = Vec::new();
-        for x in s {
-            if !c.contains(&x.config_key()) {
-                c.push(x.config_key());
-            }
+    let mut configs: Vec<String> = Vec::new();
+    for x in s {
+        if !configs.contains(&x.config_key()) {
+            configs.push(x.config_key());
         }
-        c
-    };
+    }
     for cfg in &configs {
-        for v in &vz {
-            let find = |kind: &str, target: Option<&str>| {
-                s.iter().find(|x| {
-                    x.config_key() == *cfg
-                        && x.target_kind == kind
-                        && target.is_none_or(|t| x.target == t)
-                })
-            };
-            let Some(vs) = find("vzram", Some(v)) else {
-                continue;
-            };
-            // Per-repeat ratios against qsd, paired by repeat index.
+        let here = |x: &&Summary| x.config_key() == *cfg;
+        let bs = s.iter().filter(here).find(|x| x.target_kind == base);
+        for vs in s
+            .iter()
+            .filter(here)
+            .filter(|x| kinds.contains(&x.target_kind.as_str()))
+        {
+            // Per-repeat ratios against the base, paired by repeat index.
             let per_rep: Vec<f64> = results
                 .iter()
-                .filter(|r| r.target == *v && r.config_key() == *cfg)
+                .filter(|r| r.target == vs.target && r.config_key() == *cfg)
                 .filter_map(|r| {
                     results
                         .iter()
-                        .find(|q| {
-                            q.target_kind == "qsd" && q.config_key() == *cfg && q.rep == r.rep
-                        })
+                        .find(|q| q.target_kind == base && q.config_key() == *cfg && q.rep == r.rep)
                         .map(|q| r.iops / q.iops)
                 })
                 .collect();
-            let qs = find("qsd", None);
-            let codec = vs
-                .target
-                .strip_prefix("vzram/")
-                .and_then(|a| find("codec", Some(&format!("codec/{a}"))));
             let iops = if per_rep.is_empty() {
                 "-".to_string()
             } else {
@@ -393,37 +413,30 @@ fn print_ratios(results: &[RunResult], s: &[Summary]) {
                 let hi = per_rep.iter().cloned().fold(0.0, f64::max);
                 format!("{:.2}× ({:.2}–{:.2})", median(per_rep.clone()), lo, hi)
             };
-            let p99 = qs
-                .map(|q| format!("{:.2}×", vs.p99 / q.p99))
-                .unwrap_or("-".into());
-            let p50 = qs
-                .map(|q| format!("{:.2}×", vs.p50 / q.p50))
-                .unwrap_or("-".into());
-            let cpu = match (qs.and_then(|q| q.server_cpu_us), vs.server_cpu_us) {
-                (Some(q), Some(v)) => format!("{:.2}×", v / q),
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => format!("{:.2}×", a / b),
                 _ => "-".into(),
             };
-            let mem = match (qs.and_then(|q| q.mem_per_byte), vs.mem_per_byte) {
-                (Some(q), Some(v)) => format!("{:.2}×", v / q),
-                _ => "-".into(),
-            };
-            let vs_codec = codec
-                .map(|c| format!("{:.2}×", vs.mb_s / c.mb_s))
-                .unwrap_or("-".into());
-            rows.push(format!(
-                "| {cfg} | {v} | {iops} | {p50} | {p99} | {cpu} | {mem} | {vs_codec} |"
-            ));
+            let p50 = ratio(Some(vs.p50), bs.map(|b| b.p50));
+            let p99 = ratio(Some(vs.p99), bs.map(|b| b.p99));
+            let cpu = ratio(vs.server_cpu_us, bs.and_then(|b| b.server_cpu_us));
+            let mem = ratio(vs.mem_per_byte, bs.and_then(|b| b.mem_per_byte));
+            let mut row = format!(
+                "| {cfg} | {} | {iops} | {p50} | {p99} | {cpu} | {mem} |",
+                vs.target
+            );
+            if with_codec {
+                let codec = vs.algo.as_ref().and_then(|a| {
+                    let label = format!("codec/{a}");
+                    s.iter().filter(here).find(|x| x.target == label)
+                });
+                let c = ratio(Some(vs.mb_s), codec.map(|c| c.mb_s));
+                row.push_str(&format!(" {c} |"));
+            }
+            rows.push(row);
         }
     }
-    if rows.is_empty() {
-        return;
-    }
-    println!("| config | target | IOPS vs qsd (median, min–max of runs) | p50 vs qsd | p99 vs qsd | server CPU/req vs qsd | memory vs qsd | MB/s vs codec |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
-    for r in rows {
-        println!("{r}");
-    }
-    println!();
+    rows
 }
 
 #[cfg(test)]
@@ -435,5 +448,107 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![]).is_nan());
+    }
+
+    /// A 4K randread result of `target` with `iops` and memory per byte `mem`.
+    fn run(target: &str, rep: u32, iops: f64, mem: f64) -> RunResult {
+        let kind = target.split('/').next().unwrap();
+        let algo = match kind {
+            "qsd" => None,
+            "host-zram" => Some("lz4".to_string()),
+            _ => target.split('/').nth(1).map(str::to_string),
+        };
+        RunResult {
+            record: "run".into(),
+            target: target.into(),
+            target_kind: kind.into(),
+            algo,
+            job: "randread".into(),
+            bs: 4096,
+            iodepth: 32,
+            queues: 1,
+            think_us: 0,
+            size: 1 << 30,
+            rep,
+            data: "synthetic".into(),
+            runtime_s: 5.0,
+            ios: 0,
+            reads: 0,
+            writes: 0,
+            iops,
+            mb_s: iops * 4096.0 / 1e6,
+            lat_p50_us: 1e6 / iops,
+            lat_p99_us: 2e6 / iops,
+            lat_p999_us: 3e6 / iops,
+            lat_mean_us: 1e6 / iops,
+            lat_max_us: 4e6 / iops,
+            client_cpu_s: 1.0,
+            client_cpu_pct: 20.0,
+            server_cpu_s: Some(5.0),
+            server_cpu_pct: Some(100.0),
+            stored_bytes: 1 << 30,
+            host_mem_bytes: (mem * (1u64 << 30) as f64) as u64,
+            mem_per_byte: Some(mem),
+            rss_bytes: 0,
+            extra_mem_bytes: 0,
+            mem_after_prefill_bytes: None,
+            prefill_s: None,
+            prefill_mb_s: None,
+            verify_errors: 0,
+            codec_ratio: None,
+            mem_details: serde_json::Value::Null,
+            unix_time: 0,
+            load_1m: None,
+        }
+    }
+
+    #[test]
+    fn ratios_against_qsd_and_host_zram() {
+        let mut rs = Vec::new();
+        for rep in 0..3 {
+            let f = 1.0 + rep as f64 / 10.0;
+            rs.push(run("qsd", rep, 100e3 * f, 1.0));
+            rs.push(run("host-zram", rep, 50e3 * f, 0.4));
+            rs.push(run("vzram/lz4", rep, 200e3 * f, 0.3));
+        }
+        let s = summarize(&rs);
+        assert_eq!(s[1].algo.as_deref(), Some("lz4"));
+        let qsd = ratio_rows(&rs, &s, "qsd", &["vzram", "host-zram"], true);
+        assert_eq!(qsd.len(), 2);
+        assert!(
+            qsd[0].starts_with("| randread 4K qd32 q1 | host-zram | 0.50× (0.50–0.50) | 2.00× |"),
+            "{}",
+            qsd[0]
+        );
+        assert!(qsd[0].ends_with("| 0.40× | - |"), "{}", qsd[0]);
+        assert!(
+            qsd[1].contains("| vzram/lz4 | 2.00× (2.00–2.00) | 0.50× | 0.50× |"),
+            "{}",
+            qsd[1]
+        );
+        let zram = ratio_rows(&rs, &s, "host-zram", &["vzram"], false);
+        assert_eq!(zram.len(), 1);
+        assert!(
+            zram[0].contains("| vzram/lz4 | 4.00× (4.00–4.00) | 0.25× | 0.25× |"),
+            "{}",
+            zram[0]
+        );
+        assert!(zram[0].ends_with("| 0.75× |"), "{}", zram[0]);
+        // No host-zram in the run: no such table; no qsd nor codec: no qsd table.
+        let no_zram: Vec<RunResult> = rs
+            .iter()
+            .filter(|r| r.target != "host-zram")
+            .cloned()
+            .collect();
+        assert!(ratio_rows(
+            &no_zram,
+            &summarize(&no_zram),
+            "host-zram",
+            &["vzram"],
+            false
+        )
+        .is_empty());
+        let no_qsd: Vec<RunResult> = rs.iter().filter(|r| r.target != "qsd").cloned().collect();
+        assert!(ratio_rows(&no_qsd, &summarize(&no_qsd), "qsd", &["vzram"], true).is_empty());
     }
 }

@@ -1,6 +1,8 @@
-//! What is measured: the two daemons (started and stopped here) and the raw codec.
+//! What is measured: the daemons (started and stopped here), a host's kernel zram
+//! behind qemu-storage-daemon, and the raw codec.
 
 pub mod codec;
+pub mod host_zram;
 pub mod qsd;
 mod target;
 pub mod vzram;
@@ -41,6 +43,29 @@ pub fn start_block(
             )?),
             None => bail!("target vzram-base needs --vzram-base-bin"),
         },
+        Kind::HostZram => Box::new(host_zram::HostZram::start(env, queues, size, seq)?),
         Kind::Codec => bail!("codec is not a block target"),
     })
+}
+
+/// Why this host cannot run a target, for those a run goes on without
+/// (host-zram: no zram, not root, read-only sysfs).
+pub fn unavailable(spec: &TargetSpec) -> Option<String> {
+    match spec.kind {
+        Kind::HostZram => host_zram::probe_host().err(),
+        _ => None,
+    }
+}
+
+/// The targets this host cannot run, each with why, once each.
+pub fn skipped(targets: &[TargetSpec]) -> Vec<(TargetSpec, String)> {
+    let mut out: Vec<(TargetSpec, String)> = Vec::new();
+    for t in targets {
+        if out.iter().all(|(s, _)| s != t) {
+            if let Some(why) = unavailable(t) {
+                out.push((*t, why));
+            }
+        }
+    }
+    out
 }

@@ -23,37 +23,56 @@ impl Qsd {
         let image = env
             .shm_dir
             .join(format!("vzram-bench-{}-{seq}.img", std::process::id()));
-        let socket = env.work_dir.join(format!("qsd-{seq}.sock"));
-        let _ = std::fs::remove_file(&socket);
         // Sparse: tmpfs allocates pages as they are written, like the guest's data.
         let f = std::fs::File::create(&image).context(format!("creating {}", image.display()))?;
         f.set_len(size)?;
         drop(f);
-        let mut cmd = Command::new(&env.qsd_bin);
-        cmd.arg("--blockdev")
-            .arg(format!(
-                "driver=file,node-name=file0,filename={},aio=io_uring,cache.direct=off",
-                image.display()
-            ))
-            .args(["--object", "iothread,id=io0", "--export"])
-            .arg(format!(
-                "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path={},\
-                 writable=on,num-queues={queues},iothread=io0",
-                socket.display()
-            ));
-        let mut q = Qsd {
-            daemon: Daemon::spawn(
-                "qemu-storage-daemon",
-                &mut cmd,
-                env.work_dir.join(format!("qsd-{seq}.log")),
-            )?,
-            socket,
-            image,
-        };
-        q.daemon
-            .wait_for_paths(std::slice::from_ref(&q.socket), Duration::from_secs(15))?;
-        Ok(q)
+        let blockdev = format!(
+            "driver=file,filename={},aio=io_uring,cache.direct=off",
+            image.display()
+        );
+        match spawn(env, "qsd", &blockdev, queues, seq) {
+            Ok((daemon, socket)) => Ok(Qsd {
+                daemon,
+                socket,
+                image,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&image);
+                Err(e)
+            }
+        }
     }
+}
+
+/// qemu-storage-daemon exporting `blockdev` (its options but the node name) over
+/// vhost-user-blk on its own iothread, once its socket is there. `tag` names the
+/// socket and the log in the work dir.
+pub(super) fn spawn(
+    env: &Env,
+    tag: &str,
+    blockdev: &str,
+    queues: u32,
+    seq: usize,
+) -> Result<(Daemon, PathBuf)> {
+    let socket = env.work_dir.join(format!("{tag}-{seq}.sock"));
+    let _ = std::fs::remove_file(&socket);
+    let mut cmd = Command::new(&env.qsd_bin);
+    cmd.arg("--blockdev")
+        .arg(format!("{blockdev},node-name=disk0"))
+        .args(["--object", "iothread,id=io0", "--export"])
+        .arg(format!(
+            "type=vhost-user-blk,id=exp0,node-name=disk0,addr.type=unix,addr.path={},\
+             writable=on,num-queues={queues},iothread=io0",
+            socket.display()
+        ));
+    let mut daemon = Daemon::spawn(
+        "qemu-storage-daemon",
+        &mut cmd,
+        env.work_dir.join(format!("{tag}-{seq}.log")),
+    )?;
+    daemon.wait_for_paths(std::slice::from_ref(&socket), Duration::from_secs(15))?;
+    Ok((daemon, socket))
 }
 
 impl BlockTarget for Qsd {

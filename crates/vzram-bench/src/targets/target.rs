@@ -51,11 +51,27 @@ pub enum Kind {
     Vzram,
     /// vzram from another binary (`--vzram-base-bin`): a build to compare against.
     VzramBase,
+    /// A kernel zram device (lz4) exported by qemu-storage-daemon: what operators
+    /// deploy instead of vzram.
+    HostZram,
     Codec,
 }
 
-/// A target as named on the command line: `qsd`, `vzram`, `vzram-base`, `codec`,
-/// optionally with its own algorithm: `vzram@zstd:3`.
+impl Kind {
+    /// The name on the command line and in a result's `target_kind`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Qsd => "qsd",
+            Kind::Vzram => "vzram",
+            Kind::VzramBase => "vzram-base",
+            Kind::HostZram => "host-zram",
+            Kind::Codec => "codec",
+        }
+    }
+}
+
+/// A target as named on the command line: `qsd`, `vzram`, `vzram-base`, `host-zram`,
+/// `codec`, optionally with its own algorithm: `vzram@zstd:3`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TargetSpec {
     pub kind: Kind,
@@ -65,19 +81,28 @@ pub struct TargetSpec {
 impl TargetSpec {
     pub fn parse(s: &str, default_algo: Algo) -> std::result::Result<Self, String> {
         let (name, algo) = match s.split_once('@') {
-            Some((n, a)) => (n, a.parse()?),
-            None => (s, default_algo),
+            Some((n, a)) => (n, Some(a.parse()?)),
+            None => (s, None),
         };
         let kind = match name {
             "qsd" => Kind::Qsd,
             "vzram" => Kind::Vzram,
             "vzram-base" => Kind::VzramBase,
+            "host-zram" => Kind::HostZram,
             "codec" => Kind::Codec,
             _ => {
                 return Err(format!(
-                    "unknown target {name:?} (want qsd, vzram, vzram-base or codec)"
+                    "unknown target {name:?} (want qsd, vzram, vzram-base, host-zram or codec)"
                 ))
             }
+        };
+        // The kernel device is set up with lz4 only, whatever --algo says.
+        let algo = match (kind, algo) {
+            (Kind::HostZram, None | Some(Algo::Lz4)) => Algo::Lz4,
+            (Kind::HostZram, Some(a)) => {
+                return Err(format!("host-zram runs lz4 only, not {a}"));
+            }
+            (_, a) => a.unwrap_or(default_algo),
         };
         Ok(TargetSpec { kind, algo })
     }
@@ -87,6 +112,7 @@ impl TargetSpec {
             Kind::Qsd => "qsd".into(),
             Kind::Vzram => format!("vzram/{}", self.algo),
             Kind::VzramBase => format!("vzram-base/{}", self.algo),
+            Kind::HostZram => "host-zram".into(),
             Kind::Codec => format!("codec/{}", self.algo),
         }
     }
@@ -111,10 +137,13 @@ impl Env {
     pub fn check(&self, targets: &[TargetSpec]) -> Result<()> {
         for t in targets {
             match t.kind {
-                Kind::Qsd if crate::sys::find_program(&self.qsd_bin).is_none() => bail!(
-                    "{} not found (pass --qsd-bin, or leave qsd out of --targets)",
-                    self.qsd_bin.display()
-                ),
+                Kind::Qsd | Kind::HostZram if crate::sys::find_program(&self.qsd_bin).is_none() => {
+                    bail!(
+                        "{} not found (pass --qsd-bin, or leave {} out of --targets)",
+                        self.qsd_bin.display(),
+                        t.kind.name()
+                    )
+                }
                 Kind::VzramBase => match &self.vzram_base_bin {
                     None => bail!("target vzram-base needs --vzram-base-bin"),
                     Some(b) if !b.is_file() => {
@@ -138,23 +167,24 @@ impl Env {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Memory {
     /// What the host pays: RSS of the daemon's processes without the guest RAM they
-    /// map, plus the tmpfs file for qsd.
+    /// map, plus the tmpfs file for qsd, the zram device for host-zram.
     pub host_bytes: u64,
     pub proc: ProcMem,
-    /// Memory outside the process (the tmpfs image for qsd).
+    /// Memory outside the process (the tmpfs image for qsd, the kernel's zram
+    /// device for host-zram).
     pub extra_bytes: u64,
     /// Every process of the daemon (vzram: supervisor, launcher, workers), with the
     /// guest RAM they map, which `host_bytes` leaves out.
     pub tree: DaemonRss,
-    /// Target-specific numbers (vzram's own stats).
+    /// Target-specific numbers (vzram's own stats, zram's mm_stat).
     pub details: serde_json::Value,
-    /// vzram's stat byte counts; None for another target, or when the stat
-    /// failed (its error is in `details`).
+    /// vzram's stat or zram's mm_stat byte counts; None for another target, or
+    /// when the stat failed (its error is in `details`).
     #[serde(skip)]
     pub stat_sizes: Option<StatSizes>,
 }
 
-/// vzram's daemon-wide byte counts: its stat's pool.
+/// vzram's daemon-wide byte counts (its stat's pool), or a zram device's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatSizes {
     pub mem_used_total: u64,
@@ -201,5 +231,26 @@ mod tests {
             (b.kind, b.label()),
             (Kind::VzramBase, "vzram-base/lz4".into())
         );
+    }
+
+    #[test]
+    fn host_zram_is_lz4_whatever_the_default() {
+        for s in ["host-zram", "host-zram@lz4"] {
+            let t = TargetSpec::parse(s, Algo::Zstd(3)).unwrap();
+            assert_eq!((t.kind, t.algo), (Kind::HostZram, Algo::Lz4), "{s}");
+            assert_eq!(t.label(), "host-zram");
+            assert_eq!(t.kind.name(), "host-zram");
+        }
+        let e = TargetSpec::parse("host-zram@zstd", Algo::Lz4).unwrap_err();
+        assert!(e.contains("lz4 only"), "{e}");
+        let v = parse_targets("qsd, host-zram,vzram", Algo::Zstd(1)).unwrap();
+        let kinds: Vec<Kind> = v.iter().map(|t| t.kind).collect();
+        assert_eq!(kinds, [Kind::Qsd, Kind::HostZram, Kind::Vzram]);
+        assert_eq!(v[2].algo, Algo::Zstd(1));
+        let names: Vec<&str> = [Kind::Qsd, Kind::Vzram, Kind::VzramBase, Kind::Codec]
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(names, ["qsd", "vzram", "vzram-base", "codec"]);
     }
 }

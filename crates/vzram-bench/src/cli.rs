@@ -173,7 +173,7 @@ pub struct RunArgs {
 #[derive(Args, Debug)]
 pub struct CompareArgs {
     /// As for `run`; qsd and host-zram, when named, also get a memory fill.
-    #[arg(long, default_value = "qsd,vzram,codec")]
+    #[arg(long, default_value = "qsd,host-zram,vzram,codec")]
     pub targets: String,
     /// Algorithms whose memory per GiB stored is measured (fill runs).
     #[arg(long, default_value = "lz4,zstd:1")]

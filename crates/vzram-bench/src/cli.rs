@@ -318,12 +318,13 @@ pub struct GuestArgs {
 
 #[derive(Args, Debug)]
 pub struct CodecsArgs {
-    /// Comma-separated: lz4 (lz4_flex, as the store calls it), lz4-c (C liblz4,
-    /// state reused with fastReset), lz4-c/full (liblz4, state zeroed per page),
-    /// zstd:LEVEL (libzstd).
+    /// Comma-separated: lz4 and zstd:LEVEL (vzram-store's own codec functions:
+    /// lz4_flex, libzstd), codec@lz4 (lz4_flex compiled into the codec target),
+    /// lz4-c (C liblz4, state reused with fastReset), lz4-c/full (liblz4, state
+    /// zeroed per page).
     #[arg(
         long,
-        default_value = "lz4,lz4-c,lz4-c/full,zstd:-5,zstd:-1,zstd:1,zstd:3,zstd:9"
+        default_value = "lz4,lz4-c,lz4-c/full,codec@lz4,zstd:-5,zstd:-1,zstd:1,zstd:3,zstd:9"
     )]
     pub codecs: String,
     /// Timed passes over the corpus per implementation; medians are reported.

@@ -12,7 +12,7 @@ use crate::targets::Algo;
 use serde::Serialize;
 use std::hint::black_box;
 use std::time::Instant;
-use vzram_store::codec::{CodecState, MAX_COMPRESSED};
+use vzram_store::codec::{CodecState, LZ4_IMPLEMENTATION, MAX_COMPRESSED};
 use vzram_store::Codec as StoreCodec;
 
 /// One implementation at one setting.
@@ -55,6 +55,10 @@ impl Subject {
             "lz4_flex"
         };
         match self {
+            // vzram-store built with its `lz4-c` feature runs liblz4.
+            Subject::Store(StoreCodec::Lz4) if LZ4_IMPLEMENTATION == "liblz4" => {
+                format!("liblz4 {} in vzram-store (lz4-c)", lz4c::version())
+            }
             Subject::Store(StoreCodec::Lz4) => format!("{flex} in vzram-store"),
             Subject::Store(StoreCodec::Zstd { .. }) => {
                 format!(

@@ -52,6 +52,10 @@ pub enum Cmd {
     Guest(GuestArgs),
     /// Print the table (and draw the plot) again from a --json results file.
     Report(ReportArgs),
+    /// Each codec implementation on the corpus, one 4 KiB page per call on one
+    /// thread: compress and decompress ns/page (medians of passes over the
+    /// corpus, implementations interleaved), ratio, speed against lz4_flex.
+    Codecs(CodecsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -323,6 +327,32 @@ pub struct GuestArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct CodecsArgs {
+    /// Comma-separated: lz4 and zstd:LEVEL (vzram-store's own codec functions:
+    /// lz4_flex, libzstd), codec@lz4 (lz4_flex compiled into the codec target),
+    /// lz4-c (C liblz4, state reused with fastReset), lz4-c/full (liblz4, state
+    /// zeroed per page).
+    #[arg(
+        long,
+        default_value = "lz4,lz4-c,lz4-c/full,codec@lz4,zstd:-5,zstd:-1,zstd:1,zstd:3,zstd:9"
+    )]
+    pub codecs: String,
+    /// Timed passes over the corpus per implementation; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Page corpus [default: ../shared/data/anon-pages.bin when present, else the
+    /// synthetic mix]
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic")]
+    pub data: Option<PathBuf>,
+    /// Use the built-in synthetic page mix.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Append results as JSON lines (record "codecs") to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A file written with --json.
     pub input: PathBuf,
@@ -397,6 +427,10 @@ mod tests {
         let Cmd::Migrate(m) = m.cmd else { panic!() };
         assert_eq!((m.data, m.repeat), (64 << 20, 2));
         assert!(Cli::try_parse_from(["vzram-bench", "migrate", "--data", "1M,2M"]).is_err());
+        let c = Cli::try_parse_from(["vzram-bench", "codecs", "--repeat", "3"]).unwrap();
+        let Cmd::Codecs(c) = c.cmd else { panic!() };
+        assert_eq!(c.repeat, 3);
+        assert!(c.codecs.starts_with("lz4,lz4-c,"));
     }
 
     #[test]

@@ -6,12 +6,14 @@
 mod bench;
 mod cli;
 mod client;
+mod codecs;
 mod data;
 mod density;
 mod error;
 mod guest;
 mod hist;
 mod job;
+mod lz4c;
 mod measure;
 mod migrate;
 mod plot;
@@ -232,6 +234,7 @@ fn real_main(cli: Cli) -> Result<()> {
             guest::print_table(&rs);
             Ok(())
         }
+        Cmd::Codecs(a) => codecs::run(&a),
         Cmd::Report(a) => {
             let rs = report::load(&a.input)?;
             report::print_table(&rs);

@@ -10,6 +10,13 @@ use crate::PAGE_SIZE;
 /// Bytes a compressed page may need in the worst case (lz4's bound).
 pub const MAX_COMPRESSED: usize = lz4_flex::block::get_maximum_output_size(PAGE_SIZE);
 
+/// What compresses and decompresses lz4 pages in this build.
+pub const LZ4_IMPLEMENTATION: &str = if cfg!(feature = "lz4-c") {
+    "liblz4"
+} else {
+    "lz4_flex"
+};
+
 /// Compression algorithm of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Codec {
@@ -38,10 +45,16 @@ impl Codec {
         st: &mut CodecState,
     ) -> Option<usize> {
         let n = match self {
+            #[cfg(not(feature = "lz4-c"))]
             Codec::Lz4 => {
                 let table = st.lz4_table.get_or_insert_with(Default::default);
                 lz4_flex::block::compress_into_with_table(page, out, table).ok()?
             }
+            #[cfg(feature = "lz4-c")]
+            Codec::Lz4 => st
+                .lz4c
+                .get_or_insert_with(Default::default)
+                .compress(page, out)?,
             Codec::Zstd { level } => {
                 let ctx = match &mut st.zstd_c {
                     Some((l, ctx)) if *l == level => ctx,
@@ -60,7 +73,10 @@ impl Codec {
     /// comes out.
     pub fn decompress(self, src: &[u8], page: &mut [u8; PAGE_SIZE], st: &mut CodecState) -> bool {
         match self {
+            #[cfg(not(feature = "lz4-c"))]
             Codec::Lz4 => matches!(lz4_flex::block::decompress_into(src, page), Ok(PAGE_SIZE)),
+            #[cfg(feature = "lz4-c")]
+            Codec::Lz4 => crate::lz4c::decompress(src, page),
             Codec::Zstd { .. } => {
                 let ctx = match &mut st.zstd_d {
                     Some(ctx) => ctx,
@@ -94,7 +110,10 @@ pub struct CodecState {
     zstd_d: Option<zstd::bulk::Decompressor<'static>>,
     /// lz4's match table, kept between pages: a fresh one per call was a
     /// heap allocation and free on every write.
+    #[cfg(not(feature = "lz4-c"))]
     lz4_table: Option<Box<lz4_flex::block::CompressTable>>,
+    #[cfg(feature = "lz4-c")]
+    lz4c: Option<crate::lz4c::State>,
 }
 
 impl fmt::Debug for CodecState {
@@ -162,6 +181,7 @@ mod tests {
 
     /// A reused lz4 table carries nothing from one page to the next: the
     /// output is what a fresh table gives, page after page.
+    #[cfg(not(feature = "lz4-c"))]
     #[test]
     fn lz4_table_reuse_matches_a_fresh_table() {
         let mut st = CodecState::default();
@@ -204,6 +224,38 @@ mod tests {
                 !codec.decompress(&buf[..n / 2], &mut out, &mut st),
                 "{codec} accepted a truncated page"
             );
+        }
+    }
+
+    /// liblz4 and lz4_flex read each other's pages: a store built with or
+    /// without `lz4-c` reads what the other wrote.
+    #[cfg(feature = "lz4-c")]
+    #[test]
+    fn lz4_c_and_lz4_flex_read_each_other() {
+        // SAFETY: no arguments.
+        let bound = unsafe { lz4_sys::LZ4_compressBound(PAGE_SIZE as _) };
+        assert!(bound as usize <= MAX_COMPRESSED);
+        assert_eq!(LZ4_IMPLEMENTATION, "liblz4");
+        let mut st = CodecState::default();
+        let mut page = text_page();
+        for round in 0..64u32 {
+            for (i, b) in page.iter_mut().enumerate() {
+                if (i as u32).wrapping_mul(2654435761).wrapping_add(round) % 5 == 0 {
+                    *b = b.wrapping_mul(31).wrapping_add(round as u8);
+                }
+            }
+            let mut c = [0u8; MAX_COMPRESSED];
+            let n = Codec::Lz4
+                .compress(&page, &mut c, MAX_COMPRESSED, &mut st)
+                .unwrap();
+            let mut out = [0u8; PAGE_SIZE];
+            let m = lz4_flex::block::decompress_into(&c[..n], &mut out);
+            assert_eq!(m.ok(), Some(PAGE_SIZE));
+            assert_eq!(out, page, "round {round}: liblz4 -> lz4_flex");
+            let flex = lz4_flex::block::compress(&page);
+            out.fill(0);
+            assert!(Codec::Lz4.decompress(&flex, &mut out, &mut st));
+            assert_eq!(out, page, "round {round}: lz4_flex -> liblz4");
         }
     }
 

@@ -11,6 +11,8 @@ pub mod device;
 pub mod error;
 mod id;
 pub mod limits;
+#[cfg(feature = "lz4-c")]
+mod lz4c;
 pub mod migrate;
 mod mmap;
 pub mod pool;

@@ -6,13 +6,16 @@ use super::target::Algo;
 use crate::data::{Corpus, PAGE};
 use crate::error::{Context, Result};
 use crate::job::{Dir, JobSpec, OpGen};
+use crate::lz4c::{self, Lz4C, Reset};
 use crate::measure::{Phase, Totals, Window, WorkerStats};
 use std::sync::Barrier;
 use std::time::Instant;
 
-enum Codec {
+pub enum Codec {
     /// lz4 with its match table kept between pages, as the store keeps it.
     Lz4(Box<lz4_flex::block::CompressTable>),
+    /// C liblz4, its state kept likewise.
+    Lz4C(Lz4C),
     Zstd(
         zstd::bulk::Compressor<'static>,
         zstd::bulk::Decompressor<'static>,
@@ -20,9 +23,10 @@ enum Codec {
 }
 
 impl Codec {
-    fn new(algo: Algo) -> Result<Codec> {
+    pub fn new(algo: Algo) -> Result<Codec> {
         Ok(match algo {
             Algo::Lz4 => Codec::Lz4(Box::default()),
+            Algo::Lz4C => Codec::Lz4C(Lz4C::new(Reset::Fast)),
             Algo::Zstd(level) => Codec::Zstd(
                 zstd::bulk::Compressor::new(level).context("zstd compressor")?,
                 zstd::bulk::Decompressor::new().context("zstd decompressor")?,
@@ -31,26 +35,33 @@ impl Codec {
     }
 
     #[inline]
-    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
+    pub fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
         match self {
             Codec::Lz4(table) => lz4_flex::block::compress_into_with_table(src, dst, table)
                 .map_err(|e| format!("lz4: {e}").into()),
+            Codec::Lz4C(c) => c
+                .compress(src, dst)
+                .ok_or_else(|| "lz4-c: output does not fit".into()),
             Codec::Zstd(c, _) => c.compress_to_buffer(src, dst).context("zstd compress"),
         }
     }
 
     #[inline]
-    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
+    pub fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize> {
         match self {
             Codec::Lz4(_) => {
                 lz4_flex::block::decompress_into(src, dst).map_err(|e| format!("lz4: {e}").into())
+            }
+            Codec::Lz4C(_) => {
+                lz4c::decompress(src, dst).ok_or_else(|| "lz4-c: malformed page".into())
             }
             Codec::Zstd(_, d) => d.decompress_to_buffer(src, dst).context("zstd decompress"),
         }
     }
 }
 
-fn max_out() -> usize {
+/// Room for any page compressed by any of them (liblz4's bound is lz4_flex's).
+pub fn max_out() -> usize {
     lz4_flex::block::get_maximum_output_size(PAGE).max(zstd::zstd_safe::compress_bound(PAGE))
 }
 
@@ -174,9 +185,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn roundtrip_both_codecs() {
+    fn roundtrip_every_codec() {
         let corpus = Corpus::synthetic(64, 3);
-        for algo in [Algo::Lz4, Algo::Zstd(1)] {
+        for algo in [Algo::Lz4, Algo::Lz4C, Algo::Zstd(1)] {
             let comp = Compressed::new(&corpus, algo).unwrap();
             let mut c = Codec::new(algo).unwrap();
             let mut page = vec![0u8; PAGE];

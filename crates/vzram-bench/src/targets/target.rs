@@ -13,6 +13,8 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algo {
     Lz4,
+    /// C liblz4: the codec target only (the store's lz4 is lz4_flex).
+    Lz4C,
     Zstd(i32),
 }
 
@@ -20,6 +22,7 @@ impl fmt::Display for Algo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Algo::Lz4 => f.write_str("lz4"),
+            Algo::Lz4C => f.write_str("lz4-c"),
             Algo::Zstd(l) => write!(f, "zstd:{l}"),
         }
     }
@@ -30,6 +33,7 @@ impl FromStr for Algo {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s.split_once(':') {
             None if s == "lz4" => Ok(Algo::Lz4),
+            None if s == "lz4-c" => Ok(Algo::Lz4C),
             // zstd level 1: the level used for the codec anchors in the issue.
             None if s == "zstd" => Ok(Algo::Zstd(1)),
             Some(("zstd", l)) => l
@@ -39,7 +43,7 @@ impl FromStr for Algo {
                 .map(Algo::Zstd)
                 .ok_or_else(|| format!("bad zstd level {l:?} (want -7..=22)")),
             _ => Err(format!(
-                "unknown algorithm {s:?} (want lz4, zstd or zstd:LEVEL)"
+                "unknown algorithm {s:?} (want lz4, lz4-c, zstd or zstd:LEVEL)"
             )),
         }
     }
@@ -104,7 +108,21 @@ impl TargetSpec {
             }
             (_, a) => a.unwrap_or(default_algo),
         };
-        Ok(TargetSpec { kind, algo })
+        let t = TargetSpec { kind, algo };
+        t.check_algo()?;
+        Ok(t)
+    }
+
+    /// lz4-c is C liblz4 in-process; the daemons run the store's lz4_flex.
+    pub fn check_algo(&self) -> std::result::Result<(), String> {
+        if self.algo == Algo::Lz4C && self.kind != Kind::Codec {
+            return Err(format!(
+                "target {}: lz4-c (C liblz4) runs in the codec target only; the store's lz4 \
+                 is lz4_flex (use lz4 here, or codec@lz4-c)",
+                self.label()
+            ));
+        }
+        Ok(())
     }
 
     pub fn label(&self) -> String {
@@ -136,6 +154,7 @@ impl Env {
     /// Fail early, with the fix in the message, if a target's program is missing.
     pub fn check(&self, targets: &[TargetSpec]) -> Result<()> {
         for t in targets {
+            t.check_algo()?;
             match t.kind {
                 Kind::Qsd | Kind::HostZram if crate::sys::find_program(&self.qsd_bin).is_none() => {
                     bail!(
@@ -226,6 +245,15 @@ mod tests {
         assert_eq!("zstd".parse::<Algo>().unwrap(), Algo::Zstd(1));
         assert!("zstd:99".parse::<Algo>().is_err());
         assert!(TargetSpec::parse("nbd", Algo::Lz4).is_err());
+        let c = TargetSpec::parse("codec@lz4-c", Algo::Lz4).unwrap();
+        assert_eq!((c.algo, c.label()), (Algo::Lz4C, "codec/lz4-c".into()));
+        for t in ["vzram@lz4-c", "vzram-base@lz4-c", "qsd@lz4-c"] {
+            let e = TargetSpec::parse(t, Algo::Lz4).unwrap_err();
+            assert!(e.contains("codec target only"), "{t}: {e}");
+        }
+        // The default algorithm too, for a target that names none.
+        assert!(TargetSpec::parse("vzram", Algo::Lz4C).is_err());
+        assert!(parse_targets("codec", Algo::Lz4C).is_ok());
         let b = TargetSpec::parse("vzram-base", Algo::Lz4).unwrap();
         assert_eq!(
             (b.kind, b.label()),

@@ -275,12 +275,14 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
         failing_after_kill.push(failing);
 
         // Clean disconnect and reconnect: a new worker, no failure, no backoff.
+        linger(connected_at(t0, connected));
         let t0 = Instant::now();
         drop(c);
         let (c, connected, read) = connect_and_read(&socket, corpus, page, t0)
             .context(format!("round {rep}, clean reconnect"))?;
         reconnect.push(connected, read);
         held = c;
+        linger(connected_at(t0, connected));
         many.daemon.check_alive()?;
     }
     drop(held);
@@ -310,6 +312,26 @@ fn one_size(env: &Env, args: &RestartArgs, data: u64) -> Result<RestartResult> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
     })
+}
+
+/// How long each connection is kept before the next kill or disconnect. A
+/// worker that ends before it served a second (the supervisor's
+/// `USEFUL_LIFE`) keeps its device's failure count and delays the next, as
+/// against a frontend that connects and leaves in a loop; a VM's worker
+/// serves far longer. Past this, every kill is a first failure and every
+/// clean end starts the count afresh, as on a host.
+const SERVE_FOR: Duration = Duration::from_millis(1100);
+
+/// When a connection timed from `t0` completed its handshake.
+fn connected_at(t0: Instant, connected: Duration) -> Instant {
+    t0 + connected
+}
+
+/// Sleeps until the worker connected at `at` has served [`SERVE_FOR`].
+fn linger(at: Instant) {
+    if let Some(left) = SERVE_FOR.checked_sub(at.elapsed()) {
+        std::thread::sleep(left);
+    }
 }
 
 /// The `ms=` of each worker's "recovered the device from its state" log line.

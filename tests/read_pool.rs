@@ -196,8 +196,10 @@ fn reads_of_2_to_64_pages_get_their_pages_in_order_with_and_without_the_pool() {
         // Let the pool threads that compressed the set-up's writes sleep.
         std::thread::sleep(std::time::Duration::from_millis(200));
         let sleeps = pool_sleeps(&d);
+        let pooled = d.stat().sole().stats.pool_pages;
         read_every_size(q, 5, &want, &format!("threads {threads}"));
         let after = pool_sleeps(&d);
+        let pooled_after = d.stat().sole().stats.pool_pages;
 
         // A read, a write over the same pages and the same read again, in
         // one submission: the first sees the old pages, the second the new.
@@ -231,8 +233,15 @@ fn reads_of_2_to_64_pages_get_their_pages_in_order_with_and_without_the_pool() {
                 "--compress-threads 0 has no pool"
             );
             assert_eq!(after, 0);
+            assert_eq!(pooled_after, 0, "no pool, no pooled pages");
         } else {
-            assert!(after > sleeps, "the pool threads never took a read's pages");
+            assert!(after > sleeps, "the reads never woke the pool threads");
+            // The pool threads themselves decompressed some of the pages,
+            // not only the queue thread that helps them.
+            assert!(
+                pooled_after > pooled,
+                "the pool threads decompressed none of the reads' pages"
+            );
         }
     }
 }

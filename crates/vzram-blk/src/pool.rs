@@ -268,6 +268,9 @@ impl Inner {
             };
             drop(t);
             b.run(i, &mut cx);
+            // Counted here, not in `run`: the queue thread runs jobs too,
+            // and this says how much the pool took off it.
+            b.dev.cells().pool_pages.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -149,6 +149,10 @@ pub struct DeviceCells {
     /// source process) or `--cancel` (the VMM's migration was called off).
     /// Read by the sender.
     pub migration_commit: AtomicU64,
+    /// Pages the compress pool's threads compressed or decompressed for
+    /// this device (those its queue threads did themselves are not
+    /// counted): whether the pool is doing anything.
+    pub pool_pages: AtomicU64,
 }
 
 /// Nothing asked of the sender.
@@ -282,6 +286,7 @@ impl DeviceCells {
                 * std::mem::size_of::<crate::pool::arena::SpanHeader>() as u64;
         s.size_bytes = size_bytes;
         s.spills = self.spills.load(Relaxed);
+        s.pool_pages = self.pool_pages.load(Relaxed);
         s
     }
 
@@ -308,6 +313,7 @@ impl DeviceCells {
             }
         }
         self.spills.store(0, Relaxed);
+        self.pool_pages.store(0, Relaxed);
         for l in self
             .latency
             .iter()

@@ -38,6 +38,10 @@ pub struct DeviceStats {
     /// All metadata outside the pool: resident table plus span headers.
     pub meta_bytes: u64,
     pub size_bytes: u64,
+    /// Pages the compress pool's threads compressed or decompressed (not
+    /// those the queue threads did): read by a client of any version.
+    #[serde(default)]
+    pub pool_pages: u64,
 }
 
 /// Whole-pool statistics: the device fields summed, with the host budget.
@@ -66,6 +70,8 @@ pub struct PoolStats {
     pub recompress_saved_bytes: u64,
     pub table_bytes: u64,
     pub meta_bytes: u64,
+    #[serde(default)]
+    pub pool_pages: u64,
 }
 
 // Exactly one 128-byte line per shard: the stats file's layout depends on it.
@@ -193,5 +199,6 @@ impl PoolStats {
         self.recompress_saved_bytes += d.recompress_saved_bytes;
         self.table_bytes += d.table_bytes;
         self.meta_bytes += d.meta_bytes;
+        self.pool_pages += d.pool_pages;
     }
 }

@@ -64,12 +64,18 @@ fn busy_names(root: &Path) -> HashSet<String> {
 }
 
 /// A device no one uses: no size set (so no swap, file system or data on it),
-/// no holder (device-mapper, md), not in /proc/swaps or /proc/mounts.
+/// nothing an admin set up before sizing it (a backing device, a memory
+/// limit: our reset would clear them), no holder (device-mapper, md), not in
+/// /proc/swaps or /proc/mounts.
 fn is_free(root: &Path, index: u32, busy: &HashSet<String>) -> bool {
     let dir = sys_dir(root, index);
-    let no_size = fs::read_to_string(dir.join("disksize")).is_ok_and(|s| s.trim() == "0");
+    let read = |f: &str| fs::read_to_string(dir.join(f)).map(|s| s.trim().to_string());
+    let no_size = read("disksize").is_ok_and(|s| s == "0");
+    // Files a kernel without writeback or limits lacks count as unset.
+    let no_backing = read("backing_dev").map_or(true, |s| s == "none");
+    let no_limit = read("mem_limit").map_or(true, |s| s == "0");
     let held = fs::read_dir(dir.join("holders")).is_ok_and(|mut d| d.next().is_some());
-    no_size && !held && !busy.contains(&format!("zram{index}"))
+    no_size && no_backing && no_limit && !held && !busy.contains(&format!("zram{index}"))
 }
 
 /// The free zram devices, lowest index first.
@@ -235,14 +241,20 @@ pub struct ZramDev {
 impl ZramDev {
     /// A device of `size` bytes compressing with lz4.
     pub fn setup(root: &Path, size: u64) -> Result<ZramDev> {
+        let known = devices(root);
         let (index, hot_added) = match pick(root) {
             Some(Pick::HotAdd) => match fs::read_to_string(control(root).join("hot_add")) {
-                Ok(s) => (
-                    s.trim()
-                        .parse()
-                        .map_err(|e| format!("hot_add said {:?}: {e}", s.trim()))?,
-                    true,
-                ),
+                Ok(s) => match s.trim().parse() {
+                    Ok(i) => (i, true),
+                    Err(e) => {
+                        // Take back what the read added, found by name.
+                        let before: HashSet<u32> = known.into_iter().collect();
+                        for i in devices(root).into_iter().filter(|i| !before.contains(i)) {
+                            let _ = fs::write(control(root).join("hot_remove"), i.to_string());
+                        }
+                        bail!("hot_add said {:?}: {e}", s.trim());
+                    }
+                },
                 // Out of device numbers, say: a free one will do.
                 Err(e) => match free_devices(root).first() {
                     Some(&i) => (i, false),
@@ -513,6 +525,15 @@ mod tests {
         );
         fs::write(sys_dir(&f.0, 3).join("holders/dm-0"), "").unwrap();
         assert_eq!(free_devices(&f.0), [4, 6]);
+        // Set up by an admin but not yet sized: a backing device, a limit.
+        f.zram(8, 0);
+        fs::write(sys_dir(&f.0, 8).join("backing_dev"), "/dev/sdb1\n").unwrap();
+        f.zram(9, 0);
+        fs::write(sys_dir(&f.0, 9).join("mem_limit"), "1073741824\n").unwrap();
+        f.zram(10, 0);
+        fs::write(sys_dir(&f.0, 10).join("backing_dev"), "none\n").unwrap();
+        fs::write(sys_dir(&f.0, 10).join("mem_limit"), "0\n").unwrap();
+        assert_eq!(free_devices(&f.0), [4, 6, 10]);
         // Without zram-control, the lowest free one; with it, a new one.
         assert_eq!(pick(&f.0), Some(Pick::Existing(4)));
         f.control(7);

@@ -218,9 +218,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub adopt: bool,
     /// Threads per worker process (one per connected VM) that compress the
-    /// pages of writes of 4 pages or more, beside the queue threads; capped
-    /// at the number of cores [default: the cores, at most 4; 0: each queue
-    /// compresses all its writes itself].
+    /// pages of writes of 4 pages or more and decompress those of reads of
+    /// 2 pages or more, beside the queue threads; capped at the number of
+    /// cores [default: the cores, at most 4; 0: each queue does all its
+    /// pages itself].
     #[arg(long, value_name = "N")]
     pub compress_threads: Option<usize>,
     /// Longest an incoming migration stream may take to arrive whole, from

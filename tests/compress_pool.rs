@@ -26,31 +26,13 @@ fn page(seed: u64, slot: u64) -> Vec<u8> {
     pattern(seed, slot * PAGE as u64, PAGE)
 }
 
-/// `/proc/PID/task/TID` of the device worker's `vzram-compress-*` threads.
-fn compress_tasks(d: &Daemon) -> Vec<std::path::PathBuf> {
-    let pid = d
-        .stat()
-        .sole()
-        .worker
-        .pid
-        .expect("a worker serves the device");
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .map(|t| t.path())
-        .filter(|t| {
-            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("vzram-compress"))
-        })
-        .collect()
-}
-
 /// Threads of the device's worker named `vzram-compress-*`, once there
 /// are `want` (a new thread names itself when it first runs), or what there
 /// are after 5 s.
 fn compress_threads(d: &Daemon, want: usize) -> usize {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let n = compress_tasks(d).len();
+        let n = d.compress_tasks().len();
         if n == want || std::time::Instant::now() > until {
             return n;
         }
@@ -101,21 +83,6 @@ fn batch(q: &mut Queue, writes: &[(u64, u64, usize)], reads: &[u64]) -> Vec<Vec<
         .collect()
 }
 
-/// Times the device worker's compress threads went to sleep: it grows
-/// only when a submission woke them, proof that the pool took pages (CPU
-/// ticks are too coarse, and schedstat is off on some kernels).
-fn pool_sleeps(d: &Daemon) -> u64 {
-    compress_tasks(d)
-        .into_iter()
-        .filter_map(|t| {
-            let st = std::fs::read_to_string(t.join("status")).ok()?;
-            st.lines()
-                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        })
-        .sum()
-}
-
 /// Pages of a write: mostly big enough for the pool, some single pages
 /// that run on the queue thread between them.
 fn pages_of(rng: &mut Rng) -> usize {
@@ -130,7 +97,8 @@ fn pages_of(rng: &mut Rng) -> usize {
 fn qd32_random_writes_on_two_queues_read_back_the_last_submitted() {
     let (_dir, d, mut c) = start("qd32", 2, "2");
     assert_eq!(compress_threads(&d, 2.min(num_cpus())), 2.min(num_cpus()));
-    let sleeps = pool_sleeps(&d);
+    let sleeps = d.pool_sleeps();
+    let pooled = d.stat().sole().stats.pool_pages;
     const SLOTS: u64 = 512; // per queue
     std::thread::scope(|sc| {
         for (qi, q) in c.queues.iter_mut().enumerate() {
@@ -175,7 +143,11 @@ fn qd32_random_writes_on_two_queues_read_back_the_last_submitted() {
         st.sole().stats.failed_writes + st.sole().stats.failed_reads,
         0
     );
-    assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
+    assert!(d.pool_sleeps() > sleeps, "the pool threads never woke");
+    assert!(
+        d.stat().sole().stats.pool_pages > pooled,
+        "the pool threads compressed none of the pages"
+    );
 }
 
 /// Many overlapping writes to a few slots in one submission, single pages
@@ -189,7 +161,7 @@ fn overwrites_in_one_batch_keep_the_submission_order() {
         let (_dir, d, mut c) = start(&format!("order{threads}"), 1, threads);
         let expect_threads = if threads == "0" { 0 } else { 2.min(num_cpus()) };
         assert_eq!(compress_threads(&d, expect_threads), expect_threads);
-        let sleeps = pool_sleeps(&d);
+        let sleeps = d.pool_sleeps();
         let q = c.q(0);
         let mut rng = Rng::new(3);
         for round in 0..60u64 {
@@ -225,7 +197,7 @@ fn overwrites_in_one_batch_keep_the_submission_order() {
         let st = d.stat();
         assert_eq!(st.sole().stats.failed_writes, 0, "threads {threads}");
         if threads != "0" {
-            assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
+            assert!(d.pool_sleeps() > sleeps, "the pool threads never woke");
         }
     }
 }
@@ -268,8 +240,8 @@ fn the_default_pool_has_a_thread_per_core_up_to_four() {
     let (_dir, d, mut c) = start("default", 1, "");
     let want = num_cpus().min(4);
     assert_eq!(compress_threads(&d, want), want);
-    let sleeps = pool_sleeps(&d);
+    let sleeps = d.pool_sleeps();
     let writes: Vec<(u64, u64, usize)> = (0..64).map(|i| (i * 16 % 4000, i + 1, 16)).collect();
     batch(c.q(0), &writes, &[]);
-    assert!(pool_sleeps(&d) > sleeps, "the pool threads never woke");
+    assert!(d.pool_sleeps() > sleeps, "the pool threads never woke");
 }

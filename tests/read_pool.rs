@@ -75,38 +75,6 @@ fn daemon(tag: &str, threads: &str, extra: &[&str]) -> (TempDir, Daemon, Client)
     (dir, d, c)
 }
 
-/// `/proc/PID/task/TID` of the worker's `vzram-compress-*` threads.
-fn compress_tasks(d: &Daemon) -> Vec<PathBuf> {
-    let pid = d
-        .stat()
-        .sole()
-        .worker
-        .pid
-        .expect("a worker serves the device");
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .map(|t| t.path())
-        .filter(|t| {
-            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with("vzram-compress"))
-        })
-        .collect()
-}
-
-/// Times the pool threads went to sleep, as in compress_pool.rs: it grows
-/// only when a submission woke them.
-fn pool_sleeps(d: &Daemon) -> u64 {
-    compress_tasks(d)
-        .into_iter()
-        .filter_map(|t| {
-            let st = std::fs::read_to_string(t.join("status")).ok()?;
-            st.lines()
-                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        })
-        .sum()
-}
-
 /// One request of a submission.
 enum Io {
     /// Read `pages` from `slot`.
@@ -195,10 +163,10 @@ fn reads_of_2_to_64_pages_get_their_pages_in_order_with_and_without_the_pool() {
         fill(q);
         // Let the pool threads that compressed the set-up's writes sleep.
         std::thread::sleep(std::time::Duration::from_millis(200));
-        let sleeps = pool_sleeps(&d);
+        let sleeps = d.pool_sleeps();
         let pooled = d.stat().sole().stats.pool_pages;
         read_every_size(q, 5, &want, &format!("threads {threads}"));
-        let after = pool_sleeps(&d);
+        let after = d.pool_sleeps();
         let pooled_after = d.stat().sole().stats.pool_pages;
 
         // A read, a write over the same pages and the same read again, in
@@ -229,7 +197,7 @@ fn reads_of_2_to_64_pages_get_their_pages_in_order_with_and_without_the_pool() {
         assert_eq!(st.sole().stats.failed_reads, 0, "threads {threads}");
         if threads == "0" {
             assert!(
-                compress_tasks(&d).is_empty(),
+                d.compress_tasks().is_empty(),
                 "--compress-threads 0 has no pool"
             );
             assert_eq!(after, 0);

@@ -185,6 +185,41 @@ impl Daemon {
         Stats(self.request(json!({"cmd": "stat"})))
     }
 
+    /// `/proc/PID/task/TID` of the sole device's worker's
+    /// `vzram-compress-*` threads (the compress pool).
+    pub fn compress_tasks(&self) -> Vec<PathBuf> {
+        let pid = self
+            .stat()
+            .sole()
+            .worker
+            .pid
+            .expect("a worker serves the device");
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .map(|t| t.path())
+            .filter(|t| {
+                std::fs::read_to_string(t.join("comm"))
+                    .is_ok_and(|c| c.starts_with("vzram-compress"))
+            })
+            .collect()
+    }
+
+    /// Times the compress pool's threads went to sleep: it grows only when
+    /// a submission woke them (CPU ticks are too coarse, and schedstat is
+    /// off on some kernels).
+    pub fn pool_sleeps(&self) -> u64 {
+        self.compress_tasks()
+            .into_iter()
+            .filter_map(|t| {
+                let st = std::fs::read_to_string(t.join("status")).ok()?;
+                st.lines()
+                    .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     /// `vzram stat --json`, as an operator reads it, parsed; the daemon
     /// must be alive and the command succeed.
     pub fn stat_cli(&mut self) -> Stats {

@@ -72,28 +72,29 @@ impl GuestPage {
     }
 }
 
-/// One page to prepare (a write) or to read into guest memory and, once
-/// done, its result.
+/// One page of a write to prepare and, once done, its result.
 pub struct Job {
     pub slot: u64,
     pub page: Box<Page>,
-    /// Some: a read of `slot` into this page of guest memory; `page` is
-    /// unused.
-    read_to: Option<GuestPage>,
-    /// None until done; stays None if the job panicked.
-    out: Option<Outcome>,
+    /// None until done; stays None if preparing panicked.
+    out: Option<Result<Prepared, StoreError>>,
 }
 
-enum Outcome {
-    Prepared(Result<Prepared, StoreError>),
-    Read(Result<(), StoreError>),
+/// One page of a read, decompressed into guest memory, and its result.
+struct ReadJob {
+    slot: u64,
+    to: Option<GuestPage>,
+    /// None until done; stays None if the read panicked.
+    out: Option<Result<(), StoreError>>,
 }
 
 /// A queue's jobs in flight. Made once per queue and reused: the pages
-/// stay allocated.
+/// stay allocated. Reads have jobs of their own (no page: they write into
+/// guest memory), so they never take a write's room in the batch.
 pub struct Batch {
     dev: Arc<Device>,
     jobs: Box<[Mutex<Job>]>,
+    reads: Box<[Mutex<ReadJob>]>,
     pending: AtomicUsize,
     done: Mutex<()>,
     done_cv: Condvar,
@@ -108,7 +109,15 @@ impl Batch {
                     Mutex::new(Job {
                         slot: 0,
                         page: Box::new([0; PAGE_SIZE]),
-                        read_to: None,
+                        out: None,
+                    })
+                })
+                .collect(),
+            reads: (0..BATCH_PAGES)
+                .map(|_| {
+                    Mutex::new(ReadJob {
+                        slot: 0,
+                        to: None,
                         out: None,
                     })
                 })
@@ -119,36 +128,31 @@ impl Batch {
         })
     }
 
-    /// Job `i` as a write, to fill in before handing it over with
+    /// Write job `i`, to fill in before handing it over with
     /// [`CompressPool::submit`].
     pub fn job(&self, i: usize) -> MutexGuard<'_, Job> {
-        let mut job = lock(&self.jobs[i]);
-        job.read_to = None;
-        job
+        lock(&self.jobs[i])
     }
 
-    /// Makes job `i` a read of `slot` into `to`.
+    /// Makes read job `i` a read of `slot` into `to`, for
+    /// [`CompressPool::submit_reads`].
     pub fn read_job(&self, i: usize, slot: u64, to: GuestPage) {
-        let mut job = lock(&self.jobs[i]);
+        let mut job = lock(&self.reads[i]);
         job.slot = slot;
-        job.read_to = Some(to);
+        job.to = Some(to);
     }
 
     /// Write job `i`'s result, once [`CompressPool::wait`] returned. None:
     /// it was never submitted, or preparing it panicked.
     pub fn take(&self, i: usize) -> Option<Result<Prepared, StoreError>> {
-        match lock(&self.jobs[i]).out.take() {
-            Some(Outcome::Prepared(r)) => Some(r),
-            _ => None,
-        }
+        lock(&self.jobs[i]).out.take()
     }
 
     /// Read job `i`'s result, as [`Batch::take`].
     pub fn take_read(&self, i: usize) -> Option<Result<(), StoreError>> {
-        match lock(&self.jobs[i]).out.take() {
-            Some(Outcome::Read(r)) => Some(r),
-            _ => None,
-        }
+        let mut job = lock(&self.reads[i]);
+        job.to = None;
+        job.out.take()
     }
 
     /// Blocks until every submitted job is done, running none of them:
@@ -161,29 +165,30 @@ impl Batch {
         }
     }
 
-    fn run(&self, i: usize, cx: &mut Context) {
-        let mut job = lock(&self.jobs[i]);
-        let Job {
-            slot,
-            page,
-            read_to,
-            out,
-        } = &mut *job;
+    /// Runs task `t`: write job `t`, or read job `t - BATCH_PAGES`.
+    fn run(&self, t: usize, cx: &mut Context) {
         // A panic must not leave the queue waiting for this job forever.
-        *out = catch_unwind(AssertUnwindSafe(|| match read_to {
-            None => Outcome::Prepared(self.dev.prepare_write(cx, *slot, page)),
-            Some(to) => {
-                // SAFETY: `GuestPage::new`'s caller keeps the page mapped
-                // until this job is done, and read_page only writes it (a
-                // fill, a copy, or a decoder's output, taking no length or
-                // index from what it reads back): `guest::with_mut`'s
-                // contract, as for a read on the queue thread.
-                let dst = unsafe { to.0.as_mut() };
-                Outcome::Read(self.dev.read_page(cx, *slot, dst))
-            }
-        }))
-        .ok();
-        drop(job);
+        if let Some(r) = t.checked_sub(BATCH_PAGES) {
+            let mut job = lock(&self.reads[r]);
+            let ReadJob { slot, to, out } = &mut *job;
+            *out = to.and_then(|mut to| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    // SAFETY: `GuestPage::new`'s caller keeps the page
+                    // mapped until this job is done, and read_page only
+                    // writes it (a fill, a copy, or a decoder's output,
+                    // taking no length or index from what it reads back):
+                    // `guest::with_mut`'s contract, as for a read on the
+                    // queue thread.
+                    let dst = unsafe { to.0.as_mut() };
+                    self.dev.read_page(cx, *slot, dst)
+                }))
+                .ok()
+            });
+        } else {
+            let mut job = lock(&self.jobs[t]);
+            let Job { slot, page, out } = &mut *job;
+            *out = catch_unwind(AssertUnwindSafe(|| self.dev.prepare_write(cx, *slot, page))).ok();
+        }
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             let _g = lock(&self.done);
             self.done_cv.notify_all();
@@ -223,6 +228,15 @@ impl CompressPool {
     /// Hands jobs `range` of `batch` to the pool. Each must have been
     /// filled in and not be in flight.
     pub fn submit(&self, batch: &Arc<Batch>, range: std::ops::Range<usize>) {
+        self.submit_tasks(batch, range);
+    }
+
+    /// Hands read jobs `range` of `batch` ([`Batch::read_job`]) to the pool.
+    pub fn submit_reads(&self, batch: &Arc<Batch>, range: std::ops::Range<usize>) {
+        self.submit_tasks(batch, range.start + BATCH_PAGES..range.end + BATCH_PAGES);
+    }
+
+    fn submit_tasks(&self, batch: &Arc<Batch>, range: std::ops::Range<usize>) {
         let n = range.len();
         if n == 0 {
             return;

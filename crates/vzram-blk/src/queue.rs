@@ -104,6 +104,8 @@ impl Scratch {
                 pool,
                 batch: Batch::new(store),
                 entries: Vec::new(),
+                written: Vec::new(),
+                reads: Vec::new(),
             }),
             ..Scratch::new(queue)
         }
@@ -402,6 +404,15 @@ struct BatchState {
     /// Reused from batch to batch (with their requests' vectors); only the
     /// first `len` of a batch are live.
     entries: Vec<Entry>,
+    /// Guest memory the requests taken so far write at their turn (data
+    /// and status bytes), as [start, end) guest addresses: a read into any
+    /// of it runs at its turn too, so that what lands there last is what
+    /// the later request wrote.
+    written: Vec<(u64, u64)>,
+    /// Read jobs pointed at guest memory, handed to the pool once the
+    /// batch is taken: the writes taken after them copy their pages first,
+    /// as they would had the reads run at their turn.
+    reads: Vec<std::ops::Range<usize>>,
 }
 
 struct Entry {
@@ -510,8 +521,10 @@ where
     H: ChainHook,
 {
     let b = scratch.batched.as_mut().expect("callers check");
+    b.written.clear();
     let mut n = 0;
     let mut pages = 0;
+    let mut read_pages = 0;
     // Whether a request taken so far may change the store: reads after it
     // run at their turn, after it.
     let mut mutated = false;
@@ -536,7 +549,18 @@ where
         e.head = chain.head_index();
         hook.popped(&chain);
         e.slot = None;
-        if let Err(err) = e.req.parse(chain) {
+        let parsed = e.req.parse(chain);
+        // Before this request's own: its reads may land where earlier
+        // requests write, not where it writes itself.
+        let clash = overlaps(&b.written, &e.req.writable);
+        b.written.extend(
+            e.req
+                .writable
+                .iter()
+                .map(|s| (s.addr.0, s.addr.0.saturating_add(u64::from(s.len))))
+                .chain(e.req.status.map(|a| (a.0, a.0.saturating_add(1)))),
+        );
+        if let Err(err) = parsed {
             e.state = State::Malformed(err);
             continue;
         }
@@ -551,14 +575,14 @@ where
             e.req.kind,
             RequestType::In | RequestType::Flush | RequestType::GetId
         );
-        if let Some((slot, count)) = read {
-            let first = pages;
-            if (POOL_MIN_READ_PAGES..=BATCH_PAGES - pages).contains(&count)
+        if let Some((slot, count)) = read.filter(|_| !clash) {
+            let first = read_pages;
+            if (POOL_MIN_READ_PAGES..=BATCH_PAGES - read_pages).contains(&count)
                 && point_reads(m, &e.req, &b.batch, slot, first..first + count)
             {
                 held.keep(&b.batch, guard.clone());
-                b.pool.submit(&b.batch, first..first + count);
-                pages += count;
+                b.reads.push(first..first + count);
+                read_pages += count;
                 e.since = Instant::now();
                 e.state = State::PooledRead { first, n: count };
                 continue;
@@ -582,7 +606,18 @@ where
             _ => State::Inline,
         };
     }
+    for r in b.reads.drain(..) {
+        b.pool.submit_reads(&b.batch, r);
+    }
     n
+}
+
+/// Whether any of `segs` overlaps a range of `ranges` (guest addresses).
+fn overlaps(ranges: &[(u64, u64)], segs: &[crate::request::Segment]) -> bool {
+    segs.iter().any(|s| {
+        let (a, b) = (s.addr.0, s.addr.0.saturating_add(u64::from(s.len)));
+        ranges.iter().any(|&(lo, hi)| a < hi && lo < b)
+    })
 }
 
 /// Points a read's jobs at its pages of guest memory. False when a page is

@@ -552,7 +552,7 @@ where
         let parsed = e.req.parse(chain);
         // Before this request's own: its reads may land where earlier
         // requests write, not where it writes itself.
-        let clash = overlaps(&b.written, &e.req.writable);
+        let clash = crate::request::overlaps(&b.written, &e.req.writable);
         b.written.extend(
             e.req
                 .writable
@@ -610,14 +610,6 @@ where
         b.pool.submit_reads(&b.batch, r);
     }
     n
-}
-
-/// Whether any of `segs` overlaps a range of `ranges` (guest addresses).
-fn overlaps(ranges: &[(u64, u64)], segs: &[crate::request::Segment]) -> bool {
-    segs.iter().any(|s| {
-        let (a, b) = (s.addr.0, s.addr.0.saturating_add(u64::from(s.len)));
-        ranges.iter().any(|&(lo, hi)| a < hi && lo < b)
-    })
 }
 
 /// Points a read's jobs at its pages of guest memory. False when a page is

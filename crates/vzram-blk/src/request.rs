@@ -314,6 +314,15 @@ impl Request {
     }
 }
 
+/// Whether any of `segs` overlaps a range of `ranges` ([start, end) guest
+/// addresses).
+pub(crate) fn overlaps(ranges: &[(u64, u64)], segs: &[Segment]) -> bool {
+    segs.iter().any(|s| {
+        let (a, b) = (s.addr.0, s.addr.0.saturating_add(u64::from(s.len)));
+        ranges.iter().any(|&(lo, hi)| a < hi && lo < b)
+    })
+}
+
 /// Walks a list of segments as one byte stream, copying to or from guest
 /// memory in pieces of any size.
 pub struct SegmentCursor<'a> {

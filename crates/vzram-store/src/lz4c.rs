@@ -4,7 +4,6 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use crate::codec::MAX_COMPRESSED;
 use crate::PAGE_SIZE;
 
 // lz4-sys binds neither the external-state compressor nor LZ4_initStream;
@@ -42,23 +41,20 @@ impl Default for State {
 }
 
 impl State {
-    /// Compresses a page; `None` only if it does not fit in `out`, which
-    /// is at least liblz4's bound (see the tests).
-    pub(crate) fn compress(
-        &mut self,
-        page: &[u8; PAGE_SIZE],
-        out: &mut [u8; MAX_COMPRESSED],
-    ) -> Option<usize> {
+    /// Compresses a page; `None` only if it does not fit in `out` (the
+    /// store's buffer is at least liblz4's bound: see the codec tests).
+    pub(crate) fn compress(&mut self, page: &[u8; PAGE_SIZE], out: &mut [u8]) -> Option<usize> {
+        let cap = c_int::try_from(out.len()).unwrap_or(c_int::MAX);
         // SAFETY: the state was initialised in `default` and only liblz4
         // writes it; liblz4 reads PAGE_SIZE bytes of `page` and writes at
-        // most MAX_COMPRESSED bytes of `out`, the sizes of both arrays.
+        // most `cap` bytes of `out`, no more than its length.
         let n = unsafe {
             LZ4_compress_fast_extState_fastReset(
                 self.0.as_mut_ptr().cast(),
                 page.as_ptr().cast(),
                 out.as_mut_ptr().cast(),
                 PAGE_SIZE as c_int,
-                MAX_COMPRESSED as c_int,
+                cap,
                 1,
             )
         };

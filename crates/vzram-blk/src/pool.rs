@@ -75,9 +75,18 @@ impl GuestPage {
 /// One page of a write to prepare and, once done, its result.
 pub struct Job {
     pub slot: u64,
-    pub page: Box<Page>,
+    /// Allocated on first use: a queue that never writes 4 pages at once
+    /// (or a VM that only reads) keeps no 1 MiB of pages per queue.
+    page: Option<Box<Page>>,
     /// None until done; stays None if preparing panicked.
     out: Option<Result<Prepared, StoreError>>,
+}
+
+impl Job {
+    /// The page to fill in before the job is submitted.
+    pub fn page_mut(&mut self) -> &mut Page {
+        self.page.get_or_insert_with(|| Box::new([0; PAGE_SIZE]))
+    }
 }
 
 /// One page of a read, decompressed into guest memory, and its result.
@@ -108,7 +117,7 @@ impl Batch {
                 .map(|_| {
                     Mutex::new(Job {
                         slot: 0,
-                        page: Box::new([0; PAGE_SIZE]),
+                        page: None,
                         out: None,
                     })
                 })
@@ -187,7 +196,10 @@ impl Batch {
         } else {
             let mut job = lock(&self.jobs[t]);
             let Job { slot, page, out } = &mut *job;
-            *out = catch_unwind(AssertUnwindSafe(|| self.dev.prepare_write(cx, *slot, page))).ok();
+            // A submitted job was filled in, so it has its page.
+            *out = page.as_deref().and_then(|page| {
+                catch_unwind(AssertUnwindSafe(|| self.dev.prepare_write(cx, *slot, page))).ok()
+            });
         }
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             let _g = lock(&self.done);

@@ -550,16 +550,18 @@ where
         hook.popped(&chain);
         e.slot = None;
         let parsed = e.req.parse(chain);
-        // Before this request's own: its reads may land where earlier
-        // requests write, not where it writes itself.
-        let clash = crate::request::overlaps(&b.written, &e.req.writable);
-        b.written.extend(
-            e.req
-                .writable
-                .iter()
-                .map(|s| (s.addr.0, s.addr.0.saturating_add(u64::from(s.len))))
-                .chain(e.req.status.map(|a| (a.0, a.0.saturating_add(1)))),
-        );
+        // Where the requests so far write, which pooled reads must not; only
+        // reads before any store change are pooled: no need after one.
+        let before = b.written.len();
+        if !mutated {
+            b.written.extend(
+                e.req
+                    .writable
+                    .iter()
+                    .map(|s| (s.addr.0, s.addr.0.saturating_add(u64::from(s.len))))
+                    .chain(e.req.status.map(|a| (a.0, a.0.saturating_add(1)))),
+            );
+        }
         if let Err(err) = parsed {
             e.state = State::Malformed(err);
             continue;
@@ -568,14 +570,17 @@ where
         // the object one request ahead of its turn (`complete_batch`).
         e.slot = dev.first_slot(&e.req);
         dev.prefetch_slot(e.slot);
-        // A 4K read, the commonest request, skips the range check.
+        // A 4K read, the commonest request, skips the range and overlap checks.
         let poolable = !mutated && e.req.writable_len >= (POOL_MIN_READ_PAGES * PAGE_SIZE) as u64;
-        let read = poolable.then(|| dev.whole_page_read(&e.req)).flatten();
+        let read = poolable
+            .then(|| dev.whole_page_read(&e.req))
+            .flatten()
+            .filter(|_| !crate::request::overlaps(&b.written[..before], &e.req.writable));
         mutated |= !matches!(
             e.req.kind,
             RequestType::In | RequestType::Flush | RequestType::GetId
         );
-        if let Some((slot, count)) = read.filter(|_| !clash) {
+        if let Some((slot, count)) = read {
             let first = read_pages;
             if (POOL_MIN_READ_PAGES..=BATCH_PAGES - read_pages).contains(&count)
                 && point_reads(m, &e.req, &b.batch, slot, first..first + count)
@@ -652,7 +657,7 @@ fn copy_pages<M: GuestMemory>(
     for (k, i) in jobs.enumerate() {
         let mut job = batch.job(i);
         job.slot = first_slot + k as u64;
-        input.read(mem, &mut job.page[..])?;
+        input.read(mem, &mut job.page_mut()[..])?;
     }
     Ok(())
 }

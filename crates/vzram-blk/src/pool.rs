@@ -64,7 +64,7 @@ impl GuestPage {
     ///
     /// `ptr` is the start of `PAGE_SIZE` bytes of guest memory in one
     /// region, which stay mapped until every job of the batch it is put in
-    /// is done ([`CompressPool::wait`] or [`Batch::wait_done`] returned).
+    /// is done ([`CompressPool::wait`] returned, or [`Held`] dropped).
     /// The bytes are written as `crate::guest::with_mut` writes them, and
     /// its contract holds for them.
     pub(crate) unsafe fn new(ptr: NonNull<u8>) -> GuestPage {
@@ -164,10 +164,8 @@ impl Batch {
         job.out.take()
     }
 
-    /// Blocks until every submitted job is done, running none of them:
-    /// guest memory that reads write into must stay mapped until then,
-    /// even when the queue thread unwinds.
-    pub fn wait_done(&self) {
+    /// Blocks until every submitted job is done, running none of them.
+    fn wait_done(&self) {
         let mut g = lock(&self.done);
         while self.pending.load(Ordering::Acquire) > 0 {
             g = self.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
@@ -204,6 +202,60 @@ impl Batch {
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             let _g = lock(&self.done);
             self.done_cv.notify_all();
+        }
+    }
+}
+
+/// The guest memory snapshots a batch's pooled reads write into, kept
+/// until the batch's jobs are done: a memory table change must not unmap
+/// a page a pool thread is writing. Should the queue thread unwind before
+/// it waited, dropping this finishes the jobs, running them itself as
+/// [`CompressPool::wait`] does (a pool of no threads has nobody else).
+pub struct Held<T> {
+    batch: Option<(Arc<CompressPool>, Arc<Batch>)>,
+    first: Option<T>,
+    more: Vec<T>,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            batch: None,
+            first: None,
+            more: Vec::new(),
+        }
+    }
+}
+
+impl<T> Held<T> {
+    /// Keeps `snap` (once: requests between table changes share one) until
+    /// the jobs of `batch` on `pool` are done.
+    pub fn keep<M: ?Sized>(&mut self, pool: &Arc<CompressPool>, batch: &Arc<Batch>, snap: T)
+    where
+        T: std::ops::Deref<Target = M>,
+    {
+        if self.batch.is_none() {
+            self.batch = Some((pool.clone(), batch.clone()));
+        }
+        let last = self.more.last().or(self.first.as_ref());
+        if last.is_some_and(|l| std::ptr::eq::<M>(&**l, &*snap)) {
+            return;
+        }
+        match self.first {
+            None => self.first = Some(snap),
+            Some(_) => self.more.push(snap),
+        }
+    }
+}
+
+impl<T> Drop for Held<T> {
+    fn drop(&mut self) {
+        if let Some((pool, b)) = &self.batch {
+            // After the queue thread's own wait nothing is left, and no
+            // context is made.
+            if b.pending.load(Ordering::Acquire) > 0 {
+                pool.wait(b, &mut Context::new(0));
+            }
         }
     }
 }
@@ -322,4 +374,45 @@ pub const DEFAULT_MAX_THREADS: usize = 4;
 pub fn pool_threads(requested: Option<usize>) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     requested.unwrap_or(DEFAULT_MAX_THREADS).min(cores)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig};
+
+    /// A queue thread that unwinds with jobs in flight finishes them when
+    /// its `Held` drops, even on a pool of no threads
+    /// (`--compress-threads 0`), where waiting alone would never end.
+    #[test]
+    fn dropping_held_finishes_the_jobs_on_a_pool_of_no_threads() {
+        let store = Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 26,
+        })
+        .unwrap()
+        .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
+        .unwrap();
+        let pool = CompressPool::new(0, 0).unwrap();
+        let batch = Batch::new(store);
+        for i in 0..3 {
+            let mut job = batch.job(i);
+            job.slot = i as u64;
+            job.page_mut().fill(i as u8 + 1);
+        }
+        pool.submit(&batch, 0..3);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (p, b) = (pool.clone(), batch.clone());
+        std::thread::spawn(move || {
+            let mut held = Held::default();
+            held.keep(&p, &b, Box::new(0u8));
+            drop(held);
+            tx.send(()).unwrap();
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .expect("dropping Held did not finish the batch");
+        for i in 0..3 {
+            assert!(matches!(batch.take(i), Some(Ok(_))), "job {i}");
+        }
+    }
 }

@@ -19,7 +19,7 @@ use vzram_store::{Context, Device, Op, Page, PAGE_SIZE};
 
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
 use crate::poll::Poller;
-use crate::pool::{Batch, CompressPool, GuestPage, BATCH_PAGES};
+use crate::pool::{Batch, CompressPool, GuestPage, Held, BATCH_PAGES};
 use crate::request::{Request, RequestError, RequestType, SegmentCursor};
 
 /// Why a queue stopped draining; the guest's doing, logged and survived.
@@ -106,6 +106,7 @@ impl Scratch {
                 entries: Vec::new(),
                 written: Vec::new(),
                 reads: Vec::new(),
+                ptrs: Vec::new(),
             }),
             ..Scratch::new(queue)
         }
@@ -413,6 +414,8 @@ struct BatchState {
     /// batch is taken: the writes taken after them copy their pages first,
     /// as they would had the reads run at their turn.
     reads: Vec<std::ops::Range<usize>>,
+    /// Where the pages of the read being pointed lie ([`point_reads`]).
+    ptrs: Vec<usize>,
 }
 
 struct Entry {
@@ -442,54 +445,6 @@ enum State {
         first: usize,
         n: usize,
     },
-}
-
-/// The guest memory snapshots a batch's pooled reads write into, kept
-/// until their jobs are done (dropping it waits for them, should the
-/// queue thread unwind): a memory table change must not unmap a page a
-/// pool thread is writing.
-struct Held<T> {
-    batch: Option<Arc<Batch>>,
-    first: Option<T>,
-    more: Vec<T>,
-}
-
-impl<T> Default for Held<T> {
-    fn default() -> Self {
-        Held {
-            batch: None,
-            first: None,
-            more: Vec::new(),
-        }
-    }
-}
-
-impl<T> Held<T> {
-    /// Keeps `snap` (once: requests between table changes share one).
-    fn keep<M: ?Sized>(&mut self, batch: &Arc<Batch>, snap: T)
-    where
-        T: std::ops::Deref<Target = M>,
-    {
-        if self.batch.is_none() {
-            self.batch = Some(batch.clone());
-        }
-        let last = self.more.last().or(self.first.as_ref());
-        if last.is_some_and(|l| std::ptr::eq::<M>(&**l, &*snap)) {
-            return;
-        }
-        match self.first {
-            None => self.first = Some(snap),
-            Some(_) => self.more.push(snap),
-        }
-    }
-}
-
-impl<T> Drop for Held<T> {
-    fn drop(&mut self) {
-        if let Some(b) = &self.batch {
-            b.wait_done();
-        }
-    }
 }
 
 /// Requests one batch takes from the ring before it completes them.
@@ -522,6 +477,8 @@ where
 {
     let b = scratch.batched.as_mut().expect("callers check");
     b.written.clear();
+    // Left over only if the last take unwound: never submit those.
+    b.reads.clear();
     let mut n = 0;
     let mut pages = 0;
     let mut read_pages = 0;
@@ -583,9 +540,9 @@ where
         if let Some((slot, count)) = read {
             let first = read_pages;
             if (POOL_MIN_READ_PAGES..=BATCH_PAGES - read_pages).contains(&count)
-                && point_reads(m, &e.req, &b.batch, slot, first..first + count)
+                && point_reads(m, &e.req, &b.batch, slot, first..first + count, &mut b.ptrs)
             {
-                held.keep(&b.batch, guard.clone());
+                held.keep(&b.pool, &b.batch, guard.clone());
                 b.reads.push(first..first + count);
                 read_pages += count;
                 e.since = Instant::now();
@@ -618,16 +575,20 @@ where
 }
 
 /// Points a read's jobs at its pages of guest memory. False when a page is
-/// not one piece of one region: the read then runs on this thread, at its
-/// turn, and the jobs are not submitted.
+/// not one piece of one region, or overlaps another page of the read (two
+/// threads would write it at once; in order, the later page wins): the
+/// read then runs on this thread, at its turn, and the jobs are not
+/// submitted. `ptrs` is scratch space.
 fn point_reads<M: GuestMemory>(
     mem: &M,
     req: &Request,
     batch: &Batch,
     first_slot: u64,
     jobs: std::ops::Range<usize>,
+    ptrs: &mut Vec<usize>,
 ) -> bool {
     let mut out = SegmentCursor::new(&req.writable);
+    ptrs.clear();
     for (k, i) in jobs.enumerate() {
         let Some(ptr) = out
             .next_whole(PAGE_SIZE)
@@ -635,6 +596,11 @@ fn point_reads<M: GuestMemory>(
         else {
             return false;
         };
+        let p = ptr.as_ptr() as usize;
+        if ptrs.iter().any(|&q| p.abs_diff(q) < PAGE_SIZE) {
+            return false;
+        }
+        ptrs.push(p);
         // SAFETY: PAGE_SIZE bytes of one region (ptr_mut checked them),
         // kept mapped by the snapshot `mem` derefs from, which the caller
         // holds (`Held`) until the batch's jobs are done; the pool writes
@@ -767,234 +733,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use vm_memory::GuestMemoryMmap;
-    use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig};
-
-    fn device() -> BlkDevice {
-        let pool = Pool::new(PoolConfig {
-            host_mem_limit: 0,
-            arena_bytes: 1 << 28,
-        })
-        .unwrap();
-        let store = pool
-            .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
-            .unwrap();
-        BlkDevice::new(store, 1, false, "x")
-    }
-
-    /// A queue the frontend has not set up is left alone: nothing read,
-    /// written or signalled. (The fuzz harness covers every ready queue.)
-    #[test]
-    fn drain_leaves_a_queue_that_is_not_ready_alone() {
-        let dev = device();
-        let mem: GuestMemoryMmap =
-            GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 0x10000)]).unwrap();
-        let mut queue = Queue::new(16).unwrap();
-        let mut notified = false;
-        let r = drain_queue(
-            &mut (&mut queue, || {
-                notified = true;
-                Ok(())
-            }),
-            &&mem,
-            &dev,
-            true,
-            &mut Scratch::new(0),
-            &mut (),
-        );
-        assert!(r.is_ok());
-        assert!(!notified);
-        assert_eq!((queue.next_avail(), queue.next_used()), (0, 0));
-    }
-
-    /// A page of test data, different for every `n`, not same-filled.
-    fn page_data(n: u64) -> Vec<u8> {
-        (0..PAGE_SIZE as u64)
-            .map(|i| (i.wrapping_mul(31) ^ (i >> 7) ^ n.wrapping_mul(0x9d)) as u8)
-            .collect()
-    }
-
-    /// Records the order chains complete in and, when the FLUSH completes,
-    /// which of the writes' pages the store does not hold yet.
-    struct FlushWatch<'a> {
-        store: &'a Device,
-        /// (first slot, pages, first page's data number) of each write.
-        writes: &'a [(u64, u64, u64)],
-        ran: Vec<u16>,
-        missing_at_flush: Option<Vec<u64>>,
-    }
-
-    impl ChainHook for FlushWatch<'_> {
-        fn ran(&mut self, head: u16, req: &Request, _: &Result<u32, ChainError>, _: u32) {
-            self.ran.push(head);
-            if req.kind != crate::request::RequestType::Flush {
-                return;
-            }
-            let mut cx = Context::new(0);
-            let mut page = [0u8; PAGE_SIZE];
-            let mut missing = Vec::new();
-            for &(slot, pages, data) in self.writes {
-                for p in 0..pages {
-                    self.store.read_page(&mut cx, slot + p, &mut page).unwrap();
-                    if page[..] != page_data(data + p)[..] {
-                        missing.push(slot + p);
-                    }
-                }
-            }
-            self.missing_at_flush = Some(missing);
-        }
-    }
-
-    /// Pooled writes then a FLUSH in one batch: the FLUSH's used entry comes
-    /// after the writes' and, when it completes, their pages are in the
-    /// store. A guest's fsync must not be acknowledged before its data is
-    /// stored, even though FLUSH itself has nothing to do.
-    #[test]
-    fn a_flush_completes_after_the_pooled_writes_taken_before_it() {
-        use virtio_queue::desc::{split::Descriptor, RawDescriptor};
-        use vm_memory::{Bytes, GuestAddress};
-        const HDR: u64 = 0x1000;
-        const STATUS: u64 = 0x2000;
-        const DATA: u64 = 0x10000;
-        let page = PAGE_SIZE as u64;
-        let dev = device();
-        let mem: GuestMemoryMmap =
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x80000)]).unwrap();
-        let mq = virtio_queue::mock::MockSplitQueue::new(&mem, 16);
-        // (first slot, pages, data): big enough for the pool, and distinct.
-        let min = POOL_MIN_PAGES as u64;
-        let writes = [(0, min, 0), (2 * min, 2 * min, 100)];
-        let mut descs = Vec::new();
-        let mut buf = DATA;
-        for (i, &(slot, pages, data)) in writes.iter().enumerate() {
-            let mut h = [0u8; 16];
-            h[0] = 1; // OUT
-            h[8..].copy_from_slice(&(slot * page / 512).to_le_bytes());
-            let hdr = HDR + 16 * i as u64;
-            mem.write_slice(&h, GuestAddress(hdr)).unwrap();
-            for p in 0..pages {
-                mem.write_slice(&page_data(data + p), GuestAddress(buf + p * page))
-                    .unwrap();
-            }
-            let d = descs.len() as u16;
-            descs.push(Descriptor::new(hdr, 16, 1, d + 1));
-            descs.push(Descriptor::new(buf, (pages * page) as u32, 1, d + 2));
-            descs.push(Descriptor::new(STATUS + i as u64, 1, 2, 0));
-            buf += pages * page;
-        }
-        let mut flush = [0u8; 16];
-        flush[0] = 4;
-        let hdr = HDR + 16 * writes.len() as u64;
-        mem.write_slice(&flush, GuestAddress(hdr)).unwrap();
-        let d = descs.len() as u16;
-        descs.push(Descriptor::new(hdr, 16, 1, d + 1));
-        descs.push(Descriptor::new(STATUS + writes.len() as u64, 1, 2, 0));
-        let raw: Vec<RawDescriptor> = descs.into_iter().map(RawDescriptor::from).collect();
-        mq.add_desc_chains(&raw, 0).unwrap();
-        let heads = [0u16, 3, 6];
-
-        let mut queue: Queue = mq.create_queue().unwrap();
-        let pool = CompressPool::new(2, 1).unwrap();
-        let mut scratch = Scratch::with_pool(0, pool, dev.store().clone());
-        let mut watch = FlushWatch {
-            store: dev.store(),
-            writes: &writes,
-            ran: Vec::new(),
-            missing_at_flush: None,
-        };
-        let r = drain_queue(
-            &mut (&mut queue, || Ok(())),
-            &&mem,
-            &dev,
-            false,
-            &mut scratch,
-            &mut watch,
-        );
-        assert!(r.is_ok(), "{r:?}");
-        assert_eq!(
-            watch.missing_at_flush,
-            Some(vec![]),
-            "slots of writes taken before the FLUSH not stored when it completed"
-        );
-        assert_eq!(watch.ran, heads, "completion order");
-        assert_eq!(mq.used().idx().load(), 3);
-        let used: Vec<u32> = (0..3)
-            .map(|i| mq.used().ring().ref_at(i).unwrap().load().id())
-            .collect();
-        assert_eq!(used, heads.map(u32::from), "used ring order");
-        for i in 0..3 {
-            let st: u8 = mem.read_obj(GuestAddress(STATUS + i)).unwrap();
-            assert_eq!(st, STATUS_OK, "status of request {i}");
-        }
-    }
-
-    /// Moves the avail index far past the ring once the first chain ran:
-    /// a guest that does so while the queue thread polls.
-    struct JumpAvail<'a, 'm>(&'a virtio_queue::mock::MockSplitQueue<'m, GuestMemoryMmap>);
-
-    impl ChainHook for JumpAvail<'_, '_> {
-        fn ran(&mut self, _: u16, _: &Request, _: &Result<u32, ChainError>, _: u32) {
-            self.0.avail().idx().store(u16::to_le(0x8000));
-        }
-    }
-
-    /// A poll that sees an avail index no ring can hold reports a new
-    /// request; the next pass takes none, and the drain ends there instead
-    /// of polling the same index again for ever with the vring lock held.
-    /// Both strategies run the same loop; both are tried.
-    #[test]
-    fn a_poll_that_sees_an_impossible_avail_index_ends_the_drain() {
-        use virtio_queue::desc::{split::Descriptor, RawDescriptor};
-        use vm_memory::{Bytes, GuestAddress};
-        for (event_idx, pooled) in [(false, false), (true, false), (false, true), (true, true)] {
-            let (tx, rx) = std::sync::mpsc::channel();
-            // Its own thread: a drain that never ends fails the test
-            // instead of hanging it.
-            std::thread::spawn(move || {
-                let dev = device();
-                let mem: GuestMemoryMmap =
-                    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
-                let mq = virtio_queue::mock::MockSplitQueue::new(&mem, 16);
-                // One flush: a header (type 4) and a status byte.
-                let mut flush = [0u8; 16];
-                flush[0] = 4;
-                mem.write_slice(&flush, GuestAddress(0x8000)).unwrap();
-                mem.write_obj(0xffu8, GuestAddress(0x9000)).unwrap();
-                let chain = [
-                    RawDescriptor::from(Descriptor::new(0x8000, 16, 1, 1)),
-                    RawDescriptor::from(Descriptor::new(0x9000, 1, 2, 0)),
-                ];
-                mq.add_desc_chains(&chain, 0).unwrap();
-                let mut queue: Queue = mq.create_queue().unwrap();
-                queue.set_event_idx(event_idx);
-                let mut scratch = match pooled {
-                    false => Scratch::new(0),
-                    true => {
-                        let pool = CompressPool::new(1, 1).unwrap();
-                        Scratch::with_pool(0, pool, dev.store().clone())
-                    }
-                };
-                scratch.poller = Poller::new(Duration::from_secs(2));
-                let r = drain_queue(
-                    &mut (&mut queue, || Ok(())),
-                    &&mem,
-                    &dev,
-                    event_idx,
-                    &mut scratch,
-                    &mut JumpAvail(&mq),
-                );
-                let status = mem.read_obj::<u8>(GuestAddress(0x9000)).unwrap();
-                let _ = tx.send((format!("{r:?}"), queue.next_used(), status));
-            });
-            let (r, used, status) = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_else(|_| {
-                panic!("event_idx {event_idx}, pooled {pooled}: the drain polls on")
-            });
-            assert_eq!((used, status), (1, STATUS_OK), "the flush completed");
-            if event_idx {
-                assert!(r.contains("Unreadable"), "{r}");
-            }
-        }
-    }
-}
+mod tests;

@@ -111,17 +111,46 @@ impl ChainHook for FlushWatch<'_> {
     }
 }
 
+/// Where the mock requests put their headers (16 bytes each), status bytes
+/// (one each) and data.
+const HDR: u64 = 0x1000;
+const STATUS: u64 = 0x2000;
+const DATA: u64 = 0x10000;
+
+/// Adds request `i` to `descs`: its header at `HDR + 16 i` (type `kind`,
+/// sector `sector`), `data` (guest address, length, whether the device
+/// writes it) if any, and its status byte at `STATUS + i`.
+fn push_request(
+    mem: &GuestMemoryMmap,
+    descs: &mut Vec<virtio_queue::desc::split::Descriptor>,
+    i: usize,
+    (kind, sector): (u8, u64),
+    data: Option<(u64, u64, bool)>,
+) {
+    use virtio_queue::desc::split::Descriptor;
+    use vm_memory::{Bytes, GuestAddress};
+    let mut h = [0u8; 16];
+    h[0] = kind;
+    h[8..].copy_from_slice(&sector.to_le_bytes());
+    let hdr = HDR + 16 * i as u64;
+    mem.write_slice(&h, GuestAddress(hdr)).unwrap();
+    let d = descs.len() as u16;
+    descs.push(Descriptor::new(hdr, 16, 1, d + 1));
+    if let Some((addr, len, device_writes)) = data {
+        let flags = if device_writes { 3 } else { 1 };
+        descs.push(Descriptor::new(addr, len as u32, flags, d + 2));
+    }
+    descs.push(Descriptor::new(STATUS + i as u64, 1, 2, 0));
+}
+
 /// Pooled writes then a FLUSH in one batch: the FLUSH's used entry comes
 /// after the writes' and, when it completes, their pages are in the
 /// store. A guest's fsync must not be acknowledged before its data is
 /// stored, even though FLUSH itself has nothing to do.
 #[test]
 fn a_flush_completes_after_the_pooled_writes_taken_before_it() {
-    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::desc::RawDescriptor;
     use vm_memory::{Bytes, GuestAddress};
-    const HDR: u64 = 0x1000;
-    const STATUS: u64 = 0x2000;
-    const DATA: u64 = 0x10000;
     let page = PAGE_SIZE as u64;
     let dev = device();
     let mem: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x80000)]).unwrap();
@@ -132,28 +161,15 @@ fn a_flush_completes_after_the_pooled_writes_taken_before_it() {
     let mut descs = Vec::new();
     let mut buf = DATA;
     for (i, &(slot, pages, data)) in writes.iter().enumerate() {
-        let mut h = [0u8; 16];
-        h[0] = 1; // OUT
-        h[8..].copy_from_slice(&(slot * page / 512).to_le_bytes());
-        let hdr = HDR + 16 * i as u64;
-        mem.write_slice(&h, GuestAddress(hdr)).unwrap();
         for p in 0..pages {
             mem.write_slice(&page_data(data + p), GuestAddress(buf + p * page))
                 .unwrap();
         }
-        let d = descs.len() as u16;
-        descs.push(Descriptor::new(hdr, 16, 1, d + 1));
-        descs.push(Descriptor::new(buf, (pages * page) as u32, 1, d + 2));
-        descs.push(Descriptor::new(STATUS + i as u64, 1, 2, 0));
+        let out = (1, slot * page / 512);
+        push_request(&mem, &mut descs, i, out, Some((buf, pages * page, false)));
         buf += pages * page;
     }
-    let mut flush = [0u8; 16];
-    flush[0] = 4;
-    let hdr = HDR + 16 * writes.len() as u64;
-    mem.write_slice(&flush, GuestAddress(hdr)).unwrap();
-    let d = descs.len() as u16;
-    descs.push(Descriptor::new(hdr, 16, 1, d + 1));
-    descs.push(Descriptor::new(STATUS + writes.len() as u64, 1, 2, 0));
+    push_request(&mem, &mut descs, writes.len(), (4, 0), None);
     let raw: Vec<RawDescriptor> = descs.into_iter().map(RawDescriptor::from).collect();
     mq.add_desc_chains(&raw, 0).unwrap();
     let heads = [0u16, 3, 6];
@@ -282,11 +298,8 @@ impl ChainHook for PanicAt {
 #[test]
 fn read_jobs_of_a_batch_that_unwound_are_never_run() {
     use std::panic::{catch_unwind, AssertUnwindSafe};
-    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::desc::RawDescriptor;
     use vm_memory::{Bytes, GuestAddress};
-    const HDR: u64 = 0x1000;
-    const STATUS: u64 = 0x2000;
-    const DATA: u64 = 0x10000;
     let page = PAGE_SIZE as u64;
     let dev = device();
     let mut cx = Context::new(0);
@@ -303,15 +316,9 @@ fn read_jobs_of_a_batch_that_unwound_are_never_run() {
     let reads = [(0u64, 2u64), (2, 1), (3, 1)];
     let mut descs = Vec::new();
     for (i, &(slot, pages)) in reads.iter().enumerate() {
-        let mut h = [0u8; 16]; // IN
-        h[8..].copy_from_slice(&(slot * page / 512).to_le_bytes());
-        let hdr = HDR + 16 * i as u64;
-        mem.write_slice(&h, GuestAddress(hdr)).unwrap();
-        let d = descs.len() as u16;
-        descs.push(Descriptor::new(hdr, 16, 1, d + 1));
         let buf = DATA + 4 * page * i as u64;
-        descs.push(Descriptor::new(buf, (pages * page) as u32, 3, d + 2));
-        descs.push(Descriptor::new(STATUS + i as u64, 1, 2, 0));
+        let read = (0, slot * page / 512);
+        push_request(&mem, &mut descs, i, read, Some((buf, pages * page, true)));
     }
     let raw: Vec<RawDescriptor> = descs.into_iter().map(RawDescriptor::from).collect();
     mq.add_desc_chains(&raw, 0).unwrap();

@@ -227,11 +227,7 @@ impl BlkDevice {
         if req.kind != RequestType::Out || self.readonly {
             return None;
         }
-        let (start, end) = self.byte_range(req.offset(), req.readable_len).ok()?;
-        if !start.is_multiple_of(PAGE) || !req.readable_len.is_multiple_of(PAGE) || start == end {
-            return None;
-        }
-        Some((start / PAGE, ((end - start) / PAGE) as usize))
+        self.whole_pages(req.offset(), req.readable_len)
     }
 
     /// The first slot and the page count of a read that is whole, aligned
@@ -240,8 +236,14 @@ impl BlkDevice {
         if req.kind != RequestType::In {
             return None;
         }
-        let (start, end) = self.byte_range(req.offset(), req.writable_len).ok()?;
-        if !start.is_multiple_of(PAGE) || !req.writable_len.is_multiple_of(PAGE) || start == end {
+        self.whole_pages(req.offset(), req.writable_len)
+    }
+
+    /// `len` bytes at `offset` as whole, aligned pages inside the device
+    /// (at least one): their first slot and count.
+    fn whole_pages(&self, offset: u64, len: u64) -> Option<(u64, usize)> {
+        let (start, end) = self.byte_range(offset, len).ok()?;
+        if !start.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) || start == end {
             return None;
         }
         Some((start / PAGE, ((end - start) / PAGE) as usize))

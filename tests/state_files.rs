@@ -173,8 +173,8 @@ fn the_marker_beside_a_socket_is_replaced_never_written_through() {
     let state = d.stat().dev_at(&a).state.clone();
     d.terminate_cleanly();
     assert_eq!(
-        std::fs::read(&victim).unwrap(),
-        b"someone's file\n",
+        std::fs::read_to_string(&victim).unwrap(),
+        "someone's file\n",
         "the marker was written through into the file it was linked to"
     );
     assert_eq!(
@@ -223,5 +223,150 @@ fn a_backing_file_that_links_into_a_state_is_refused() {
     refused_with(&o, &["inside the state of a device"]);
     let mut d = Daemon::start(&dir, &["--device", &dev(&a, ",name=x")], &[&a]);
     assert!(holds(&a, 1, 64), "x keeps its pages");
+    d.terminate_cleanly();
+}
+
+/// Kills the daemon and every process it started, then waits until all
+/// are gone (a killed worker tearing down its mappings still holds its
+/// state's lock for a moment; systemd also waits for the whole cgroup).
+fn kill_all(d: &mut Daemon) {
+    let tree = process_tree(d.pid());
+    for &p in &tree {
+        // SAFETY: signals to the daemon's own processes.
+        unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+    }
+    let _ = d.wait_exit(std::time::Duration::from_secs(10));
+    let gone = |p: &u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |st| {
+            st.rsplit(") ").next().is_some_and(|r| r.starts_with('Z'))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !tree.iter().all(gone) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "killed processes stay"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// `vzram serve ARGS`, started once its control socket answers (a killed
+/// daemon leaves the old socket file behind).
+fn serve_after_kill(dir: &TempDir, args: &[&str], sockets: &[&Path]) -> Daemon {
+    let control = dir.join("control.sock");
+    let mut cmd = Command::new(vzram_bin());
+    cmd.arg("serve").args(args).arg("--control").arg(&control);
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = dir.join(&format!("restart-{n}.log"));
+    let opts = DaemonOpts {
+        ready_on_connect: true,
+        term_on_drop: false,
+    };
+    Daemon::start_with(cmd, &control, &log, sockets, opts)
+}
+
+/// kill -9 in the middle of `vzram remove` of a state large enough that
+/// deleting it takes a while (1 GiB of its arena's file allocated, as a
+/// full VM's pages would be: tmpfs frees them in the unlink): the kill is
+/// sent the moment the removal shows, so it lands while the files go. The
+/// next start finds a tombstone it finishes, or the whole state, never a
+/// half-deleted state under the device's name.
+#[test]
+fn kill9_in_the_middle_of_deleting_a_large_state() {
+    let dir = TempDir::new("bind-bigrm");
+    let (a, x) = (dir.join("a.sock"), dir.join("x.sock"));
+    let da = dev(&a, "");
+    let dx = format!("socket={},size=64M,queues=1,name=x", s(&x));
+    let mut d = Daemon::start(&dir, &["--device", &da], &[&a]);
+    let mut landed = 0;
+    for round in 0..4u64 {
+        let o = Command::new(vzram_bin())
+            .args(["add", "--device", &dx, "--control", s(&d.control)])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "round {round}: {}", said(&o));
+        fill(&x, round, 64);
+        let state = d.stat().dev("x").state.clone();
+        let root = state.parent().unwrap().to_path_buf();
+        {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(state.join("arena"))
+                .unwrap();
+            let len = f.metadata().unwrap().len() as i64;
+            use std::os::fd::AsRawFd;
+            // SAFETY: fallocate on a file this test opened; blocks past
+            // the end, the size kept.
+            let rc =
+                unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, len, 1 << 30) };
+            assert_eq!(rc, 0, "fallocate: {}", std::io::Error::last_os_error());
+        }
+        let control = d.control.clone();
+        let t = std::thread::spawn(move || {
+            Command::new(vzram_bin())
+                .args(["remove", "--device", "x", "--control", s(&control)])
+                .output()
+                .unwrap()
+        });
+        // The removal shows as the state's directory gone (renamed to a
+        // tombstone) or one of its four files gone.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::fs::read_dir(&state).map_or(0, |r| r.count()) == 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: the removal never started: {}",
+                d.log_text()
+            );
+            std::hint::spin_loop();
+        }
+        kill_all(&mut d);
+        let _ = t.join();
+        let names = || -> Vec<String> {
+            std::fs::read_dir(&root)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        let left = names();
+        if left.iter().any(|n| n != "a") {
+            landed += 1;
+        }
+        d = serve_after_kill(&dir, &["--device", &da], &[&a]);
+        let now = names();
+        let kept = now.iter().any(|n| n == "x");
+        if kept {
+            // Cut before it began: the whole state, served again.
+            let o = Command::new(vzram_bin())
+                .args(["add", "--device", &format!("{dx},recover=true")])
+                .args(["--control", s(&d.control)])
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "round {round}: left after the kill {left:?}, after the start {now:?}: {}",
+                said(&o)
+            );
+            assert!(
+                holds(&x, round, 64),
+                "round {round}: a kept state lost pages"
+            );
+            let o = Command::new(vzram_bin())
+                .args(["remove", "--device", "x", "--control", s(&d.control)])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", said(&o));
+        }
+        assert!(
+            names().iter().all(|n| n == "a"),
+            "round {round}: left after the kill {left:?}, in the state dir after the start: {:?}\n{}",
+            names(),
+            d.log_text()
+        );
+    }
+    eprintln!("{landed} of 4 kills landed in the middle of a deletion");
+    assert!(landed > 0, "no kill landed in the middle of a deletion");
     d.terminate_cleanly();
 }

@@ -66,6 +66,9 @@ unsafe fn crc32c_sse42(b: &[u8]) -> u32 {
     !c
 }
 
+/// A checksum: its name, its implementation, the function.
+type Sum = (&'static str, &'static str, fn(&[u8]) -> u32);
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -104,7 +107,7 @@ pub fn measure(corpus: &Corpus, repeat: u32) -> Result<Vec<ChecksumRow>> {
     if crc32c(b"123456789").is_some_and(|c| c != 0xe306_9283) {
         bail!("crc32c: wrong check value");
     }
-    let sums: [(&str, &str, fn(&[u8]) -> u32); 2] = [
+    let sums: [Sum; 2] = [
         ("crc32c", "SSE4.2 crc32 instruction, 8 bytes a step", |b| {
             crc32c(b).unwrap_or(0)
         }),

@@ -21,8 +21,22 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::{err, os_err, Leftover, StateFiles};
-use crate::error::Result;
+use crate::error::{Result, StoreError};
+
+fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
+    StoreError::state(format_args!("{}: {msg}", path.display()), None)
+}
+
+fn os_err(path: &Path, doing: &str, e: std::io::Error) -> StoreError {
+    StoreError::state(format_args!("{}: {doing}", path.display()), e)
+}
+
+/// A data file of a state: its kind, the open file, the length of its data.
+pub(crate) struct DataFile<'a> {
+    pub kind: Kind,
+    pub file: &'a File,
+    pub data_len: u64,
+}
 
 const MAGIC: [u8; 8] = *b"VZRAMID\0";
 const ALIGN: u64 = 1 << 16;
@@ -112,32 +126,34 @@ fn read(f: &File, path: &Path, data_len: u64) -> Result<Found> {
     }
 }
 
-/// The state in `root` whose header records `id`, if any.
-fn whose(root: &Path, id: u64) -> Option<PathBuf> {
-    std::fs::read_dir(root)
-        .ok()?
-        .flatten()
-        .filter_map(|e| Leftover::read(&e.path()))
-        .find(|l| l.creation_id == id)
-        .map(|l| l.dir)
-}
-
-/// Checks that every data file of `st` carries its header's creation id,
-/// refusing a file of another state (naming both) or, in a state of
-/// `version` 4 or later, one with no id. `fresh_stats`: the stats file was
-/// just made (a missing one is zeroed counters, not data). Returns the
-/// files to bind (those of an older state, or that stats file).
-pub(crate) fn check(st: &StateFiles, version: u32, fresh_stats: bool) -> Result<Vec<(Kind, u64)>> {
-    let id = st.header.creation_id;
-    let hpath = st.dir.join("header");
+/// Checks that every data file of the state in `dir` carries its header's
+/// creation id `id`, refusing a file of another state (naming both: `whose`
+/// finds the state an id is from) or, in a state of `version` 4 or later,
+/// one with no id. `fresh_stats`: the stats file was just made (a missing
+/// one is zeroed counters, not data). Returns the kinds to bind (the files
+/// of an older state, or that stats file).
+pub(crate) fn check(
+    dir: &Path,
+    id: u64,
+    files: &[DataFile],
+    version: u32,
+    fresh_stats: bool,
+    whose: impl Fn(u64) -> Option<PathBuf>,
+) -> Result<Vec<Kind>> {
+    let hpath = dir.join("header");
     let mut unbound = Vec::new();
-    for (kind, f, data_len) in files(st) {
-        let path = st.dir.join(kind.name());
-        match read(f, &path, data_len)? {
+    for &DataFile {
+        kind,
+        file,
+        data_len,
+    } in files
+    {
+        let path = dir.join(kind.name());
+        match read(file, &path, data_len)? {
             Found::Bound { id: got, kind: k } if got == id && k == kind => {}
             Found::Bound { id: got, kind: k } => {
-                let other = whose(st.dir.parent().unwrap_or(&st.dir), got)
-                    .filter(|o| *o != st.dir)
+                let other = whose(got)
+                    .filter(|o| o != dir)
                     .map(|o| {
                         format!(
                             ", the id of the state {} (see {})",
@@ -162,7 +178,7 @@ pub(crate) fn check(st: &StateFiles, version: u32, fresh_stats: bool) -> Result<
                 ));
             }
             Found::Unbound if version < 4 || (kind == Kind::Stats && fresh_stats) => {
-                unbound.push((kind, data_len));
+                unbound.push(kind);
             }
             Found::Unbound => {
                 return Err(err(
@@ -180,32 +196,14 @@ pub(crate) fn check(st: &StateFiles, version: u32, fresh_stats: bool) -> Result<
     Ok(unbound)
 }
 
-/// Writes the trailers [`check`] found missing.
-pub(crate) fn bind(st: &StateFiles, unbound: &[(Kind, u64)]) -> Result<()> {
-    let id = st.header.creation_id;
-    for &(kind, data_len) in unbound {
-        let f = files(st)
-            .into_iter()
-            .find(|(k, _, _)| *k == kind)
-            .map(|(_, f, _)| f)
-            .expect("every kind has a file");
-        let path = st.dir.join(kind.name());
-        write(f, &path, kind, data_len, id)?;
-        f.sync_data()
+/// Writes the trailers [`check`] found missing, binding them to `id`.
+pub(crate) fn bind(dir: &Path, id: u64, files: &[DataFile], unbound: &[Kind]) -> Result<()> {
+    for f in files.iter().filter(|f| unbound.contains(&f.kind)) {
+        let path = dir.join(f.kind.name());
+        write(f.file, &path, f.kind, f.data_len, id)?;
+        f.file
+            .sync_data()
             .map_err(|e| os_err(&path, "cannot record its state's creation id", e))?;
     }
     Ok(())
-}
-
-/// The data files of `st`, each with its kind and the length of its data.
-fn files(st: &StateFiles) -> [(Kind, &File, u64); 3] {
-    [
-        (
-            Kind::Table,
-            &st.table,
-            super::table_len(st.header.size_bytes),
-        ),
-        (Kind::Arena, &st.arena, st.header.arena_bytes),
-        (Kind::Stats, &st.stats, super::stats_len()),
-    ]
 }

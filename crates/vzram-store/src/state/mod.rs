@@ -645,10 +645,21 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     };
     st.check(size_bytes)?;
     allocate(&st.stats, &st.dir.join("stats"), stats_len())?;
-    let unbound = bind::check(&st, version, fresh_stats)?;
+    let files = data_files(&st);
+    let id = st.header.creation_id;
+    let root = st.dir.parent().unwrap_or(&st.dir);
+    let whose = |id: u64| {
+        std::fs::read_dir(root)
+            .ok()?
+            .flatten()
+            .filter_map(|e| Leftover::read(&e.path()))
+            .find(|l| l.creation_id == id)
+            .map(|l| l.dir)
+    };
+    let unbound = bind::check(&st.dir, id, &files, version, fresh_stats, whose)?;
     // Only a state that passed every check is bound to its id and
     // rewritten as this device's.
-    bind::bind(&st, &unbound)?;
+    bind::bind(&st.dir, id, &files, &unbound)?;
     if rewrite {
         use std::os::unix::fs::FileExt;
         st.lock
@@ -657,6 +668,24 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
             .map_err(|e| os_err(&hpath, "cannot update the header", e))?;
     }
     Ok(st)
+}
+
+/// The data files of `st`, each with its kind and the length of its data.
+fn data_files(st: &StateFiles) -> [bind::DataFile<'_>; 3] {
+    let f = |kind, file, data_len| bind::DataFile {
+        kind,
+        file,
+        data_len,
+    };
+    [
+        f(
+            bind::Kind::Table,
+            &st.table,
+            table_len(st.header.size_bytes),
+        ),
+        f(bind::Kind::Arena, &st.arena, st.header.arena_bytes),
+        f(bind::Kind::Stats, &st.stats, stats_len()),
+    ]
 }
 
 /// The slot table's bytes for a device of `size_bytes`.
@@ -941,35 +970,11 @@ pub fn leftovers(root: &Path, serving: &[&str]) -> Vec<Leftover> {
     out
 }
 
-/// The byte ranges of `file` that hold data (SEEK_DATA/SEEK_HOLE), so a
-/// sparse file is walked without touching its holes.
-pub fn data_ranges(file: &File) -> Vec<std::ops::Range<u64>> {
-    let fd = file.as_raw_fd();
-    let len = file.metadata().map_or(0, |m| m.len());
-    let mut out = Vec::new();
-    let mut pos = 0i64;
-    while (pos as u64) < len {
-        // SAFETY: lseek on a descriptor we own.
-        let start = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
-        if start < 0 {
-            // ENXIO: no data past pos. Anything else: assume all data.
-            if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
-                out.push(pos as u64..len);
-            }
-            break;
-        }
-        // SAFETY: as above.
-        let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
-        let end = if end < 0 { len as i64 } else { end };
-        out.push(start as u64..end as u64);
-        pos = end;
-    }
-    out
-}
-
 mod bind;
 mod private;
+mod ranges;
 #[cfg(test)]
 mod tests;
 
 pub use private::euid;
+pub use ranges::data_ranges;

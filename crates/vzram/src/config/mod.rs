@@ -185,7 +185,8 @@ fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
 /// for root, `$XDG_RUNTIME_DIR/vzram/state` or `/dev/shm/vzram-<uid>` for
 /// a user. All tmpfs, where the state's pages are plain memory.
 pub fn default_state_dir() -> DefaultStateDir {
-    state_dir_from(StateEnv::current())
+    let runtime = runtime_directory(std::env::var_os("RUNTIME_DIRECTORY"));
+    state_dir_from(StateEnv::current(runtime))
 }
 
 /// The control socket when `--control` (or `control` in the file) does not

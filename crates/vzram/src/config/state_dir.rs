@@ -5,8 +5,6 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::runtime_directory;
-
 /// A parent of the default state root that the daemon makes itself when
 /// missing (`/run/vzram` for root), with its mode. A state dir given on
 /// the command line or in the file gets none: its parent must exist.
@@ -27,15 +25,17 @@ pub struct DefaultStateDir {
 #[derive(Debug, Clone, Default)]
 pub struct StateEnv {
     pub vzram_state_dir: Option<OsString>,
-    pub runtime_directory: Option<OsString>,
+    /// systemd's runtime directory (the first of `$RUNTIME_DIRECTORY`'s).
+    pub runtime_directory: Option<PathBuf>,
     /// `$XDG_RUNTIME_DIR`, only when it is a directory of this user's.
     pub xdg_runtime_dir: Option<PathBuf>,
     pub euid: u32,
 }
 
 impl StateEnv {
-    /// This process's environment and user.
-    pub fn current() -> StateEnv {
+    /// This process's environment and user; `runtime` is systemd's
+    /// runtime directory, if any.
+    pub fn current(runtime: Option<PathBuf>) -> StateEnv {
         let euid = vzram_store::state::euid();
         let xdg = std::env::var_os("XDG_RUNTIME_DIR")
             .filter(|d| !d.is_empty())
@@ -43,7 +43,7 @@ impl StateEnv {
             .filter(|d| owned_dir(d, euid));
         StateEnv {
             vzram_state_dir: std::env::var_os("VZRAM_STATE_DIR"),
-            runtime_directory: std::env::var_os("RUNTIME_DIRECTORY"),
+            runtime_directory: runtime,
             xdg_runtime_dir: xdg,
             euid,
         }
@@ -65,7 +65,7 @@ pub fn state_dir_from(env: StateEnv) -> DefaultStateDir {
     if let Some(d) = env.vzram_state_dir.filter(|d| !d.is_empty()) {
         return plain(PathBuf::from(d));
     }
-    if let Some(d) = runtime_directory(env.runtime_directory) {
+    if let Some(d) = env.runtime_directory {
         return plain(d.join("state"));
     }
     let made = |dir: PathBuf, mode: u32| DefaultStateDir {
@@ -96,7 +96,7 @@ mod tests {
         assert_eq!(
             at(state_dir_from(StateEnv {
                 vzram_state_dir: os("/x"),
-                runtime_directory: os("/run/a"),
+                runtime_directory: Some("/run/a".into()),
                 ..env(0)
             })),
             (PathBuf::from("/x"), None)
@@ -104,7 +104,7 @@ mod tests {
         assert_eq!(
             at(state_dir_from(StateEnv {
                 vzram_state_dir: os(""),
-                runtime_directory: os("/run/a:/run/b"),
+                runtime_directory: Some("/run/a".into()),
                 ..env(1000)
             })),
             (PathBuf::from("/run/a/state"), None)

@@ -370,3 +370,49 @@ fn kill9_in_the_middle_of_deleting_a_large_state() {
     assert!(landed > 0, "no kill landed in the middle of a deletion");
     d.terminate_cleanly();
 }
+
+/// The backing file is bound too: its block 0 names the state whose pages
+/// it holds. Two devices' backing files swapped in the configuration are
+/// refused, naming both states' ids.
+#[test]
+fn backing_files_swapped_between_two_devices_are_refused() {
+    let dir = TempDir::new("bind-backing");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let (fa, fb) = (dir.join("a.img"), dir.join("b.img"));
+    for f in [&fa, &fb] {
+        std::fs::File::create(f).unwrap().set_len(4 << 20).unwrap();
+    }
+    let spec = |sock: &Path, name: &str, file: &Path| {
+        dev(sock, &format!(",name={name},backing-file={}", s(file)))
+    };
+    let (dx, dy) = (spec(&a, "x", &fa), spec(&b, "y", &fb));
+    let mut d = Daemon::start(&dir, &["--device", &dx, "--device", &dy], &[&a, &b]);
+    let ids: Vec<String> = ["x", "y"]
+        .iter()
+        .map(|n| {
+            let h = std::fs::read(d.stat().dev(n).state.join("header")).unwrap();
+            format!("{:016x}", u64::from_le_bytes(h[32..40].try_into().unwrap()))
+        })
+        .collect();
+    d.terminate_cleanly();
+    let o = serve_refused(
+        &dir,
+        &[
+            "--device",
+            &spec(&a, "x", &fb),
+            "--device",
+            &spec(&b, "y", &fa),
+        ],
+    );
+    refused_with(
+        &o,
+        &[
+            s(&fb),
+            "another device's written-back pages",
+            &ids[1],
+            &ids[0],
+        ],
+    );
+    let mut d = Daemon::start(&dir, &["--device", &dx, "--device", &dy], &[&a, &b]);
+    d.terminate_cleanly();
+}

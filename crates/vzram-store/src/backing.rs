@@ -335,8 +335,12 @@ impl Backing {
         match self.found {
             Some(h) if h.owner != owner && Some(h.owner) != replaced => Err(err(
                 &self.path,
-                "holds another device's written-back pages; left alone: \
-                 `vzram backing init PATH` gives them up on purpose",
+                format!(
+                    "holds another device's written-back pages (its block 0 names the state with creation id {:016x}, \
+                     this device's state is {owner:016x}); left alone: \
+                     `vzram backing init PATH` gives them up on purpose",
+                    h.owner
+                ),
             )),
             _ => Ok(()),
         }

@@ -181,12 +181,14 @@ fn a_runtime_add_never_recovers_another_tenants_pages() {
     let l = leftovers(&d);
     let addr = d.stat().0.metrics.clone().unwrap().parse().unwrap();
     let body = scrape(addr);
+    assert_eq!(l.len(), 1, "{l:?}");
+    // Named after its socket: the file name and the whole path's key.
+    let key = l[0]["name"].as_str().unwrap().to_string();
+    assert!(key.starts_with("tenant1-"), "{l:?}");
     assert!(
-        body.contains("vzram_leftover_state_bytes{name=\"tenant1\"}"),
+        body.contains(&format!("vzram_leftover_state_bytes{{name=\"{key}\"}}")),
         "{body}"
     );
-    assert_eq!(l.len(), 1, "{l:?}");
-    assert_eq!(l[0]["name"], "tenant1");
     assert_eq!(l[0]["size_bytes"], 16 << 20);
     assert!(l[0]["state_bytes"].as_u64().unwrap() > 0, "{l:?}");
     assert_eq!(l[0]["socket"], json!(t1));
@@ -198,7 +200,7 @@ fn a_runtime_add_never_recovers_another_tenants_pages() {
         &[
             "add",
             "--device",
-            &format!("socket={},size=16M,name=tenant1", s(&dir.join("t3.sock"))),
+            &format!("socket={},size=16M,name={key}", s(&dir.join("t3.sock"))),
         ],
     );
     refused_with(&o, "has state left in");
@@ -217,15 +219,15 @@ fn a_runtime_add_never_recovers_another_tenants_pages() {
     let dir1 = PathBuf::from(
         leftovers(&d)
             .iter()
-            .find(|l| l["name"] == "tenant1")
+            .find(|l| l["name"] == key.as_str())
             .expect("tenant1 left over")["dir"]
             .as_str()
             .unwrap(),
     );
-    let o = cli(&d, &["forget", "tenant1"]);
+    let o = cli(&d, &["forget", &key]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(!dir1.exists());
-    assert!(leftovers(&d).iter().all(|l| l["name"] != "tenant1"));
+    assert!(leftovers(&d).iter().all(|l| l["name"] != key.as_str()));
     let o = cli(&d, &["add", "--device", &dev(&t1, "")]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(is_blank(&t1, 128));
@@ -502,14 +504,15 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
             }
             None => removed += 1,
         }
-        let root = d.stat().dev_at(&a).state.parent().unwrap().to_path_buf();
+        let state_a = d.stat().dev_at(&a).state.clone();
+        let root = state_a.parent().unwrap().to_path_buf();
         let names: Vec<String> = std::fs::read_dir(&root)
             .unwrap()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         assert!(
-            names.iter().all(|n| n == "a"),
+            names.iter().all(|n| state_a.ends_with(n)),
             "round {round}: left in the state dir: {names:?}"
         );
     }

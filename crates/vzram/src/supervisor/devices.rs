@@ -46,7 +46,7 @@ impl Supervisor {
             .unwrap_or_else(|| self.env.state_dir.clone());
         let state = StateSpec {
             root,
-            name: spec.name.clone(),
+            name: spec.state_key(),
             existing: spec.on_state.existing(true, false),
             socket: Some(spec.socket_abs()),
             adopt: spec.adopt,
@@ -193,8 +193,13 @@ impl Supervisor {
         let socket = d.spec.socket.clone();
         let dir = d.files.dir.clone();
         let name = d.spec.name.clone();
+        // Left over under its state's name (`vzram forget KEY`), which is
+        // the device's own unless the device is named after its socket.
+        let key = dir
+            .file_name()
+            .map_or_else(|| name.clone(), |k| k.to_string_lossy().into_owned());
         let left = vzram_store::Leftover {
-            name: name.clone(),
+            name: key.clone(),
             dir: dir.clone(),
             size_bytes: d.files.header.size_bytes,
             bytes: d.state_bytes(),
@@ -228,7 +233,7 @@ impl Supervisor {
         })?;
         match report {
             Report::Removed { .. } if keep_state => {
-                tracing::warn!(device = %name, "no longer served; its state is kept, left over (`vzram add --device ...,name={name},recover=true` serves it again, `vzram forget {name}` deletes it)");
+                tracing::warn!(device = %name, "no longer served; its state is kept, left over (`vzram add --device ...,name={key},recover=true` serves it again, `vzram forget {key}` deletes it)");
                 self.leftovers_mut().push(left);
                 self.tell_status();
                 Ok(())

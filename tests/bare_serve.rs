@@ -290,3 +290,85 @@ fn the_backend_program_convention_takes_its_size_from_the_flags_or_the_file() {
         d.terminate_cleanly();
     }
 }
+
+/// contrib/qtest/qsd-as-vzram, started as QEMU's vhost-user-blk qtest starts
+/// qemu-storage-daemon (`sh -c "exec BIN --blockdev ... --export
+/// ...,addr.type=fd,addr.str=N,..."` with listening sockets inherited):
+/// vzram serves each export at its socket with the image's size and the
+/// queues asked for, and SIGTERM ends it with status 0.
+#[test]
+fn qsd_as_vzram_serves_a_qtest_s_exports() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("qsd-adapter");
+    let mut cmdline = format!(
+        "exec {} ",
+        vzram_tests::paths::root()
+            .join("contrib/qtest/qsd-as-vzram")
+            .display()
+    );
+    let mut listeners = Vec::new();
+    let mut socks = Vec::new();
+    for (i, (mib, queues)) in [(64u64, 1u16), (32, 8)].into_iter().enumerate() {
+        let img = dir.join(&format!("img{i}"));
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(mib << 20)
+            .unwrap();
+        let sock = dir.join(&format!("s{i}.sock"));
+        let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        cmdline += &format!(
+            "--blockdev driver=file,node-name=disk{i},filename={} \
+             --export type=vhost-user-blk,id=disk{i},addr.type=fd,addr.str={},\
+             node-name=disk{i},writable=on,num-queues={queues} ",
+            img.display(),
+            l.as_raw_fd()
+        );
+        listeners.push(l);
+        socks.push((sock, mib, queues));
+    }
+    let fds: Vec<i32> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    let control = dir.join("control.sock");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &cmdline])
+        .env("VZRAM", vzram_bin())
+        .env("VZRAM_CONTROL", &control);
+    // SAFETY: between fork and exec only fcntl, which is async-signal-safe,
+    // on descriptors this process owns: the child inherits the listeners.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let paths: Vec<&Path> = socks.iter().map(|(p, _, _)| p.as_path()).collect();
+    let mut d = Daemon::start_command(cmd, &control, &dir.join("qsd.log"), &paths);
+    drop(listeners);
+    let st = d.stat();
+    for (sock, mib, queues) in &socks {
+        let dev = st.dev_at(sock);
+        assert_eq!(
+            (dev.size_bytes, dev.queues),
+            (mib << 20, *queues),
+            "{}",
+            d.log_text()
+        );
+        let mut c = Client::connect(sock, 1).unwrap();
+        c.q(0).write(0, &pattern(*mib, 0, 8 * 4096)).unwrap();
+        assert_eq!(
+            c.q(0).read(0, 8 * 4096).unwrap(),
+            pattern(*mib, 0, 8 * 4096)
+        );
+    }
+    let st = d.terminate();
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "the harness expects exit 0 on SIGTERM\n{}",
+        d.log_text()
+    );
+}

@@ -215,7 +215,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MODE")]
     pub seccomp: Option<SeccompMode>,
     /// Where devices keep their state, so it outlives the daemon (a tmpfs
-    /// directory) [default: $RUNTIME_DIRECTORY/state, else /dev/shm/vzram].
+    /// directory of this user's, mode 0700) [default: $RUNTIME_DIRECTORY/state,
+    /// else /run/vzram/state as root, else $XDG_RUNTIME_DIR/vzram/state,
+    /// else /dev/shm/vzram-UID].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Discard the devices' existing state and start them empty.
@@ -359,6 +361,7 @@ impl ServeArgs {
         }
         if let Some(d) = self.state_dir.or(file.state_dir) {
             cfg.state_dir = d;
+            cfg.state_parent = None;
         }
         cfg.fresh = self.fresh;
         cfg.adopt = self.adopt;

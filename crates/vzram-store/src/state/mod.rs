@@ -406,6 +406,15 @@ fn lock_data(file: &File, path: &Path) -> Result<()> {
     })
 }
 
+/// The open file `f` is this user's alone (`fstat`: what was opened, not
+/// what the path names now).
+fn private_file(f: &File, path: &Path) -> Result<()> {
+    let m = f
+        .metadata()
+        .map_err(|e| StoreError::state(path.display(), e))?;
+    private::check(path, &m, private::Part::File)
+}
+
 fn open_rw(path: &Path, create: bool) -> Result<File> {
     OpenOptions::new()
         .read(true)
@@ -495,7 +504,7 @@ pub fn open(
 ) -> Result<StateFiles> {
     check_name(&spec.name)?;
     check_socket(&spec.socket)?;
-    make_root(&spec.root)?;
+    prepare_root(&spec.root, None)?;
     let dir = spec.root.join(&spec.name);
     finish_removals(&spec.root, Some(&spec.name));
     let mut replaced = None;
@@ -534,9 +543,12 @@ fn refused(dir: &Path, name: &str) -> StoreError {
     ))
 }
 
-/// The state root: made if missing, but only under a directory that
-/// exists (a typo must not create a tree), and never inside a state.
-fn make_root(root: &Path) -> Result<()> {
+/// The state root: made if missing (0700), but only under a directory
+/// that exists unless `parent` (a built-in default's, with its mode) says
+/// to make that too (a typo must not create a tree), never inside a
+/// state, and only ever this user's own (see [`private`]). Returns whether
+/// it was made here.
+pub fn prepare_root(root: &Path, parent: Option<(&Path, u32)>) -> Result<bool> {
     if let Some(s) = enclosing_state(root) {
         return Err(StoreError::InvalidConfig(format!(
             "state dir {} is inside the state of another device ({}); choose a directory of its own",
@@ -544,22 +556,16 @@ fn make_root(root: &Path) -> Result<()> {
             s.display()
         )));
     }
-    match std::fs::DirBuilder::new().mode(0o700).create(root) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && root.is_dir() => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(StoreError::InvalidConfig(format!(
-                "state dir {}: its parent directory does not exist",
-                root.display()
-            )))
-        }
-        Err(e) => Err(StoreError::state(root.display(), e)),
-    }
+    private::make_root(root, parent)
 }
 
 fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {
+    // Ours alone, before anything of it is read: a state another user
+    // planted or opened is never served.
+    private::check_path(&dir, private::Part::State)?;
     let hpath = dir.join("header");
     let hfile = open_rw(&hpath, false)?;
+    private_file(&hfile, &hpath)?;
     lock(&hfile, &dir)?;
     let raw = read_header(&hfile, &hpath)?;
     let (mut header, version) = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
@@ -618,6 +624,7 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     // A state from before the counters file gets a zeroed one.
     let stats = open_stats(&dir.join("stats"), false)?;
     for (f, name) in [(&table, "table"), (&arena, "arena"), (&stats, "stats")] {
+        private_file(f, &dir.join(name))?;
         lock_data(f, &dir.join(name))?;
     }
     let st = StateFiles {
@@ -758,6 +765,8 @@ fn make_files(
 /// The state is first renamed to a tombstone, so a crash part way leaves
 /// no half deleted state under the name: the next open finishes it off.
 pub fn discard(dir: &Path) -> Result<()> {
+    // Another user's is never deleted.
+    private::check_path(dir, private::Part::State)?;
     let h = open_rw(&dir.join("header"), false).ok();
     if let Some(h) = &h {
         lock(h, dir)?;
@@ -823,8 +832,15 @@ pub fn finish_removals(root: &Path, name: Option<&str>) {
         // A tombstone is never anyone's device: finish it off whoever
         // buried it (a live one tolerates the race). A state being made is
         // left to its maker while it runs.
-        if f.contains(GONE_TAG) || (half_made && !pid_alive(&f)) {
+        if !(f.contains(GONE_TAG) || (half_made && !pid_alive(&f))) {
+            continue;
+        }
+        // Only what this user made: a directory named like a tombstone
+        // by someone else is theirs.
+        if private::is_ours(&e.path()) {
             let _ = std::fs::remove_dir_all(e.path());
+        } else {
+            tracing::warn!(entry = %e.path().display(), "not this user's: left alone");
         }
     }
 }
@@ -929,5 +945,8 @@ pub fn data_ranges(file: &File) -> Vec<std::ops::Range<u64>> {
     out
 }
 
+mod private;
 #[cfg(test)]
 mod tests;
+
+pub use private::euid;

@@ -15,6 +15,7 @@ mod de;
 mod draft;
 mod file;
 mod parse;
+mod state_dir;
 #[cfg(test)]
 mod tests;
 
@@ -26,6 +27,7 @@ pub use parse::{
     parse_mode, parse_size, ConfigError, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US,
     MIN_IDLE_AFTER,
 };
+pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
 
 use crate::proto::addr::Addr;
 use parse::err;
@@ -214,18 +216,13 @@ fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
     (!first.is_empty()).then(|| PathBuf::from(first))
 }
 
-/// Where state lives when no flag or file says: `$VZRAM_STATE_DIR`, else
-/// systemd's runtime directory (kept across restarts with
-/// `RuntimeDirectoryPreserve=yes`), else `/dev/shm/vzram`. The last two are
-/// tmpfs, where the state's pages are plain memory.
-pub fn default_state_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("VZRAM_STATE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    match runtime_directory(std::env::var_os("RUNTIME_DIRECTORY")) {
-        Some(d) => d.join("state"),
-        None => PathBuf::from("/dev/shm/vzram"),
-    }
+/// Where state lives when no flag or file says (see [`state_dir_from`]):
+/// `$VZRAM_STATE_DIR`, else systemd's runtime directory (kept across
+/// restarts with `RuntimeDirectoryPreserve=yes`), else `/run/vzram/state`
+/// for root, `$XDG_RUNTIME_DIR/vzram/state` or `/dev/shm/vzram-<uid>` for
+/// a user. All tmpfs, where the state's pages are plain memory.
+pub fn default_state_dir() -> DefaultStateDir {
+    state_dir_from(StateEnv::current())
 }
 
 /// The control socket when `--control` (or `control` in the file) does not
@@ -308,6 +305,8 @@ pub struct DaemonConfig {
     pub seccomp: SeccompMode,
     /// Directory of the devices' state ([`default_state_dir`] unless given).
     pub state_dir: PathBuf,
+    /// The default state dir's parent, made if missing; None for one given.
+    pub state_parent: Option<StateParent>,
     /// Discard existing state and start every device empty.
     pub fresh: bool,
     /// Let every device take a state made under another name or for
@@ -507,6 +506,7 @@ impl DaemonConfig {
                 control.display()
             ));
         }
+        let default_state = default_state_dir();
         Ok(DaemonConfig {
             host_mem_limit: host_mem_limit.unwrap_or(0),
             control,
@@ -515,7 +515,8 @@ impl DaemonConfig {
             control_mode: DEFAULT_SOCKET_MODE,
             metrics: None,
             seccomp: SeccompMode::default(),
-            state_dir: default_state_dir(),
+            state_dir: default_state.path,
+            state_parent: default_state.parent,
             fresh: false,
             adopt: false,
             inherit_fds: Vec::new(),

@@ -712,23 +712,18 @@ fn state_roots(cfg: &DaemonConfig, made: &mut Vec<PathBuf>) -> Result<Vec<PathBu
             name: here[0].name.clone(),
             source: StoreError::InvalidConfig(m),
         };
-        if let Some(s) = vzram_store::state::enclosing_state(root) {
-            return Err(fail(format!(
-                "state dir {} is inside the state of another device ({})",
-                root.display(),
-                s.display()
-            )));
-        }
-        match std::fs::DirBuilder::new().create(root) {
-            Ok(()) => made.push(root.clone()),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && root.is_dir() => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(fail(format!(
-                    "state dir {}: its parent directory does not exist",
-                    root.display()
-                )))
-            }
-            Err(e) => return Err(fail(format!("state dir {}: {e}", root.display()))),
+        // The built-in default may make its parent (`/run/vzram`); a
+        // state dir given is made only under one that exists.
+        let parent = cfg
+            .state_parent
+            .as_ref()
+            .filter(|_| root == &cfg.state_dir)
+            .map(|p| (p.dir.as_path(), p.mode));
+        match vzram_store::state::prepare_root(root, parent) {
+            Ok(true) => made.push(root.clone()),
+            Ok(false) => {}
+            Err(StoreError::InvalidConfig(m)) => return Err(fail(m)),
+            Err(e) => return Err(fail(e.to_string())),
         }
         vzram_store::state::finish_removals(root, None);
         let limit: u64 = here

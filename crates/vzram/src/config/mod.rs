@@ -241,13 +241,10 @@ pub fn default_control() -> PathBuf {
     )
 }
 
-/// The effective uid, asked once: the supervisor builds configurations
-/// again under its seccomp filter (`vzram add`, a reload), which allows no
-/// geteuid, and its first build runs before the filter.
+/// The effective uid, asked once (the supervisor builds configurations
+/// again under its seccomp filter, which allows no geteuid).
 pub fn euid() -> u32 {
-    static EUID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    // SAFETY: geteuid has no failure mode and touches no memory.
-    *EUID.get_or_init(|| unsafe { libc::geteuid() })
+    vzram_store::state::euid()
 }
 
 /// [`default_control`] from the variables' values and the effective uid.

@@ -94,9 +94,11 @@ pub enum Command {
     Compact(CompactArgs),
     /// Add a device to a running daemon (zram's hot_add).
     Add(AddArgs),
-    /// Remove a device from a running daemon: disconnects its frontend and
-    /// deletes its socket and its state (zram's hot_remove).
-    Remove(DeviceArgs),
+    /// Remove a device from a running daemon: deletes its socket and its
+    /// state (zram's hot_remove). Refused while a frontend is connected,
+    /// unless --force: then the frontend is cut off and the state kept,
+    /// left over (`vzram add ...,recover=true` serves it again).
+    Remove(DestroyArgs),
     /// Delete a left-over state: one in the state dir that no device
     /// serves (`vzram stat` lists them), such as a device added at run time
     /// before a restart. Its pages are gone for good.
@@ -104,8 +106,9 @@ pub enum Command {
     /// Backing files, without a daemon.
     #[command(subcommand)]
     Backing(BackingCommand),
-    /// Drop all of a device's data; refused while a frontend is connected.
-    Reset(DeviceArgs),
+    /// Drop all of a device's data; refused while a frontend is connected,
+    /// unless --force (which cuts it off first).
+    Reset(DestroyArgs),
     /// Restart mem_used_max from the current use (one device, or all and the host).
     ResetMax(CompactArgs),
     /// Mark every page a device stores idle (zram's `echo all > idle`); a
@@ -429,15 +432,43 @@ pub struct ForgetArgs {
     pub name: String,
 }
 
+/// The device a command acts on: `vzram CMD NAME`, or `--device NAME` as
+/// before (kept for scripts), the same in every command.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["name", "device"])))]
 pub struct DeviceArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
-    /// Device name or index.
+    /// The device: its name or index.
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The device, as a flag (the same as NAME).
+    #[arg(long, value_name = "NAME", conflicts_with = "name")]
+    pub device: Option<String>,
+}
+
+impl DeviceArgs {
+    /// The device named, as NAME or `--device` (clap requires one).
+    pub fn device(&self) -> &str {
+        self.name
+            .as_deref()
+            .or(self.device.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// `vzram remove` and `vzram reset`: a device, and whether to act on one
+/// a VM is connected to.
+#[derive(Debug, Args)]
+pub struct DestroyArgs {
+    #[command(flatten)]
+    pub target: DeviceArgs,
+    /// Also when a frontend (a VM) is connected: it is cut off. Without
+    /// it that is refused, naming the frontend.
     #[arg(long)]
-    pub device: String,
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

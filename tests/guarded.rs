@@ -122,3 +122,148 @@ fn reset_of_a_connected_device_is_refused_and_forced_cuts_it_off() {
     let mut c = Client::connect(&sock, 1).unwrap();
     assert!(c.q(0).read(0, 2 * MIB).unwrap() == vec![0; 2 * MIB]);
 }
+
+/// `--device` specs for devices `a` and `b` in `dir`, b of `b_size`.
+fn ab(dir: &TempDir, b_size: &str) -> Vec<String> {
+    vec![
+        "--device".into(),
+        format!("socket={},size=16M,queues=1,name=a", s(&dir.join("a.sock"))),
+        "--device".into(),
+        format!(
+            "socket={},size={b_size},queues=1,name=b",
+            s(&dir.join("b.sock"))
+        ),
+    ]
+}
+
+fn start(dir: &TempDir, args: &[String], sockets: &[&Path]) -> Daemon {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    Daemon::start(dir, &a, sockets)
+}
+
+/// The one error line `serve ARGS` is refused with (after its log lines).
+fn serve_refusal(dir: &TempDir, args: &[String]) -> String {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = serve_refused(dir, &a);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: "), "{err}");
+    last.to_string()
+}
+
+fn reads(sock: &Path, len: usize) -> Vec<u8> {
+    Client::connect(sock, 1).unwrap().q(0).read(0, len).unwrap()
+}
+
+/// The WARN lines of `log` that say a state was discarded, for `device`.
+fn discards(log: &str, device: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("WARN") && l.contains("discarding"))
+        .filter(|l| l.contains(&format!("device={device} ")))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_refusal_for_one_device_advises_fresh_for_it_alone_and_discards_are_logged() {
+    let dir = TempDir::new("guard-fresh");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let d = start(&dir, &ab(&dir, "16M"), &[&a, &b]);
+    let data = noise(5, MIB);
+    for sock in [&a, &b] {
+        Client::connect(sock, 1)
+            .unwrap()
+            .q(0)
+            .write(0, &data)
+            .unwrap();
+    }
+    d.shutdown();
+
+    // b's size changed: refused, advising the flag for b alone.
+    let args = ab(&dir, "32M");
+    let err = serve_refusal(&dir, &args);
+    assert_eq!(flag_hints(&err), ["--fresh b"], "{err}");
+    let mut with = args.clone();
+    with.extend(flag_hints(&err)[0].split(' ').map(str::to_string));
+    let d = start(&dir, &with, &[&a, &b]);
+    assert!(reads(&a, MIB) == data, "--fresh b discarded a's pages");
+    assert!(reads(&b, MIB) == vec![0; MIB]);
+    let log = d.log_text();
+    let lines = discards(&log, "b");
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("size=16777216"), "{}", lines[0]);
+    assert!(discards(&log, "a").is_empty(), "{log}");
+    d.shutdown();
+
+    // A name that is no device: refused before anything is touched.
+    let mut typo = args.clone();
+    typo.extend(["--fresh".into(), "c".into()]);
+    let err = serve_refusal(&dir, &typo);
+    assert!(err.contains("--fresh c: no device of that name"), "{err}");
+    // The bare flag still means every device, each discard logged.
+    let mut all = args.clone();
+    all.push("--fresh".into());
+    let d = start(&dir, &all, &[&a, &b]);
+    let log = d.log_text();
+    for name in ["a", "b"] {
+        let lines = discards(&log, name);
+        assert!(lines.len() == 1 && lines[0].contains("size="), "{log}");
+    }
+    assert!(reads(&a, MIB) == vec![0; MIB]);
+}
+
+#[test]
+fn after_a_fresh_start_in_the_wrong_state_dir_adopt_serves_the_right_ones_pages() {
+    let dir = TempDir::new("guard-marker");
+    let sock = dir.join("vm1.sock");
+    let (right, wrong) = (dir.join("right"), dir.join("wrong"));
+    for d in [&right, &wrong] {
+        std::fs::create_dir(d).unwrap();
+    }
+    let dev = vec![
+        "--device".to_string(),
+        format!("socket={},size=16M,queues=1,name=vm1", s(&sock)),
+    ];
+    let in_dir = |root: &Path| {
+        let mut a = dev.clone();
+        a.extend(["--state-dir".into(), s(root).to_string()]);
+        a
+    };
+    let d = start(&dir, &in_dir(&right), &[&sock]);
+    let data = noise(8, MIB);
+    Client::connect(&sock, 1)
+        .unwrap()
+        .q(0)
+        .write(0, &data)
+        .unwrap();
+    d.shutdown();
+
+    // Started in the wrong dir: refused; the operator takes `--fresh vm1`.
+    let err = serve_refusal(&dir, &in_dir(&wrong));
+    let hints = flag_hints(&err);
+    assert!(hints.iter().any(|h| h == "--fresh vm1"), "{err}");
+    let mut fresh = in_dir(&wrong);
+    fresh.extend(["--fresh".into(), "vm1".into()]);
+    start(&dir, &fresh, &[&sock]).shutdown();
+
+    // Back in the right dir: refused, but with a way to its own pages.
+    let err = serve_refusal(&dir, &in_dir(&right));
+    let adopt: Vec<String> = flag_hints(&err)
+        .into_iter()
+        .filter(|h| h.starts_with("--adopt"))
+        .collect();
+    assert_eq!(adopt, ["--adopt vm1"], "{err}");
+    let mut args = in_dir(&right);
+    args.extend(adopt[0].split(' ').map(str::to_string));
+    let d = start(&dir, &args, &[&sock]);
+    assert!(
+        reads(&sock, MIB) == data,
+        "the right dir's pages are not served"
+    );
+    d.shutdown();
+    // The marker records it now: a plain start serves it.
+    let d = start(&dir, &in_dir(&right), &[&sock]);
+    assert!(reads(&sock, MIB) == data);
+    d.shutdown();
+}

@@ -211,15 +211,20 @@ pub struct ServeArgs {
     /// directory) [default: $RUNTIME_DIRECTORY/state, else /dev/shm/vzram].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Discard the devices' existing state and start them empty.
-    #[arg(long, conflicts_with = "adopt")]
-    pub fresh: bool,
-    /// Serve a state found under a device's name even if it was made under
-    /// another name (a renamed state directory) or for another socket: the
-    /// header then records this device's. Without it such a state stops
-    /// the start (exit 2), so no guest gets another's disk by accident.
-    #[arg(long)]
-    pub adopt: bool,
+    /// Discard device NAME's existing state and start it empty (repeatable;
+    /// `fresh=true` on the device does the same). Each state discarded is
+    /// logged at WARN with its size. Without NAME: every device's.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    pub fresh: Vec<String>,
+    /// Serve a state found under device NAME's name even if it was made
+    /// under another name (a renamed state directory) or for another
+    /// socket, or though its socket was last served from another state dir:
+    /// the header (and the marker beside the socket) then record this
+    /// device's. Without it such a state stops the start (exit 2), so no
+    /// guest gets another's disk by accident. Repeatable (`adopt=true` on
+    /// the device does the same); without NAME: every device.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    pub adopt: Vec<String>,
     /// Threads per worker process (one per connected VM) that compress the
     /// pages of writes of 4 pages or more and decompress those of reads of
     /// 2 pages or more, beside the queue threads; capped at the number of
@@ -275,6 +280,18 @@ impl ServeArgs {
         };
         let tls_dir = self.tls_creds.clone().or(file.tls_creds.clone());
         let mut cfg = self.clone().merge(file, fd_socket.clone())?;
+        cfg.fresh.check("--fresh", &cfg.devices)?;
+        cfg.adopt.check("--adopt", &cfg.devices)?;
+        if let Some(d) = cfg
+            .devices
+            .iter()
+            .find(|d| cfg.fresh.covers(&d.name) && cfg.adopt.covers(&d.name))
+        {
+            return Err(ConfigError(format!(
+                "device {}: --fresh and --adopt exclude each other",
+                d.name
+            )));
+        }
         if let Some(dir) = &tls_dir {
             let creds = crate::owner::tls::load_dir(dir)
                 .map_err(|e| ConfigError(format!("--tls-creds: {e}")))?;
@@ -340,8 +357,8 @@ impl ServeArgs {
         if let Some(d) = self.state_dir.or(file.state_dir) {
             cfg.state_dir = d;
         }
-        cfg.fresh = self.fresh;
-        cfg.adopt = self.adopt;
+        cfg.fresh = config::Devices::from_flag(&self.fresh);
+        cfg.adopt = config::Devices::from_flag(&self.adopt);
         cfg.compress_threads = self.compress_threads.or(file.compress_threads);
         if let Some(t) = self.incoming_timeout.or(file.incoming_timeout) {
             cfg.incoming_timeout = t;

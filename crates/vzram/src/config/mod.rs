@@ -94,7 +94,7 @@ pub enum OnState {
 
 impl OnState {
     /// For a device the daemon starts with (`runtime` false) or one
-    /// `vzram add` adds; `fresh` is the daemon's `--fresh`.
+    /// `vzram add` adds; `fresh`: the daemon's `--fresh` names it.
     pub fn existing(self, runtime: bool, fresh: bool) -> vzram_store::Existing {
         use vzram_store::Existing;
         match self {
@@ -105,6 +105,56 @@ impl OnState {
             OnState::Unsaid if runtime => Existing::Refuse,
             OnState::Unsaid => Existing::Recover,
         }
+    }
+}
+
+/// The devices a daemon-wide flag (`--fresh`, `--adopt`) applies to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Devices {
+    #[default]
+    None,
+    /// The flag without a name: every device.
+    All,
+    /// `--flag NAME`, once per device.
+    Named(Vec<String>),
+}
+
+impl Devices {
+    /// The flag's values as given: an empty one is the bare flag.
+    pub fn from_flag(values: &[String]) -> Devices {
+        if values.is_empty() {
+            Devices::None
+        } else if values.iter().any(String::is_empty) {
+            Devices::All
+        } else {
+            Devices::Named(values.to_vec())
+        }
+    }
+
+    pub fn covers(&self, name: &str) -> bool {
+        match self {
+            Devices::None => false,
+            Devices::All => true,
+            Devices::Named(n) => n.iter().any(|n| n == name),
+        }
+    }
+
+    /// Every name given is a device of `cfg` (a typo must not leave the
+    /// state the operator meant to discard, or take, as it is).
+    pub fn check(&self, flag: &str, devices: &[DeviceSpec]) -> Result<(), ConfigError> {
+        let Devices::Named(names) = self else {
+            return Ok(());
+        };
+        for n in names {
+            if !devices.iter().any(|d| d.name == *n) {
+                let known: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+                return Err(ConfigError(format!(
+                    "{flag} {n}: no device of that name (devices: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -232,11 +282,11 @@ pub struct DaemonConfig {
     pub seccomp: SeccompMode,
     /// Directory of the devices' state ([`default_state_dir`] unless given).
     pub state_dir: PathBuf,
-    /// Discard existing state and start every device empty.
-    pub fresh: bool,
-    /// Let every device take a state made under another name or for
+    /// The devices whose existing state is discarded at start (`--fresh`).
+    pub fresh: Devices,
+    /// The devices that may take a state made under another name or for
     /// another socket (`--adopt`).
-    pub adopt: bool,
+    pub adopt: Devices,
     /// Listening sockets passed in (`--fd`), besides systemd's.
     pub inherit_fds: Vec<std::os::fd::RawFd>,
     /// Compress-pool threads per worker; None: the cores, at most 4.
@@ -434,8 +484,8 @@ impl DaemonConfig {
             metrics: None,
             seccomp: SeccompMode::default(),
             state_dir: default_state_dir(),
-            fresh: false,
-            adopt: false,
+            fresh: Devices::None,
+            adopt: Devices::None,
             inherit_fds: Vec::new(),
             compress_threads: None,
             poll_us: None,

@@ -286,7 +286,7 @@ impl Supervisor {
                         tracing::warn!(device = %name, "cannot blank the backing file's header: {e}");
                     }
                 }
-                tracing::info!(device = %name, "removed, with its state");
+                tracing::warn!(device = %name, state = %left.dir.display(), size = left.size_bytes, bytes_held = left.bytes, "removed, with its state: its pages are deleted");
                 self.tell_status();
                 Ok(())
             }
@@ -341,7 +341,7 @@ impl Supervisor {
             Report::Removed { .. } => {
                 self.leftovers_mut().retain(|x| x.dir != l.dir);
                 self.cut_off_mut().remove(&l.dir);
-                tracing::info!(state = %l.dir.display(), size = l.size_bytes, "forgotten: the left-over state is deleted");
+                tracing::warn!(state = %l.dir.display(), size = l.size_bytes, bytes_held = l.bytes, "forgotten: the left-over state is deleted, its pages with it");
                 Ok(l)
             }
             Report::Failed { error, .. } => Err(Error::LauncherRefused(error)),

@@ -513,7 +513,9 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
             .collect();
         assert!(
             names.iter().all(|n| state_a.ends_with(n)),
-            "round {round}: left in the state dir: {names:?}"
+            "round {round}: left in the state dir: {names:?}; left-overs {:?}\n{}",
+            leftovers(&d),
+            d.log_text()
         );
     }
     eprintln!("{rounds} rounds: {removed} removals done or finished at start, {kept} cut before they began");

@@ -7,6 +7,7 @@
 //! - [`stats`]: a stat reply ([`Stats`]), by device name or socket.
 //! - [`client`]: a `blkio` client on one device ([`Client`], [`Queue`]).
 //! - [`data`]: test data (patterns, noise, a seeded RNG, versioned pages).
+//! - [`hints`]: the commands a refusal advises, run as advised.
 //! - [`procs`]: the daemon's process tree and `/proc/PID/status`.
 //! - [`frontend`]: a raw vhost-user-blk frontend that writes its virtqueue
 //!   by hand, for the hostile-client and protocol tests.
@@ -32,6 +33,7 @@ pub mod daemon;
 pub mod data;
 pub mod frontend;
 pub mod guest;
+pub mod hints;
 pub mod metrics;
 pub mod paths;
 pub mod pki;
@@ -41,6 +43,7 @@ pub mod stats;
 pub use client::*;
 pub use daemon::*;
 pub use data::*;
+pub use hints::*;
 pub use paths::*;
 pub use procs::*;
 pub use stats::*;

@@ -102,9 +102,11 @@ pub enum Command {
     Compact(CompactArgs),
     /// Add a device to a running daemon (zram's hot_add).
     Add(AddArgs),
-    /// Remove a device from a running daemon: disconnects its frontend and
-    /// deletes its socket and its state (zram's hot_remove).
-    Remove(DeviceArgs),
+    /// Remove a device from a running daemon: deletes its socket and its
+    /// state (zram's hot_remove). Refused while a frontend is connected,
+    /// unless --force: then the frontend is cut off and the state kept,
+    /// left over (`vzram add ...,recover=true` serves it again).
+    Remove(DestroyArgs),
     /// Delete a left-over state: one in the state dir that no device
     /// serves (`vzram stat` lists them), such as a device added at run time
     /// before a restart. Its pages are gone for good.
@@ -112,8 +114,9 @@ pub enum Command {
     /// Backing files, without a daemon.
     #[command(subcommand)]
     Backing(BackingCommand),
-    /// Drop all of a device's data; refused while a frontend is connected.
-    Reset(DeviceArgs),
+    /// Drop all of a device's data; refused while a frontend is connected,
+    /// unless --force (which cuts it off first).
+    Reset(DestroyArgs),
     /// Restart mem_used_max from the current use (one device, or all and the host).
     ResetMax(CompactArgs),
     /// Mark every page a device stores idle (zram's `echo all > idle`); a
@@ -220,15 +223,20 @@ pub struct ServeArgs {
     /// else /dev/shm/vzram-UID].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Discard the devices' existing state and start them empty.
-    #[arg(long, conflicts_with = "adopt")]
-    pub fresh: bool,
-    /// Serve a state found under a device's name even if it was made under
-    /// another name (a renamed state directory) or for another socket: the
-    /// header then records this device's. Without it such a state stops
-    /// the start (exit 2), so no guest gets another's disk by accident.
-    #[arg(long)]
-    pub adopt: bool,
+    /// Discard device NAME's existing state and start it empty (repeatable;
+    /// `fresh=true` on the device does the same). Each state discarded is
+    /// logged at WARN with its size. Without NAME: every device's.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    pub fresh: Vec<String>,
+    /// Serve a state found under device NAME's name even if it was made
+    /// under another name (a renamed state directory) or for another
+    /// socket, or though its socket was last served from another state dir:
+    /// the header (and the marker beside the socket) then record this
+    /// device's. Without it such a state stops the start (exit 2), so no
+    /// guest gets another's disk by accident. Repeatable (`adopt=true` on
+    /// the device does the same); without NAME: every device.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    pub adopt: Vec<String>,
     /// Threads per worker process (one per connected VM) that compress the
     /// pages of writes of 4 pages or more and decompress those of reads of
     /// 2 pages or more, beside the queue threads; capped at the number of
@@ -284,6 +292,18 @@ impl ServeArgs {
         };
         let tls_dir = self.tls_creds.clone().or(file.tls_creds.clone());
         let mut cfg = self.clone().merge(file, fd_socket.clone())?;
+        cfg.fresh.check("--fresh", &cfg.devices)?;
+        cfg.adopt.check("--adopt", &cfg.devices)?;
+        if let Some(d) = cfg
+            .devices
+            .iter()
+            .find(|d| cfg.fresh.covers(&d.name) && cfg.adopt.covers(&d.name))
+        {
+            return Err(ConfigError(format!(
+                "device {}: --fresh and --adopt exclude each other",
+                d.name
+            )));
+        }
         if let Some(dir) = &tls_dir {
             let creds = crate::owner::tls::load_dir(dir)
                 .map_err(|e| ConfigError(format!("--tls-creds: {e}")))?;
@@ -363,8 +383,8 @@ impl ServeArgs {
             cfg.state_dir = d;
             cfg.state_parent = None;
         }
-        cfg.fresh = self.fresh;
-        cfg.adopt = self.adopt;
+        cfg.fresh = config::Devices::from_flag(&self.fresh);
+        cfg.adopt = config::Devices::from_flag(&self.adopt);
         cfg.compress_threads = self.compress_threads.or(file.compress_threads);
         if let Some(t) = self.incoming_timeout.or(file.incoming_timeout) {
             cfg.incoming_timeout = t;
@@ -455,15 +475,43 @@ pub struct ForgetArgs {
     pub name: String,
 }
 
+/// The device a command acts on: `vzram CMD NAME`, or `--device NAME` as
+/// before (kept for scripts), the same in every command.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["name", "device"])))]
 pub struct DeviceArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
-    /// Device name or index.
+    /// The device: its name or index.
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The device, as a flag (the same as NAME).
+    #[arg(long, value_name = "NAME", conflicts_with = "name")]
+    pub device: Option<String>,
+}
+
+impl DeviceArgs {
+    /// The device named, as NAME or `--device` (clap requires one).
+    pub fn device(&self) -> &str {
+        self.name
+            .as_deref()
+            .or(self.device.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// `vzram remove` and `vzram reset`: a device, and whether to act on one
+/// a VM is connected to.
+#[derive(Debug, Args)]
+pub struct DestroyArgs {
+    #[command(flatten)]
+    pub target: DeviceArgs,
+    /// Also when a frontend (a VM) is connected: it is cut off. Without
+    /// it that is refused, naming the frontend.
     #[arg(long)]
-    pub device: String,
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

@@ -279,8 +279,9 @@ impl StateFiles {
             return Err(err(
                 &dir.join("header"),
                 format!(
-                    "holds a device of {} bytes, configured {size_bytes}; start with --fresh to discard it",
-                    self.header.size_bytes
+                    "holds a device of {} bytes, configured {size_bytes}: give the device its size again, or start with {}",
+                    self.header.size_bytes,
+                    fresh_hint(dir)
                 ),
             ));
         }
@@ -323,6 +324,16 @@ impl StateFiles {
             .map(|f| f.metadata().map_or(0, |m| m.blocks() * 512))
             .sum()
     }
+}
+
+/// What a refusal advises to discard the state in `dir` and start its
+/// device empty: the flag for that device alone.
+pub fn fresh_hint(dir: &Path) -> String {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("`--fresh {name}` (or fresh=true on the device) to discard it")
 }
 
 fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
@@ -514,7 +525,16 @@ pub fn open(
         }
         Ok(_) => match spec.existing {
             Existing::Discard => {
-                replaced = Leftover::read(&dir).map(|l| l.creation_id);
+                let old = Leftover::read(&dir);
+                // Someone's disk, deleted on purpose: said loudly, with its size.
+                tracing::warn!(
+                    device = %spec.name,
+                    state = %dir.display(),
+                    size = old.as_ref().map_or(0, |l| l.size_bytes),
+                    bytes_held = old.as_ref().map_or(0, |l| l.bytes),
+                    "fresh: discarding the device's existing state; its pages are deleted"
+                );
+                replaced = old.map(|l| l.creation_id);
                 discard(&dir)?
             }
             Existing::Refuse => {
@@ -583,11 +603,13 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
         if !spec.adopt {
             return Err(StoreError::InvalidConfig(format!(
                 "{} holds the state of device {:?}, not {:?} (a state directory was renamed, moved or copied): \
-                 put it back, start with --adopt to take it for {:?}, or --fresh to discard it",
+                 put it back, start with `--adopt {}` to take it for {:?}, or with {}",
                 dir.display(),
                 header.name,
                 spec.name,
-                spec.name
+                spec.name,
+                spec.name,
+                fresh_hint(&dir)
             )));
         }
         tracing::warn!(state = %dir.display(), was = %header.name, now = %spec.name, "adopted: the state now belongs to this device");
@@ -598,13 +620,15 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
         (Some(was), Some(now)) if !same_path(was, now) => {
             if !spec.adopt {
                 return Err(StoreError::InvalidConfig(format!(
-                    "device {}: its state {} was made for socket {}, not {}: start with --adopt to serve it on {} \
-                     (whoever used the old socket loses it), or --fresh to discard it",
+                    "device {}: its state {} was made for socket {}, not {}: start with `--adopt {}` to serve it on {} \
+                     (whoever used the old socket loses it), or with {}",
                     spec.name,
                     dir.display(),
                     was.display(),
                     now.display(),
-                    now.display()
+                    spec.name,
+                    now.display(),
+                    fresh_hint(&dir)
                 )));
             }
             tracing::warn!(state = %dir.display(), was = %was.display(), now = %now.display(), "adopted: the state now belongs to this socket");

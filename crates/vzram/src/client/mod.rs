@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::cli::{
-    AddArgs, BackingCommand, Command, CompactArgs, DeviceArgs, ForgetArgs, MigrateArgs,
-    RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    AddArgs, BackingCommand, Command, CompactArgs, DestroyArgs, DeviceArgs, ForgetArgs,
+    MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
@@ -227,26 +227,36 @@ pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
     ))
 }
 
-pub fn remove(args: &DeviceArgs) -> Result<String, ClientError> {
-    call::<Removed>(
-        &args.control,
+pub fn remove(args: &DestroyArgs) -> Result<String, ClientError> {
+    let t = &args.target;
+    let r: Removed = call(
+        &t.control,
         Request::Remove {
-            device: DeviceRef::named(&args.device),
+            device: DeviceRef::named(t.device()),
+            force: args.force,
         },
     )?;
-    Ok(format!("removed device {} and its state\n", args.device))
+    Ok(match r.kept {
+        Some(hint) => format!(
+            "removed device {}, cut off its frontend; its state is kept, left over: `{hint}` serves it again, `vzram forget {}` deletes it\n",
+            r.device, r.device
+        ),
+        None => format!("removed device {} and its state\n", r.device),
+    })
 }
 
-pub fn reset(args: &DeviceArgs) -> Result<String, ClientError> {
+pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
+    let t = &args.target;
     let reply: Reset = call(
-        &args.control,
+        &t.control,
         Request::Reset {
-            device: DeviceRef::named(&args.device),
+            device: DeviceRef::named(t.device()),
+            force: args.force,
         },
     )?;
     Ok(format!(
         "reset device {}: {} pages dropped\n",
-        args.device, reply.pages_dropped
+        reply.device, reply.pages_dropped
     ))
 }
 
@@ -277,18 +287,19 @@ const TIER_CLIENT_WAIT: std::time::Duration =
 
 pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
     let req = Request::MarkIdle {
-        device: DeviceRef::named(&args.device),
+        device: DeviceRef::named(args.device()),
     };
     let reply: MarkedIdle = call_waiting(&args.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
         "device {}: {} pages marked idle\n",
-        args.device, reply.pages_marked
+        args.device(),
+        reply.pages_marked
     ))
 }
 
 pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
     let req = Request::Recompress {
-        device: DeviceRef::named(&args.target.device),
+        device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         huge: args.huge,
         algo: args.algo.map(|a| a.to_string()),
@@ -296,7 +307,7 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
     let r: Recompressed = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
         "device {}: recompressed {} of {} pages tried with {}, {} smaller; {} of memory given back\n",
-        args.target.device,
+        args.target.device(),
         r.pages_recompressed,
         r.pages_tried,
         r.algo,
@@ -307,7 +318,7 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
 
 pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
     let req = Request::Writeback {
-        device: DeviceRef::named(&args.target.device),
+        device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         cold: args.cold,
         huge: args.huge,
@@ -318,7 +329,7 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
     let pages = r.pages_written;
     Ok(format!(
         "device {}: wrote {pages} pages ({}) to the backing file; {} of memory given back\n",
-        args.target.device,
+        args.target.device(),
         human(pages * 4096),
         human(r.freed_bytes),
     ))
@@ -326,7 +337,7 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
 
 pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     let Some(to) = &args.to else {
-        let device = DeviceRef::named(&args.target.device);
+        let device = DeviceRef::named(args.target.device());
         let (req, what) = if args.cancel {
             (Request::CancelMigration { device }, "cancel")
         } else {
@@ -341,7 +352,7 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
         ));
     };
     let req = Request::Migrate {
-        device: DeviceRef::named(&args.target.device),
+        device: DeviceRef::named(args.target.device()),
         to: to.clone(),
         keep: args.keep,
     };
@@ -349,7 +360,7 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     let r: Migrated = call_waiting(&args.target.control, req, wait)?;
     Ok(format!(
         "device {}: migrated to {}: {} pages, {} in {} passes, {:.1} s ({:.1} MiB/s); last delta {} pages in {:.1} ms; {}\n",
-        args.target.device,
+        args.target.device(),
         to,
         r.pages,
         human(r.bytes),

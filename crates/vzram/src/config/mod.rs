@@ -99,7 +99,7 @@ pub enum OnState {
 
 impl OnState {
     /// For a device the daemon starts with (`runtime` false) or one
-    /// `vzram add` adds; `fresh` is the daemon's `--fresh`.
+    /// `vzram add` adds; `fresh`: the daemon's `--fresh` names it.
     pub fn existing(self, runtime: bool, fresh: bool) -> vzram_store::Existing {
         use vzram_store::Existing;
         match self {
@@ -110,6 +110,56 @@ impl OnState {
             OnState::Unsaid if runtime => Existing::Refuse,
             OnState::Unsaid => Existing::Recover,
         }
+    }
+}
+
+/// The devices a daemon-wide flag (`--fresh`, `--adopt`) applies to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Devices {
+    #[default]
+    None,
+    /// The flag without a name: every device.
+    All,
+    /// `--flag NAME`, once per device.
+    Named(Vec<String>),
+}
+
+impl Devices {
+    /// The flag's values as given: an empty one is the bare flag.
+    pub fn from_flag(values: &[String]) -> Devices {
+        if values.is_empty() {
+            Devices::None
+        } else if values.iter().any(String::is_empty) {
+            Devices::All
+        } else {
+            Devices::Named(values.to_vec())
+        }
+    }
+
+    pub fn covers(&self, name: &str) -> bool {
+        match self {
+            Devices::None => false,
+            Devices::All => true,
+            Devices::Named(n) => n.iter().any(|n| n == name),
+        }
+    }
+
+    /// Every name given is a device of `cfg` (a typo must not leave the
+    /// state the operator meant to discard, or take, as it is).
+    pub fn check(&self, flag: &str, devices: &[DeviceSpec]) -> Result<(), ConfigError> {
+        let Devices::Named(names) = self else {
+            return Ok(());
+        };
+        for n in names {
+            if !devices.iter().any(|d| d.name == *n) {
+                let known: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+                return Err(ConfigError(format!(
+                    "{flag} {n}: no device of that name (devices: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -304,11 +354,11 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// The default state dir's parent, made if missing; None for one given.
     pub state_parent: Option<StateParent>,
-    /// Discard existing state and start every device empty.
-    pub fresh: bool,
-    /// Let every device take a state made under another name or for
+    /// The devices whose existing state is discarded at start (`--fresh`).
+    pub fresh: Devices,
+    /// The devices that may take a state made under another name or for
     /// another socket (`--adopt`).
-    pub adopt: bool,
+    pub adopt: Devices,
     /// Listening sockets passed in (`--fd`), besides systemd's.
     pub inherit_fds: Vec<std::os::fd::RawFd>,
     /// Compress-pool threads per worker; None: the cores, at most 4.
@@ -514,8 +564,8 @@ impl DaemonConfig {
             seccomp: SeccompMode::default(),
             state_dir: default_state.path,
             state_parent: default_state.parent,
-            fresh: false,
-            adopt: false,
+            fresh: Devices::None,
+            adopt: Devices::None,
             inherit_fds: Vec::new(),
             compress_threads: None,
             poll_us: None,

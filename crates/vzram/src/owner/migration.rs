@@ -432,7 +432,7 @@ pub fn set_incoming(name: &str, dev: &Device) {
         _ if empty => m.begin(MIGRATION_INCOMING),
         _ => tracing::warn!(
             device = %name,
-            "incoming is set, but the device's state holds pages: it serves them (start with --fresh to receive instead)"
+            "incoming is set, but the device's state holds pages: it serves them (start with `--fresh {name}` to receive instead)"
         ),
     }
 }

@@ -64,6 +64,10 @@ pub enum Request {
     },
     Remove {
         device: DeviceRef,
+        /// Also a device a frontend is connected to: it is cut off, and
+        /// its state kept as a left-over (refused without it).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// Delete a left-over state (one no device serves) by its name.
     Forget {
@@ -71,6 +75,10 @@ pub enum Request {
     },
     Reset {
         device: DeviceRef,
+        /// Also a device a frontend is connected to: it is cut off first
+        /// (refused without it).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     ResetMax {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -344,6 +352,10 @@ pub struct Forgotten {
 pub struct Removed {
     pub device: String,
     pub removed: bool,
+    /// The device was connected (`--force`): its state was kept, a
+    /// left-over from now on, and this command serves it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

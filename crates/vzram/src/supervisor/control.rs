@@ -244,19 +244,20 @@ impl Control {
                     size_bytes: l.size_bytes,
                 })
             }
-            Request::Remove { device } => {
+            Request::Remove { device, force } => {
                 let (i, d) = self.find(&device)?;
                 let name = d.spec.name.clone();
                 drop(d);
-                self.sup.remove(i)?;
+                let kept = self.sup.remove(i, force)?;
                 Self::reply(Removed {
                     device: name,
                     removed: true,
+                    kept,
                 })
             }
-            Request::Reset { device } => {
+            Request::Reset { device, force } => {
                 let (_, d) = self.find(&device)?;
-                let pages = self.sup.reset(&d)?;
+                let pages = self.sup.reset(&d, force)?;
                 tracing::info!(device = %d.spec.name, pages, "reset: data dropped");
                 Self::reply(Reset {
                     device: d.spec.name.clone(),

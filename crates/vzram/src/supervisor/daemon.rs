@@ -406,9 +406,9 @@ pub fn run(
         let state_spec = StateSpec {
             root,
             name: key.clone(),
-            existing: spec.on_state.existing(false, cfg.fresh),
+            existing: spec.on_state.existing(false, cfg.fresh.covers(&spec.name)),
             socket: Some(spec.socket_abs()),
-            adopt: cfg.adopt || spec.adopt,
+            adopt: cfg.adopt.covers(&spec.name) || spec.adopt,
         };
         let device_error = |source| Error::Device {
             name: spec.name.clone(),
@@ -418,6 +418,7 @@ pub fn run(
             &spec.socket,
             &state_spec.root.join(&key),
             state_spec.existing == Existing::Discard,
+            state_spec.adopt,
         )
         .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
         if state_spec.existing != Existing::Discard {
@@ -646,8 +647,9 @@ fn legacy_name(
     match vzram_store::Leftover::read(&root.join(&old)) {
         Some(l) if l.socket.is_none() => Err(format!(
             "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
-             give this device name={old} to keep serving those pages, or start with --fresh to start it empty (`vzram forget {old}` deletes the old state)",
-            l.dir.display()
+             give this device name={old} to keep serving those pages, or start with `--fresh {}` to start it empty (once it serves, `vzram forget {old}` deletes the old state)",
+            l.dir.display(),
+            spec.name
         )),
         _ => Ok(()),
     }
@@ -793,8 +795,12 @@ fn leftovers(keys: &[(PathBuf, String)], roots: &[PathBuf]) -> Vec<Leftover> {
                 size = l.size_bytes,
                 mib_held = l.bytes >> 20,
                 made_for = %l.socket.as_deref().map_or("an unrecorded socket".into(), |s| s.display().to_string()),
-                "a device state no device serves is left over: `vzram add --device ...,name={},recover=true` serves it, `vzram forget {}` deletes it",
-                l.name,
+                "a device state no device serves is left over: `{}` serves it, `vzram forget {}` deletes it",
+                super::devices::recover_hint(
+                    &l.name,
+                    l.socket.as_deref().unwrap_or(Path::new("PATH")),
+                    l.size_bytes
+                ),
                 l.name
             );
             out.push(l);

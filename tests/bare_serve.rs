@@ -126,18 +126,32 @@ impl Drop for Host {
     }
 }
 
+/// A client of `sock`, waiting while it is refused: after a kill -9 the
+/// killed daemon's processes may hold the old socket open for a moment, so
+/// a daemon that answers on its control socket may not be the one here yet.
+fn connect(sock: &Path) -> Client {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match Client::connect(sock, 1) {
+            Ok(c) => return c,
+            Err(e) if Instant::now() > deadline => panic!("{}: {e}", sock.display()),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 fn fill(sock: &Path, seed: u64) {
-    let mut c = Client::connect(sock, 1).unwrap();
+    let mut c = connect(sock);
     c.q(0).write(0, &pattern(seed, 0, 32 * 4096)).unwrap();
 }
 
 fn holds(sock: &Path, seed: u64) -> bool {
-    let mut c = Client::connect(sock, 1).unwrap();
+    let mut c = connect(sock);
     c.q(0).read(0, 32 * 4096).unwrap() == pattern(seed, 0, 32 * 4096)
 }
 
 fn is_blank(sock: &Path) -> bool {
-    let mut c = Client::connect(sock, 1).unwrap();
+    let mut c = connect(sock);
     c.q(0).read(0, 32 * 4096).unwrap().iter().all(|&b| b == 0)
 }
 
@@ -371,4 +385,67 @@ fn qsd_as_vzram_serves_a_qtest_s_exports() {
         "the harness expects exit 0 on SIGTERM\n{}",
         d.log_text()
     );
+}
+
+/// `vzram forget --gone` deletes in one command the left-overs whose
+/// socket's directory is gone (a harness's temporary directories), and
+/// keeps those whose command could still serve them.
+#[test]
+fn forget_gone_deletes_the_left_overs_of_directories_that_are_gone() {
+    let dir = TempDir::new("bare-gone");
+    for sub in ["keep", "tmp1", "tmp2"] {
+        std::fs::create_dir(dir.join(sub)).unwrap();
+    }
+    let socks = ["keep", "tmp1", "tmp2"].map(|d| dir.join(&format!("{d}/vm.sock")));
+    let mut args = Vec::new();
+    for s in &socks {
+        args.push("--device".to_string());
+        args.push(format!("socket={},size=8M,queues=1", s.display()));
+    }
+    // Names must differ within one daemon: one daemon each.
+    for (i, a) in args.chunks(2).enumerate() {
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        let ctl = format!("c{i}.sock");
+        let mut cmd = Command::new(vzram_bin());
+        cmd.arg("serve")
+            .args(&refs)
+            .arg("--control")
+            .arg(dir.join(&ctl));
+        let mut d = Daemon::start_command(
+            cmd,
+            &dir.join(&ctl),
+            &dir.join(&format!("d{i}.log")),
+            &[&socks[i]],
+        );
+        fill(&socks[i], i as u64);
+        d.kill9();
+    }
+    std::fs::remove_dir_all(dir.join("tmp1")).unwrap();
+    std::fs::remove_dir_all(dir.join("tmp2")).unwrap();
+    let other = dir.join("other.sock");
+    let mut d = Daemon::start(&dir, &["--socket", s(&other), "--size", "8M"], &[&other]);
+    assert_eq!(d.stat().0.leftovers.len(), 3, "{:?}", d.stat().0.leftovers);
+    let out = d.cli(&["forget", "--gone"]);
+    assert!(
+        out.contains("2 left-over states forgotten") && out.contains("1 kept"),
+        "{out}"
+    );
+    let left = d.stat().0.leftovers.clone();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].socket.as_deref(), Some(socks[0].as_path()));
+    // The kept one still serves its pages to the same command.
+    d.terminate_cleanly();
+    let mut cmd = Command::new(vzram_bin());
+    cmd.arg("serve")
+        .args(&args[0..2])
+        .arg("--control")
+        .arg(dir.join("c0.sock"));
+    let mut d = Daemon::start_command(
+        cmd,
+        &dir.join("c0.sock"),
+        &dir.join("again.log"),
+        &[&socks[0]],
+    );
+    assert!(holds(&socks[0], 0), "{}", d.log_text());
+    d.terminate_cleanly();
 }

@@ -513,8 +513,12 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
             .collect();
         assert!(
             names.iter().all(|n| state_a.ends_with(n)),
-            "round {round}: left in the state dir: {names:?}; left-overs {:?}\n{}",
+            "round {round}: left in the state dir: {names:?}; left-overs {:?}; x holds {:?}\n{}",
             leftovers(&d),
+            std::fs::read_dir(root.join("x")).map(|r| r
+                .flatten()
+                .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).unwrap_or(0)))
+                .collect::<Vec<_>>()),
             d.log_text()
         );
     }

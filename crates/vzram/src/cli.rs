@@ -466,13 +466,19 @@ pub enum BackingCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("what").required(true).args(["name", "gone"])))]
 pub struct ForgetArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// The left-over state's name.
-    pub name: String,
+    pub name: Option<String>,
+    /// Every left-over state whose socket's directory is gone (a test
+    /// harness's temporary directory, a removed VM's): nothing can serve
+    /// it again by the same command. Each is named with its size.
+    #[arg(long)]
+    pub gone: bool,
 }
 
 /// The device a command acts on: `vzram CMD NAME`, or `--device NAME` as

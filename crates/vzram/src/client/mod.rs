@@ -16,8 +16,8 @@ use crate::cli::{
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
-    HostLimitSet, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request, Reset,
-    StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
+    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request,
+    Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -213,18 +213,54 @@ pub fn backing_init(path: &Path) -> Result<String, ClientError> {
 }
 
 pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
-    let reply: Forgotten = call(
-        &args.control,
-        Request::Forget {
-            name: args.name.clone(),
-        },
-    )?;
-    Ok(format!(
+    let Some(name) = &args.name else {
+        return forget_gone(&args.control);
+    };
+    let reply: Forgotten = call(&args.control, Request::Forget { name: name.clone() })?;
+    Ok(forgotten(&reply))
+}
+
+fn forgotten(reply: &Forgotten) -> String {
+    format!(
         "forgot {}: deleted its state {} ({} device)\n",
         reply.name,
         reply.dir.display(),
         human(reply.size_bytes)
-    ))
+    )
+}
+
+/// `vzram forget --gone`: the left-overs whose socket's directory no longer
+/// exists, each forgotten by name (the daemon still refuses one that is
+/// served or held). One whose socket is unrecorded, or whose directory is
+/// there, is kept: its command could serve it again.
+fn forget_gone(control: &Path) -> Result<String, ClientError> {
+    let stat: StatReply = call(control, Request::Stat {})?;
+    let gone = |l: &LeftoverStat| {
+        l.socket
+            .as_deref()
+            .and_then(Path::parent)
+            .is_some_and(|d| !d.as_os_str().is_empty() && !d.exists())
+    };
+    let (doomed, kept): (Vec<_>, Vec<_>) = stat.leftovers.iter().partition(|l| gone(l));
+    let mut out = String::new();
+    let mut freed = 0;
+    for l in &doomed {
+        let reply: Forgotten = call(
+            control,
+            Request::Forget {
+                name: l.name.clone(),
+            },
+        )?;
+        freed += l.state_bytes;
+        out += &forgotten(&reply);
+    }
+    out += &format!(
+        "{} left-over states forgotten ({} of memory given back); {} kept, their socket's directory still there\n",
+        doomed.len(),
+        human(freed),
+        kept.len()
+    );
+    Ok(out)
 }
 
 pub fn remove(args: &DestroyArgs) -> Result<String, ClientError> {

@@ -432,6 +432,12 @@ fn forget_gone_deletes_the_left_overs_of_directories_that_are_gone() {
     );
     let left = d.stat().0.leftovers.clone();
     assert_eq!(left.len(), 1, "{left:?}");
+    // By pattern: only what matches the socket it was made for.
+    let out = d.cli(&["forget", "--socket", &format!("{}/tmp*", s(dir.path()))]);
+    assert!(
+        out.contains("0 left-over states forgotten") && out.contains("1 kept"),
+        "{out}"
+    );
     assert_eq!(left[0].socket.as_deref(), Some(socks[0].as_path()));
     // The kept one still serves its pages to the same command.
     d.terminate_cleanly();

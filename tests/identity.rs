@@ -476,6 +476,24 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         t.join().unwrap();
+        // The killed processes are gone, but x's lock may outlive them a
+        // moment: a descriptor of it in flight in a unix socket's queue (the
+        // launcher passing state files) is released only when the kernel
+        // collects that socket. The next start would take x for a live
+        // daemon's then (systemd's restart has the same wait).
+        let root = state_dir_for(dir.path());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while root.join("x").exists()
+            && !vzram_store::state::leftovers(&root, &[])
+                .iter()
+                .any(|l| l.name == "x")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: x's state still locked 10 s after the kill"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         d = serve(&dir, &["--device", &da], &[&a]);
         match leftovers(&d).iter().find(|l| l["name"] == "x") {
             // The removal never started: the whole state is there.
@@ -513,8 +531,10 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
             .collect();
         assert!(
             names.iter().all(|n| state_a.ends_with(n)),
-            "round {round}: left in the state dir: {names:?}; left-overs {:?}; x holds {:?}\n{}",
+            "round {round}: left in the state dir: {names:?}; left-overs {:?}; store sees {:?} and reads {:?}; x holds {:?}\n{}",
             leftovers(&d),
+            vzram_store::state::leftovers(&root, &[]).iter().map(|l| l.name.clone()).collect::<Vec<_>>(),
+            vzram_store::Leftover::read(&root.join("x")).map(|l| l.name),
             std::fs::read_dir(root.join("x")).map(|r| r
                 .flatten()
                 .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).unwrap_or(0)))

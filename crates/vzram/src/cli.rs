@@ -466,7 +466,7 @@ pub enum BackingCommand {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("what").required(true).args(["name", "gone"])))]
+#[command(group(ArgGroup::new("what").required(true).args(["name", "gone", "socket"])))]
 pub struct ForgetArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
@@ -479,6 +479,10 @@ pub struct ForgetArgs {
     /// it again by the same command. Each is named with its size.
     #[arg(long)]
     pub gone: bool,
+    /// Every left-over state made for a socket matching PATTERN, where `*`
+    /// stands for any characters (`'/tmp/qtest-*'`: a test run's).
+    #[arg(long, value_name = "PATTERN")]
+    pub socket: Option<String>,
 }
 
 /// The device a command acts on: `vzram CMD NAME`, or `--device NAME` as

@@ -294,28 +294,6 @@ fn matches_pattern(pattern: &str, text: &str) -> bool {
     left.len() >= last.len() && left.ends_with(last)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::matches_pattern;
-
-    #[test]
-    fn star_patterns() {
-        for (p, t, want) in [
-            ("/tmp/qtest-*", "/tmp/qtest-1-sock.ab", true),
-            ("/tmp/qtest-*", "/tmp/other", false),
-            ("*", "", true),
-            ("/a/*/x.sock", "/a/b/c/x.sock", true),
-            ("/a/*/x.sock", "/a/x.sock", false),
-            ("exact", "exact", true),
-            ("exact", "exactly", false),
-            ("*ab*ab", "xabab", true),
-            ("*ab*ab", "xab", false),
-        ] {
-            assert_eq!(matches_pattern(p, t), want, "{p} ~ {t}");
-        }
-    }
-}
-
 pub fn remove(args: &DestroyArgs) -> Result<String, ClientError> {
     let t = &args.target;
     let r: Removed = call(
@@ -460,4 +438,26 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
         r.final_ms,
         if args.keep { "pages kept here" } else { "pages dropped here" },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches_pattern;
+
+    #[test]
+    fn star_patterns() {
+        for (p, t, want) in [
+            ("/tmp/qtest-*", "/tmp/qtest-1-sock.ab", true),
+            ("/tmp/qtest-*", "/tmp/other", false),
+            ("*", "", true),
+            ("/a/*/x.sock", "/a/b/c/x.sock", true),
+            ("/a/*/x.sock", "/a/x.sock", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("*ab*ab", "xabab", true),
+            ("*ab*ab", "xab", false),
+        ] {
+            assert_eq!(matches_pattern(p, t), want, "{p} ~ {t}");
+        }
+    }
 }

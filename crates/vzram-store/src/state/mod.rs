@@ -12,6 +12,9 @@
 //! <root>/<name>/stats    its budget and counters, shared with the supervisor
 //! ```
 //!
+//! Each of the table, arena and stats ends with the state's creation id
+//! (see [`bind`]): files of two states mixed offline are refused.
+//!
 //! The files belong on tmpfs (`/dev/shm`, `$RUNTIME_DIRECTORY`): there their
 //! pages are the memory the pool uses, not a copy of it. A state is made in a
 //! hidden directory and renamed into place, so a crash never leaves a half
@@ -35,9 +38,10 @@ use crate::Codec;
 const MAGIC: [u8; 8] = *b"VZRAMST\0";
 /// Bumped when the layout of the files changes incompatibly. Version 2
 /// added written-back slots and access bits to the slot word, version 3
-/// the socket path; an older state is read as is and rewritten as version
-/// 3, so an older vzram refuses it.
-pub const VERSION: u32 = 3;
+/// the socket path, version 4 the creation id in every data file (see
+/// [`bind`]); an older state is read as is and rewritten as version 4, so
+/// an older vzram refuses it.
+pub const VERSION: u32 = 4;
 const OLDEST_VERSION: u32 = 1;
 /// The fixed part of the header (all of it before version 3).
 const FIXED_LEN: usize = 128;
@@ -285,7 +289,7 @@ impl StateFiles {
                 ),
             ));
         }
-        let want_table = (size_bytes / crate::PAGE_SIZE as u64) * 8;
+        let want_table = table_len(size_bytes);
         for (f, name, want) in [
             (&self.table, "table", want_table),
             (&self.arena, "arena", self.header.arena_bytes),
@@ -294,7 +298,8 @@ impl StateFiles {
                 .metadata()
                 .map_err(|e| StoreError::state(dir.join(name).display(), e))?
                 .len();
-            if len != want {
+            // Its data alone (an older state), or with its creation id.
+            if len != want && len != bind::bound_len(want) {
                 return Err(err(
                     &dir.join(name),
                     format!("is {len} bytes, the header says {want}"),
@@ -646,6 +651,7 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     let table = open_rw(&dir.join("table"), false)?;
     let arena = open_rw(&dir.join("arena"), false)?;
     // A state from before the counters file gets a zeroed one.
+    let fresh_stats = !dir.join("stats").exists();
     let stats = open_stats(&dir.join("stats"), false)?;
     for (f, name) in [(&table, "table"), (&arena, "arena"), (&stats, "stats")] {
         private_file(f, &dir.join(name))?;
@@ -663,7 +669,10 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     };
     st.check(size_bytes)?;
     allocate(&st.stats, &st.dir.join("stats"), stats_len())?;
-    // Only a state that passed every check is rewritten as this device's.
+    let unbound = bind::check(&st, version, fresh_stats)?;
+    // Only a state that passed every check is bound to its id and
+    // rewritten as this device's.
+    bind::bind(&st, &unbound)?;
     if rewrite {
         use std::os::unix::fs::FileExt;
         st.lock
@@ -672,6 +681,11 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
             .map_err(|e| os_err(&hpath, "cannot update the header", e))?;
     }
     Ok(st)
+}
+
+/// The slot table's bytes for a device of `size_bytes`.
+fn table_len(size_bytes: u64) -> u64 {
+    (size_bytes / crate::PAGE_SIZE as u64) * 8
 }
 
 fn stats_len() -> u64 {
@@ -772,12 +786,20 @@ fn make_files(
     let table = open_rw(&tmp.join("table"), true)?;
     let arena = open_rw(&tmp.join("arena"), true)?;
     table
-        .set_len((size_bytes / crate::PAGE_SIZE as u64) * 8)
+        .set_len(table_len(size_bytes))
         .map_err(|e| StoreError::state(tmp.join("table").display(), e))?;
     arena
         .set_len(arena_bytes)
         .map_err(|e| StoreError::state(tmp.join("arena").display(), e))?;
     let stats = open_stats(&tmp.join("stats"), true)?;
+    let id = header.creation_id;
+    for (f, kind, data_len) in [
+        (&table, bind::Kind::Table, table_len(size_bytes)),
+        (&arena, bind::Kind::Arena, arena_bytes),
+        (&stats, bind::Kind::Stats, stats_len()),
+    ] {
+        bind::write(f, &tmp.join(kind.name()), kind, data_len, id)?;
+    }
     lock(&h, tmp)?;
     for (f, name) in [(&table, "table"), (&arena, "arena"), (&stats, "stats")] {
         lock_data(f, &tmp.join(name))?;
@@ -969,6 +991,7 @@ pub fn data_ranges(file: &File) -> Vec<std::ops::Range<u64>> {
     out
 }
 
+mod bind;
 mod private;
 #[cfg(test)]
 mod tests;

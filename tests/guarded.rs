@@ -267,3 +267,65 @@ fn after_a_fresh_start_in_the_wrong_state_dir_adopt_serves_the_right_ones_pages(
     assert!(reads(&sock, MIB) == data);
     d.shutdown();
 }
+
+#[test]
+fn backing_init_refuses_a_file_that_is_neither_blank_nor_vzrams_unless_forced() {
+    let dir = TempDir::new("guard-backing");
+    let nowhere = dir.join("no-daemon.sock");
+    // A text file, typed by mistake: refused, untouched.
+    let text = dir.join("notes.txt");
+    let body = b"my notes, not a disk\n".repeat(1000);
+    std::fs::write(&text, &body).unwrap();
+    let err = refusal(&run_hint(
+        &nowhere,
+        &format!("vzram backing init {}", s(&text)),
+    ));
+    assert!(std::fs::read(&text).unwrap() == body, "changed: {err}");
+    let advised = hints(&err);
+    assert_eq!(
+        advised,
+        [format!("vzram backing init {} --force", s(&text))],
+        "{err}"
+    );
+    run_hint_ok(&nowhere, &advised[0]);
+    let now = std::fs::read(&text).unwrap();
+    assert!(now[..4096].iter().all(|&b| b == 0) && now[4096..] == body[4096..]);
+
+    // Blank at the start, data further on: not blank either.
+    let late = dir.join("late.img");
+    let mut img = vec![0u8; 1 << 20];
+    img[700_000] = 1;
+    std::fs::write(&late, &img).unwrap();
+    let err = refusal(&run_hint(
+        &nowhere,
+        &format!("vzram backing init {}", s(&late)),
+    ));
+    assert!(err.contains("byte 700000 is not zero"), "{err}");
+
+    // Blank (holes), and vzram's own: no --force needed.
+    let blank = dir.join("blank.img");
+    std::fs::File::create(&blank)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    run_hint_ok(&nowhere, &format!("vzram backing init {}", s(&blank)));
+    let sock = dir.join("vm1.sock");
+    let spec = format!(
+        "socket={},size=16M,queues=1,name=vm1,backing-file={}",
+        s(&sock),
+        s(&blank)
+    );
+    let d = Daemon::start(&dir, &["--device", &spec], &[&sock]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.q(0).write(0, &noise(9, MIB)).unwrap();
+    run_hint_ok(&d.control, "vzram writeback vm1");
+    // In use: refused, naming the process that holds it.
+    let err = refusal(&run_hint(
+        &nowhere,
+        &format!("vzram backing init {}", s(&blank)),
+    ));
+    assert!(err.contains(&format!("process {}", d.pid())), "{err}");
+    drop(c);
+    d.shutdown();
+    run_hint_ok(&nowhere, &format!("vzram backing init {}", s(&blank)));
+}

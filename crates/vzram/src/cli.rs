@@ -429,13 +429,17 @@ pub struct AddArgs {
 #[derive(Debug, Subcommand)]
 pub enum BackingCommand {
     /// Make an existing file (or block device) a blank backing file that a
-    /// device may take: its first 4 KiB are zeroed. vzram takes only blank
-    /// files or its own, so run this on one that holds other data, or
-    /// another device's pages, only when giving them up. Refused while a
-    /// device uses it, and for a device state's files.
+    /// device may take: its first 4 KiB are zeroed, giving up the pages of
+    /// the device that had it. Refused while a device uses it (naming the
+    /// process that holds it), for a device state's files, and, without
+    /// --force, for a file that is neither blank (zeros or holes; a block
+    /// device's first 64 MiB) nor a vzram backing file.
     Init {
         /// The file, at least 8 KiB (e.g. made with `fallocate -l 4G PATH`).
         path: PathBuf,
+        /// Also a file that holds other data: its first 4 KiB are lost.
+        #[arg(long)]
+        force: bool,
     },
 }
 

@@ -39,7 +39,7 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Add(a) => add(&a),
         Command::Remove(a) => remove(&a),
         Command::Forget(a) => forget(&a),
-        Command::Backing(BackingCommand::Init { path }) => backing_init(&path),
+        Command::Backing(BackingCommand::Init { path, force }) => backing_init(&path, force),
         Command::Reset(a) => reset(&a),
         Command::ResetMax(a) => reset_max(&a),
         Command::MarkIdle(a) => mark_idle(&a),
@@ -200,8 +200,8 @@ pub fn add(args: &AddArgs) -> Result<String, ClientError> {
 
 /// Runs here, not in the daemon: the file's lock tells whether a device
 /// holds it.
-pub fn backing_init(path: &Path) -> Result<String, ClientError> {
-    let blocks = vzram_store::Backing::init(path).map_err(|e| ClientError {
+pub fn backing_init(path: &Path, force: bool) -> Result<String, ClientError> {
+    let blocks = vzram_store::Backing::init(path, force).map_err(|e| ClientError {
         message: e.to_string(),
         code: 2,
     })?;

@@ -329,3 +329,66 @@ fn backing_init_refuses_a_file_that_is_neither_blank_nor_vzrams_unless_forced() 
     d.shutdown();
     run_hint_ok(&nowhere, &format!("vzram backing init {}", s(&blank)));
 }
+
+/// The two numbers `vzram mark-idle` prints: newly marked, idle in all.
+fn marked(out: &str) -> (u64, u64) {
+    let num = |after: &str| -> u64 {
+        let tail = out.split(after).next().unwrap_or_default();
+        let n = tail.rsplit(' ').next().unwrap_or_default();
+        n.parse()
+            .unwrap_or_else(|_| panic!("no count before {after:?}: {out}"))
+    };
+    (num(" pages marked idle"), num(" pages idle in all"))
+}
+
+#[test]
+fn every_command_names_the_device_alike_and_mark_idle_counts_what_writeback_takes() {
+    let dir = TempDir::new("guard-cli");
+    let sock = dir.join("vm1.sock");
+    let backing = dir.join("vm1.bk");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let spec = format!(
+        "socket={},size=16M,queues=1,name=vm1,backing-file={}",
+        s(&sock),
+        s(&backing)
+    );
+    let d = Daemon::start(&dir, &["--device", &spec], &[&sock]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.q(0).write(0, &noise(4, MIB)).unwrap();
+    let ctl = &d.control;
+
+    // A second mark-idle marks nothing new, but the pages are idle still:
+    // it says how many, and writeback --idle takes exactly those.
+    let first = marked(&run_hint_ok(ctl, "vzram mark-idle --device vm1"));
+    assert_eq!(first, (256, 256));
+    let out = run_hint_ok(ctl, "vzram mark-idle vm1");
+    assert_eq!(marked(&out), (0, 256), "{out}");
+    let out = run_hint_ok(ctl, "vzram writeback vm1 --idle");
+    assert!(out.starts_with("device vm1: wrote 256 pages"), "{out}");
+
+    // Every device command: NAME, or --device NAME, alike.
+    for name in ["vm1", "--device vm1"] {
+        for cmd in [
+            format!("vzram stat {name}"),
+            format!("vzram set-limit {name} 8M"),
+            format!("vzram compact {name}"),
+            format!("vzram reset-max {name}"),
+            format!("vzram mark-idle {name}"),
+            format!("vzram recompress {name} --idle"),
+            format!("vzram writeback {name} --huge"),
+        ] {
+            run_hint_ok(ctl, &cmd);
+        }
+    }
+    assert_eq!(d.stat().counters("vm1").mem_limit, 8 << 20);
+
+    // `forget` of a served device advises a `remove` that runs.
+    drop(c);
+    let err = refusal(&run_hint(ctl, "vzram forget vm1"));
+    assert_eq!(hints(&err), ["vzram remove vm1"], "{err}");
+    run_hint_ok(ctl, &hints(&err)[0]);
+    assert!(d.stat().devices().is_empty());
+}

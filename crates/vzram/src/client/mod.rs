@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::cli::{
     AddArgs, BackingCommand, Command, CompactArgs, DestroyArgs, DeviceArgs, ForgetArgs,
-    MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    LimitTarget, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
@@ -97,7 +97,7 @@ fn typed<T: DeserializeOwned>(reply: Value) -> Result<T, ClientError> {
 pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
     let mut reply = exchange(&args.control, Request::Stat {}, control::CLIENT_TIMEOUT)?;
     let mut stat: StatReply = typed(reply.clone())?;
-    if let Some(asked) = &args.device {
+    if let Some(asked) = args.target.device() {
         let i = one_device(&stat, asked)?;
         stat.devices = vec![stat.devices.swap_remove(i)];
         stat.leftovers.clear();
@@ -148,34 +148,39 @@ fn one_device(stat: &StatReply, asked: &str) -> Result<usize, ClientError> {
 }
 
 pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
-    let req = match &args.device {
-        Some(d) => Request::SetLimit {
-            device: Some(DeviceRef::named(d)),
-            host: false,
-            bytes: args.size,
-        },
-        None => Request::SetLimit {
-            device: None,
-            host: true,
-            bytes: args.size,
-        },
+    let (target, bytes) = args
+        .target()
+        .map_err(|message| ClientError { message, code: 2 })?;
+    let what = match &target {
+        LimitTarget::Device(d) => format!("device {d}"),
+        LimitTarget::Host => "host".to_string(),
     };
-    let warnings = match req {
-        Request::SetLimit { host: true, .. } => call::<HostLimitSet>(&args.control, req)?.warnings,
-        _ => call::<DeviceLimitSet>(&args.control, req)?.warnings,
+    let warnings = match target {
+        LimitTarget::Device(d) => {
+            let req = Request::SetLimit {
+                device: Some(DeviceRef::named(&d)),
+                host: false,
+                bytes,
+            };
+            call::<DeviceLimitSet>(&args.control, req)?.warnings
+        }
+        LimitTarget::Host => {
+            let req = Request::SetLimit {
+                device: None,
+                host: true,
+                bytes,
+            };
+            call::<HostLimitSet>(&args.control, req)?.warnings
+        }
     };
     // Set all the same; what it is at odds with goes to stderr.
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    let what = args
-        .device
-        .as_ref()
-        .map_or("host".to_string(), |d| format!("device {d}"));
-    let limit = if args.size == 0 {
+    let limit = if bytes == 0 {
         "none".to_string()
     } else {
-        human(args.size)
+        human(bytes)
     };
     Ok(format!("{what} memory limit: {limit}\n"))
 }
@@ -216,7 +221,7 @@ pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
     let reply: Forgotten = call(
         &args.control,
         Request::Forget {
-            name: args.name.clone(),
+            name: args.name().to_string(),
         },
     )?;
     Ok(format!(
@@ -262,7 +267,7 @@ pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
 
 pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::ResetMax {
-        device: args.device.as_deref().map(DeviceRef::named),
+        device: args.target.device().map(DeviceRef::named),
     };
     call::<Done>(&args.control, req)?;
     Ok("mem_used_max reset\n".to_string())
@@ -270,7 +275,7 @@ pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
 
 pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::Compact {
-        device: args.device.as_deref().map(DeviceRef::named),
+        device: args.target.device().map(DeviceRef::named),
     };
     let reply: Compacted = call(&args.control, req)?;
     let pages = reply.pages_compacted;
@@ -291,9 +296,10 @@ pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
     };
     let reply: MarkedIdle = call_waiting(&args.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
-        "device {}: {} pages marked idle\n",
-        args.device(),
-        reply.pages_marked
+        "device {}: {} pages marked idle; {} pages idle in all (marked before and not used since included: what writeback --idle takes)\n",
+        reply.device,
+        reply.pages_marked,
+        reply.pages_idle
     ))
 }
 

@@ -371,7 +371,12 @@ pub struct Done {}
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkedIdle {
     pub device: String,
+    /// Pages newly marked.
     pub pages_marked: u64,
+    /// Pages in memory idle now, those marked before included: what
+    /// `writeback --idle` and `recompress --idle` take.
+    #[serde(default)]
+    pub pages_idle: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -392,3 +392,71 @@ fn every_command_names_the_device_alike_and_mark_idle_counts_what_writeback_take
     run_hint_ok(ctl, &hints(&err)[0]);
     assert!(d.stat().devices().is_empty());
 }
+
+/// A daemon in `dir` with its own control socket `ctl` (so the same
+/// state dir as [`Daemon::start`]'s).
+fn second(dir: &TempDir, ctl: &str, spec: &str, sock: &Path) -> Daemon {
+    let control = dir.join(ctl);
+    let mut cmd = std::process::Command::new(vzram_bin());
+    cmd.args(["serve", "--device", spec, "--control"])
+        .arg(&control);
+    Daemon::start_command(cmd, &control, &dir.join(&format!("{ctl}.log")), &[sock])
+}
+
+#[test]
+fn forget_never_deletes_another_state_made_at_the_path_since() {
+    let dir = TempDir::new("guard-forget");
+    let (a, t1, t2) = (dir.join("a.sock"), dir.join("t1.sock"), dir.join("t2.sock"));
+    let da = format!("socket={},size=16M,queues=1,name=a", s(&a));
+    let mut d = Daemon::start(&dir, &["--device", &da], &[&a]);
+    d.cli(&[
+        "add",
+        "--device",
+        &format!("socket={},size=16M,name=t1", s(&t1)),
+    ]);
+    Client::connect(&t1, 1)
+        .unwrap()
+        .q(0)
+        .write(0, &pattern(1, 0, MIB))
+        .unwrap();
+    d.kill9();
+    // Restarted, the daemon lists t1's state as left over.
+    let control = dir.join("control.sock");
+    let mut cmd = std::process::Command::new(vzram_bin());
+    cmd.args(["serve", "--device", &da, "--control"])
+        .arg(&control);
+    let opts = DaemonOpts {
+        ready_on_connect: true,
+        term_on_drop: false,
+    };
+    let d = Daemon::start_with(cmd, &control, &dir.join("again.log"), &[&a], opts);
+    let left = d.control(json!({"cmd": "stat"}))["leftovers"].clone();
+    assert_eq!(left[0]["name"], "t1", "{left}");
+    let state = std::path::PathBuf::from(left[0]["dir"].as_str().unwrap());
+
+    // Meanwhile another state is made at that path: another daemon's
+    // device of the same name (the listed one moved away).
+    std::fs::rename(&state, state.with_extension("moved")).unwrap();
+    let other = format!("socket={},size=16M,queues=1,name=t1", s(&t2));
+    let b = second(&dir, "b.ctl", &other, &t2);
+    Client::connect(&t2, 1)
+        .unwrap()
+        .q(0)
+        .write(0, &pattern(2, 0, MIB))
+        .unwrap();
+    b.shutdown();
+
+    // Forgetting the listed state leaves the new one alone.
+    let err = refusal(&run_hint(&d.control, "vzram forget t1"));
+    assert!(err.contains("not the state that was listed"), "{err}");
+    assert!(
+        state.join("header").exists(),
+        "forget deleted another state: {err}"
+    );
+    let b = second(&dir, "b.ctl", &other, &t2);
+    assert!(
+        reads(&t2, MIB) == pattern(2, 0, MIB),
+        "the new state lost its pages"
+    );
+    b.shutdown();
+}

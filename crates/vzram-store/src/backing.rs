@@ -321,7 +321,8 @@ impl Backing {
             .metadata()
             .map_err(|e| StoreError::backing(self.path.display(), e))?;
         let ranges = if meta.file_type().is_block_device() {
-            vec![0..BLANK_SCAN_DEVICE.min((self.blocks + 1) * PAGE_SIZE as u64)]
+            let end = BLANK_SCAN_DEVICE.min((self.blocks + 1) * PAGE_SIZE as u64);
+            std::iter::once(0..end).collect()
         } else {
             crate::state::data_ranges(&self.file)
         };

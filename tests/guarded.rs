@@ -78,6 +78,9 @@ fn remove_of_a_connected_device_is_refused_and_forced_keeps_its_pages_through_re
     assert!(state.exists(), "a forced remove deleted the state: {out}");
     let again = hints(&out);
     assert_eq!(again.len(), 2, "{out}");
+    // `vzram stat` advises the same commands for the left-over state.
+    let stat = run_hint_ok(&d.control, "vzram stat");
+    assert_eq!(hints(&stat), again, "{stat}");
     let st = d.stat();
     assert!(st.devices().is_empty(), "{st}");
 

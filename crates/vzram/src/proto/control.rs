@@ -131,6 +131,15 @@ pub enum Request {
     },
 }
 
+/// The command that serves a left-over state again (the daemon's refusals
+/// and logs, and `vzram stat`, advise it).
+pub fn recover_command(name: &str, socket: &std::path::Path, size: u64) -> String {
+    format!(
+        "vzram add --device socket={},size={size},name={name},recover=true",
+        socket.display()
+    )
+}
+
 impl DeviceRef {
     /// As the command line gives it: a name (a number is taken as an index
     /// by the daemon if no device has that name).

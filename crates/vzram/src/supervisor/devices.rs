@@ -193,7 +193,7 @@ impl Supervisor {
         }
         tracing::warn!(device = %name, %frontend, "remove --force of a connected device: the frontend is cut off");
         let dir = d.files.dir.clone();
-        let hint = recover_hint(&name, &d.spec.socket, d.spec.size);
+        let hint = recover_hint(&name, &d.spec.socket_abs(), d.spec.size);
         drop(d);
         self.remove_with(i, true)?;
         self.cut_off_mut().insert(dir);
@@ -298,10 +298,7 @@ impl Supervisor {
 
 /// The command that serves a left-over state again, as hints give it.
 pub(super) fn recover_hint(name: &str, socket: &std::path::Path, size: u64) -> String {
-    format!(
-        "vzram add --device socket={},size={size},name={name},recover=true",
-        socket.display()
-    )
+    crate::proto::control::recover_command(name, socket, size)
 }
 
 impl Supervisor {

@@ -78,6 +78,9 @@ fn remove_of_a_connected_device_is_refused_and_forced_keeps_its_pages_through_re
     assert!(state.exists(), "a forced remove deleted the state: {out}");
     let again = hints(&out);
     assert_eq!(again.len(), 2, "{out}");
+    // `vzram stat` advises the same commands for the left-over state.
+    let stat = run_hint_ok(&d.control, "vzram stat");
+    assert_eq!(hints(&stat), again, "{stat}");
     let st = d.stat();
     assert!(st.devices().is_empty(), "{st}");
 
@@ -266,4 +269,197 @@ fn after_a_fresh_start_in_the_wrong_state_dir_adopt_serves_the_right_ones_pages(
     let d = start(&dir, &in_dir(&right), &[&sock]);
     assert!(reads(&sock, MIB) == data);
     d.shutdown();
+}
+
+#[test]
+fn backing_init_refuses_a_file_that_is_neither_blank_nor_vzrams_unless_forced() {
+    let dir = TempDir::new("guard-backing");
+    let nowhere = dir.join("no-daemon.sock");
+    // A text file, typed by mistake: refused, untouched.
+    let text = dir.join("notes.txt");
+    let body = b"my notes, not a disk\n".repeat(1000);
+    std::fs::write(&text, &body).unwrap();
+    let err = refusal(&run_hint(
+        &nowhere,
+        &format!("vzram backing init {}", s(&text)),
+    ));
+    assert!(std::fs::read(&text).unwrap() == body, "changed: {err}");
+    let advised = hints(&err);
+    assert_eq!(
+        advised,
+        [format!("vzram backing init {} --force", s(&text))],
+        "{err}"
+    );
+    run_hint_ok(&nowhere, &advised[0]);
+    let now = std::fs::read(&text).unwrap();
+    assert!(now[..4096].iter().all(|&b| b == 0) && now[4096..] == body[4096..]);
+
+    // Blank at the start, data further on: not blank either.
+    let late = dir.join("late.img");
+    let mut img = vec![0u8; 1 << 20];
+    img[700_000] = 1;
+    std::fs::write(&late, &img).unwrap();
+    let err = refusal(&run_hint(
+        &nowhere,
+        &format!("vzram backing init {}", s(&late)),
+    ));
+    assert!(err.contains("byte 700000 is not zero"), "{err}");
+
+    // Blank (holes), and vzram's own: no --force needed.
+    let blank = dir.join("blank.img");
+    std::fs::File::create(&blank)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    run_hint_ok(&nowhere, &format!("vzram backing init {}", s(&blank)));
+    let sock = dir.join("vm1.sock");
+    let spec = format!(
+        "socket={},size=16M,queues=1,name=vm1,backing-file={}",
+        s(&sock),
+        s(&blank)
+    );
+    let d = Daemon::start(&dir, &["--device", &spec], &[&sock]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.q(0).write(0, &noise(9, MIB)).unwrap();
+    run_hint_ok(&d.control, "vzram writeback vm1");
+    // In use: refused, naming the process that holds it.
+    let err = refusal(&run_hint(
+        &nowhere,
+        &format!("vzram backing init {}", s(&blank)),
+    ));
+    assert!(err.contains(&format!("process {}", d.pid())), "{err}");
+    drop(c);
+    d.shutdown();
+    run_hint_ok(&nowhere, &format!("vzram backing init {}", s(&blank)));
+}
+
+/// The two numbers `vzram mark-idle` prints: newly marked, idle in all.
+fn marked(out: &str) -> (u64, u64) {
+    let num = |after: &str| -> u64 {
+        let tail = out.split(after).next().unwrap_or_default();
+        let n = tail.rsplit(' ').next().unwrap_or_default();
+        n.parse()
+            .unwrap_or_else(|_| panic!("no count before {after:?}: {out}"))
+    };
+    (num(" pages marked idle"), num(" pages idle in all"))
+}
+
+#[test]
+fn every_command_names_the_device_alike_and_mark_idle_counts_what_writeback_takes() {
+    let dir = TempDir::new("guard-cli");
+    let sock = dir.join("vm1.sock");
+    let backing = dir.join("vm1.bk");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let spec = format!(
+        "socket={},size=16M,queues=1,name=vm1,backing-file={}",
+        s(&sock),
+        s(&backing)
+    );
+    let d = Daemon::start(&dir, &["--device", &spec], &[&sock]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.q(0).write(0, &noise(4, MIB)).unwrap();
+    let ctl = &d.control;
+
+    // A second mark-idle marks nothing new, but the pages are idle still:
+    // it says how many, and writeback --idle takes exactly those.
+    let first = marked(&run_hint_ok(ctl, "vzram mark-idle --device vm1"));
+    assert_eq!(first, (256, 256));
+    let out = run_hint_ok(ctl, "vzram mark-idle vm1");
+    assert_eq!(marked(&out), (0, 256), "{out}");
+    let out = run_hint_ok(ctl, "vzram writeback vm1 --idle");
+    assert!(out.starts_with("device vm1: wrote 256 pages"), "{out}");
+
+    // Every device command: NAME, or --device NAME, alike.
+    for name in ["vm1", "--device vm1"] {
+        for cmd in [
+            format!("vzram stat {name}"),
+            format!("vzram set-limit {name} 8M"),
+            format!("vzram compact {name}"),
+            format!("vzram reset-max {name}"),
+            format!("vzram mark-idle {name}"),
+            format!("vzram recompress {name} --idle"),
+            format!("vzram writeback {name} --huge"),
+        ] {
+            run_hint_ok(ctl, &cmd);
+        }
+    }
+    assert_eq!(d.stat().counters("vm1").mem_limit, 8 << 20);
+
+    // `forget` of a served device advises a `remove` that runs.
+    drop(c);
+    let err = refusal(&run_hint(ctl, "vzram forget vm1"));
+    assert_eq!(hints(&err), ["vzram remove vm1"], "{err}");
+    run_hint_ok(ctl, &hints(&err)[0]);
+    assert!(d.stat().devices().is_empty());
+}
+
+/// A daemon in `dir` with its own control socket `ctl` (so the same
+/// state dir as [`Daemon::start`]'s).
+fn second(dir: &TempDir, ctl: &str, spec: &str, sock: &Path) -> Daemon {
+    let control = dir.join(ctl);
+    let mut cmd = std::process::Command::new(vzram_bin());
+    cmd.args(["serve", "--device", spec, "--control"])
+        .arg(&control);
+    Daemon::start_command(cmd, &control, &dir.join(&format!("{ctl}.log")), &[sock])
+}
+
+#[test]
+fn forget_never_deletes_another_state_made_at_the_path_since() {
+    let dir = TempDir::new("guard-forget");
+    let (a, t1, t2) = (dir.join("a.sock"), dir.join("t1.sock"), dir.join("t2.sock"));
+    let da = format!("socket={},size=16M,queues=1,name=a", s(&a));
+    let mut d = Daemon::start(&dir, &["--device", &da], &[&a]);
+    d.cli(&[
+        "add",
+        "--device",
+        &format!("socket={},size=16M,name=t1", s(&t1)),
+    ]);
+    Client::connect(&t1, 1)
+        .unwrap()
+        .q(0)
+        .write(0, &pattern(1, 0, MIB))
+        .unwrap();
+    d.kill9();
+    // Restarted, the daemon lists t1's state as left over.
+    let control = dir.join("control.sock");
+    let mut cmd = std::process::Command::new(vzram_bin());
+    cmd.args(["serve", "--device", &da, "--control"])
+        .arg(&control);
+    let opts = DaemonOpts {
+        ready_on_connect: true,
+        term_on_drop: false,
+    };
+    let d = Daemon::start_with(cmd, &control, &dir.join("again.log"), &[&a], opts);
+    let left = d.control(json!({"cmd": "stat"}))["leftovers"].clone();
+    assert_eq!(left[0]["name"], "t1", "{left}");
+    let state = std::path::PathBuf::from(left[0]["dir"].as_str().unwrap());
+
+    // Meanwhile another state is made at that path: another daemon's
+    // device of the same name (the listed one moved away).
+    std::fs::rename(&state, state.with_extension("moved")).unwrap();
+    let other = format!("socket={},size=16M,queues=1,name=t1", s(&t2));
+    let b = second(&dir, "b.ctl", &other, &t2);
+    Client::connect(&t2, 1)
+        .unwrap()
+        .q(0)
+        .write(0, &pattern(2, 0, MIB))
+        .unwrap();
+    b.shutdown();
+
+    // Forgetting the listed state leaves the new one alone.
+    let err = refusal(&run_hint(&d.control, "vzram forget t1"));
+    assert!(err.contains("not the state that was listed"), "{err}");
+    assert!(
+        state.join("header").exists(),
+        "forget deleted another state: {err}"
+    );
+    let b = second(&dir, "b.ctl", &other, &t2);
+    assert!(
+        reads(&t2, MIB) == pattern(2, 0, MIB),
+        "the new state lost its pages"
+    );
+    b.shutdown();
 }

@@ -287,7 +287,7 @@ fn paths_that_hold_someone_elses_data_are_refused() {
     assert!(holds(&a, 3, 32));
     // Given up on purpose, the file serves as a backing file.
     let o = Command::new(vzram_bin())
-        .args(["backing", "init", s(&unrelated)])
+        .args(["backing", "init", s(&unrelated), "--force"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));

@@ -404,27 +404,71 @@ pub struct StatArgs {
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Only this device (name or index).
-    #[arg(value_name = "NAME")]
-    pub device: Option<String>,
+    #[command(flatten)]
+    pub target: MaybeDevice,
 }
 
+/// `vzram set-limit NAME SIZE` (or `--device NAME SIZE`), or `--host SIZE`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("target").required(true).args(["device", "host"])))]
 pub struct SetLimitArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
-    /// Device name or index.
-    #[arg(long)]
+    /// The device (name or index), then the new limit: 512M, 8G, ... (0 =
+    /// none); with --host or --device, the limit alone.
+    #[arg(value_names = ["NAME", "SIZE"], num_args = 1..=2, required = true)]
+    pub words: Vec<String>,
+    /// The device, as a flag (the same as NAME).
+    #[arg(long, value_name = "NAME", conflicts_with = "host")]
     pub device: Option<String>,
     /// Set the host-wide limit instead of a device's.
     #[arg(long)]
     pub host: bool,
-    /// New limit: 512M, 8G, ... (0 = none).
-    #[arg(value_parser = config::parse_size)]
-    pub size: u64,
+}
+
+/// What `set-limit` sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitTarget {
+    Device(String),
+    Host,
+}
+
+impl SetLimitArgs {
+    /// The target and the size, from NAME SIZE, `--device NAME SIZE` or
+    /// `--host SIZE`.
+    pub fn target(&self) -> Result<(LimitTarget, u64), String> {
+        let (target, size) = match (self.words.as_slice(), &self.device, self.host) {
+            ([name, size], None, false) => (LimitTarget::Device(name.clone()), size),
+            ([size], Some(d), false) => (LimitTarget::Device(d.clone()), size),
+            ([size], None, true) => (LimitTarget::Host, size),
+            ([_], None, false) => {
+                return Err(
+                    "set-limit needs a device (NAME SIZE, or --device NAME SIZE) or --host SIZE"
+                        .into(),
+                )
+            }
+            _ => return Err("set-limit takes NAME SIZE, --device NAME SIZE or --host SIZE".into()),
+        };
+        Ok((target, config::parse_size(size)?))
+    }
+}
+
+/// One device or all: `vzram CMD [NAME]` (or `--device NAME`).
+#[derive(Debug, Args)]
+pub struct MaybeDevice {
+    /// Only this device (name or index).
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The same, as a flag.
+    #[arg(long, value_name = "NAME", conflicts_with = "name")]
+    pub device: Option<String>,
+}
+
+impl MaybeDevice {
+    pub fn device(&self) -> Option<&str> {
+        self.name.as_deref().or(self.device.as_deref())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -433,9 +477,8 @@ pub struct CompactArgs {
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
-    /// Only this device (name or index).
-    #[arg(long)]
-    pub device: Option<String>,
+    #[command(flatten)]
+    pub target: MaybeDevice,
 }
 
 #[derive(Debug, Args)]
@@ -455,25 +498,33 @@ pub struct AddArgs {
 #[derive(Debug, Subcommand)]
 pub enum BackingCommand {
     /// Make an existing file (or block device) a blank backing file that a
-    /// device may take: its first 4 KiB are zeroed. vzram takes only blank
-    /// files or its own, so run this on one that holds other data, or
-    /// another device's pages, only when giving them up. Refused while a
-    /// device uses it, and for a device state's files.
+    /// device may take: its first 4 KiB are zeroed, giving up the pages of
+    /// the device that had it. Refused while a device uses it (naming the
+    /// process that holds it), for a device state's files, and, without
+    /// --force, for a file that is neither blank (zeros or holes; a block
+    /// device's first 64 MiB) nor a vzram backing file.
     Init {
         /// The file, at least 8 KiB (e.g. made with `fallocate -l 4G PATH`).
         path: PathBuf,
+        /// Also a file that holds other data: its first 4 KiB are lost.
+        #[arg(long)]
+        force: bool,
     },
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("what").required(true).args(["name", "gone", "socket"])))]
+#[command(group(ArgGroup::new("what").required(true).args(["name", "device", "gone", "socket"])))]
 pub struct ForgetArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// The left-over state's name.
+    #[arg(value_name = "NAME")]
     pub name: Option<String>,
+    /// The same, as a flag.
+    #[arg(long, value_name = "NAME", conflicts_with = "name")]
+    pub device: Option<String>,
     /// Every left-over state whose socket's directory is gone (a test
     /// harness's temporary directory, a removed VM's): nothing can serve
     /// it again by the same command. Each is named with its size.
@@ -483,6 +534,13 @@ pub struct ForgetArgs {
     /// stands for any characters (`'/tmp/qtest-*'`: a test run's).
     #[arg(long, value_name = "PATTERN")]
     pub socket: Option<String>,
+}
+
+impl ForgetArgs {
+    /// The one state named (NAME or --device NAME), if one is.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref().or(self.device.as_deref())
+    }
 }
 
 /// The device a command acts on: `vzram CMD NAME`, or `--device NAME` as
@@ -825,33 +883,48 @@ mod tests {
 
     #[test]
     fn set_limit_needs_a_target() {
-        let e = Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "1G"])
-            .unwrap_err()
-            .to_string();
+        let target = |a: &[&str]| {
+            let argv = ["vzram", "set-limit", "--control", "/c"].iter().chain(a);
+            match Cli::try_parse_from(argv)
+                .map_err(|e| e.to_string())?
+                .command
+            {
+                Command::SetLimit(s) => s.target(),
+                _ => unreachable!(),
+            }
+        };
+        let e = target(&["1G"]).unwrap_err();
         assert!(e.contains("--device") && e.contains("--host"), "{e}");
-        assert!(
-            Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "--host", "1G"]).is_ok()
-        );
-        assert!(Cli::try_parse_from([
-            "vzram",
-            "set-limit",
-            "--control",
-            "/c",
-            "--device",
-            "0",
-            "1G"
-        ])
-        .is_ok());
-        assert!(Cli::try_parse_from([
-            "vzram",
-            "set-limit",
-            "--control",
-            "/c",
-            "--device",
-            "0",
-            "--host",
-            "1G"
-        ])
-        .is_err());
+        let dev = |n: &str| LimitTarget::Device(n.into());
+        assert_eq!(target(&["--host", "1G"]), Ok((LimitTarget::Host, 1 << 30)));
+        assert_eq!(target(&["vm1", "1G"]), Ok((dev("vm1"), 1 << 30)));
+        assert_eq!(target(&["--device", "0", "1G"]), Ok((dev("0"), 1 << 30)));
+        assert!(target(&["--device", "0", "--host", "1G"]).is_err());
+        assert!(target(&["vm1", "--host", "1G"]).is_err());
+        assert!(target(&["vm1", "1Q"]).unwrap_err().contains("unknown unit"));
+        // Every device command takes NAME, or --device NAME, alike.
+        for cmd in [
+            "stat",
+            "compact",
+            "reset-max",
+            "remove",
+            "reset",
+            "forget",
+            "mark-idle",
+            "recompress",
+            "writeback",
+        ] {
+            for form in [&["vm1"][..], &["--device", "vm1"]] {
+                let argv: Vec<&str> = ["vzram", cmd]
+                    .into_iter()
+                    .chain(form.iter().copied())
+                    .collect();
+                Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{cmd} {form:?}: {e}"));
+            }
+        }
+        for form in [&["vm1"][..], &["--device", "vm1"]] {
+            let argv = ["vzram", "migrate", "--commit"].iter().chain(form);
+            Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("migrate {form:?}: {e}"));
+        }
     }
 }

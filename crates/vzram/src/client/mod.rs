@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::cli::{
     AddArgs, BackingCommand, Command, CompactArgs, DestroyArgs, DeviceArgs, ForgetArgs,
-    MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    LimitTarget, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
@@ -39,7 +39,7 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Add(a) => add(&a),
         Command::Remove(a) => remove(&a),
         Command::Forget(a) => forget(&a),
-        Command::Backing(BackingCommand::Init { path }) => backing_init(&path),
+        Command::Backing(BackingCommand::Init { path, force }) => backing_init(&path, force),
         Command::Reset(a) => reset(&a),
         Command::ResetMax(a) => reset_max(&a),
         Command::MarkIdle(a) => mark_idle(&a),
@@ -97,7 +97,7 @@ fn typed<T: DeserializeOwned>(reply: Value) -> Result<T, ClientError> {
 pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
     let mut reply = exchange(&args.control, Request::Stat {}, control::CLIENT_TIMEOUT)?;
     let mut stat: StatReply = typed(reply.clone())?;
-    if let Some(asked) = &args.device {
+    if let Some(asked) = args.target.device() {
         let i = one_device(&stat, asked)?;
         stat.devices = vec![stat.devices.swap_remove(i)];
         stat.leftovers.clear();
@@ -148,34 +148,39 @@ fn one_device(stat: &StatReply, asked: &str) -> Result<usize, ClientError> {
 }
 
 pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
-    let req = match &args.device {
-        Some(d) => Request::SetLimit {
-            device: Some(DeviceRef::named(d)),
-            host: false,
-            bytes: args.size,
-        },
-        None => Request::SetLimit {
-            device: None,
-            host: true,
-            bytes: args.size,
-        },
+    let (target, bytes) = args
+        .target()
+        .map_err(|message| ClientError { message, code: 2 })?;
+    let what = match &target {
+        LimitTarget::Device(d) => format!("device {d}"),
+        LimitTarget::Host => "host".to_string(),
     };
-    let warnings = match req {
-        Request::SetLimit { host: true, .. } => call::<HostLimitSet>(&args.control, req)?.warnings,
-        _ => call::<DeviceLimitSet>(&args.control, req)?.warnings,
+    let warnings = match target {
+        LimitTarget::Device(d) => {
+            let req = Request::SetLimit {
+                device: Some(DeviceRef::named(&d)),
+                host: false,
+                bytes,
+            };
+            call::<DeviceLimitSet>(&args.control, req)?.warnings
+        }
+        LimitTarget::Host => {
+            let req = Request::SetLimit {
+                device: None,
+                host: true,
+                bytes,
+            };
+            call::<HostLimitSet>(&args.control, req)?.warnings
+        }
     };
     // Set all the same; what it is at odds with goes to stderr.
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    let what = args
-        .device
-        .as_ref()
-        .map_or("host".to_string(), |d| format!("device {d}"));
-    let limit = if args.size == 0 {
+    let limit = if bytes == 0 {
         "none".to_string()
     } else {
-        human(args.size)
+        human(bytes)
     };
     Ok(format!("{what} memory limit: {limit}\n"))
 }
@@ -200,8 +205,8 @@ pub fn add(args: &AddArgs) -> Result<String, ClientError> {
 
 /// Runs here, not in the daemon: the file's lock tells whether a device
 /// holds it.
-pub fn backing_init(path: &Path) -> Result<String, ClientError> {
-    let blocks = vzram_store::Backing::init(path).map_err(|e| ClientError {
+pub fn backing_init(path: &Path, force: bool) -> Result<String, ClientError> {
+    let blocks = vzram_store::Backing::init(path, force).map_err(|e| ClientError {
         message: e.to_string(),
         code: 2,
     })?;
@@ -213,10 +218,15 @@ pub fn backing_init(path: &Path) -> Result<String, ClientError> {
 }
 
 pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
-    let Some(name) = &args.name else {
+    let Some(name) = args.name() else {
         return forget_many(&args.control, args.socket.as_deref());
     };
-    let reply: Forgotten = call(&args.control, Request::Forget { name: name.clone() })?;
+    let reply: Forgotten = call(
+        &args.control,
+        Request::Forget {
+            name: name.to_string(),
+        },
+    )?;
     Ok(forgotten(&reply))
 }
 
@@ -329,7 +339,7 @@ pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
 
 pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::ResetMax {
-        device: args.device.as_deref().map(DeviceRef::named),
+        device: args.target.device().map(DeviceRef::named),
     };
     call::<Done>(&args.control, req)?;
     Ok("mem_used_max reset\n".to_string())
@@ -337,7 +347,7 @@ pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
 
 pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::Compact {
-        device: args.device.as_deref().map(DeviceRef::named),
+        device: args.target.device().map(DeviceRef::named),
     };
     let reply: Compacted = call(&args.control, req)?;
     let pages = reply.pages_compacted;
@@ -358,9 +368,10 @@ pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
     };
     let reply: MarkedIdle = call_waiting(&args.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
-        "device {}: {} pages marked idle\n",
-        args.device(),
-        reply.pages_marked
+        "device {}: {} pages marked idle; {} pages idle in all (marked before and not used since included: what writeback --idle takes)\n",
+        reply.device,
+        reply.pages_marked,
+        reply.pages_idle
     ))
 }
 

@@ -99,9 +99,10 @@ pub fn execute(dev: &Device, order: &Order) -> Answer {
         Order::Compact => Answer::Compacted {
             pages: dev.compact(),
         },
-        Order::MarkIdle => Answer::MarkedIdle {
-            pages: dev.mark_idle(),
-        },
+        Order::MarkIdle => {
+            let (pages, idle) = dev.mark_idle_counted();
+            Answer::MarkedIdle { pages, idle }
+        }
         Order::Recompress { filter, algo } => match dev.recompress((*filter).into(), *algo) {
             Ok(r) => Answer::Recompressed {
                 tried: r.tried,

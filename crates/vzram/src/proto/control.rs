@@ -131,6 +131,15 @@ pub enum Request {
     },
 }
 
+/// The command that serves a left-over state again (the daemon's refusals
+/// and logs, and `vzram stat`, advise it).
+pub fn recover_command(name: &str, socket: &std::path::Path, size: u64) -> String {
+    format!(
+        "vzram add --device socket={},size={size},name={name},recover=true",
+        socket.display()
+    )
+}
+
 impl DeviceRef {
     /// As the command line gives it: a name (a number is taken as an index
     /// by the daemon if no device has that name).
@@ -371,7 +380,12 @@ pub struct Done {}
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkedIdle {
     pub device: String,
+    /// Pages newly marked.
     pub pages_marked: u64,
+    /// Pages in memory idle now, those marked before included: what
+    /// `writeback --idle` and `recompress --idle` take.
+    #[serde(default)]
+    pub pages_idle: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

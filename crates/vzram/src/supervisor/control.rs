@@ -297,14 +297,15 @@ impl Control {
             }
             Request::MarkIdle { device } => {
                 let (_, d) = self.find(&device)?;
-                let pages = match self.sup.tier(&d, &Order::MarkIdle)? {
-                    Answer::MarkedIdle { pages } => pages,
+                let (pages, idle) = match self.sup.tier(&d, &Order::MarkIdle)? {
+                    Answer::MarkedIdle { pages, idle } => (pages, idle),
                     a => return Err(unexpected(a)),
                 };
-                tracing::info!(device = %d.spec.name, pages, "marked idle");
+                tracing::info!(device = %d.spec.name, pages, idle, "marked idle");
                 Self::reply(MarkedIdle {
                     device: d.spec.name.clone(),
                     pages_marked: pages,
+                    pages_idle: idle,
                 })
             }
             Request::Recompress {

@@ -194,7 +194,7 @@ impl Supervisor {
         }
         tracing::warn!(device = %name, %frontend, "remove --force of a connected device: the frontend is cut off");
         let dir = d.files.dir.clone();
-        let hint = recover_hint(&state_name(&dir, &name), &d.spec.socket, d.spec.size);
+        let hint = recover_hint(&state_name(&dir, &name), &d.spec.socket_abs(), d.spec.size);
         drop(d);
         self.remove_with(i, true)?;
         self.cut_off_mut().insert(dir);
@@ -335,10 +335,7 @@ pub(super) fn state_name(dir: &std::path::Path, device: &str) -> String {
 
 /// `name` is the state's ([`state_name`]): the device added so finds it.
 pub(super) fn recover_hint(name: &str, socket: &std::path::Path, size: u64) -> String {
-    format!(
-        "vzram add --device socket={},size={size},name={name},recover=true",
-        socket.display()
-    )
+    crate::proto::control::recover_command(name, socket, size)
 }
 
 impl Supervisor {

@@ -21,8 +21,16 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::{err, os_err, Leftover, StateFiles};
+use super::fail::{err, os_err};
 use crate::error::Result;
+
+/// A state's data files as [`check`] and [`bind`] see them: each with its
+/// kind and the length of its data, in the state `dir` of creation `id`.
+pub(crate) struct Files<'a> {
+    pub dir: &'a Path,
+    pub id: u64,
+    pub files: [(Kind, &'a File, u64); 3],
+}
 
 const MAGIC: [u8; 8] = *b"VZRAMID\0";
 const ALIGN: u64 = 1 << 16;
@@ -112,31 +120,26 @@ fn read(f: &File, path: &Path, data_len: u64) -> Result<Found> {
     }
 }
 
-/// The state in `root` whose header records `id`, if any.
-fn whose(root: &Path, id: u64) -> Option<PathBuf> {
-    std::fs::read_dir(root)
-        .ok()?
-        .flatten()
-        .filter_map(|e| Leftover::read(&e.path()))
-        .find(|l| l.creation_id == id)
-        .map(|l| l.dir)
-}
-
 /// Checks that every data file of `st` carries its header's creation id,
 /// refusing a file of another state (naming both) or, in a state of
 /// `version` 4 or later, one with no id. `fresh_stats`: the stats file was
 /// just made (a missing one is zeroed counters, not data). Returns the
 /// files to bind (those of an older state, or that stats file).
-pub(crate) fn check(st: &StateFiles, version: u32, fresh_stats: bool) -> Result<Vec<(Kind, u64)>> {
-    let id = st.header.creation_id;
+pub(crate) fn check(
+    st: &Files<'_>,
+    version: u32,
+    fresh_stats: bool,
+    whose: impl Fn(u64) -> Option<PathBuf>,
+) -> Result<Vec<(Kind, u64)>> {
+    let id = st.id;
     let hpath = st.dir.join("header");
     let mut unbound = Vec::new();
-    for (kind, f, data_len) in files(st) {
+    for &(kind, f, data_len) in &st.files {
         let path = st.dir.join(kind.name());
         match read(f, &path, data_len)? {
             Found::Bound { id: got, kind: k } if got == id && k == kind => {}
             Found::Bound { id: got, kind: k } => {
-                let other = whose(st.dir.parent().unwrap_or(&st.dir), got)
+                let other = whose(got)
                     .filter(|o| *o != st.dir)
                     .map(|o| {
                         format!(
@@ -181,13 +184,14 @@ pub(crate) fn check(st: &StateFiles, version: u32, fresh_stats: bool) -> Result<
 }
 
 /// Writes the trailers [`check`] found missing.
-pub(crate) fn bind(st: &StateFiles, unbound: &[(Kind, u64)]) -> Result<()> {
-    let id = st.header.creation_id;
+pub(crate) fn bind(st: &Files<'_>, unbound: &[(Kind, u64)]) -> Result<()> {
+    let id = st.id;
     for &(kind, data_len) in unbound {
-        let f = files(st)
-            .into_iter()
+        let f = st
+            .files
+            .iter()
             .find(|(k, _, _)| *k == kind)
-            .map(|(_, f, _)| f)
+            .map(|&(_, f, _)| f)
             .expect("every kind has a file");
         let path = st.dir.join(kind.name());
         write(f, &path, kind, data_len, id)?;
@@ -195,17 +199,4 @@ pub(crate) fn bind(st: &StateFiles, unbound: &[(Kind, u64)]) -> Result<()> {
             .map_err(|e| os_err(&path, "cannot record its state's creation id", e))?;
     }
     Ok(())
-}
-
-/// The data files of `st`, each with its kind and the length of its data.
-fn files(st: &StateFiles) -> [(Kind, &File, u64); 3] {
-    [
-        (
-            Kind::Table,
-            &st.table,
-            super::table_len(st.header.size_bytes),
-        ),
-        (Kind::Arena, &st.arena, st.header.arena_bytes),
-        (Kind::Stats, &st.stats, super::stats_len()),
-    ]
 }

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Result, StoreError};
 use crate::Codec;
+use fail::{err, os_err};
 
 const MAGIC: [u8; 8] = *b"VZRAMST\0";
 /// Bumped when the layout of the files changes incompatibly. Version 2
@@ -341,13 +342,33 @@ pub fn fresh_hint(dir: &Path) -> String {
     format!("`--fresh {name}` (or fresh=true on the device) to discard it")
 }
 
-fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
-    StoreError::state(format_args!("{}: {msg}", path.display()), None)
+impl StateFiles {
+    /// The data files as [`bind`] checks and binds them.
+    fn bind_files(&self) -> bind::Files<'_> {
+        bind::Files {
+            dir: &self.dir,
+            id: self.header.creation_id,
+            files: [
+                (
+                    bind::Kind::Table,
+                    &self.table,
+                    table_len(self.header.size_bytes),
+                ),
+                (bind::Kind::Arena, &self.arena, self.header.arena_bytes),
+                (bind::Kind::Stats, &self.stats, stats_len()),
+            ],
+        }
+    }
 }
 
-/// `doing` on the file failed with `e`.
-fn os_err(path: &Path, doing: &str, e: std::io::Error) -> StoreError {
-    StoreError::state(format_args!("{}: {doing}", path.display()), e)
+/// The state in `root` whose header records `id`, if any.
+fn whose(root: &Path, id: u64) -> Option<PathBuf> {
+    std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .filter_map(|e| Leftover::read(&e.path()))
+        .find(|l| l.creation_id == id)
+        .map(|l| l.dir)
 }
 
 /// Names that are a plain file name, so a device's state stays in its root.
@@ -669,10 +690,12 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     };
     st.check(size_bytes)?;
     allocate(&st.stats, &st.dir.join("stats"), stats_len())?;
-    let unbound = bind::check(&st, version, fresh_stats)?;
+    let files = st.bind_files();
+    let whose = |id| whose(files.dir.parent().unwrap_or(files.dir), id);
+    let unbound = bind::check(&files, version, fresh_stats, whose)?;
     // Only a state that passed every check is bound to its id and
     // rewritten as this device's.
-    bind::bind(&st, &unbound)?;
+    bind::bind(&files, &unbound)?;
     if rewrite {
         use std::os::unix::fs::FileExt;
         st.lock
@@ -965,35 +988,12 @@ pub fn leftovers(root: &Path, serving: &[&str]) -> Vec<Leftover> {
     out
 }
 
-/// The byte ranges of `file` that hold data (SEEK_DATA/SEEK_HOLE), so a
-/// sparse file is walked without touching its holes.
-pub fn data_ranges(file: &File) -> Vec<std::ops::Range<u64>> {
-    let fd = file.as_raw_fd();
-    let len = file.metadata().map_or(0, |m| m.len());
-    let mut out = Vec::new();
-    let mut pos = 0i64;
-    while (pos as u64) < len {
-        // SAFETY: lseek on a descriptor we own.
-        let start = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
-        if start < 0 {
-            // ENXIO: no data past pos. Anything else: assume all data.
-            if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENXIO) {
-                out.push(pos as u64..len);
-            }
-            break;
-        }
-        // SAFETY: as above.
-        let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
-        let end = if end < 0 { len as i64 } else { end };
-        out.push(start as u64..end as u64);
-        pos = end;
-    }
-    out
-}
-
 mod bind;
+mod fail;
+mod holes;
 mod private;
 #[cfg(test)]
 mod tests;
 
+pub use holes::data_ranges;
 pub use private::euid;

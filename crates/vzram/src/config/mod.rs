@@ -27,6 +27,7 @@ pub use parse::{
     parse_mode, parse_size, ConfigError, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US,
     MIN_IDLE_AFTER,
 };
+use state_dir::runtime_directory;
 pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
 
 use crate::proto::addr::Addr;
@@ -256,14 +257,6 @@ pub fn default_serial(name: &str) -> String {
     }
     s.truncate(end);
     s
-}
-
-/// systemd's runtime directory: the first of `$RUNTIME_DIRECTORY`'s
-/// ':'-separated paths (a unit may name several), if set.
-fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
-    let d = var.filter(|d| !d.is_empty())?;
-    let first = d.to_string_lossy().split(':').next()?.to_string();
-    (!first.is_empty()).then(|| PathBuf::from(first))
 }
 
 /// Where state lives when no flag or file says (see [`state_dir_from`]):

@@ -5,7 +5,13 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::runtime_directory;
+/// systemd's runtime directory: the first of `$RUNTIME_DIRECTORY`'s
+/// ':'-separated paths (a unit may name several), if set.
+pub(super) fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
+    let d = var.filter(|d| !d.is_empty())?;
+    let first = d.to_string_lossy().split(':').next()?.to_string();
+    (!first.is_empty()).then(|| PathBuf::from(first))
+}
 
 /// A parent of the default state root that the daemon makes itself when
 /// missing (`/run/vzram` for root), with its mode. A state dir given on

@@ -240,7 +240,20 @@ fn the_debian_package_holds_a_working_daemon() {
         assert!(kvm.ends_with(":vzram"), "{kvm}");
         assert!(dr.join("usr/bin/vzram").is_file());
     }
-    dpkg(&["--purge", "vzram"]);
+    // A purge keeps the device states (each a VM's disk) and says so.
+    let state = dr.join("run/vzram/state/vm1");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("header"), b"VZRAMST\0").unwrap();
+    std::fs::write(state.join("arena"), pattern(1, 0, 4096)).unwrap();
+    let said = dpkg(&["--purge", "vzram"]);
+    assert!(
+        state.join("header").is_file() && state.join("arena").is_file(),
+        "the purge deleted a VM's state:\n{said}"
+    );
+    assert!(
+        said.contains("keeps the device states") && said.contains("/run/vzram/state/vm1"),
+        "the purge does not say which states it keeps:\n{said}"
+    );
     for f in FILES {
         assert!(!dr.join(f).exists(), "{f} is left after a purge");
     }

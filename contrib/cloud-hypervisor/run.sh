@@ -11,7 +11,8 @@
 # Each run is a new boot of the VM, whose swap starts empty: the device is
 # started --fresh, so it never serves pages of an earlier VM with the same
 # name (nor fails when the size changed). State goes where vzram's default
-# puts it ($VZRAM_STATE_DIR, else /dev/shm/vzram), under that name.
+# puts it ($VZRAM_STATE_DIR, else /run/vzram/state as root, see README),
+# under that name.
 set -euo pipefail
 kernel=${1:?kernel}; rootfs=${2:?root disk image}
 sock=${VZRAM_SOCK:-/tmp/vzram-ch.sock}

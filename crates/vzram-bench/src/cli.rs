@@ -350,6 +350,10 @@ pub struct CodecsArgs {
     /// Append results as JSON lines (record "codecs") to FILE.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also time a checksum (CRC32C, CRC32) over each page's lz4 object
+    /// against lz4's decode and encode of it (records "checksum").
+    #[arg(long)]
+    pub checksums: bool,
 }
 
 #[derive(Args, Debug)]

@@ -304,6 +304,15 @@ pub fn run(args: &CodecsArgs) -> Result<()> {
         crate::sys::nproc()
     );
     print_table(&rows);
+    if args.checksums {
+        let sums = crate::checksum::measure(&corpus, args.repeat)?;
+        if let Some(j) = json.as_mut() {
+            for r in &sums {
+                j.write(r)?;
+            }
+        }
+        crate::checksum::print_table(&sums);
+    }
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 //! lines, to `--plot` as a PNG; progress goes to stderr. Errors exit 2.
 
 mod bench;
+mod checksum;
 mod cli;
 mod client;
 mod codecs;

@@ -47,12 +47,20 @@ where
 /// the program itself with `--socket-path PATH` or `--fd N`, no subcommand:
 /// those arguments are `vzram serve`'s.
 pub fn as_backend_program(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let backend = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
-        ["--socket-path", "--fd"]
-            .iter()
-            .any(|f| a == *f || a.starts_with(&format!("{f}=")))
-    });
-    if !backend {
+    let is_backend_flag = |a: &std::ffi::OsString| {
+        a.to_str().is_some_and(|a| {
+            ["--socket-path", "--fd"]
+                .iter()
+                .any(|f| a == *f || a.starts_with(&format!("{f}=")))
+        })
+    };
+    // No subcommand (the first argument is a flag), and the convention's
+    // flag anywhere: `vzram --size 1G --socket-path S` as well.
+    let no_subcommand = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|a| a.starts_with("--"));
+    if !no_subcommand || !args.iter().skip(1).any(is_backend_flag) {
         return args;
     }
     let mut out = args;
@@ -176,8 +184,10 @@ pub struct ServeArgs {
     pub host_mem_limit: Option<u64>,
     /// Control socket for `vzram stat`, `set-limit`, `compact` and the
     /// other client commands [default: $VZRAM_CONTROL, else
-    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock]; its
-    /// directory must exist.
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock for
+    /// root, $XDG_RUNTIME_DIR/vzram/control.sock (or /tmp/vzram-UID/) for a
+    /// user: made if missing; taken by another daemon, control.PID.sock
+    /// beside it]. A given path's directory must exist.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any
@@ -208,7 +218,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MODE")]
     pub seccomp: Option<SeccompMode>,
     /// Where devices keep their state, so it outlives the daemon (a tmpfs
-    /// directory) [default: $RUNTIME_DIRECTORY/state, else /dev/shm/vzram].
+    /// directory of this user's, mode 0700) [default: $RUNTIME_DIRECTORY/state,
+    /// else /run/vzram/state as root, else $XDG_RUNTIME_DIR/vzram/state,
+    /// else /dev/shm/vzram-UID].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Discard device NAME's existing state and start it empty (repeatable;
@@ -328,12 +340,25 @@ impl ServeArgs {
         fd_socket: Option<PathBuf>,
     ) -> Result<DaemonConfig, ConfigError> {
         let mut drafts = file.devices;
-        drafts.extend(self.devices);
         let mut single = self.single;
         if fd_socket.is_some() {
             single.socket = fd_socket;
         }
-        if single.socket.is_some() {
+        // QEMU's backend convention passes a socket and nothing else: the
+        // file's one device without a socket (its size and the rest) takes it.
+        let socket_only = single.socket.is_some()
+            && single
+                == DeviceDraft {
+                    socket: single.socket.clone(),
+                    ..DeviceDraft::default()
+                };
+        let open: Vec<usize> = (0..drafts.len())
+            .filter(|&i| drafts[i].socket.is_none())
+            .collect();
+        drafts.extend(self.devices);
+        if socket_only && open.len() == 1 {
+            drafts[open[0]].socket = single.socket.take();
+        } else if single.socket.is_some() {
             drafts.push(single);
         } else if single != DeviceDraft::default() {
             return Err(ConfigError(
@@ -356,6 +381,7 @@ impl ServeArgs {
         }
         if let Some(d) = self.state_dir.or(file.state_dir) {
             cfg.state_dir = d;
+            cfg.state_parent = None;
         }
         cfg.fresh = config::Devices::from_flag(&self.fresh);
         cfg.adopt = config::Devices::from_flag(&self.adopt);
@@ -487,25 +513,33 @@ pub enum BackingCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("what").required(true).args(["name", "device", "gone", "socket"])))]
 pub struct ForgetArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// The left-over state's name.
-    #[arg(value_name = "NAME", required_unless_present = "device")]
+    #[arg(value_name = "NAME")]
     pub name: Option<String>,
     /// The same, as a flag.
     #[arg(long, value_name = "NAME", conflicts_with = "name")]
     pub device: Option<String>,
+    /// Every left-over state whose socket's directory is gone (a test
+    /// harness's temporary directory, a removed VM's): nothing can serve
+    /// it again by the same command. Each is named with its size.
+    #[arg(long)]
+    pub gone: bool,
+    /// Every left-over state made for a socket matching PATTERN, where `*`
+    /// stands for any characters (`'/tmp/qtest-*'`: a test run's).
+    #[arg(long, value_name = "PATTERN")]
+    pub socket: Option<String>,
 }
 
 impl ForgetArgs {
-    pub fn name(&self) -> &str {
-        self.name
-            .as_deref()
-            .or(self.device.as_deref())
-            .unwrap_or_default()
+    /// The state named, as NAME or `--device`.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref().or(self.device.as_deref())
     }
 }
 
@@ -698,7 +732,12 @@ mod tests {
                 vec!["vzram", "--fd=3", "--size", "1G"],
                 vec!["vzram", "serve", "--fd=3", "--size", "1G"],
             ),
+            (
+                vec!["vzram", "--size", "1G", "--socket-path=/tmp/a"],
+                vec!["vzram", "serve", "--size", "1G", "--socket-path=/tmp/a"],
+            ),
             (vec!["vzram", "stat"], vec!["vzram", "stat"]),
+            (vec!["vzram", "--version"], vec!["vzram", "--version"]),
             (vec!["vzram"], vec!["vzram"]),
         ] {
             assert_eq!(as_backend_program(argv(&given)), argv(&want));

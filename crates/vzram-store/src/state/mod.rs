@@ -12,6 +12,9 @@
 //! <root>/<name>/stats    its budget and counters, shared with the supervisor
 //! ```
 //!
+//! Each of the table, arena and stats ends with the state's creation id
+//! (see [`bind`]): files of two states mixed offline are refused.
+//!
 //! The files belong on tmpfs (`/dev/shm`, `$RUNTIME_DIRECTORY`): there their
 //! pages are the memory the pool uses, not a copy of it. A state is made in a
 //! hidden directory and renamed into place, so a crash never leaves a half
@@ -35,9 +38,10 @@ use crate::Codec;
 const MAGIC: [u8; 8] = *b"VZRAMST\0";
 /// Bumped when the layout of the files changes incompatibly. Version 2
 /// added written-back slots and access bits to the slot word, version 3
-/// the socket path; an older state is read as is and rewritten as version
-/// 3, so an older vzram refuses it.
-pub const VERSION: u32 = 3;
+/// the socket path, version 4 the creation id in every data file (see
+/// [`bind`]); an older state is read as is and rewritten as version 4, so
+/// an older vzram refuses it.
+pub const VERSION: u32 = 4;
 const OLDEST_VERSION: u32 = 1;
 /// The fixed part of the header (all of it before version 3).
 const FIXED_LEN: usize = 128;
@@ -285,7 +289,7 @@ impl StateFiles {
                 ),
             ));
         }
-        let want_table = (size_bytes / crate::PAGE_SIZE as u64) * 8;
+        let want_table = table_len(size_bytes);
         for (f, name, want) in [
             (&self.table, "table", want_table),
             (&self.arena, "arena", self.header.arena_bytes),
@@ -294,7 +298,8 @@ impl StateFiles {
                 .metadata()
                 .map_err(|e| StoreError::state(dir.join(name).display(), e))?
                 .len();
-            if len != want {
+            // Its data alone (an older state), or with its creation id.
+            if len != want && len != bind::bound_len(want) {
                 return Err(err(
                     &dir.join(name),
                     format!("is {len} bytes, the header says {want}"),
@@ -417,6 +422,15 @@ fn lock_data(file: &File, path: &Path) -> Result<()> {
     })
 }
 
+/// The open file `f` is this user's alone (`fstat`: what was opened, not
+/// what the path names now).
+fn private_file(f: &File, path: &Path) -> Result<()> {
+    let m = f
+        .metadata()
+        .map_err(|e| StoreError::state(path.display(), e))?;
+    private::check(path, &m, private::Part::File)
+}
+
 fn open_rw(path: &Path, create: bool) -> Result<File> {
     OpenOptions::new()
         .read(true)
@@ -506,7 +520,7 @@ pub fn open(
 ) -> Result<StateFiles> {
     check_name(&spec.name)?;
     check_socket(&spec.socket)?;
-    make_root(&spec.root)?;
+    prepare_root(&spec.root, None)?;
     let dir = spec.root.join(&spec.name);
     finish_removals(&spec.root, Some(&spec.name));
     let mut replaced = None;
@@ -554,9 +568,12 @@ fn refused(dir: &Path, name: &str) -> StoreError {
     ))
 }
 
-/// The state root: made if missing, but only under a directory that
-/// exists (a typo must not create a tree), and never inside a state.
-fn make_root(root: &Path) -> Result<()> {
+/// The state root: made if missing (0700), but only under a directory
+/// that exists unless `parent` (a built-in default's, with its mode) says
+/// to make that too (a typo must not create a tree), never inside a
+/// state, and only ever this user's own (see [`private`]). Returns whether
+/// it was made here.
+pub fn prepare_root(root: &Path, parent: Option<(&Path, u32)>) -> Result<bool> {
     if let Some(s) = enclosing_state(root) {
         return Err(StoreError::InvalidConfig(format!(
             "state dir {} is inside the state of another device ({}); choose a directory of its own",
@@ -564,22 +581,16 @@ fn make_root(root: &Path) -> Result<()> {
             s.display()
         )));
     }
-    match std::fs::DirBuilder::new().mode(0o700).create(root) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && root.is_dir() => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(StoreError::InvalidConfig(format!(
-                "state dir {}: its parent directory does not exist",
-                root.display()
-            )))
-        }
-        Err(e) => Err(StoreError::state(root.display(), e)),
-    }
+    private::make_root(root, parent)
 }
 
 fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {
+    // Ours alone, before anything of it is read: a state another user
+    // planted or opened is never served.
+    private::check_path(&dir, private::Part::State)?;
     let hpath = dir.join("header");
     let hfile = open_rw(&hpath, false)?;
+    private_file(&hfile, &hpath)?;
     lock(&hfile, &dir)?;
     let raw = read_header(&hfile, &hpath)?;
     let (mut header, version) = Header::decode(&raw).map_err(|m| err(&hpath, m))?;
@@ -640,8 +651,10 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     let table = open_rw(&dir.join("table"), false)?;
     let arena = open_rw(&dir.join("arena"), false)?;
     // A state from before the counters file gets a zeroed one.
+    let fresh_stats = !dir.join("stats").exists();
     let stats = open_stats(&dir.join("stats"), false)?;
     for (f, name) in [(&table, "table"), (&arena, "arena"), (&stats, "stats")] {
+        private_file(f, &dir.join(name))?;
         lock_data(f, &dir.join(name))?;
     }
     let st = StateFiles {
@@ -656,7 +669,10 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     };
     st.check(size_bytes)?;
     allocate(&st.stats, &st.dir.join("stats"), stats_len())?;
-    // Only a state that passed every check is rewritten as this device's.
+    let unbound = bind::check(&st, version, fresh_stats)?;
+    // Only a state that passed every check is bound to its id and
+    // rewritten as this device's.
+    bind::bind(&st, &unbound)?;
     if rewrite {
         use std::os::unix::fs::FileExt;
         st.lock
@@ -665,6 +681,11 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
             .map_err(|e| os_err(&hpath, "cannot update the header", e))?;
     }
     Ok(st)
+}
+
+/// The slot table's bytes for a device of `size_bytes`.
+fn table_len(size_bytes: u64) -> u64 {
+    (size_bytes / crate::PAGE_SIZE as u64) * 8
 }
 
 fn stats_len() -> u64 {
@@ -765,12 +786,20 @@ fn make_files(
     let table = open_rw(&tmp.join("table"), true)?;
     let arena = open_rw(&tmp.join("arena"), true)?;
     table
-        .set_len((size_bytes / crate::PAGE_SIZE as u64) * 8)
+        .set_len(table_len(size_bytes))
         .map_err(|e| StoreError::state(tmp.join("table").display(), e))?;
     arena
         .set_len(arena_bytes)
         .map_err(|e| StoreError::state(tmp.join("arena").display(), e))?;
     let stats = open_stats(&tmp.join("stats"), true)?;
+    let id = header.creation_id;
+    for (f, kind, data_len) in [
+        (&table, bind::Kind::Table, table_len(size_bytes)),
+        (&arena, bind::Kind::Arena, arena_bytes),
+        (&stats, bind::Kind::Stats, stats_len()),
+    ] {
+        bind::write(f, &tmp.join(kind.name()), kind, data_len, id)?;
+    }
     lock(&h, tmp)?;
     for (f, name) in [(&table, "table"), (&arena, "arena"), (&stats, "stats")] {
         lock_data(f, &tmp.join(name))?;
@@ -782,6 +811,8 @@ fn make_files(
 /// The state is first renamed to a tombstone, so a crash part way leaves
 /// no half deleted state under the name: the next open finishes it off.
 pub fn discard(dir: &Path) -> Result<()> {
+    // Another user's is never deleted.
+    private::check_path(dir, private::Part::State)?;
     let h = open_rw(&dir.join("header"), false).ok();
     if let Some(h) = &h {
         lock(h, dir)?;
@@ -847,8 +878,15 @@ pub fn finish_removals(root: &Path, name: Option<&str>) {
         // A tombstone is never anyone's device: finish it off whoever
         // buried it (a live one tolerates the race). A state being made is
         // left to its maker while it runs.
-        if f.contains(GONE_TAG) || (half_made && !pid_alive(&f)) {
+        if !(f.contains(GONE_TAG) || (half_made && !pid_alive(&f))) {
+            continue;
+        }
+        // Only what this user made: a directory named like a tombstone
+        // by someone else is theirs.
+        if private::is_ours(&e.path()) {
             let _ = std::fs::remove_dir_all(e.path());
+        } else {
+            tracing::warn!(entry = %e.path().display(), "not this user's: left alone");
         }
     }
 }
@@ -953,5 +991,9 @@ pub fn data_ranges(file: &File) -> Vec<std::ops::Range<u64>> {
     out
 }
 
+mod bind;
+mod private;
 #[cfg(test)]
 mod tests;
+
+pub use private::euid;

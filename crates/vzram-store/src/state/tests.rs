@@ -23,8 +23,8 @@ fn header_round_trips_and_refuses_what_it_is_not() {
     bad[0] = b'X';
     assert!(Header::decode(&bad).unwrap_err().contains("magic"));
     let mut newer = b;
-    newer[8] = 4;
-    assert!(Header::decode(&newer).unwrap_err().contains("version 4"));
+    newer[8] = 5;
+    assert!(Header::decode(&newer).unwrap_err().contains("version 5"));
     // Before version 3 the header was its fixed part, with no socket.
     let mut older = b;
     older[8] = 2;

@@ -16,8 +16,8 @@ use crate::cli::{
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
-    HostLimitSet, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request, Reset,
-    StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
+    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request,
+    Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -218,18 +218,90 @@ pub fn backing_init(path: &Path, force: bool) -> Result<String, ClientError> {
 }
 
 pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
+    let Some(name) = args.name() else {
+        return forget_many(&args.control, args.socket.as_deref());
+    };
     let reply: Forgotten = call(
         &args.control,
         Request::Forget {
-            name: args.name().to_string(),
+            name: name.to_string(),
         },
     )?;
-    Ok(format!(
+    Ok(forgotten(&reply))
+}
+
+fn forgotten(reply: &Forgotten) -> String {
+    format!(
         "forgot {}: deleted its state {} ({} device)\n",
         reply.name,
         reply.dir.display(),
         human(reply.size_bytes)
-    ))
+    )
+}
+
+/// `vzram forget --gone` (no `pattern`): the left-overs whose socket's
+/// directory no longer exists; `vzram forget --socket PATTERN`: those made
+/// for a socket that matches. Each is forgotten by name (the daemon still
+/// refuses one that is served or held). One whose socket is unrecorded is
+/// kept, and with `--gone` one whose directory is there: its command could
+/// serve it again.
+fn forget_many(control: &Path, pattern: Option<&str>) -> Result<String, ClientError> {
+    let stat: StatReply = call(control, Request::Stat {})?;
+    let chosen = |l: &LeftoverStat| {
+        let Some(socket) = l.socket.as_deref() else {
+            return false;
+        };
+        match pattern {
+            Some(p) => matches_pattern(p, &socket.to_string_lossy()),
+            None => socket
+                .parent()
+                .is_some_and(|d| !d.as_os_str().is_empty() && !d.exists()),
+        }
+    };
+    let (doomed, kept): (Vec<_>, Vec<_>) = stat.leftovers.iter().partition(|l| chosen(l));
+    let mut out = String::new();
+    let mut freed = 0;
+    for l in &doomed {
+        let reply: Forgotten = call(
+            control,
+            Request::Forget {
+                name: l.name.clone(),
+            },
+        )?;
+        freed += l.state_bytes;
+        out += &forgotten(&reply);
+    }
+    let why = match pattern {
+        Some(p) => format!("their socket does not match {p}"),
+        None => "their socket's directory still there".to_string(),
+    };
+    out += &format!(
+        "{} left-over states forgotten ({} of memory given back); {} kept, {why}\n",
+        doomed.len(),
+        human(freed),
+        kept.len()
+    );
+    Ok(out)
+}
+
+/// Whether `text` matches `pattern`, in which `*` stands for any run of
+/// characters (`/` included) and everything else for itself.
+fn matches_pattern(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, rest) = (parts[0], &parts[1..]);
+    let Some(mut left) = text.strip_prefix(first) else {
+        return false;
+    };
+    let Some((last, middle)) = rest.split_last() else {
+        return left.is_empty();
+    };
+    for p in middle {
+        match left.find(p) {
+            Some(i) => left = &left[i + p.len()..],
+            None => return false,
+        }
+    }
+    left.len() >= last.len() && left.ends_with(last)
 }
 
 pub fn remove(args: &DestroyArgs) -> Result<String, ClientError> {
@@ -377,4 +449,26 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
         r.final_ms,
         if args.keep { "pages kept here" } else { "pages dropped here" },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches_pattern;
+
+    #[test]
+    fn star_patterns() {
+        for (p, t, want) in [
+            ("/tmp/qtest-*", "/tmp/qtest-1-sock.ab", true),
+            ("/tmp/qtest-*", "/tmp/other", false),
+            ("*", "", true),
+            ("/a/*/x.sock", "/a/b/c/x.sock", true),
+            ("/a/*/x.sock", "/a/x.sock", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("*ab*ab", "xabab", true),
+            ("*ab*ab", "xab", false),
+        ] {
+            assert_eq!(matches_pattern(p, t), want, "{p} ~ {t}");
+        }
+    }
 }

@@ -15,6 +15,7 @@ mod de;
 mod draft;
 mod file;
 mod parse;
+mod state_dir;
 #[cfg(test)]
 mod tests;
 
@@ -26,6 +27,7 @@ pub use parse::{
     parse_mode, parse_size, ConfigError, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US,
     MIN_IDLE_AFTER,
 };
+pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
 
 use crate::proto::addr::Addr;
 use parse::err;
@@ -34,6 +36,9 @@ use parse::err;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {
     pub name: String,
+    /// The name was given (`name=`, `--name`), not taken from the socket:
+    /// see [`DeviceSpec::state_key`].
+    pub named: bool,
     pub socket: PathBuf,
     pub size: u64,
     pub queues: u16,
@@ -192,10 +197,44 @@ impl DeviceSpec {
         std::path::absolute(&self.socket).unwrap_or_else(|_| self.socket.clone())
     }
 
+    /// The name of this device's state directory. A named device's is its
+    /// name. A device named after its socket is keyed by the whole socket
+    /// path (`vm-1a2b3c4d` for `/tmp/x/vm.sock`): the same command keeps
+    /// its pages, and a socket of the same name in another directory is
+    /// another disk, not a refusal. [`DeviceSpec::legacy_key`] is the key
+    /// such a device had before.
+    pub fn state_key(&self) -> String {
+        if self.named {
+            return self.name.clone();
+        }
+        format!("{}-{:08x}", self.name, path_hash(&self.socket_abs()))
+    }
+
+    /// The key a device named after its socket had before keys carried the
+    /// socket path: its name. Only a state there whose header records this
+    /// very socket is still this device's.
+    pub fn legacy_key(&self) -> Option<&str> {
+        (!self.named).then_some(self.name.as_str())
+    }
+
     /// The directory holding this device's state directory.
     pub fn state_root<'a>(&'a self, daemon: &'a DaemonConfig) -> &'a std::path::Path {
         self.state_dir.as_deref().unwrap_or(&daemon.state_dir)
     }
+}
+
+/// 32 bits of FNV-1a over a path's bytes: stable across builds and
+/// platforms, unlike std's hasher, since state directories are named by it.
+fn path_hash(p: &std::path::Path) -> u32 {
+    use std::os::unix::ffi::OsStrExt;
+    let h = p
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    (h ^ (h >> 32)) as u32
 }
 
 /// How a device's serial starts unless one is given: what the udev rule in
@@ -227,43 +266,70 @@ fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
     (!first.is_empty()).then(|| PathBuf::from(first))
 }
 
-/// Where state lives when no flag or file says: `$VZRAM_STATE_DIR`, else
-/// systemd's runtime directory (kept across restarts with
-/// `RuntimeDirectoryPreserve=yes`), else `/dev/shm/vzram`. The last two are
-/// tmpfs, where the state's pages are plain memory.
-pub fn default_state_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("VZRAM_STATE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    match runtime_directory(std::env::var_os("RUNTIME_DIRECTORY")) {
-        Some(d) => d.join("state"),
-        None => PathBuf::from("/dev/shm/vzram"),
-    }
+/// Where state lives when no flag or file says (see [`state_dir_from`]):
+/// `$VZRAM_STATE_DIR`, else systemd's runtime directory (kept across
+/// restarts with `RuntimeDirectoryPreserve=yes`), else `/run/vzram/state`
+/// for root, `$XDG_RUNTIME_DIR/vzram/state` or `/dev/shm/vzram-<uid>` for
+/// a user. All tmpfs, where the state's pages are plain memory.
+pub fn default_state_dir() -> DefaultStateDir {
+    state_dir_from(StateEnv::current())
 }
 
 /// The control socket when `--control` (or `control` in the file) does not
 /// say: `$VZRAM_CONTROL`, else `$RUNTIME_DIRECTORY/control.sock` (systemd),
-/// else `/run/vzram/control.sock`. `vzram serve` binds it and the client
-/// commands look for it here, so both find the same one.
+/// else root's `/run/vzram/control.sock`, else a user's
+/// `$XDG_RUNTIME_DIR/vzram/control.sock` (`/tmp/vzram-UID/control.sock`
+/// without one). `vzram serve` binds it (making the last two directories
+/// if missing) and the client commands look for it here, so both find
+/// the same one.
 pub fn default_control() -> PathBuf {
     control_from(
         std::env::var_os("VZRAM_CONTROL"),
         std::env::var_os("RUNTIME_DIRECTORY"),
+        euid(),
+        std::env::var_os("XDG_RUNTIME_DIR"),
     )
 }
 
-/// [`default_control`] from the two variables' values.
-pub fn control_from(vzram_control: Option<OsString>, runtime: Option<OsString>) -> PathBuf {
+/// The effective uid, asked once (the supervisor builds configurations
+/// again under its seccomp filter, which allows no geteuid).
+pub fn euid() -> u32 {
+    vzram_store::state::euid()
+}
+
+/// [`default_control`] from the variables' values and the effective uid.
+pub fn control_from(
+    vzram_control: Option<OsString>,
+    runtime: Option<OsString>,
+    euid: u32,
+    xdg_runtime: Option<OsString>,
+) -> PathBuf {
     if let Some(c) = vzram_control.filter(|c| !c.is_empty()) {
         return PathBuf::from(c);
     }
-    match runtime_directory(runtime) {
-        Some(d) => d.join("control.sock"),
-        None => PathBuf::from(DEFAULT_CONTROL),
+    if let Some(d) = runtime_directory(runtime) {
+        return d.join("control.sock");
+    }
+    user_runtime_dir(euid, xdg_runtime).join("control.sock")
+}
+
+/// The daemon's own runtime directory when systemd names none: root's
+/// `/run/vzram`; a user's `$XDG_RUNTIME_DIR/vzram` (a directory only that
+/// user may write, made by the login manager), else `/tmp/vzram-UID`,
+/// which the daemon makes 0700 or refuses if another user made it first.
+pub fn user_runtime_dir(euid: u32, xdg_runtime: Option<OsString>) -> PathBuf {
+    if euid == 0 {
+        return PathBuf::from(DEFAULT_RUN_DIR);
+    }
+    match xdg_runtime.filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("vzram"),
+        None => PathBuf::from(format!("/tmp/vzram-{euid}")),
     }
 }
 
-/// The last resort of [`default_control`]: the path contrib's units use.
+/// Root's runtime directory: the one contrib's units name.
+pub const DEFAULT_RUN_DIR: &str = "/run/vzram";
+/// Root's control socket when nothing else says: the path contrib's units use.
 pub const DEFAULT_CONTROL: &str = "/run/vzram/control.sock";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,6 +338,10 @@ pub struct DaemonConfig {
     pub host_mem_limit: u64,
     /// The control socket; always one ([`default_control`] unless given).
     pub control: PathBuf,
+    /// No flag, file or variable named the control socket: the daemon
+    /// may make its directory, and takes another name beside it when a
+    /// second daemon already listens there.
+    pub control_defaulted: bool,
     pub socket_mode: u32,
     /// The control socket's own mode: it changes limits, so it stays the
     /// admin's even when the VMM's group may reach the device sockets.
@@ -282,6 +352,8 @@ pub struct DaemonConfig {
     pub seccomp: SeccompMode,
     /// Directory of the devices' state ([`default_state_dir`] unless given).
     pub state_dir: PathBuf,
+    /// The default state dir's parent, made if missing; None for one given.
+    pub state_parent: Option<StateParent>,
     /// The devices whose existing state is discarded at start (`--fresh`).
     pub fresh: Devices,
     /// The devices that may take a state made under another name or for
@@ -374,7 +446,9 @@ impl DaemonConfig {
                 return err(format!("device {name}: empty socket path"));
             }
             let Some(size) = d.size else {
-                return err(format!("device {name}: no size"));
+                return err(format!(
+                    "device {name}: no size: give --size N (QEMU's backend convention passes only --socket-path or --fd), size= in its --device spec, or a [[device]] with a size and no socket in --config"
+                ));
             };
             if size == 0 || size % PAGE_SIZE as u64 != 0 {
                 return err(format!(
@@ -444,6 +518,7 @@ impl DaemonConfig {
             // the daemon starts (the host limit caps it first).
             devices.push(DeviceSpec {
                 name,
+                named: !derived,
                 socket,
                 size,
                 queues,
@@ -458,6 +533,8 @@ impl DaemonConfig {
                 incoming: d.incoming,
             });
         }
+        let control_defaulted =
+            control.is_none() && std::env::var_os("VZRAM_CONTROL").is_none_or(|c| c.is_empty());
         let control = control.unwrap_or_else(default_control);
         for d in &devices {
             if let Some(Addr::Unix(p)) = &d.incoming {
@@ -476,14 +553,17 @@ impl DaemonConfig {
                 control.display()
             ));
         }
+        let default_state = default_state_dir();
         Ok(DaemonConfig {
             host_mem_limit: host_mem_limit.unwrap_or(0),
             control,
+            control_defaulted,
             socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
             control_mode: DEFAULT_SOCKET_MODE,
             metrics: None,
             seccomp: SeccompMode::default(),
-            state_dir: default_state_dir(),
+            state_dir: default_state.path,
+            state_parent: default_state.parent,
             fresh: Devices::None,
             adopt: Devices::None,
             inherit_fds: Vec::new(),

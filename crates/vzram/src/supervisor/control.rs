@@ -662,6 +662,7 @@ mod tests {
                     std::os::unix::net::UnixListener::bind(root.join(format!("{n}.sock"))).unwrap();
                 let spec = crate::config::DeviceSpec {
                     name: n.to_string(),
+                    named: true,
                     socket: root.join(format!("{n}.sock")),
                     size: 1 << 20,
                     queues: 1,

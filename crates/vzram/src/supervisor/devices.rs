@@ -44,9 +44,10 @@ impl Supervisor {
             .state_dir
             .clone()
             .unwrap_or_else(|| self.env.state_dir.clone());
+        let key = self.state_key(&spec, &root);
         let state = StateSpec {
             root,
-            name: spec.name.clone(),
+            name: key,
             existing: spec.on_state.existing(true, false),
             socket: Some(spec.socket_abs()),
             adopt: spec.adopt,
@@ -193,7 +194,7 @@ impl Supervisor {
         }
         tracing::warn!(device = %name, %frontend, "remove --force of a connected device: the frontend is cut off");
         let dir = d.files.dir.clone();
-        let hint = recover_hint(&name, &d.spec.socket_abs(), d.spec.size);
+        let hint = recover_hint(&state_name(&dir, &name), &d.spec.socket_abs(), d.spec.size);
         drop(d);
         self.remove_with(i, true)?;
         self.cut_off_mut().insert(dir);
@@ -233,8 +234,9 @@ impl Supervisor {
         let socket_path = d.spec.socket_abs();
         let dir = d.files.dir.clone();
         let name = d.spec.name.clone();
+        let key = state_name(&dir, &name);
         let left = vzram_store::Leftover {
-            name: name.clone(),
+            name: key.clone(),
             dir: dir.clone(),
             size_bytes: d.files.header.size_bytes,
             bytes: d.state_bytes(),
@@ -269,11 +271,11 @@ impl Supervisor {
         match report {
             Report::Removed { .. } if keep_state => {
                 let hint = recover_hint(
-                    &name,
+                    &key,
                     &left.socket.clone().unwrap_or(socket_path),
                     left.size_bytes,
                 );
-                tracing::warn!(device = %name, "no longer served; its state is kept, left over (`{hint}` serves it again, `vzram forget {name}` deletes it)");
+                tracing::warn!(device = %name, "no longer served; its state is kept, left over (`{hint}` serves it again, `vzram forget {key}` deletes it)");
                 self.leftovers_mut().push(left);
                 self.tell_status();
                 Ok(())
@@ -296,7 +298,42 @@ impl Supervisor {
     }
 }
 
-/// The command that serves a left-over state again, as hints give it.
+impl Supervisor {
+    /// Where `spec`'s state is under `root`: [`DeviceSpec::state_key`], or
+    /// the name alone of a device named after its socket when a left-over
+    /// state there was made for this very socket (before keys carried the
+    /// socket path) and none is under the new key. The supervisor may not
+    /// look at files: the left-overs it knows are what it goes by (every
+    /// state no device serves is one).
+    pub(super) fn state_key(&self, spec: &DeviceSpec, root: &std::path::Path) -> String {
+        let key = spec.state_key();
+        let Some(old) = spec.legacy_key() else {
+            return key;
+        };
+        let socket = spec.socket_abs();
+        let left = self.leftovers_mut();
+        let new_there = left.iter().any(|l| l.dir == root.join(&key));
+        let old_ours = left
+            .iter()
+            .any(|l| l.dir == root.join(old) && l.socket.as_deref() == Some(socket.as_path()));
+        if !new_there && old_ours {
+            old.to_string()
+        } else {
+            key
+        }
+    }
+}
+
+/// What a state is left over as (`vzram forget KEY`, `name=KEY,recover=true`):
+/// its directory's name, the device's own unless the device is named after
+/// its socket (see [`crate::config::DeviceSpec::state_key`]).
+pub(super) fn state_name(dir: &std::path::Path, device: &str) -> String {
+    dir.file_name()
+        .map_or_else(|| device.to_string(), |k| k.to_string_lossy().into_owned())
+}
+
+/// The command that serves a left-over state again, as hints give it;
+/// `name` is the state's ([`state_name`]): the device added so finds it.
 pub(super) fn recover_hint(name: &str, socket: &std::path::Path, size: u64) -> String {
     crate::proto::control::recover_command(name, socket, size)
 }
@@ -315,7 +352,10 @@ impl Supervisor {
                 Some(frontend) => Error::Connected {
                     device: name.to_string(),
                     frontend,
-                    advice: format!("it is served, not left over: stop the VM first, or `vzram remove {name} --force` cuts it off and keeps its state, left over, for `vzram forget {name}`"),
+                    advice: format!(
+                        "it is served, not left over: stop the VM first, or `vzram remove {name} --force` cuts it off and keeps its state, left over, for `vzram forget {}`",
+                        state_name(&d.files.dir, name)
+                    ),
                 },
                 None => Error::Served(name.to_string()),
             });

@@ -282,18 +282,16 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
 fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec) -> bool {
     // A device cut off its VM (`remove --force`) keeps its pages until
     // the operator says otherwise, whatever the file says.
-    let dir = spec
-        .state_dir
-        .as_deref()
-        .unwrap_or(sup.state_dir())
-        .join(&spec.name);
+    let root = spec.state_dir.as_deref().unwrap_or(sup.state_dir());
+    let key = sup.state_key(spec, root);
+    let dir = root.join(&key);
     if spec.on_state == OnState::Fresh && sup.cut_off_mut().contains(&dir) {
         tracing::error!(
             device = %spec.name,
             state = %dir.display(),
             "reload: in the file with fresh=true, but it was removed while connected and its state is kept: not added; `{}` serves its pages, `vzram forget {}` deletes them",
-            super::devices::recover_hint(&spec.name, &spec.socket_abs(), spec.size),
-            spec.name
+            super::devices::recover_hint(&key, &spec.socket_abs(), spec.size),
+            key
         );
         return false;
     }

@@ -27,8 +27,11 @@ fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
 }
 
+/// Named after its socket's file, explicitly: its state directory is then
+/// that name (an unnamed device's is keyed by its whole socket path).
 fn dev(sock: &Path) -> String {
-    format!("socket={},size=16M,queues=1", s(sock))
+    let name = sock.file_stem().unwrap().to_string_lossy();
+    format!("socket={},size=16M,queues=1,name={name}", s(sock))
 }
 
 fn fill(sock: &Path, seed: u64, pages: usize) {

@@ -538,7 +538,7 @@ pub struct ForgetArgs {
 }
 
 impl ForgetArgs {
-    /// The state named, as NAME or `--device`.
+    /// The one state named (NAME or --device NAME), if one is.
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref().or(self.device.as_deref())
     }

@@ -463,3 +463,30 @@ fn forget_never_deletes_another_state_made_at_the_path_since() {
     );
     b.shutdown();
 }
+
+#[test]
+fn the_fresh_a_refusal_advises_for_a_device_named_after_its_socket_runs() {
+    let dir = TempDir::new("guard-key");
+    let sock = dir.join("vm.sock");
+    let spec = |size: &str| {
+        vec![
+            "--device".to_string(),
+            format!("socket={},size={size},queues=1", s(&sock)),
+        ]
+    };
+    let d = start(&dir, &spec("16M"), &[&sock]);
+    Client::connect(&sock, 1)
+        .unwrap()
+        .q(0)
+        .write(0, &noise(6, MIB))
+        .unwrap();
+    d.shutdown();
+    let err = serve_refusal(&dir, &spec("32M"));
+    let fresh = flag_hints(&err);
+    assert_eq!(fresh.len(), 1, "{err}");
+    let mut with = spec("32M");
+    with.extend(fresh[0].split(' ').map(str::to_string));
+    let d = start(&dir, &with, &[&sock]);
+    assert!(reads(&sock, MIB) == vec![0; MIB]);
+    d.shutdown();
+}

@@ -223,7 +223,8 @@ pub struct ServeArgs {
     /// else /dev/shm/vzram-UID].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Discard device NAME's existing state and start it empty (repeatable;
+    /// Discard device NAME's existing state (NAME: the device's name, or
+    /// its state's, as refusals give it) and start it empty (repeatable;
     /// `fresh=true` on the device does the same). Each state discarded is
     /// logged at WARN with its size. Without NAME: every device's.
     #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
@@ -297,7 +298,7 @@ impl ServeArgs {
         if let Some(d) = cfg
             .devices
             .iter()
-            .find(|d| cfg.fresh.covers(&d.name) && cfg.adopt.covers(&d.name))
+            .find(|d| cfg.fresh.covers_device(d) && cfg.adopt.covers_device(d))
         {
             return Err(ConfigError(format!(
                 "device {}: --fresh and --adopt exclude each other",

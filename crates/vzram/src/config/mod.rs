@@ -145,6 +145,12 @@ impl Devices {
         }
     }
 
+    /// Whether the flag names `d`: by its name, or by its state's key
+    /// (what the refusals about a state name it by).
+    pub fn covers_device(&self, d: &DeviceSpec) -> bool {
+        self.covers(&d.name) || self.covers(&d.state_key())
+    }
+
     /// Every name given is a device of `cfg` (a typo must not leave the
     /// state the operator meant to discard, or take, as it is).
     pub fn check(&self, flag: &str, devices: &[DeviceSpec]) -> Result<(), ConfigError> {
@@ -152,7 +158,7 @@ impl Devices {
             return Ok(());
         };
         for n in names {
-            if !devices.iter().any(|d| d.name == *n) {
+            if !devices.iter().any(|d| d.name == *n || d.state_key() == *n) {
                 let known: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
                 return Err(ConfigError(format!(
                     "{flag} {n}: no device of that name (devices: {})",

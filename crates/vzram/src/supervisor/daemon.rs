@@ -406,9 +406,9 @@ pub fn run(
         let state_spec = StateSpec {
             root,
             name: key.clone(),
-            existing: spec.on_state.existing(false, cfg.fresh.covers(&spec.name)),
+            existing: spec.on_state.existing(false, cfg.fresh.covers_device(spec)),
             socket: Some(spec.socket_abs()),
-            adopt: cfg.adopt.covers(&spec.name) || spec.adopt,
+            adopt: cfg.adopt.covers_device(spec) || spec.adopt,
         };
         let device_error = |source| Error::Device {
             name: spec.name.clone(),

@@ -298,7 +298,6 @@ impl Supervisor {
     }
 }
 
-/// The command that serves a left-over state again, as hints give it.
 impl Supervisor {
     /// Where `spec`'s state is under `root`: [`DeviceSpec::state_key`], or
     /// the name alone of a device named after its socket when a left-over
@@ -333,6 +332,7 @@ pub(super) fn state_name(dir: &std::path::Path, device: &str) -> String {
         .map_or_else(|| device.to_string(), |k| k.to_string_lossy().into_owned())
 }
 
+/// The command that serves a left-over state again, as hints give it;
 /// `name` is the state's ([`state_name`]): the device added so finds it.
 pub(super) fn recover_hint(name: &str, socket: &std::path::Path, size: u64) -> String {
     crate::proto::control::recover_command(name, socket, size)

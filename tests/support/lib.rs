@@ -12,6 +12,7 @@
 //! - [`frontend`]: a raw vhost-user-blk frontend that writes its virtqueue
 //!   by hand, for the hostile-client and protocol tests.
 //! - [`guest`]: the end-to-end harness: QEMU guests, QMP, hang dumps.
+//! - [`migrating`]: two daemons, one migrating to the other.
 //!
 //! Everything but `frontend` and `guest` is also at the root, for
 //! `use vzram_tests::*`.
@@ -35,6 +36,7 @@ pub mod frontend;
 pub mod guest;
 pub mod hints;
 pub mod metrics;
+pub mod migrating;
 pub mod paths;
 pub mod pki;
 pub mod procs;

@@ -48,6 +48,8 @@ pub enum Error {
     },
     #[error("device {0} has no migration waiting for its commit (`vzram stat` shows its state)")]
     NotCommitting(String),
+    #[error("device {0} is still sending its pages: a commit is taken only after the last delta (when `vzram stat` says committing)")]
+    CommitTooEarly(String),
     #[error("device {0} is not being sent: there is no migration to cancel (`vzram stat` shows its state)")]
     NotSending(String),
     #[error("device {0}: still in use; try again")]

@@ -191,11 +191,11 @@ impl Supervisor {
             // discard above is not the guest's).
             d.cells.zero_counters();
             // A device sent away may be migrated again once reset.
-            use vzram_store::cells::{MIGRATION_COPIED, MIGRATION_SEND_FAILED, MIGRATION_SENT};
-            let _ = m.state.fetch_update(Relaxed, Relaxed, |s| {
-                matches!(s, MIGRATION_SENT | MIGRATION_COPIED | MIGRATION_SEND_FAILED)
-                    .then_some(vzram_store::cells::MIGRATION_NONE)
-            });
+            use vzram_store::cells::Phase;
+            m.shift(
+                &[Phase::Sent, Phase::Copied, Phase::SendFailed],
+                Phase::None,
+            );
             r.map(|()| pages)
         })?;
         match dropped {

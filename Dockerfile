@@ -44,4 +44,4 @@ USER vzram
 ENV VZRAM_STATE_DIR=/var/lib/vzram/state
 VOLUME ["/run/vzram", "/var/lib/vzram/state"]
 ENTRYPOINT ["/usr/local/bin/vzram"]
-CMD ["serve", "--socket", "/run/vzram/vzram.sock", "--size", "4G", "--host-mem-limit", "4G", "--socket-mode", "0660", "--control", "/run/vzram/control.sock"]
+CMD ["serve", "--socket", "/run/vzram/vzram.sock", "--name", "vzram", "--size", "4G", "--host-mem-limit", "4G", "--socket-mode", "0660", "--control", "/run/vzram/control.sock"]

@@ -15,8 +15,13 @@ use vzram_tests::*;
 
 /// How long each storm lasts.
 const STORM: Duration = Duration::from_secs(10);
-/// Worst verify round allowed on the device next door.
-const MAX_ROUND: Duration = Duration::from_millis(50);
+/// How long A's rounds are measured before a storm: its baseline.
+const BASELINE: Duration = Duration::from_secs(2);
+/// A's p99 round in a storm may be this many times its p99 before it, plus
+/// [`SLACK`]: bounds relative to the machine's own speed, so that a busy
+/// machine (CI beside a build) passes and a storm that makes A wait fails.
+const P99_FACTOR: u32 = 4;
+const SLACK: Duration = Duration::from_millis(10);
 
 fn two_devices(dir: &TempDir) -> (Daemon, PathBuf, PathBuf) {
     let a = dir.join("a.sock");
@@ -54,16 +59,35 @@ fn verify(sock: &Path, stop: Arc<AtomicBool>) -> JoinHandle<Vec<Duration>> {
     })
 }
 
+/// A's rounds with nothing else going on, as [`verify`] times them.
+fn baseline(a: &Path) -> Vec<Duration> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let v = verify(a, stop.clone());
+    std::thread::sleep(BASELINE);
+    stop.store(true, Ordering::Relaxed);
+    v.join().expect("A's baseline")
+}
+
+/// The p99 of the rounds, logged with the rest.
 fn report(what: &str, mut rounds: Vec<Duration>) -> Duration {
     rounds.sort();
     let worst = *rounds.last().unwrap();
+    let p99 = rounds[rounds.len() * 99 / 100];
     eprintln!(
-        "{what}: A did {} rounds, p50 {:?}, p99 {:?}, worst {worst:?}",
+        "{what}: A did {} rounds, p50 {:?}, p99 {p99:?}, worst {worst:?}",
         rounds.len(),
         rounds[rounds.len() / 2],
-        rounds[rounds.len() * 99 / 100]
     );
-    worst
+    p99
+}
+
+/// The storm did not make A wait: its p99 round within [`P99_FACTOR`] of
+/// the baseline's (one slow round on a busy machine is not the storm's).
+fn a_was_not_slowed(base: Duration, storm: Duration) {
+    assert!(
+        storm <= base * P99_FACTOR + SLACK,
+        "A's p99 round went from {base:?} before the storm to {storm:?} in it"
+    );
 }
 
 /// Writes `data` from offset 0 in chunks the client's buffer holds.
@@ -82,14 +106,25 @@ fn get(c: &mut Client, len: usize) -> Vec<u8> {
     out
 }
 
-/// B serves a real frontend, with the data it had, within a second.
-fn served_within_a_second(b: &Path, data: &[u8], d: &Daemon) {
+/// A real frontend connects to B and reads all its data back: how long.
+fn read_back(b: &Path, data: &[u8]) -> Duration {
     let t = Instant::now();
     let mut c = Client::connect(b, 1).expect("B's frontend connects");
     assert!(get(&mut c, data.len()) == data, "B's data changed");
-    let took = t.elapsed();
-    eprintln!("B's real frontend was served {took:?} after the storm");
-    assert!(took < Duration::from_secs(1), "{took:?}\n{}", d.log_text());
+    t.elapsed()
+}
+
+/// B serves a real frontend, with the data it had, after the storm about
+/// as soon as before it (`before`: [`read_back`] before the storm), plus a
+/// second for a backoff the storm may have left.
+fn served_after_the_storm(b: &Path, data: &[u8], before: Duration, d: &Daemon) {
+    let took = read_back(b, data);
+    eprintln!("B's real frontend was served {took:?} after the storm ({before:?} before it)");
+    assert!(
+        took < before * 3 + Duration::from_secs(1),
+        "{took:?} (before the storm: {before:?})\n{}",
+        d.log_text()
+    );
 }
 
 #[test]
@@ -98,6 +133,8 @@ fn garbage_connections_cost_no_worker() {
     let (d, a, b) = two_devices(&dir);
     let data = noise(3, 16 << 20);
     put(&mut Client::connect(&b, 1).unwrap(), &data);
+    let took_before = read_back(&b, &data);
+    let base = report("baseline", baseline(&a));
     let before = d.stat().worker("b").started;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -138,7 +175,7 @@ fn garbage_connections_cost_no_worker() {
     }
     drop(held);
     stop.store(true, Ordering::Relaxed);
-    let worst = report("garbage storm", v.join().expect("A's verify"));
+    let storm = report("garbage storm", v.join().expect("A's verify"));
     let mid = real.join().expect("B's frontend mid-storm");
     eprintln!("B's frontend was served {mid:?} after connecting mid-storm");
     let w = d.stat().worker("b").clone();
@@ -154,8 +191,8 @@ fn garbage_connections_cost_no_worker() {
         "{sent} sent, {} refused",
         w.refused_clients
     );
-    served_within_a_second(&b, &data, &d);
-    assert!(worst < MAX_ROUND, "A's worst round {worst:?}");
+    served_after_the_storm(&b, &data, took_before, &d);
+    a_was_not_slowed(base, storm);
 }
 
 #[test]
@@ -165,6 +202,8 @@ fn set_up_and_leave_in_a_loop_is_backed_off() {
     // Enough stored that each start costs a real recovery.
     let data = noise(4, 16 << 20);
     put(&mut Client::connect(&b, 1).unwrap(), &data);
+    let took_before = read_back(&b, &data);
+    let base = report("baseline", baseline(&a));
     let before = d.stat().worker("b").started;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -180,7 +219,7 @@ fn set_up_and_leave_in_a_loop_is_backed_off() {
         rounds.push((on, Instant::now()));
     }
     stop.store(true, Ordering::Relaxed);
-    let worst = report("set-up-and-leave storm", v.join().expect("A's verify"));
+    let storm = report("set-up-and-leave storm", v.join().expect("A's verify"));
     let w = d.stat().worker("b").clone();
     let forks = w.started - before;
     eprintln!(
@@ -206,6 +245,6 @@ fn set_up_and_leave_in_a_loop_is_backed_off() {
     // Starts and recoveries took at most about a quarter of the storm.
     let lives: Duration = rounds.iter().map(|(on, off)| *off - *on).sum();
     assert!(lives < STORM / 3, "workers lived {lives:?} of {STORM:?}");
-    served_within_a_second(&b, &data, &d);
-    assert!(worst < MAX_ROUND, "A's worst round {worst:?}");
+    served_after_the_storm(&b, &data, took_before, &d);
+    a_was_not_slowed(base, storm);
 }

@@ -6,124 +6,12 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use vzram_tests::migrating::*;
 use vzram_tests::*;
-
-const SIZE: &str = "64M";
-const PAGES: u64 = 64 << 8;
-
-struct Ends {
-    _da: TempDir,
-    db: TempDir,
-    a: Daemon,
-    b: Daemon,
-    sock_a: PathBuf,
-    sock_b: PathBuf,
-    incoming: PathBuf,
-}
-
-/// Daemon A serves `vm` (64 MiB); daemon B serves `vm` of `size_b`,
-/// incoming on a unix socket.
-fn ends(tag: &str, size_b: &str) -> Ends {
-    ends_with(tag, size_b, &[])
-}
-
-/// [`ends`], with more arguments for B.
-fn ends_with(tag: &str, size_b: &str, extra_b: &[&str]) -> Ends {
-    let da = TempDir::new(&format!("{tag}a"));
-    let db = TempDir::new(&format!("{tag}b"));
-    let sock_a = da.join("a.sock");
-    let sock_b = db.join("b.sock");
-    let incoming = db.join("in.sock");
-    let a = Daemon::start(
-        &da,
-        &[
-            "--socket",
-            s(&sock_a),
-            "--size",
-            SIZE,
-            "--name",
-            "vm",
-            "--queues",
-            "2",
-        ],
-        &[&sock_a],
-    );
-    let inc = format!("unix:{}", incoming.display());
-    let mut args_b = vec![
-        "--socket",
-        s(&sock_b),
-        "--size",
-        size_b,
-        "--name",
-        "vm",
-        "--queues",
-        "2",
-        "--incoming",
-        &inc,
-    ];
-    args_b.extend_from_slice(extra_b);
-    let b = Daemon::start(&db, &args_b, &[&sock_b, &incoming]);
-    Ends {
-        _da: da,
-        db,
-        a,
-        b,
-        sock_a,
-        sock_b,
-        incoming,
-    }
-}
-
-/// `vzram migrate` of A's device to `to`.
-fn migrate_cmd(e: &Ends, to: &Path) -> Command {
-    let mut c = Command::new(vzram_bin());
-    c.args([
-        "migrate",
-        "--control",
-        s(&e.a.control),
-        "--device",
-        "vm",
-        "--to",
-    ])
-    .arg(format!("unix:{}", to.display()));
-    c
-}
-
-fn migrate(e: &Ends, extra: &[&str]) -> Output {
-    migrate_cmd(e, &e.incoming).args(extra).output().unwrap()
-}
-
-fn migration(d: &Daemon) -> MigrationStat {
-    d.stat().devices()[0].migration.clone()
-}
-
-fn write_all(sock: &Path, v: u64) {
-    let mut c = Client::connect(sock, 2).expect("connect");
-    for i in (0..PAGES).step_by(2) {
-        c.q((i % 2) as usize)
-            .write(i * PAGE as u64, &versioned_page_nonzero(i, v))
-            .unwrap_or_else(|e| panic!("write page {i}: {e}"));
-    }
-}
-
-fn check_all(c: &mut Client, want: impl Fn(u64) -> Vec<u8>, what: &str) {
-    for i in 0..PAGES {
-        let got = c.q(0).read(i * PAGE as u64, PAGE).unwrap();
-        assert!(got == want(i), "{what}: page {i} differs");
-    }
-}
-
-fn expected(i: u64, v: u64) -> Vec<u8> {
-    if i.is_multiple_of(2) {
-        versioned_page_nonzero(i, v)
-    } else {
-        vec![0; PAGE]
-    }
-}
 
 #[test]
 fn a_device_migrates_intact_and_the_source_drops_its_copy() {
@@ -132,7 +20,18 @@ fn a_device_migrates_intact_and_the_source_drops_its_copy() {
     let stored = e.a.stat().counters("vm").orig_data_size;
     assert_eq!(migration(&e.b).state, MigrationState::Incoming);
     let t0 = Instant::now();
-    let out = migrate(&e, &[]);
+    let mut m = spawn_migrate(&e, &e.incoming);
+    wait_state(&e.a, MigrationState::Committing, Duration::from_secs(60));
+    // No frontend anywhere (a cold move): nothing says where the VM runs,
+    // so nothing commits yet, and both ends hold every page.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(m.try_wait().unwrap().is_none(), "committed on no evidence");
+    assert_eq!(migration(&e.b).state, MigrationState::Prepared);
+    assert_eq!(e.a.stat().counters("vm").orig_data_size, stored);
+    // Only after the last delta may the operator say the VM moved.
+    let c = ask(&e, "--commit");
+    assert!(c.status.success(), "{}", said(&c));
+    let out = m.wait_with_output().unwrap();
     let took = t0.elapsed();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -191,6 +90,9 @@ fn writes_during_pre_copy_land_on_the_destination() {
         assert!(Instant::now() < deadline, "the writer never wrote a round");
         std::thread::sleep(Duration::from_millis(10));
     }
+    // The destination's VM waits for its pages (QEMU -incoming): its
+    // frontend is connected, and it starts the rings once it runs.
+    let cb = Client::connect(&e.sock_b, 2).expect("connect to B");
     let e2 = &e;
     let out = std::thread::scope(|sc| {
         let m = sc.spawn(|| migrate(e2, &["--keep"]));
@@ -207,9 +109,12 @@ fn writes_during_pre_copy_land_on_the_destination() {
         }
         assert_eq!(migration(&e2.a).state, MigrationState::Sending);
         assert_eq!(migration(&e2.b).state, MigrationState::Receiving);
+        // The VM moves: its frontend here leaves (the last delta); the one
+        // on B has its rings running (the commit).
         tx.send(()).unwrap();
         m.join().unwrap()
     });
+    let mut cb = cb;
     let last = writer.join().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -224,8 +129,7 @@ fn writes_during_pre_copy_land_on_the_destination() {
         "the writer wrote during the migration"
     );
     let want = |i: u64| expected(i, last[i as usize]);
-    let mut c = Client::connect(&e.sock_b, 2).expect("connect to B");
-    check_all(&mut c, want, "destination");
+    check_all(&mut cb, want, "destination");
     // --keep: the source still has everything too.
     let mut c = Client::connect(&e.sock_a, 2).expect("connect to A");
     check_all(&mut c, want, "source");
@@ -292,20 +196,6 @@ fn a_size_mismatch_is_refused_on_both_ends() {
     assert_eq!(migration(&e.a).state, MigrationState::SendFailed);
 }
 
-/// The destination's migration once it shows a failure: the state is the
-/// device's and the error the supervisor's, set a moment later.
-fn wait_failed(d: &Daemon, what: &str) -> MigrationStat {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = migration(d);
-        if m.state == MigrationState::Failed && m.error.is_some() {
-            return m;
-        }
-        assert!(Instant::now() < deadline, "{what}: {m:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A valid stream header for B's device (64 MiB, lz4).
 fn header() -> Vec<u8> {
     let mut h = Vec::new();
@@ -369,7 +259,7 @@ fn a_hostile_stream_is_refused_and_the_destination_keeps_waiting() {
     assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
     // Still waiting: requests wait, and a real migration still works.
     write_all(&e.sock_a, 5);
-    let out = migrate(&e, &[]);
+    let out = migrate_committed(&e, &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -418,40 +308,6 @@ fn restart_b(e: &mut Ends, kill: bool) {
         assert!(Instant::now() < deadline, "{}", e.b.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn wait_state(d: &Daemon, want: MigrationState, limit: Duration) -> MigrationStat {
-    let deadline = Instant::now() + limit;
-    loop {
-        let m = migration(d);
-        if m.state == want {
-            return m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not {want:?} after {limit:?}: {m:?}\n{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until A has no worker: a migrate that meets one that is going
-/// tries again on a new connection, which a one-shot fake would not take.
-fn no_worker(d: &Daemon) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while d.stat().worker("vm").pid.is_some() {
-        assert!(Instant::now() < deadline, "the worker stays");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn spawn_migrate(e: &Ends, to: &Path) -> std::process::Child {
-    migrate_cmd(e, to)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
 }
 
 /// A paused VM keeps its disk: QEMU stops the rings on every `stop`, reset
@@ -556,7 +412,7 @@ fn a_cancel_in_pre_copy_aborts_the_move_and_a_later_migrate_goes_through() {
     drop(c);
     // The VM never left: a later migration is allowed and completes.
     no_worker(&e.a);
-    let out = migrate(&e, &[]);
+    let out = migrate_committed(&e, &[]);
     assert!(out.status.success(), "{}", said(&out));
     assert_eq!(migration(&e.b).state, MigrationState::Received);
     let mut c = Client::connect(&e.sock_b, 2).expect("connect to B");
@@ -640,7 +496,7 @@ fn one_migration_per_device_and_a_committed_destination_stays_received() {
     let out = first.wait_with_output().unwrap();
     assert!(!out.status.success(), "{}", said(&out));
     // Now for real, then again.
-    let out = migrate(&e, &[]);
+    let out = migrate_committed(&e, &[]);
     assert!(out.status.success(), "{}", said(&out));
     let again = migrate(&e, &[]);
     let text = said(&again);

@@ -113,35 +113,69 @@ fn serve_and_the_client_find_the_same_control_socket() {
     d.shutdown();
 }
 
-/// Without either variable both use /run/vzram/control.sock. Only looked
-/// at where /run/vzram is absent: this test never touches a real one.
+/// Without a variable, a user's default control socket is in
+/// `$XDG_RUNTIME_DIR/vzram`, which the daemon makes. One it cannot make, or
+/// one another user made first, is a clear exit 2 with nothing left
+/// behind. (Root's `/run/vzram`, made when missing, is tested in a private
+/// mount namespace by tests/bare_serve.rs.)
 #[test]
-fn the_default_control_socket_in_a_missing_dir_is_a_clear_exit_2() {
-    if Path::new("/run/vzram").exists() {
-        eprintln!("skipped: /run/vzram exists here");
+fn a_default_control_dir_it_cannot_make_or_that_is_not_its_own_is_a_clear_exit_2() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: runs the daemon as another user");
         return;
     }
+    use std::os::unix::fs::PermissionsExt;
     let dir = TempDir::new("ctldef");
-    let a = dir.join("a.sock");
-    let state = state_dir_for(dir.path());
-    let o = vzram_env(
-        &["serve", "--size", "1M", "--socket", s(&a)],
-        &[("VZRAM_STATE_DIR", &state)],
-    );
-    let err = said(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(
-        err.starts_with(
-            "error: socket /run/vzram/control.sock: its directory /run/vzram does not exist"
-        ),
-        "{err}"
-    );
-    assert!(!a.exists(), "the device socket was left behind");
-    assert!(!state.exists(), "the failed start made {}", state.display());
-    let o = vzram_env(&["stat"], &[]);
-    assert_eq!(o.status.code(), Some(1), "{}", said(&o));
-    assert!(said(&o).contains("/run/vzram/control.sock"), "{}", said(&o));
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socks = dir.join("socks");
+    std::fs::create_dir(&socks).unwrap();
+    std::fs::set_permissions(&socks, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let a = socks.join("a.sock");
+    let state = dir.join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // A runtime dir the user may not write (root's, 0755), then one where
+    // another user (root) made `vzram` first.
+    let (ro, taken) = (dir.join("xdg-ro"), dir.join("xdg-taken"));
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::create_dir_all(taken.join("vzram")).unwrap();
+    for (xdg, what) in [
+        (&ro, "cannot make its directory"),
+        (&taken, "is not this user's own"),
+    ] {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(vzram_bin())
+            .args([
+                "serve",
+                "--size",
+                "1M",
+                "--socket",
+                s(&a),
+                "--state-dir",
+                s(&state.join("s")),
+            ])
+            .env_remove("VZRAM_CONTROL")
+            .env_remove("RUNTIME_DIRECTORY")
+            .env("XDG_RUNTIME_DIR", xdg)
+            .stdin(Stdio::null());
+        let o = cmd.output().expect("run vzram");
+        let err = said(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        let control = xdg.join("vzram/control.sock");
+        assert!(
+            err.starts_with(&format!("error: socket {}: ", control.display()))
+                && err.contains(what),
+            "{err}"
+        );
+        assert!(!a.exists(), "the device socket was left behind");
+        assert!(
+            !state.join("s").exists(),
+            "the failed start made a state dir"
+        );
+    }
 }
 
 #[test]

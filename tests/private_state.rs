@@ -27,8 +27,11 @@ fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
 }
 
+/// Named after its socket's file, explicitly: its state directory is then
+/// that name (an unnamed device's is keyed by its whole socket path).
 fn dev(sock: &Path) -> String {
-    format!("socket={},size=16M,queues=1", s(sock))
+    let name = sock.file_stem().unwrap().to_string_lossy();
+    format!("socket={},size=16M,queues=1,name={name}", s(sock))
 }
 
 fn fill(sock: &Path, seed: u64, pages: usize) {
@@ -200,8 +203,8 @@ fn a_state_or_state_file_open_to_others_or_a_link_is_refused() {
 #[test]
 fn the_default_state_dir_of_a_user_is_theirs() {
     // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    if !Path::new("/usr/bin/setpriv").is_file() || euid != 0 {
+    let root = unsafe { libc::geteuid() } == 0;
+    if !Path::new("/usr/bin/setpriv").is_file() || !root {
         eprintln!("skipped: needs root and setpriv");
         return;
     }

@@ -87,12 +87,12 @@ fn add_use_and_remove_while_another_device_verifies() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     }
 
-    // Remove while connected: the frontend is cut off, the socket and the
-    // state are deleted, the pool gets its memory back.
-    let o = vzram_cli(&d, &["remove", "--device", "vmb"]);
-    assert!(o.status.success(), "{o:?}\n{}", d.log_text());
-    // (The client only notices by timing out, so it is not asked.)
+    // Remove once the frontend has gone (while connected it is refused:
+    // tests/guarded.rs): the socket and the state are deleted, the pool
+    // gets its memory back.
     drop(c);
+    let o = vzram_cli(&d, &["remove", "vmb"]);
+    assert!(o.status.success(), "{o:?}\n{}", d.log_text());
     assert!(!b.exists(), "socket left behind");
     assert!(!state.exists(), "state left behind: {}", state.display());
     let st = d.stat();
@@ -161,7 +161,13 @@ fn reset_drops_the_data_and_is_refused_while_connected() {
     c.q(0).write(0, &noise(2, 2 << 20)).unwrap();
     let r = d.control(json!({"cmd": "reset", "device": "vm1"}));
     assert_eq!(r["ok"], false, "{r}");
-    assert!(r["error"].as_str().unwrap().contains("disconnect"), "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("is in use: frontend pid"),
+        "{r}"
+    );
     drop(c);
     // The worker goes once the frontend has; then reset may act.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -854,7 +854,12 @@ fn control_thread(ctl: &Path, sh: &Shared) -> Control {
             }
             1 => {
                 let st = Stats(request_at(ctl, json!({"cmd": "stat"})));
-                let lim = squeeze(st.devices()[0].stats.mem_used_total).to_string();
+                // What the pool holds can pass the device's size (size
+                // classes, fragmentation), and a device limit above its
+                // size is refused: at most the size.
+                let lim = squeeze(st.devices()[0].stats.mem_used_total)
+                    .min(PAGES * PAGE as u64)
+                    .to_string();
                 vzram(&["set-limit", "--control", c, "--device", DEV, &lim]);
                 r.limit_changes += 1;
             }

@@ -7,10 +7,12 @@
 //! - [`stats`]: a stat reply ([`Stats`]), by device name or socket.
 //! - [`client`]: a `blkio` client on one device ([`Client`], [`Queue`]).
 //! - [`data`]: test data (patterns, noise, a seeded RNG, versioned pages).
+//! - [`hints`]: the commands a refusal advises, run as advised.
 //! - [`procs`]: the daemon's process tree and `/proc/PID/status`.
 //! - [`frontend`]: a raw vhost-user-blk frontend that writes its virtqueue
 //!   by hand, for the hostile-client and protocol tests.
 //! - [`guest`]: the end-to-end harness: QEMU guests, QMP, hang dumps.
+//! - [`migrating`]: two daemons, one migrating to the other.
 //!
 //! Everything but `frontend` and `guest` is also at the root, for
 //! `use vzram_tests::*`.
@@ -32,7 +34,9 @@ pub mod daemon;
 pub mod data;
 pub mod frontend;
 pub mod guest;
+pub mod hints;
 pub mod metrics;
+pub mod migrating;
 pub mod paths;
 pub mod pki;
 pub mod procs;
@@ -41,6 +45,7 @@ pub mod stats;
 pub use client::*;
 pub use daemon::*;
 pub use data::*;
+pub use hints::*;
 pub use paths::*;
 pub use procs::*;
 pub use stats::*;

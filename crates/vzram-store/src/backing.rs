@@ -84,6 +84,13 @@ impl AlignedPages {
         }
     }
 
+    /// Every page, as one slice.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the whole region, which this value owns; the mutable
+        // borrow of self makes this the only reference to it.
+        unsafe { std::slice::from_raw_parts_mut(self.region.as_ptr(), self.pages * PAGE_SIZE) }
+    }
+
     pub fn page_mut(&mut self, i: usize) -> &mut crate::Page {
         assert!(i < self.pages);
         // SAFETY: page i lies inside the region, which this value owns, and
@@ -102,6 +109,27 @@ impl std::fmt::Debug for AlignedPages {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "AlignedPages({})", self.pages)
     }
+}
+
+/// How much of a block device `vzram backing init` reads to tell that
+/// it is blank (a whole disk would take minutes).
+pub const BLANK_SCAN_DEVICE: u64 = 64 << 20;
+
+/// The process that holds `path` locked (`flock`), from /proc/locks.
+fn lock_holder(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let dev = m.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let id = format!("{major:02x}:{minor:02x}:{}", m.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
+        (f.len() >= 6 && f[1] == "FLOCK" && f[5] == id)
+            .then(|| f[4].parse().ok())
+            .flatten()
+    })
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> StoreError {
@@ -239,26 +267,86 @@ impl Backing {
     /// Makes `path` a blank backing file that any device may claim (`vzram
     /// backing init`): its header block is zeroed, so whatever it held
     /// before (another device's pages) is given up on purpose. Refused
-    /// while a device holds it.
-    pub fn init(path: &Path) -> Result<u64> {
+    /// while a device holds it, for a state's file, and, unless `force`,
+    /// for a file that is neither blank (zeros or holes) nor a vzram
+    /// backing file: a path typed wrong must not lose someone's data.
+    pub fn init(path: &Path, force: bool) -> Result<u64> {
         let b = Backing::open_checked(
             &BackingSpec {
                 path: path.to_path_buf(),
             },
             false,
-        )?;
+        )
+        .map_err(|e| match lock_holder(path) {
+            Some(pid) => err(
+                path,
+                format!("is in use: process {pid} holds it (a device's backing file); remove that device first"),
+            ),
+            None => e,
+        })?;
         let mut buf = AlignedPages::new(1)?;
         b.file
             .read_exact_at(buf.page_mut(0), 0)
             .map_err(|e| os_err(&b.path, "reading its header", e))?;
-        if crate::state::is_state_header(buf.page_mut(0)) {
+        let head = buf.page_mut(0);
+        if crate::state::is_state_header(head) {
             return Err(err(
                 &b.path,
                 "holds a device state's header, not a backing file; left alone",
             ));
         }
+        if head[0..8] != MAGIC && !force {
+            if let Some(at) = b.first_data()? {
+                return Err(err(
+                    &b.path,
+                    format!(
+                        "is neither blank nor a vzram backing file (byte {at} is not zero); left alone: \
+                         `vzram backing init {} --force` overwrites its first 4 KiB",
+                        b.path.display()
+                    ),
+                ));
+            }
+        }
         b.release()?;
         Ok(b.blocks)
+    }
+
+    /// Where the first byte that is not zero is, if any: only the data
+    /// of a regular file is read (its holes are zeros); a block device is
+    /// read up to [`BLANK_SCAN_DEVICE`].
+    fn first_data(&self) -> Result<Option<u64>> {
+        use std::os::unix::fs::FileTypeExt;
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| StoreError::backing(self.path.display(), e))?;
+        let ranges = if meta.file_type().is_block_device() {
+            let end = BLANK_SCAN_DEVICE.min((self.blocks + 1) * PAGE_SIZE as u64);
+            std::iter::once(0..end).collect()
+        } else {
+            crate::state::data_ranges(&self.file)
+        };
+        const CHUNK: usize = 256;
+        let mut buf = AlignedPages::new(CHUNK)?;
+        for r in ranges {
+            // O_DIRECT reads start on a page and are whole pages.
+            let mut at = r.start / PAGE_SIZE as u64 * PAGE_SIZE as u64;
+            while at < r.end {
+                let n = self
+                    .file
+                    .read_at(buf.bytes_mut(), at)
+                    .map_err(|e| os_err(&self.path, "reading it", e))?;
+                if n == 0 {
+                    break;
+                }
+                let got = &buf.bytes(0, CHUNK)[..n];
+                if let Some(i) = got.iter().position(|&b| b != 0) {
+                    return Ok(Some(at + i as u64));
+                }
+                at += n as u64;
+            }
+        }
+        Ok(None)
     }
 
     /// Blanks the header block: the pages the file held are nobody's, and
@@ -308,8 +396,11 @@ impl Backing {
             }
             return Err(err(
                 &self.path,
-                "holds data that is not a vzram backing file (its first 4 KiB are not blank); \
-                 left alone: `vzram backing init PATH` gives it up on purpose",
+                format!(
+                    "holds data that is not a vzram backing file (its first 4 KiB are not blank); \
+                     left alone: `vzram backing init {} --force` gives it up on purpose",
+                    self.path.display()
+                ),
             ));
         }
         let u64_at = |i: usize| u64::from_le_bytes(page[i..i + 8].try_into().unwrap());
@@ -338,8 +429,9 @@ impl Backing {
                 format!(
                     "holds another device's written-back pages (its block 0 names the state with creation id {:016x}, \
                      this device's state is {owner:016x}); left alone: \
-                     `vzram backing init PATH` gives them up on purpose",
-                    h.owner
+                     `vzram backing init {}` gives them up on purpose",
+                    h.owner,
+                    self.path.display()
                 ),
             )),
             _ => Ok(()),
@@ -612,7 +704,7 @@ mod tests {
         // A device that discarded state 7 (--fresh) takes its file back.
         b.claim(8, Some(7)).unwrap();
         drop(b);
-        assert_eq!(Backing::init(&spec.path).unwrap(), 16);
+        assert_eq!(Backing::init(&spec.path, false).unwrap(), 16);
         let b = Backing::open(&spec).unwrap();
         b.claim(9, None).unwrap();
         drop(b);
@@ -633,6 +725,6 @@ mod tests {
             .unwrap();
         let e = Backing::open(&spec).err().unwrap().to_string();
         assert!(e.contains("state's header"), "{e}");
-        Backing::init(&spec.path).unwrap_err();
+        Backing::init(&spec.path, true).unwrap_err();
     }
 }

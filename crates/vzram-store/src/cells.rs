@@ -10,7 +10,10 @@
 
 use std::marker::PhantomData;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 
 use crate::error::Result;
 use crate::limits::Budget;
@@ -144,23 +147,62 @@ pub struct DeviceCells {
     /// shared one set bounced its cache lines between cores on every
     /// request. `latency` above is what older files recorded.
     shard_latency: [ShardLatency; LATENCY_SHARDS],
-    /// What an operator asked of a send under way (`MIGRATION_ASK_*`):
+    /// What an operator asked of a send under way (an [`Ask`]):
     /// `vzram migrate --commit` (the VM has moved, for a VMM that keeps its
     /// source process) or `--cancel` (the VMM's migration was called off).
     /// Read by the sender.
-    pub migration_commit: AtomicU64,
+    pub(crate) migration_commit: AtomicU64,
     /// Pages the compress pool's threads compressed or decompressed for
     /// this device (those its queue threads did themselves are not
     /// counted): whether the pool is doing anything.
     pub pool_pages: AtomicU64,
 }
 
-/// Nothing asked of the sender.
-pub const MIGRATION_ASK_NONE: u64 = 0;
-/// Commit the move (`vzram migrate --commit`).
-pub const MIGRATION_ASK_COMMIT: u64 = 1;
-/// Call the move off, the VM runs here (`vzram migrate --cancel`).
-pub const MIGRATION_ASK_CANCEL: u64 = 2;
+/// What an operator asked of a send under way (kept in
+/// [`DeviceCells::migration_commit`]).
+#[repr(u64)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// Nothing.
+    None = 0,
+    /// Commit the move (`vzram migrate --commit`, after the last delta).
+    Commit = 1,
+    /// Call the move off, the VM runs here (`vzram migrate --cancel`).
+    Cancel = 2,
+}
+
+impl Ask {
+    fn of(v: u64) -> Ask {
+        match v {
+            1 => Ask::Commit,
+            2 => Ask::Cancel,
+            _ => Ask::None,
+        }
+    }
+}
+
+impl DeviceCells {
+    /// What the operator asked of the send under way.
+    pub fn ask(&self) -> Ask {
+        Ask::of(self.migration_commit.load(SeqCst))
+    }
+
+    /// Records an operator's ask for the sender.
+    pub fn set_ask(&self, a: Ask) {
+        self.migration_commit.store(a as u64, SeqCst);
+    }
+
+    /// Forgets an ask to commit (one given before the last delta, or for
+    /// an earlier send); a cancel stays.
+    pub fn forget_commit(&self) {
+        let _ = self.migration_commit.compare_exchange(
+            Ask::Commit as u64,
+            Ask::None as u64,
+            SeqCst,
+            SeqCst,
+        );
+    }
+}
 
 /// Latency sets kept apart.
 pub const LATENCY_SHARDS: usize = 8;
@@ -173,8 +215,8 @@ struct ShardLatency([Latency; 3]);
 #[repr(C)]
 #[derive(Default)]
 pub struct MigrationCells {
-    /// One of the `MIGRATION_*` values.
-    pub state: AtomicU64,
+    /// A [`Phase`], as its number (read and set through its methods).
+    pub(crate) state: AtomicU64,
     pub bytes: AtomicU64,
     pub records: AtomicU64,
     pub pass: AtomicU64,
@@ -195,63 +237,119 @@ pub struct Progress {
     pub dirty: u64,
 }
 
-/// No migration, or the last one is over.
-pub const MIGRATION_NONE: u64 = 0;
-/// Incoming: waiting for a stream; requests wait.
-pub const MIGRATION_INCOMING: u64 = 1;
-/// Incoming: a stream is arriving; requests wait.
-pub const MIGRATION_RECEIVING: u64 = 2;
-/// Incoming: the last stream failed; requests wait for another.
-pub const MIGRATION_FAILED: u64 = 3;
-/// Sending to another daemon.
-pub const MIGRATION_SENDING: u64 = 4;
-/// Sent and confirmed.
-pub const MIGRATION_SENT: u64 = 5;
-/// The last send failed; the device kept its pages.
-pub const MIGRATION_SEND_FAILED: u64 = 6;
-/// Incoming: received and committed; it serves, and no later stream is
-/// taken (a restart does not make it incoming again).
-pub const MIGRATION_RECEIVED: u64 = 7;
-/// Incoming: every page is here and checked, waiting for the source to
-/// commit; requests wait.
-pub const MIGRATION_PREPARED: u64 = 8;
-/// Sent with `--keep` and committed: the pages are here too.
-pub const MIGRATION_COPIED: u64 = 9;
-/// Sending: the destination holds every page; waiting for the VM to move
-/// (its frontend here to go) before committing.
-pub const MIGRATION_COMMITTING: u64 = 10;
+/// Where a device stands in a migration; kept in the shared cells (as its
+/// number) so that it survives a worker's or the daemon's restart. The
+/// events that move it, and who moves it, are in ARCHITECTURE.md
+/// ("Migration states").
+#[repr(u64)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// No migration, or the last one is over.
+    None = 0,
+    /// Incoming: waiting for a stream; requests wait.
+    Incoming = 1,
+    /// Incoming: a stream is arriving; requests wait.
+    Receiving = 2,
+    /// Incoming: the last stream failed; requests wait for another.
+    Failed = 3,
+    /// Sending to another daemon: pre-copy and the last delta.
+    Sending = 4,
+    /// Sent and confirmed; the pages here were dropped.
+    Sent = 5,
+    /// The last send failed or was called off; the device kept its pages.
+    SendFailed = 6,
+    /// Incoming: received and committed; it serves, and no later stream
+    /// is taken (a restart does not make it incoming again).
+    Received = 7,
+    /// Incoming: every page is here and checked, waiting for the source
+    /// to commit; requests wait.
+    Prepared = 8,
+    /// Sent with `--keep` and committed: the pages are here too.
+    Copied = 9,
+    /// Sending: the destination holds every page; waiting for proof that
+    /// the VM runs there (its rings started) or an operator's commit.
+    Committing = 10,
+}
 
-impl MigrationCells {
+impl Phase {
+    fn of(v: u64) -> Phase {
+        match v {
+            1 => Phase::Incoming,
+            2 => Phase::Receiving,
+            3 => Phase::Failed,
+            4 => Phase::Sending,
+            5 => Phase::Sent,
+            6 => Phase::SendFailed,
+            7 => Phase::Received,
+            8 => Phase::Prepared,
+            9 => Phase::Copied,
+            10 => Phase::Committing,
+            _ => Phase::None,
+        }
+    }
+
     /// Whether requests must wait: the device waits for its pages.
-    pub fn incoming(&self) -> bool {
+    pub fn incoming(self) -> bool {
         matches!(
-            self.state.load(Relaxed),
-            MIGRATION_INCOMING | MIGRATION_RECEIVING | MIGRATION_PREPARED | MIGRATION_FAILED
+            self,
+            Phase::Incoming | Phase::Receiving | Phase::Prepared | Phase::Failed
         )
     }
 
     /// Whether a send is under way (any phase).
+    pub fn sending(self) -> bool {
+        matches!(self, Phase::Sending | Phase::Committing)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::None => "none",
+            Phase::Incoming => "incoming",
+            Phase::Receiving => "receiving",
+            Phase::Failed => "failed",
+            Phase::Sending => "sending",
+            Phase::Sent => "sent",
+            Phase::SendFailed => "send-failed",
+            Phase::Received => "received",
+            Phase::Prepared => "prepared",
+            Phase::Copied => "copied",
+            Phase::Committing => "committing",
+        }
+    }
+}
+
+impl MigrationCells {
+    /// The device's migration phase.
+    pub fn phase(&self) -> Phase {
+        Phase::of(self.state.load(SeqCst))
+    }
+
+    /// Moves the device to `p`.
+    pub fn set(&self, p: Phase) {
+        self.state.store(p as u64, SeqCst);
+    }
+
+    /// Moves the device from one of `from` to `to`; whether it did.
+    pub fn shift(&self, from: &[Phase], to: Phase) -> bool {
+        self.state
+            .fetch_update(SeqCst, SeqCst, |v| {
+                from.contains(&Phase::of(v)).then_some(to as u64)
+            })
+            .is_ok()
+    }
+
+    /// Whether requests must wait: the device waits for its pages.
+    pub fn incoming(&self) -> bool {
+        self.phase().incoming()
+    }
+
+    /// Whether a send is under way (any phase).
     pub fn sending(&self) -> bool {
-        matches!(
-            self.state.load(Relaxed),
-            MIGRATION_SENDING | MIGRATION_COMMITTING
-        )
+        self.phase().sending()
     }
 
     pub fn state_name(&self) -> &'static str {
-        match self.state.load(Relaxed) {
-            MIGRATION_INCOMING => "incoming",
-            MIGRATION_RECEIVING => "receiving",
-            MIGRATION_FAILED => "failed",
-            MIGRATION_SENDING => "sending",
-            MIGRATION_SENT => "sent",
-            MIGRATION_SEND_FAILED => "send-failed",
-            MIGRATION_RECEIVED => "received",
-            MIGRATION_PREPARED => "prepared",
-            MIGRATION_COPIED => "copied",
-            MIGRATION_COMMITTING => "committing",
-            _ => "none",
-        }
+        self.phase().name()
     }
 
     /// Publishes a transfer's progress.
@@ -262,12 +360,12 @@ impl MigrationCells {
         self.dirty.store(p.dirty, Relaxed);
     }
 
-    /// Starts a transfer in `state`, its progress at zero.
-    pub fn begin(&self, state: u64) {
+    /// Starts a transfer in `p`, its progress at zero.
+    pub fn begin(&self, p: Phase) {
         for c in [&self.bytes, &self.records, &self.pass, &self.dirty] {
             c.store(0, Relaxed);
         }
-        self.state.store(state, Relaxed);
+        self.set(p);
     }
 }
 

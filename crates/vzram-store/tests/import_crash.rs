@@ -25,6 +25,46 @@ use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, StateS
 mod common;
 use common::{mix, Rng};
 
+/// The stream's send over one socket (its read timeout is the patience).
+#[allow(dead_code)]
+fn send_on(
+    dev: &Device,
+    s: &UnixStream,
+    quiet: &dyn Fn() -> bool,
+    verdict: &dyn Fn() -> Verdict,
+    cancelled: &dyn Fn() -> Option<String>,
+    progress: &dyn Fn(migrate::Progress),
+) -> Result<migrate::SendReport, migrate::MigrateError> {
+    let hooks = migrate::SendHooks {
+        quiet,
+        verdict: &|_| verdict(),
+        cancelled,
+        progress,
+        patience: &|p| s.set_read_timeout(p).unwrap(),
+    };
+    migrate::send(dev, s, s, &hooks)
+}
+
+/// The stream's receive (the VM never runs here).
+#[allow(dead_code)]
+fn receive_on(
+    dev: &Device,
+    r: impl std::io::Read,
+    w: impl std::io::Write,
+    progress: &dyn Fn(migrate::Progress),
+    prepared: &dyn Fn(),
+    commit: &dyn Fn(),
+) -> Result<migrate::ReceiveReport, migrate::MigrateError> {
+    let hooks = migrate::ReceiveHooks {
+        progress,
+        prepared,
+        started: &|| false,
+        commit,
+        patience: &|_| {},
+    };
+    migrate::receive(dev, r, w, &hooks)
+}
+
 const SLOTS: u64 = 512;
 /// Passes with records: the full one and the rewrites after it.
 const PASSES: usize = 4;
@@ -134,7 +174,7 @@ fn stream_of(v: &[Vec<Vec<u8>>]) -> Vec<u8> {
             }
             false
         };
-        let r = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {});
+        let r = send_on(&src, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {});
         assert!(r.unwrap_err().to_string().contains("stop"));
         a.shutdown(std::net::Shutdown::Write).unwrap();
         rec.join().unwrap()
@@ -159,7 +199,7 @@ fn open(pool: &Arc<Pool>, root: &Path) -> Arc<Device> {
 /// Receives a recorded stream, and the source's commit after it.
 fn receive(dev: &Device, stream: &[u8]) -> migrate::ReceiveReport {
     let whole = [stream, b"C"].concat();
-    migrate::receive(dev, &whole[..], std::io::sink(), &|_| {}, &|| {}, &|| {}).unwrap()
+    receive_on(dev, &whole[..], std::io::sink(), &|_| {}, &|| {}, &|| {}).unwrap()
 }
 
 /// The child: recover, say so, then receive the stream file until killed.

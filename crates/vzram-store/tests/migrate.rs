@@ -10,6 +10,46 @@ use std::sync::Arc;
 use vzram_store::migrate::{self, MigrateError, Progress, Verdict};
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
+/// The stream's send over one socket (its read timeout is the patience).
+#[allow(dead_code)]
+fn send_on(
+    dev: &Device,
+    s: &UnixStream,
+    quiet: &dyn Fn() -> bool,
+    verdict: &dyn Fn() -> Verdict,
+    cancelled: &dyn Fn() -> Option<String>,
+    progress: &dyn Fn(migrate::Progress),
+) -> Result<migrate::SendReport, migrate::MigrateError> {
+    let hooks = migrate::SendHooks {
+        quiet,
+        verdict: &|_| verdict(),
+        cancelled,
+        progress,
+        patience: &|p| s.set_read_timeout(p).unwrap(),
+    };
+    migrate::send(dev, s, s, &hooks)
+}
+
+/// The stream's receive (the VM never runs here).
+#[allow(dead_code)]
+fn receive_on(
+    dev: &Device,
+    r: impl std::io::Read,
+    w: impl std::io::Write,
+    progress: &dyn Fn(migrate::Progress),
+    prepared: &dyn Fn(),
+    commit: &dyn Fn(),
+) -> Result<migrate::ReceiveReport, migrate::MigrateError> {
+    let hooks = migrate::ReceiveHooks {
+        progress,
+        prepared,
+        started: &|| false,
+        commit,
+        patience: &|_| {},
+    };
+    migrate::receive(dev, r, w, &hooks)
+}
+
 const SLOTS: u64 = 4096;
 
 fn pool() -> Arc<Pool> {
@@ -90,8 +130,8 @@ fn migrate_with(
 ) {
     let (a, b) = UnixStream::pair().unwrap();
     std::thread::scope(|sc| {
-        let rx = sc.spawn(|| migrate::receive(dst, &b, &b, &|_| {}, &|| {}, &|| {}));
-        let tx = migrate::send(src, &a, &a, quiet, verdict, &|| None, &|_: Progress| {});
+        let rx = sc.spawn(|| receive_on(dst, &b, &b, &|_| {}, &|| {}, &|| {}));
+        let tx = send_on(src, &a, quiet, verdict, &|| None, &|_: Progress| {});
         drop(a);
         (tx, rx.join().unwrap())
     })
@@ -135,7 +175,7 @@ fn writes_during_pre_copy_arrive() {
     let stop = AtomicBool::new(false);
     let (a, b) = UnixStream::pair().unwrap();
     let (tx, rx, rounds) = std::thread::scope(|sc| {
-        let rx = sc.spawn(|| migrate::receive(&dst, &b, &b, &|_| {}, &|| {}, &|| {}));
+        let rx = sc.spawn(|| receive_on(&dst, &b, &b, &|_| {}, &|| {}, &|| {}));
         let writer = sc.spawn(|| {
             let cx = &mut Context::new(1);
             let mut round = 2;
@@ -163,7 +203,7 @@ fn writes_during_pre_copy_arrive() {
             std::thread::sleep(std::time::Duration::from_millis(5));
             false
         };
-        let tx = migrate::send(&src, &a, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {});
+        let tx = send_on(&src, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {});
         let rounds = writer.join().unwrap();
         (tx, rx.join().unwrap(), rounds)
     });
@@ -211,15 +251,7 @@ fn stream_of(src: &Device) -> Vec<u8> {
             (&b).read_to_end(&mut all).unwrap();
             all
         });
-        let r = migrate::send(
-            src,
-            &a,
-            &a,
-            &|| true,
-            &|| Verdict::Commit,
-            &|| None,
-            &|_| {},
-        );
+        let r = send_on(src, &a, &|| true, &|| Verdict::Commit, &|| None, &|_| {});
         assert!(r.unwrap_err().to_string().contains("stop"));
         a.shutdown(std::net::Shutdown::Write).unwrap();
         rec.join().unwrap()
@@ -238,7 +270,7 @@ fn receive_bytes(dst: &Device, bytes: &[u8]) -> Result<migrate::ReceiveReport, M
             let mut sink = Vec::new();
             let _ = std::io::Read::read_to_end(&mut &a, &mut sink);
         });
-        let r = migrate::receive(dst, &b, &b, &|_| {}, &|| {}, &|| {});
+        let r = receive_on(dst, &b, &b, &|_| {}, &|| {}, &|| {});
         drop(b);
         w.join().unwrap();
         r
@@ -345,7 +377,7 @@ fn dirty_tracking_sees_writes_and_discards_only_while_on() {
     std::thread::scope(|sc| {
         let rx = sc.spawn(|| {
             let dst = device(&pool, SLOTS, Codec::Lz4);
-            migrate::receive(&dst, &b, &b, &|_| {}, &|| {}, &|| {}).map(|_| dst)
+            receive_on(&dst, &b, &b, &|_| {}, &|| {}, &|| {}).map(|_| dst)
         });
         let n = std::cell::Cell::new(0);
         let quiet = || {
@@ -362,7 +394,7 @@ fn dirty_tracking_sees_writes_and_discards_only_while_on() {
                 _ => true,
             }
         };
-        migrate::send(&dev, &a, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {}).unwrap();
+        send_on(&dev, &a, &quiet, &|| Verdict::Commit, &|| None, &|_| {}).unwrap();
         let dst = rx.join().unwrap().unwrap();
         same_content(&dev, &dst);
     });
@@ -504,7 +536,7 @@ fn a_source_that_leaves_before_its_commit_leaves_the_destination_empty() {
             drop(a);
             k
         });
-        let r = migrate::receive(&dst, &b, &b, &|_| {}, &|| {}, &|| {});
+        let r = receive_on(&dst, &b, &b, &|_| {}, &|| {}, &|| {});
         (r, w.join().unwrap())
     });
     let (r, k) = r;
@@ -559,15 +591,7 @@ fn a_confirmation_with_the_wrong_count_or_checksum_commits_nothing() {
                 let _ = (&b).read_to_end(&mut rest);
                 rest
             });
-            let r = migrate::send(
-                &src,
-                &a,
-                &a,
-                &|| true,
-                &|| Verdict::Commit,
-                &|| None,
-                &|_| {},
-            );
+            let r = send_on(&src, &a, &|| true, &|| Verdict::Commit, &|| None, &|_| {});
             drop(a);
             (r, fake.join().unwrap())
         });
@@ -596,7 +620,7 @@ fn a_cancel_during_pre_copy_aborts_both_ends_and_the_source_keeps_everything() {
     let (a, b) = UnixStream::pair().unwrap();
     let (tx, rx) = std::thread::scope(|sc| {
         let rx = sc.spawn(|| {
-            migrate::receive(&dst, &b, &b, &|_| {}, &|| panic!("prepared"), &|| {
+            receive_on(&dst, &b, &b, &|_| {}, &|| panic!("prepared"), &|| {
                 panic!("committed")
             })
         });
@@ -606,9 +630,8 @@ fn a_cancel_during_pre_copy_aborts_both_ends_and_the_source_keeps_everything() {
             (passes.fetch_add(1, Ordering::Relaxed) >= 5)
                 .then(|| "cancelled by the operator".into())
         };
-        let tx = migrate::send(
+        let tx = send_on(
             &src,
-            &a,
             &a,
             &|| false,
             &|| panic!("no verdict is asked before the last delta"),

@@ -115,7 +115,7 @@ fn names_slot(msg: &str, slot: u64) {
     assert!(
         msg.contains(&format!("slot {slot} "))
             && msg.contains("d/table")
-            && msg.ends_with("the state is damaged (start with --fresh to discard it)"),
+            && msg.ends_with("the state is damaged (start with `--fresh d` (or fresh=true on the device) to discard it)"),
         "{msg}"
     );
 }

@@ -47,12 +47,20 @@ where
 /// the program itself with `--socket-path PATH` or `--fd N`, no subcommand:
 /// those arguments are `vzram serve`'s.
 pub fn as_backend_program(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let backend = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
-        ["--socket-path", "--fd"]
-            .iter()
-            .any(|f| a == *f || a.starts_with(&format!("{f}=")))
-    });
-    if !backend {
+    let is_backend_flag = |a: &std::ffi::OsString| {
+        a.to_str().is_some_and(|a| {
+            ["--socket-path", "--fd"]
+                .iter()
+                .any(|f| a == *f || a.starts_with(&format!("{f}=")))
+        })
+    };
+    // No subcommand (the first argument is a flag), and the convention's
+    // flag anywhere: `vzram --size 1G --socket-path S` as well.
+    let no_subcommand = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|a| a.starts_with("--"));
+    if !no_subcommand || !args.iter().skip(1).any(is_backend_flag) {
         return args;
     }
     let mut out = args;
@@ -94,9 +102,11 @@ pub enum Command {
     Compact(CompactArgs),
     /// Add a device to a running daemon (zram's hot_add).
     Add(AddArgs),
-    /// Remove a device from a running daemon: disconnects its frontend and
-    /// deletes its socket and its state (zram's hot_remove).
-    Remove(DeviceArgs),
+    /// Remove a device from a running daemon: deletes its socket and its
+    /// state (zram's hot_remove). Refused while a frontend is connected,
+    /// unless --force: then the frontend is cut off and the state kept,
+    /// left over (`vzram add ...,recover=true` serves it again).
+    Remove(DestroyArgs),
     /// Delete a left-over state: one in the state dir that no device
     /// serves (`vzram stat` lists them), such as a device added at run time
     /// before a restart. Its pages are gone for good.
@@ -104,8 +114,9 @@ pub enum Command {
     /// Backing files, without a daemon.
     #[command(subcommand)]
     Backing(BackingCommand),
-    /// Drop all of a device's data; refused while a frontend is connected.
-    Reset(DeviceArgs),
+    /// Drop all of a device's data; refused while a frontend is connected,
+    /// unless --force (which cuts it off first).
+    Reset(DestroyArgs),
     /// Restart mem_used_max from the current use (one device, or all and the host).
     ResetMax(CompactArgs),
     /// Mark every page a device stores idle (zram's `echo all > idle`); a
@@ -173,8 +184,10 @@ pub struct ServeArgs {
     pub host_mem_limit: Option<u64>,
     /// Control socket for `vzram stat`, `set-limit`, `compact` and the
     /// other client commands [default: $VZRAM_CONTROL, else
-    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock]; its
-    /// directory must exist.
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock for
+    /// root, $XDG_RUNTIME_DIR/vzram/control.sock (or /tmp/vzram-UID/) for a
+    /// user: made if missing; taken by another daemon, control.PID.sock
+    /// beside it]. A given path's directory must exist.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any
@@ -210,15 +223,21 @@ pub struct ServeArgs {
     /// else /dev/shm/vzram-UID].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Discard the devices' existing state and start them empty.
-    #[arg(long, conflicts_with = "adopt")]
-    pub fresh: bool,
-    /// Serve a state found under a device's name even if it was made under
-    /// another name (a renamed state directory) or for another socket: the
-    /// header then records this device's. Without it such a state stops
-    /// the start (exit 2), so no guest gets another's disk by accident.
-    #[arg(long)]
-    pub adopt: bool,
+    /// Discard device NAME's existing state (NAME: the device's name, or
+    /// its state's, as refusals give it) and start it empty (repeatable;
+    /// `fresh=true` on the device does the same). Each state discarded is
+    /// logged at WARN with its size. Without NAME: every device's.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    pub fresh: Vec<String>,
+    /// Serve a state found under device NAME's name even if it was made
+    /// under another name (a renamed state directory) or for another
+    /// socket, or though its socket was last served from another state dir:
+    /// the header (and the marker beside the socket) then record this
+    /// device's. Without it such a state stops the start (exit 2), so no
+    /// guest gets another's disk by accident. Repeatable (`adopt=true` on
+    /// the device does the same); without NAME: every device.
+    #[arg(long, value_name = "NAME", num_args = 0..=1, default_missing_value = "", action = clap::ArgAction::Append)]
+    pub adopt: Vec<String>,
     /// Threads per worker process (one per connected VM) that compress the
     /// pages of writes of 4 pages or more and decompress those of reads of
     /// 2 pages or more, beside the queue threads; capped at the number of
@@ -274,6 +293,18 @@ impl ServeArgs {
         };
         let tls_dir = self.tls_creds.clone().or(file.tls_creds.clone());
         let mut cfg = self.clone().merge(file, fd_socket.clone())?;
+        cfg.fresh.check("--fresh", &cfg.devices)?;
+        cfg.adopt.check("--adopt", &cfg.devices)?;
+        if let Some(d) = cfg
+            .devices
+            .iter()
+            .find(|d| cfg.fresh.covers_device(d) && cfg.adopt.covers_device(d))
+        {
+            return Err(ConfigError(format!(
+                "device {}: --fresh and --adopt exclude each other",
+                d.name
+            )));
+        }
         if let Some(dir) = &tls_dir {
             let creds = crate::owner::tls::load_dir(dir)
                 .map_err(|e| ConfigError(format!("--tls-creds: {e}")))?;
@@ -310,12 +341,25 @@ impl ServeArgs {
         fd_socket: Option<PathBuf>,
     ) -> Result<DaemonConfig, ConfigError> {
         let mut drafts = file.devices;
-        drafts.extend(self.devices);
         let mut single = self.single;
         if fd_socket.is_some() {
             single.socket = fd_socket;
         }
-        if single.socket.is_some() {
+        // QEMU's backend convention passes a socket and nothing else: the
+        // file's one device without a socket (its size and the rest) takes it.
+        let socket_only = single.socket.is_some()
+            && single
+                == DeviceDraft {
+                    socket: single.socket.clone(),
+                    ..DeviceDraft::default()
+                };
+        let open: Vec<usize> = (0..drafts.len())
+            .filter(|&i| drafts[i].socket.is_none())
+            .collect();
+        drafts.extend(self.devices);
+        if socket_only && open.len() == 1 {
+            drafts[open[0]].socket = single.socket.take();
+        } else if single.socket.is_some() {
             drafts.push(single);
         } else if single != DeviceDraft::default() {
             return Err(ConfigError(
@@ -340,8 +384,8 @@ impl ServeArgs {
             cfg.state_dir = d;
             cfg.state_parent = None;
         }
-        cfg.fresh = self.fresh;
-        cfg.adopt = self.adopt;
+        cfg.fresh = config::Devices::from_flag(&self.fresh);
+        cfg.adopt = config::Devices::from_flag(&self.adopt);
         cfg.compress_threads = self.compress_threads.or(file.compress_threads);
         if let Some(t) = self.incoming_timeout.or(file.incoming_timeout) {
             cfg.incoming_timeout = t;
@@ -361,27 +405,71 @@ pub struct StatArgs {
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Only this device (name or index).
-    #[arg(value_name = "NAME")]
-    pub device: Option<String>,
+    #[command(flatten)]
+    pub target: MaybeDevice,
 }
 
+/// `vzram set-limit NAME SIZE` (or `--device NAME SIZE`), or `--host SIZE`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("target").required(true).args(["device", "host"])))]
 pub struct SetLimitArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
-    /// Device name or index.
-    #[arg(long)]
+    /// The device (name or index), then the new limit: 512M, 8G, ... (0 =
+    /// none); with --host or --device, the limit alone.
+    #[arg(value_names = ["NAME", "SIZE"], num_args = 1..=2, required = true)]
+    pub words: Vec<String>,
+    /// The device, as a flag (the same as NAME).
+    #[arg(long, value_name = "NAME", conflicts_with = "host")]
     pub device: Option<String>,
     /// Set the host-wide limit instead of a device's.
     #[arg(long)]
     pub host: bool,
-    /// New limit: 512M, 8G, ... (0 = none).
-    #[arg(value_parser = config::parse_size)]
-    pub size: u64,
+}
+
+/// What `set-limit` sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitTarget {
+    Device(String),
+    Host,
+}
+
+impl SetLimitArgs {
+    /// The target and the size, from NAME SIZE, `--device NAME SIZE` or
+    /// `--host SIZE`.
+    pub fn target(&self) -> Result<(LimitTarget, u64), String> {
+        let (target, size) = match (self.words.as_slice(), &self.device, self.host) {
+            ([name, size], None, false) => (LimitTarget::Device(name.clone()), size),
+            ([size], Some(d), false) => (LimitTarget::Device(d.clone()), size),
+            ([size], None, true) => (LimitTarget::Host, size),
+            ([_], None, false) => {
+                return Err(
+                    "set-limit needs a device (NAME SIZE, or --device NAME SIZE) or --host SIZE"
+                        .into(),
+                )
+            }
+            _ => return Err("set-limit takes NAME SIZE, --device NAME SIZE or --host SIZE".into()),
+        };
+        Ok((target, config::parse_size(size)?))
+    }
+}
+
+/// One device or all: `vzram CMD [NAME]` (or `--device NAME`).
+#[derive(Debug, Args)]
+pub struct MaybeDevice {
+    /// Only this device (name or index).
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The same, as a flag.
+    #[arg(long, value_name = "NAME", conflicts_with = "name")]
+    pub device: Option<String>,
+}
+
+impl MaybeDevice {
+    pub fn device(&self) -> Option<&str> {
+        self.name.as_deref().or(self.device.as_deref())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -390,9 +478,8 @@ pub struct CompactArgs {
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
-    /// Only this device (name or index).
-    #[arg(long)]
-    pub device: Option<String>,
+    #[command(flatten)]
+    pub target: MaybeDevice,
 }
 
 #[derive(Debug, Args)]
@@ -412,35 +499,88 @@ pub struct AddArgs {
 #[derive(Debug, Subcommand)]
 pub enum BackingCommand {
     /// Make an existing file (or block device) a blank backing file that a
-    /// device may take: its first 4 KiB are zeroed. vzram takes only blank
-    /// files or its own, so run this on one that holds other data, or
-    /// another device's pages, only when giving them up. Refused while a
-    /// device uses it, and for a device state's files.
+    /// device may take: its first 4 KiB are zeroed, giving up the pages of
+    /// the device that had it. Refused while a device uses it (naming the
+    /// process that holds it), for a device state's files, and, without
+    /// --force, for a file that is neither blank (zeros or holes; a block
+    /// device's first 64 MiB) nor a vzram backing file.
     Init {
         /// The file, at least 8 KiB (e.g. made with `fallocate -l 4G PATH`).
         path: PathBuf,
+        /// Also a file that holds other data: its first 4 KiB are lost.
+        #[arg(long)]
+        force: bool,
     },
 }
 
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("what").required(true).args(["name", "device", "gone", "socket"])))]
 pub struct ForgetArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
     /// The left-over state's name.
-    pub name: String,
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The same, as a flag.
+    #[arg(long, value_name = "NAME", conflicts_with = "name")]
+    pub device: Option<String>,
+    /// Every left-over state whose socket's directory is gone (a test
+    /// harness's temporary directory, a removed VM's): nothing can serve
+    /// it again by the same command. Each is named with its size.
+    #[arg(long)]
+    pub gone: bool,
+    /// Every left-over state made for a socket matching PATTERN, where `*`
+    /// stands for any characters (`'/tmp/qtest-*'`: a test run's).
+    #[arg(long, value_name = "PATTERN")]
+    pub socket: Option<String>,
 }
 
+impl ForgetArgs {
+    /// The one state named (NAME or --device NAME), if one is.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref().or(self.device.as_deref())
+    }
+}
+
+/// The device a command acts on: `vzram CMD NAME`, or `--device NAME` as
+/// before (kept for scripts), the same in every command.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("which").required(true).args(["name", "device"])))]
 pub struct DeviceArgs {
     /// The daemon's control socket [default: $VZRAM_CONTROL, else
     /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
     #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
     pub control: PathBuf,
-    /// Device name or index.
+    /// The device: its name or index.
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The device, as a flag (the same as NAME).
+    #[arg(long, value_name = "NAME", conflicts_with = "name")]
+    pub device: Option<String>,
+}
+
+impl DeviceArgs {
+    /// The device named, as NAME or `--device` (clap requires one).
+    pub fn device(&self) -> &str {
+        self.name
+            .as_deref()
+            .or(self.device.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// `vzram remove` and `vzram reset`: a device, and whether to act on one
+/// a VM is connected to.
+#[derive(Debug, Args)]
+pub struct DestroyArgs {
+    #[command(flatten)]
+    pub target: DeviceArgs,
+    /// Also when a frontend (a VM) is connected: it is cut off. Without
+    /// it that is refused, naming the frontend.
     #[arg(long)]
-    pub device: String,
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -593,7 +733,12 @@ mod tests {
                 vec!["vzram", "--fd=3", "--size", "1G"],
                 vec!["vzram", "serve", "--fd=3", "--size", "1G"],
             ),
+            (
+                vec!["vzram", "--size", "1G", "--socket-path=/tmp/a"],
+                vec!["vzram", "serve", "--size", "1G", "--socket-path=/tmp/a"],
+            ),
             (vec!["vzram", "stat"], vec!["vzram", "stat"]),
+            (vec!["vzram", "--version"], vec!["vzram", "--version"]),
             (vec!["vzram"], vec!["vzram"]),
         ] {
             assert_eq!(as_backend_program(argv(&given)), argv(&want));
@@ -739,33 +884,48 @@ mod tests {
 
     #[test]
     fn set_limit_needs_a_target() {
-        let e = Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "1G"])
-            .unwrap_err()
-            .to_string();
+        let target = |a: &[&str]| {
+            let argv = ["vzram", "set-limit", "--control", "/c"].iter().chain(a);
+            match Cli::try_parse_from(argv)
+                .map_err(|e| e.to_string())?
+                .command
+            {
+                Command::SetLimit(s) => s.target(),
+                _ => unreachable!(),
+            }
+        };
+        let e = target(&["1G"]).unwrap_err();
         assert!(e.contains("--device") && e.contains("--host"), "{e}");
-        assert!(
-            Cli::try_parse_from(["vzram", "set-limit", "--control", "/c", "--host", "1G"]).is_ok()
-        );
-        assert!(Cli::try_parse_from([
-            "vzram",
-            "set-limit",
-            "--control",
-            "/c",
-            "--device",
-            "0",
-            "1G"
-        ])
-        .is_ok());
-        assert!(Cli::try_parse_from([
-            "vzram",
-            "set-limit",
-            "--control",
-            "/c",
-            "--device",
-            "0",
-            "--host",
-            "1G"
-        ])
-        .is_err());
+        let dev = |n: &str| LimitTarget::Device(n.into());
+        assert_eq!(target(&["--host", "1G"]), Ok((LimitTarget::Host, 1 << 30)));
+        assert_eq!(target(&["vm1", "1G"]), Ok((dev("vm1"), 1 << 30)));
+        assert_eq!(target(&["--device", "0", "1G"]), Ok((dev("0"), 1 << 30)));
+        assert!(target(&["--device", "0", "--host", "1G"]).is_err());
+        assert!(target(&["vm1", "--host", "1G"]).is_err());
+        assert!(target(&["vm1", "1Q"]).unwrap_err().contains("unknown unit"));
+        // Every device command takes NAME, or --device NAME, alike.
+        for cmd in [
+            "stat",
+            "compact",
+            "reset-max",
+            "remove",
+            "reset",
+            "forget",
+            "mark-idle",
+            "recompress",
+            "writeback",
+        ] {
+            for form in [&["vm1"][..], &["--device", "vm1"]] {
+                let argv: Vec<&str> = ["vzram", cmd]
+                    .into_iter()
+                    .chain(form.iter().copied())
+                    .collect();
+                Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{cmd} {form:?}: {e}"));
+            }
+        }
+        for form in [&["vm1"][..], &["--device", "vm1"]] {
+            let argv = ["vzram", "migrate", "--commit"].iter().chain(form);
+            Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("migrate {form:?}: {e}"));
+        }
     }
 }

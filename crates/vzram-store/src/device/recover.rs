@@ -34,8 +34,9 @@ impl Device {
         let corrupt = |slot: u64, what: &str| {
             StoreError::state(
                 format_args!(
-                    "{}: slot {slot} {what}; the state is damaged (start with --fresh to discard it)",
-                    st.dir.join("table").display()
+                    "{}: slot {slot} {what}; the state is damaged (start with {})",
+                    st.dir.join("table").display(),
+                    crate::state::fresh_hint(&st.dir)
                 ),
                 None,
             )
@@ -77,8 +78,9 @@ impl Device {
                         return Err(StoreError::state(
                             format_args!(
                                 "{}: slot {s} is in a backing file, but the device has none \
-                                 (give it its --backing-file, or start with --fresh to discard the state)",
-                                st.dir.join("table").display()
+                                 (give it its --backing-file, or start with {})",
+                                st.dir.join("table").display(),
+                                crate::state::fresh_hint(&st.dir)
                             ),
                             None,
                         ));
@@ -87,8 +89,9 @@ impl Device {
                         b.check_owner(st.header.creation_id).map_err(|e| {
                             StoreError::state(
                                 format_args!(
-                                    "{}: {e} (start with --fresh to discard the state)",
-                                    st.dir.display()
+                                    "{}: {e} (start with {})",
+                                    st.dir.display(),
+                                    crate::state::fresh_hint(&st.dir)
                                 ),
                                 None,
                             )

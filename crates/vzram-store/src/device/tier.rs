@@ -45,13 +45,25 @@ impl Device {
     /// Marks every stored object idle (zram's `echo all > idle`). A read
     /// or write of the page clears the mark. Returns the pages marked.
     pub fn mark_idle(&self) -> u64 {
-        let mut n = 0;
+        self.mark_idle_counted().0
+    }
+
+    /// [`Device::mark_idle`], also counting the pages in memory idle after
+    /// it: those marked before (by the ager, an earlier mark) and not used
+    /// since count too. That is what `writeback --idle` then takes; the
+    /// pages newly marked alone can be far fewer.
+    pub fn mark_idle_counted(&self) -> (u64, u64) {
+        let (mut marked, mut idle) = (0, 0);
         self.for_each_object(|_, w| {
             if set_bits(w, |cur| cur | slot::IDLE) {
-                n += 1;
+                marked += 1;
+            }
+            let now = w.load(Relaxed);
+            if slot::is_object(now) && now & slot::IDLE != 0 {
+                idle += 1;
             }
         });
-        n
+        (marked, idle)
     }
 
     /// One pass of the ager: pages not accessed since the last pass grow a

@@ -16,8 +16,19 @@
 //!   final    'F' records u64 crc32 u32          crc32 of every byte before it
 //! destination → source
 //!   after the header       'A' (accepted)  or  'X' len u16 message
-//!   after the final marker 'K' pages u64   or  'X' len u16 message
+//!   after the final marker 'K' pages u64 records u64 crc32 u32
+//!                          or  'X' len u16 message
+//!   while the verdict is open
+//!                          'S'  its frontend started the rings: the VM runs there
+//!   after the commit       'D' pages u64   or  'X' len u16 message
+//! source → destination, after 'K' (the verdict)
+//!            'W' still there   'C' commit   'B' len u16 message (abort)
 //! ```
+//!
+//! The source commits only on evidence that the VM runs on the
+//! destination ('S', or an operator's commit after the last delta); the
+//! destination drops its copy on an abort, or when the source goes away
+//! or falls silent before its commit.
 //!
 //! Integers are little-endian. The first pass sends every slot that holds
 //! something; later passes send the slots written or discarded since the
@@ -36,5 +47,6 @@ mod stream;
 pub use crate::cells::Progress;
 pub use record::{DirtyLog, ExportBuf, Record};
 pub use stream::{
-    empty, receive, send, MigrateError, ReceiveReport, SendReport, StreamHeader, Verdict, VERSION,
+    empty, receive, send, MigrateError, ReceiveHooks, ReceiveReport, SendHooks, SendReport,
+    StreamHeader, Verdict, VERDICT_POLL, VERSION,
 };

@@ -14,8 +14,10 @@ use crate::error::StoreError;
 use crate::PAGE_SIZE;
 
 const MAGIC: [u8; 8] = *b"VZRAMMIG";
-/// Bumped when the stream changes incompatibly (2: the two-phase end).
-pub const VERSION: u32 = 2;
+/// Bumped when the stream changes incompatibly (2: the two-phase end; 3:
+/// the destination says when its VM runs, and only that or an operator
+/// commits).
+pub const VERSION: u32 = 3;
 const HEADER_LEN: usize = 48;
 const CODEC_NAME_LEN: usize = 15;
 
@@ -31,12 +33,19 @@ const TAG_ABORT: u8 = b'B';
 const REPLY_ACCEPT: u8 = b'A';
 const REPLY_PREPARED: u8 = b'K';
 const REPLY_COMMITTED: u8 = b'D';
+/// The destination's frontend started its rings after the last delta:
+/// the VM runs there (the source's evidence for a commit).
+const REPLY_STARTED: u8 = b'S';
 const REPLY_REFUSE: u8 = b'X';
 /// How often a source waiting for its verdict tells the destination it
-/// is still there (the destination's reads give up after a stall).
+/// is still there (the destination gives up after [`SILENCE`]).
 const KEEPALIVE: Duration = Duration::from_secs(2);
-/// How often a source waiting for its verdict asks for it.
-const VERDICT_POLL: Duration = Duration::from_millis(10);
+/// How often a side waiting for the verdict looks at its frontend and the
+/// operator (the longest one read waits then).
+pub const VERDICT_POLL: Duration = Duration::from_millis(10);
+/// How long the destination waits for the source's verdict without
+/// hearing from it (it says it is there every [`KEEPALIVE`]).
+const SILENCE: Duration = Duration::from_secs(60);
 /// Longest refusal message either side sends or reads.
 const MAX_MESSAGE: usize = 1024;
 /// Highest codec id a slot word can hold that names a codec (lz4, zstd).
@@ -446,25 +455,39 @@ pub struct SendReport {
 /// How long the sender waits between passes while nothing is dirty.
 const IDLE_PAUSE: Duration = Duration::from_millis(20);
 
+/// What the source's stream asks of its caller.
+pub struct SendHooks<'a> {
+    /// Nothing can write to the device any more (the last delta is due).
+    pub quiet: &'a dyn Fn() -> bool,
+    /// Once the destination holds every page, asked every
+    /// [`VERDICT_POLL`]: whether the destination has said its VM runs
+    /// there is its argument.
+    pub verdict: &'a dyn Fn(bool) -> Verdict,
+    /// Before the last delta: the move is called off, with why.
+    pub cancelled: &'a dyn Fn() -> Option<String>,
+    pub progress: &'a dyn Fn(Progress),
+    /// Sets how long one read may wait for nothing before it fails with
+    /// `WouldBlock` (None: reads wait as usual).
+    pub patience: &'a dyn Fn(Option<Duration>),
+}
+
 /// Sends `dev` over `r`/`w` (two ends of one connection): a full pass,
 /// then passes over what was written meanwhile, until `quiet` says nothing
 /// can write any more; then the last delta and the final marker. Once the
 /// destination has checked and stored everything (its confirmation must
-/// carry the record count and checksum sent), `verdict` decides: commit
-/// (the destination serves) or abort (it drops its copy). `cancelled`,
-/// asked between batches of records before that, ends the stream with an
-/// abort at once (an operator's `vzram migrate --cancel` after the VMM's
-/// own migration was called off while the guest still runs). Returns Ok
-/// only once the destination has taken the commit. Drops nothing itself:
-/// that is the caller's choice once this returns Ok.
+/// carry the record count and checksum sent), `verdict` decides, told
+/// whether the destination said its VM runs there: commit (the
+/// destination serves) or abort (it drops its copy). `cancelled`, asked
+/// between batches of records before that, ends the stream with an abort
+/// at once (an operator's `vzram migrate --cancel` after the VMM's own
+/// migration was called off while the guest still runs). Returns Ok only
+/// once the destination has taken the commit. Drops nothing itself: that
+/// is the caller's choice once this returns Ok.
 pub fn send(
     dev: &Device,
     mut r: impl Read,
     w: impl Write,
-    quiet: &dyn Fn() -> bool,
-    verdict: &dyn Fn() -> Verdict,
-    cancelled: &dyn Fn() -> Option<String>,
-    progress: &dyn Fn(Progress),
+    h: &SendHooks<'_>,
 ) -> Result<SendReport, MigrateError> {
     let t0 = Instant::now();
     let mut out = Out::new(w);
@@ -473,7 +496,7 @@ pub fn send(
     out.w.flush()?;
     reply(&mut r, REPLY_ACCEPT, &mut [])?;
     dev.dirty.start(dev.num_slots());
-    let result = send_passes(dev, &mut out, quiet, cancelled, progress);
+    let result = send_passes(dev, &mut out, h.quiet, h.cancelled, h.progress);
     dev.dirty.stop();
     let (passes, quiet_at, final_records) = match result {
         Err(MigrateError::Aborted(why)) => {
@@ -498,23 +521,10 @@ pub fn send(
         say(&mut out.w, TAG_ABORT, &why);
         return bad(why);
     }
-    let mut told = Instant::now();
-    loop {
-        match verdict() {
-            Verdict::Commit => break,
-            Verdict::Abort(why) => {
-                say(&mut out.w, TAG_ABORT, &why);
-                return Err(MigrateError::Aborted(why));
-            }
-            Verdict::Wait => {
-                if told.elapsed() >= KEEPALIVE {
-                    out.control(&[TAG_WAIT])?;
-                    told = Instant::now();
-                }
-                std::thread::sleep(VERDICT_POLL);
-            }
-        }
-    }
+    (h.patience)(Some(VERDICT_POLL));
+    let waited = await_verdict(&mut r, &mut out, h.verdict);
+    (h.patience)(None);
+    waited?;
     out.control(&[TAG_COMMIT])?;
     let mut pages = [0u8; 8];
     reply(&mut r, REPLY_COMMITTED, &mut pages).map_err(|e| match e {
@@ -531,6 +541,63 @@ pub fn send(
         total_micros: t0.elapsed().as_micros() as u64,
         final_records,
     })
+}
+
+/// The source's wait for its verdict: it listens for the destination's
+/// word that its VM runs, asks `verdict`, and says it is still there.
+/// Ok once the verdict is to commit.
+fn await_verdict<W: Write>(
+    r: &mut impl Read,
+    out: &mut Out<W>,
+    verdict: &dyn Fn(bool) -> Verdict,
+) -> Result<(), MigrateError> {
+    let mut started_there = false;
+    let mut told = Instant::now();
+    loop {
+        match verdict(started_there) {
+            Verdict::Commit => return Ok(()),
+            Verdict::Abort(why) => {
+                say(&mut out.w, TAG_ABORT, &why);
+                return Err(MigrateError::Aborted(why));
+            }
+            Verdict::Wait => {}
+        }
+        if told.elapsed() >= KEEPALIVE {
+            out.control(&[TAG_WAIT])?;
+            told = Instant::now();
+        }
+        match poll_tag(r)? {
+            None => {}
+            Some(REPLY_STARTED) => started_there = true,
+            Some(REPLY_REFUSE) => return Err(MigrateError::Refused(message(r)?)),
+            Some(t) => {
+                let why = format!("unexpected {t:#04x} while the verdict was open");
+                say(&mut out.w, TAG_ABORT, &why);
+                return bad(why);
+            }
+        }
+    }
+}
+
+/// A byte, if one comes within the read's patience (None if none did).
+fn poll_tag(r: &mut impl Read) -> Result<Option<u8>, MigrateError> {
+    let mut t = [0u8];
+    match r.read(&mut t) {
+        Ok(0) => Err(MigrateError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the other end closed the connection",
+        ))),
+        Ok(_) => Ok(Some(t[0])),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn send_passes<W: Write>(
@@ -598,6 +665,20 @@ fn send_passes<W: Write>(
     }
 }
 
+/// What the destination's stream asks of its caller.
+pub struct ReceiveHooks<'a> {
+    pub progress: &'a dyn Fn(Progress),
+    /// Every page is here and checked.
+    pub prepared: &'a dyn Fn(),
+    /// Whether the VM runs here (its frontend started the rings), asked
+    /// every [`VERDICT_POLL`] while the verdict is open.
+    pub started: &'a dyn Fn() -> bool,
+    /// The source committed: store that before it is confirmed.
+    pub commit: &'a dyn Fn(),
+    /// As [`SendHooks::patience`].
+    pub patience: &'a dyn Fn(Option<Duration>),
+}
+
 /// What a finished receive stored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReceiveReport {
@@ -616,17 +697,17 @@ pub struct ReceiveReport {
 /// content is dropped once a valid header has arrived.
 ///
 /// Once everything is stored and checked, `prepared` runs and the source
-/// is told (with the record count and checksum); then the source decides.
-/// Its commit runs `commit` before it is confirmed; its abort, or its going
-/// away first, empties the device again.
+/// is told (with the record count and checksum); then the source decides,
+/// told once `started` says the VM runs here. Its commit runs `commit`
+/// (which stores it) before it is confirmed; its abort, or its going away
+/// first, empties the device again.
 pub fn receive(
     dev: &Device,
     r: impl Read,
     mut w: impl Write,
-    progress: &dyn Fn(Progress),
-    prepared: &dyn Fn(),
-    commit: &dyn Fn(),
+    hooks: &ReceiveHooks<'_>,
 ) -> Result<ReceiveReport, MigrateError> {
+    let (progress, prepared) = (hooks.progress, hooks.prepared);
     let t0 = Instant::now();
     let mut inp = In {
         r: io::BufReader::with_capacity(256 << 10, r),
@@ -706,7 +787,10 @@ pub fn receive(
         b.extend_from_slice(&inp.got_crc.to_le_bytes());
         w.write_all(&b)?;
         w.flush()?;
-        verdict(&mut inp.r)
+        (hooks.patience)(Some(VERDICT_POLL));
+        let v = verdict(&mut inp.r, &mut w, hooks.started);
+        (hooks.patience)(None);
+        v
     });
     if let Err(e) = result {
         refuse(&mut w, &e.to_string());
@@ -714,7 +798,7 @@ pub fn receive(
         let _ = empty(dev, cx);
         return Err(e);
     }
-    commit();
+    (hooks.commit)();
     let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
     let mut b = vec![REPLY_COMMITTED];
     b.extend_from_slice(&pages.to_le_bytes());
@@ -730,17 +814,39 @@ pub fn receive(
     })
 }
 
-/// Waits for the source's verdict: Ok on its commit, an error on its
-/// abort, on its going away, or on anything else.
-fn verdict(r: &mut impl Read) -> Result<(), MigrateError> {
+/// Waits for the source's verdict, telling it once `started` says the VM
+/// runs here: Ok on its commit, an error on its abort, on its going away
+/// or falling silent, or on anything else.
+fn verdict(
+    r: &mut impl Read,
+    w: &mut impl Write,
+    started: &dyn Fn() -> bool,
+) -> Result<(), MigrateError> {
+    let mut told = false;
+    let mut heard = Instant::now();
     loop {
-        let mut tag = [0u8];
-        if let Err(e) = r.read_exact(&mut tag) {
-            return Err(MigrateError::Aborted(format!(
-                "the source went away before it committed ({e})"
-            )));
+        if !told && started() {
+            w.write_all(&[REPLY_STARTED])?;
+            w.flush()?;
+            told = true;
+            tracing::info!("the VM runs here: the source is told");
         }
-        match tag[0] {
+        let tag = match poll_tag(r) {
+            Ok(Some(t)) => t,
+            Ok(None) if heard.elapsed() < SILENCE => continue,
+            Ok(None) => {
+                return Err(MigrateError::Aborted(format!(
+                    "the source said nothing for {SILENCE:?} before it committed"
+                )))
+            }
+            Err(e) => {
+                return Err(MigrateError::Aborted(format!(
+                    "the source went away before it committed ({e})"
+                )))
+            }
+        };
+        heard = Instant::now();
+        match tag {
             TAG_WAIT => {}
             TAG_COMMIT => return Ok(()),
             TAG_ABORT => {

@@ -21,21 +21,15 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::{Result, StoreError};
+use super::fail::{err, os_err};
+use crate::error::Result;
 
-fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
-    StoreError::state(format_args!("{}: {msg}", path.display()), None)
-}
-
-fn os_err(path: &Path, doing: &str, e: std::io::Error) -> StoreError {
-    StoreError::state(format_args!("{}: {doing}", path.display()), e)
-}
-
-/// A data file of a state: its kind, the open file, the length of its data.
-pub(crate) struct DataFile<'a> {
-    pub kind: Kind,
-    pub file: &'a File,
-    pub data_len: u64,
+/// A state's data files as [`check`] and [`bind`] see them: each with its
+/// kind and the length of its data, in the state `dir` of creation `id`.
+pub(crate) struct Files<'a> {
+    pub dir: &'a Path,
+    pub id: u64,
+    pub files: [(Kind, &'a File, u64); 3],
 }
 
 const MAGIC: [u8; 8] = *b"VZRAMID\0";
@@ -126,34 +120,27 @@ fn read(f: &File, path: &Path, data_len: u64) -> Result<Found> {
     }
 }
 
-/// Checks that every data file of the state in `dir` carries its header's
-/// creation id `id`, refusing a file of another state (naming both: `whose`
-/// finds the state an id is from) or, in a state of `version` 4 or later,
-/// one with no id. `fresh_stats`: the stats file was just made (a missing
-/// one is zeroed counters, not data). Returns the kinds to bind (the files
-/// of an older state, or that stats file).
+/// Checks that every data file of `st` carries its header's creation id,
+/// refusing a file of another state (naming both) or, in a state of
+/// `version` 4 or later, one with no id. `fresh_stats`: the stats file was
+/// just made (a missing one is zeroed counters, not data). Returns the
+/// files to bind (those of an older state, or that stats file).
 pub(crate) fn check(
-    dir: &Path,
-    id: u64,
-    files: &[DataFile],
+    st: &Files<'_>,
     version: u32,
     fresh_stats: bool,
     whose: impl Fn(u64) -> Option<PathBuf>,
-) -> Result<Vec<Kind>> {
-    let hpath = dir.join("header");
+) -> Result<Vec<(Kind, u64)>> {
+    let id = st.id;
+    let hpath = st.dir.join("header");
     let mut unbound = Vec::new();
-    for &DataFile {
-        kind,
-        file,
-        data_len,
-    } in files
-    {
-        let path = dir.join(kind.name());
-        match read(file, &path, data_len)? {
+    for &(kind, f, data_len) in &st.files {
+        let path = st.dir.join(kind.name());
+        match read(f, &path, data_len)? {
             Found::Bound { id: got, kind: k } if got == id && k == kind => {}
             Found::Bound { id: got, kind: k } => {
                 let other = whose(got)
-                    .filter(|o| o != dir)
+                    .filter(|o| *o != st.dir)
                     .map(|o| {
                         format!(
                             ", the id of the state {} (see {})",
@@ -178,7 +165,7 @@ pub(crate) fn check(
                 ));
             }
             Found::Unbound if version < 4 || (kind == Kind::Stats && fresh_stats) => {
-                unbound.push(kind);
+                unbound.push((kind, data_len));
             }
             Found::Unbound => {
                 return Err(err(
@@ -196,13 +183,19 @@ pub(crate) fn check(
     Ok(unbound)
 }
 
-/// Writes the trailers [`check`] found missing, binding them to `id`.
-pub(crate) fn bind(dir: &Path, id: u64, files: &[DataFile], unbound: &[Kind]) -> Result<()> {
-    for f in files.iter().filter(|f| unbound.contains(&f.kind)) {
-        let path = dir.join(f.kind.name());
-        write(f.file, &path, f.kind, f.data_len, id)?;
-        f.file
-            .sync_data()
+/// Writes the trailers [`check`] found missing.
+pub(crate) fn bind(st: &Files<'_>, unbound: &[(Kind, u64)]) -> Result<()> {
+    let id = st.id;
+    for &(kind, data_len) in unbound {
+        let f = st
+            .files
+            .iter()
+            .find(|(k, _, _)| *k == kind)
+            .map(|&(_, f, _)| f)
+            .expect("every kind has a file");
+        let path = st.dir.join(kind.name());
+        write(f, &path, kind, data_len, id)?;
+        f.sync_data()
             .map_err(|e| os_err(&path, "cannot record its state's creation id", e))?;
     }
     Ok(())

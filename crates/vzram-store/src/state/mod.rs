@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Result, StoreError};
 use crate::Codec;
+use fail::{err, os_err};
 
 const MAGIC: [u8; 8] = *b"VZRAMST\0";
 /// Bumped when the layout of the files changes incompatibly. Version 2
@@ -283,8 +284,9 @@ impl StateFiles {
             return Err(err(
                 &dir.join("header"),
                 format!(
-                    "holds a device of {} bytes, configured {size_bytes}; start with --fresh to discard it",
-                    self.header.size_bytes
+                    "holds a device of {} bytes, configured {size_bytes}: give the device its size again, or start with {}",
+                    self.header.size_bytes,
+                    fresh_hint(dir)
                 ),
             ));
         }
@@ -330,13 +332,43 @@ impl StateFiles {
     }
 }
 
-fn err(path: &Path, msg: impl std::fmt::Display) -> StoreError {
-    StoreError::state(format_args!("{}: {msg}", path.display()), None)
+/// What a refusal advises to discard the state in `dir` and start its
+/// device empty: the flag for that device alone.
+pub fn fresh_hint(dir: &Path) -> String {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("`--fresh {name}` (or fresh=true on the device) to discard it")
 }
 
-/// `doing` on the file failed with `e`.
-fn os_err(path: &Path, doing: &str, e: std::io::Error) -> StoreError {
-    StoreError::state(format_args!("{}: {doing}", path.display()), e)
+impl StateFiles {
+    /// The data files as [`bind`] checks and binds them.
+    fn bind_files(&self) -> bind::Files<'_> {
+        bind::Files {
+            dir: &self.dir,
+            id: self.header.creation_id,
+            files: [
+                (
+                    bind::Kind::Table,
+                    &self.table,
+                    table_len(self.header.size_bytes),
+                ),
+                (bind::Kind::Arena, &self.arena, self.header.arena_bytes),
+                (bind::Kind::Stats, &self.stats, stats_len()),
+            ],
+        }
+    }
+}
+
+/// The state in `root` whose header records `id`, if any.
+fn whose(root: &Path, id: u64) -> Option<PathBuf> {
+    std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .filter_map(|e| Leftover::read(&e.path()))
+        .find(|l| l.creation_id == id)
+        .map(|l| l.dir)
 }
 
 /// Names that are a plain file name, so a device's state stays in its root.
@@ -519,7 +551,16 @@ pub fn open(
         }
         Ok(_) => match spec.existing {
             Existing::Discard => {
-                replaced = Leftover::read(&dir).map(|l| l.creation_id);
+                let old = Leftover::read(&dir);
+                // Someone's disk, deleted on purpose: said loudly, with its size.
+                tracing::warn!(
+                    device = %spec.name,
+                    state = %dir.display(),
+                    size = old.as_ref().map_or(0, |l| l.size_bytes),
+                    bytes_held = old.as_ref().map_or(0, |l| l.bytes),
+                    "fresh: discarding the device's existing state; its pages are deleted"
+                );
+                replaced = old.map(|l| l.creation_id);
                 discard(&dir)?
             }
             Existing::Refuse => {
@@ -588,11 +629,13 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
         if !spec.adopt {
             return Err(StoreError::InvalidConfig(format!(
                 "{} holds the state of device {:?}, not {:?} (a state directory was renamed, moved or copied): \
-                 put it back, start with --adopt to take it for {:?}, or --fresh to discard it",
+                 put it back, start with `--adopt {}` to take it for {:?}, or with {}",
                 dir.display(),
                 header.name,
                 spec.name,
-                spec.name
+                spec.name,
+                spec.name,
+                fresh_hint(&dir)
             )));
         }
         tracing::warn!(state = %dir.display(), was = %header.name, now = %spec.name, "adopted: the state now belongs to this device");
@@ -603,13 +646,15 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
         (Some(was), Some(now)) if !same_path(was, now) => {
             if !spec.adopt {
                 return Err(StoreError::InvalidConfig(format!(
-                    "device {}: its state {} was made for socket {}, not {}: start with --adopt to serve it on {} \
-                     (whoever used the old socket loses it), or --fresh to discard it",
+                    "device {}: its state {} was made for socket {}, not {}: start with `--adopt {}` to serve it on {} \
+                     (whoever used the old socket loses it), or with {}",
                     spec.name,
                     dir.display(),
                     was.display(),
                     now.display(),
-                    now.display()
+                    spec.name,
+                    now.display(),
+                    fresh_hint(&dir)
                 )));
             }
             tracing::warn!(state = %dir.display(), was = %was.display(), now = %now.display(), "adopted: the state now belongs to this socket");
@@ -645,21 +690,12 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
     };
     st.check(size_bytes)?;
     allocate(&st.stats, &st.dir.join("stats"), stats_len())?;
-    let files = data_files(&st);
-    let id = st.header.creation_id;
-    let root = st.dir.parent().unwrap_or(&st.dir);
-    let whose = |id: u64| {
-        std::fs::read_dir(root)
-            .ok()?
-            .flatten()
-            .filter_map(|e| Leftover::read(&e.path()))
-            .find(|l| l.creation_id == id)
-            .map(|l| l.dir)
-    };
-    let unbound = bind::check(&st.dir, id, &files, version, fresh_stats, whose)?;
+    let files = st.bind_files();
+    let whose = |id| whose(files.dir.parent().unwrap_or(files.dir), id);
+    let unbound = bind::check(&files, version, fresh_stats, whose)?;
     // Only a state that passed every check is bound to its id and
     // rewritten as this device's.
-    bind::bind(&st.dir, id, &files, &unbound)?;
+    bind::bind(&files, &unbound)?;
     if rewrite {
         use std::os::unix::fs::FileExt;
         st.lock
@@ -668,24 +704,6 @@ fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<Stat
             .map_err(|e| os_err(&hpath, "cannot update the header", e))?;
     }
     Ok(st)
-}
-
-/// The data files of `st`, each with its kind and the length of its data.
-fn data_files(st: &StateFiles) -> [bind::DataFile<'_>; 3] {
-    let f = |kind, file, data_len| bind::DataFile {
-        kind,
-        file,
-        data_len,
-    };
-    [
-        f(
-            bind::Kind::Table,
-            &st.table,
-            table_len(st.header.size_bytes),
-        ),
-        f(bind::Kind::Arena, &st.arena, st.header.arena_bytes),
-        f(bind::Kind::Stats, &st.stats, stats_len()),
-    ]
 }
 
 /// The slot table's bytes for a device of `size_bytes`.
@@ -971,10 +989,11 @@ pub fn leftovers(root: &Path, serving: &[&str]) -> Vec<Leftover> {
 }
 
 mod bind;
+mod fail;
+mod holes;
 mod private;
-mod ranges;
 #[cfg(test)]
 mod tests;
 
+pub use holes::data_ranges;
 pub use private::euid;
-pub use ranges::data_ranges;

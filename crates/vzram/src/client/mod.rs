@@ -11,13 +11,13 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::cli::{
-    AddArgs, BackingCommand, Command, CompactArgs, DeviceArgs, ForgetArgs, MigrateArgs,
-    RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    AddArgs, BackingCommand, Command, CompactArgs, DestroyArgs, DeviceArgs, ForgetArgs,
+    LimitTarget, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
-    HostLimitSet, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request, Reset,
-    StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
+    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request,
+    Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -39,7 +39,7 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Add(a) => add(&a),
         Command::Remove(a) => remove(&a),
         Command::Forget(a) => forget(&a),
-        Command::Backing(BackingCommand::Init { path }) => backing_init(&path),
+        Command::Backing(BackingCommand::Init { path, force }) => backing_init(&path, force),
         Command::Reset(a) => reset(&a),
         Command::ResetMax(a) => reset_max(&a),
         Command::MarkIdle(a) => mark_idle(&a),
@@ -97,7 +97,7 @@ fn typed<T: DeserializeOwned>(reply: Value) -> Result<T, ClientError> {
 pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
     let mut reply = exchange(&args.control, Request::Stat {}, control::CLIENT_TIMEOUT)?;
     let mut stat: StatReply = typed(reply.clone())?;
-    if let Some(asked) = &args.device {
+    if let Some(asked) = args.target.device() {
         let i = one_device(&stat, asked)?;
         stat.devices = vec![stat.devices.swap_remove(i)];
         stat.leftovers.clear();
@@ -148,34 +148,39 @@ fn one_device(stat: &StatReply, asked: &str) -> Result<usize, ClientError> {
 }
 
 pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
-    let req = match &args.device {
-        Some(d) => Request::SetLimit {
-            device: Some(DeviceRef::named(d)),
-            host: false,
-            bytes: args.size,
-        },
-        None => Request::SetLimit {
-            device: None,
-            host: true,
-            bytes: args.size,
-        },
+    let (target, bytes) = args
+        .target()
+        .map_err(|message| ClientError { message, code: 2 })?;
+    let what = match &target {
+        LimitTarget::Device(d) => format!("device {d}"),
+        LimitTarget::Host => "host".to_string(),
     };
-    let warnings = match req {
-        Request::SetLimit { host: true, .. } => call::<HostLimitSet>(&args.control, req)?.warnings,
-        _ => call::<DeviceLimitSet>(&args.control, req)?.warnings,
+    let warnings = match target {
+        LimitTarget::Device(d) => {
+            let req = Request::SetLimit {
+                device: Some(DeviceRef::named(&d)),
+                host: false,
+                bytes,
+            };
+            call::<DeviceLimitSet>(&args.control, req)?.warnings
+        }
+        LimitTarget::Host => {
+            let req = Request::SetLimit {
+                device: None,
+                host: true,
+                bytes,
+            };
+            call::<HostLimitSet>(&args.control, req)?.warnings
+        }
     };
     // Set all the same; what it is at odds with goes to stderr.
     for w in warnings {
         eprintln!("warning: {w}");
     }
-    let what = args
-        .device
-        .as_ref()
-        .map_or("host".to_string(), |d| format!("device {d}"));
-    let limit = if args.size == 0 {
+    let limit = if bytes == 0 {
         "none".to_string()
     } else {
-        human(args.size)
+        human(bytes)
     };
     Ok(format!("{what} memory limit: {limit}\n"))
 }
@@ -200,8 +205,8 @@ pub fn add(args: &AddArgs) -> Result<String, ClientError> {
 
 /// Runs here, not in the daemon: the file's lock tells whether a device
 /// holds it.
-pub fn backing_init(path: &Path) -> Result<String, ClientError> {
-    let blocks = vzram_store::Backing::init(path).map_err(|e| ClientError {
+pub fn backing_init(path: &Path, force: bool) -> Result<String, ClientError> {
+    let blocks = vzram_store::Backing::init(path, force).map_err(|e| ClientError {
         message: e.to_string(),
         code: 2,
     })?;
@@ -213,46 +218,128 @@ pub fn backing_init(path: &Path) -> Result<String, ClientError> {
 }
 
 pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
+    let Some(name) = args.name() else {
+        return forget_many(&args.control, args.socket.as_deref());
+    };
     let reply: Forgotten = call(
         &args.control,
         Request::Forget {
-            name: args.name.clone(),
+            name: name.to_string(),
         },
     )?;
-    Ok(format!(
+    Ok(forgotten(&reply))
+}
+
+fn forgotten(reply: &Forgotten) -> String {
+    format!(
         "forgot {}: deleted its state {} ({} device)\n",
         reply.name,
         reply.dir.display(),
         human(reply.size_bytes)
-    ))
+    )
 }
 
-pub fn remove(args: &DeviceArgs) -> Result<String, ClientError> {
-    call::<Removed>(
-        &args.control,
+/// `vzram forget --gone` (no `pattern`): the left-overs whose socket's
+/// directory no longer exists; `vzram forget --socket PATTERN`: those made
+/// for a socket that matches. Each is forgotten by name (the daemon still
+/// refuses one that is served or held). One whose socket is unrecorded is
+/// kept, and with `--gone` one whose directory is there: its command could
+/// serve it again.
+fn forget_many(control: &Path, pattern: Option<&str>) -> Result<String, ClientError> {
+    let stat: StatReply = call(control, Request::Stat {})?;
+    let chosen = |l: &LeftoverStat| {
+        let Some(socket) = l.socket.as_deref() else {
+            return false;
+        };
+        match pattern {
+            Some(p) => matches_pattern(p, &socket.to_string_lossy()),
+            None => socket
+                .parent()
+                .is_some_and(|d| !d.as_os_str().is_empty() && !d.exists()),
+        }
+    };
+    let (doomed, kept): (Vec<_>, Vec<_>) = stat.leftovers.iter().partition(|l| chosen(l));
+    let mut out = String::new();
+    let mut freed = 0;
+    for l in &doomed {
+        let reply: Forgotten = call(
+            control,
+            Request::Forget {
+                name: l.name.clone(),
+            },
+        )?;
+        freed += l.state_bytes;
+        out += &forgotten(&reply);
+    }
+    let why = match pattern {
+        Some(p) => format!("their socket does not match {p}"),
+        None => "their socket's directory still there".to_string(),
+    };
+    out += &format!(
+        "{} left-over states forgotten ({} of memory given back); {} kept, {why}\n",
+        doomed.len(),
+        human(freed),
+        kept.len()
+    );
+    Ok(out)
+}
+
+/// Whether `text` matches `pattern`, in which `*` stands for any run of
+/// characters (`/` included) and everything else for itself.
+fn matches_pattern(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, rest) = (parts[0], &parts[1..]);
+    let Some(mut left) = text.strip_prefix(first) else {
+        return false;
+    };
+    let Some((last, middle)) = rest.split_last() else {
+        return left.is_empty();
+    };
+    for p in middle {
+        match left.find(p) {
+            Some(i) => left = &left[i + p.len()..],
+            None => return false,
+        }
+    }
+    left.len() >= last.len() && left.ends_with(last)
+}
+
+pub fn remove(args: &DestroyArgs) -> Result<String, ClientError> {
+    let t = &args.target;
+    let r: Removed = call(
+        &t.control,
         Request::Remove {
-            device: DeviceRef::named(&args.device),
+            device: DeviceRef::named(t.device()),
+            force: args.force,
         },
     )?;
-    Ok(format!("removed device {} and its state\n", args.device))
+    Ok(match r.kept {
+        Some(hint) => format!(
+            "removed device {}, cut off its frontend; its state is kept, left over: `{hint}` serves it again, `vzram forget {}` deletes it\n",
+            r.device, r.device
+        ),
+        None => format!("removed device {} and its state\n", r.device),
+    })
 }
 
-pub fn reset(args: &DeviceArgs) -> Result<String, ClientError> {
+pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
+    let t = &args.target;
     let reply: Reset = call(
-        &args.control,
+        &t.control,
         Request::Reset {
-            device: DeviceRef::named(&args.device),
+            device: DeviceRef::named(t.device()),
+            force: args.force,
         },
     )?;
     Ok(format!(
         "reset device {}: {} pages dropped\n",
-        args.device, reply.pages_dropped
+        reply.device, reply.pages_dropped
     ))
 }
 
 pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::ResetMax {
-        device: args.device.as_deref().map(DeviceRef::named),
+        device: args.target.device().map(DeviceRef::named),
     };
     call::<Done>(&args.control, req)?;
     Ok("mem_used_max reset\n".to_string())
@@ -260,7 +347,7 @@ pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
 
 pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
     let req = Request::Compact {
-        device: args.device.as_deref().map(DeviceRef::named),
+        device: args.target.device().map(DeviceRef::named),
     };
     let reply: Compacted = call(&args.control, req)?;
     let pages = reply.pages_compacted;
@@ -277,18 +364,20 @@ const TIER_CLIENT_WAIT: std::time::Duration =
 
 pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
     let req = Request::MarkIdle {
-        device: DeviceRef::named(&args.device),
+        device: DeviceRef::named(args.device()),
     };
     let reply: MarkedIdle = call_waiting(&args.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
-        "device {}: {} pages marked idle\n",
-        args.device, reply.pages_marked
+        "device {}: {} pages marked idle; {} pages idle in all (marked before and not used since included: what writeback --idle takes)\n",
+        reply.device,
+        reply.pages_marked,
+        reply.pages_idle
     ))
 }
 
 pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
     let req = Request::Recompress {
-        device: DeviceRef::named(&args.target.device),
+        device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         huge: args.huge,
         algo: args.algo.map(|a| a.to_string()),
@@ -296,7 +385,7 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
     let r: Recompressed = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(
         "device {}: recompressed {} of {} pages tried with {}, {} smaller; {} of memory given back\n",
-        args.target.device,
+        args.target.device(),
         r.pages_recompressed,
         r.pages_tried,
         r.algo,
@@ -307,7 +396,7 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
 
 pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
     let req = Request::Writeback {
-        device: DeviceRef::named(&args.target.device),
+        device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         cold: args.cold,
         huge: args.huge,
@@ -318,7 +407,7 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
     let pages = r.pages_written;
     Ok(format!(
         "device {}: wrote {pages} pages ({}) to the backing file; {} of memory given back\n",
-        args.target.device,
+        args.target.device(),
         human(pages * 4096),
         human(r.freed_bytes),
     ))
@@ -326,7 +415,7 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
 
 pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     let Some(to) = &args.to else {
-        let device = DeviceRef::named(&args.target.device);
+        let device = DeviceRef::named(args.target.device());
         let (req, what) = if args.cancel {
             (Request::CancelMigration { device }, "cancel")
         } else {
@@ -341,7 +430,7 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
         ));
     };
     let req = Request::Migrate {
-        device: DeviceRef::named(&args.target.device),
+        device: DeviceRef::named(args.target.device()),
         to: to.clone(),
         keep: args.keep,
     };
@@ -349,7 +438,7 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     let r: Migrated = call_waiting(&args.target.control, req, wait)?;
     Ok(format!(
         "device {}: migrated to {}: {} pages, {} in {} passes, {:.1} s ({:.1} MiB/s); last delta {} pages in {:.1} ms; {}\n",
-        args.target.device,
+        args.target.device(),
         to,
         r.pages,
         human(r.bytes),
@@ -360,4 +449,26 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
         r.final_ms,
         if args.keep { "pages kept here" } else { "pages dropped here" },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches_pattern;
+
+    #[test]
+    fn star_patterns() {
+        for (p, t, want) in [
+            ("/tmp/qtest-*", "/tmp/qtest-1-sock.ab", true),
+            ("/tmp/qtest-*", "/tmp/other", false),
+            ("*", "", true),
+            ("/a/*/x.sock", "/a/b/c/x.sock", true),
+            ("/a/*/x.sock", "/a/x.sock", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("*ab*ab", "xabab", true),
+            ("*ab*ab", "xab", false),
+        ] {
+            assert_eq!(matches_pattern(p, t), want, "{p} ~ {t}");
+        }
+    }
 }

@@ -266,7 +266,7 @@ pub fn render(reply: &StatReply) -> String {
         let _ = writeln!(out, "\nstate dir: {}", reply.state_dir.display());
     }
     if !reply.leftovers.is_empty() {
-        out += "\nleft-over states (no device serves them; `vzram add --device ...,name=NAME,recover=true` serves one, `vzram forget NAME` deletes one)\n";
+        out += "\nleft-over states (no device serves them; each is served again or deleted by the commands below it)\n";
         let rows: Vec<Vec<String>> = reply
             .leftovers
             .iter()
@@ -283,6 +283,20 @@ pub fn render(reply: &StatReply) -> String {
             })
             .collect();
         out += &table(&["NAME", "SIZE", "MEM_HELD", "MADE_FOR", "STATE"], &rows);
+        for l in &reply.leftovers {
+            let serve = match &l.socket {
+                Some(s) => format!(
+                    "`{}` serves it, ",
+                    crate::proto::control::recover_command(&l.name, s, l.size_bytes)
+                ),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "{}: {serve}`vzram forget {}` deletes it",
+                l.name, l.name
+            );
+        }
     }
     out
 }

@@ -27,6 +27,7 @@ pub use parse::{
     parse_mode, parse_size, ConfigError, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US,
     MIN_IDLE_AFTER,
 };
+use state_dir::runtime_directory;
 pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
 
 use crate::proto::addr::Addr;
@@ -36,6 +37,9 @@ use parse::err;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {
     pub name: String,
+    /// The name was given (`name=`, `--name`), not taken from the socket:
+    /// see [`DeviceSpec::state_key`].
+    pub named: bool,
     pub socket: PathBuf,
     pub size: u64,
     pub queues: u16,
@@ -96,7 +100,7 @@ pub enum OnState {
 
 impl OnState {
     /// For a device the daemon starts with (`runtime` false) or one
-    /// `vzram add` adds; `fresh` is the daemon's `--fresh`.
+    /// `vzram add` adds; `fresh`: the daemon's `--fresh` names it.
     pub fn existing(self, runtime: bool, fresh: bool) -> vzram_store::Existing {
         use vzram_store::Existing;
         match self {
@@ -107,6 +111,62 @@ impl OnState {
             OnState::Unsaid if runtime => Existing::Refuse,
             OnState::Unsaid => Existing::Recover,
         }
+    }
+}
+
+/// The devices a daemon-wide flag (`--fresh`, `--adopt`) applies to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Devices {
+    #[default]
+    None,
+    /// The flag without a name: every device.
+    All,
+    /// `--flag NAME`, once per device.
+    Named(Vec<String>),
+}
+
+impl Devices {
+    /// The flag's values as given: an empty one is the bare flag.
+    pub fn from_flag(values: &[String]) -> Devices {
+        if values.is_empty() {
+            Devices::None
+        } else if values.iter().any(String::is_empty) {
+            Devices::All
+        } else {
+            Devices::Named(values.to_vec())
+        }
+    }
+
+    pub fn covers(&self, name: &str) -> bool {
+        match self {
+            Devices::None => false,
+            Devices::All => true,
+            Devices::Named(n) => n.iter().any(|n| n == name),
+        }
+    }
+
+    /// Whether the flag names `d`: by its name, or by its state's key
+    /// (what the refusals about a state name it by).
+    pub fn covers_device(&self, d: &DeviceSpec) -> bool {
+        self.covers(&d.name) || self.covers(&d.state_key())
+    }
+
+    /// Every name given is a device of `cfg` (a typo must not leave the
+    /// state the operator meant to discard, or take, as it is).
+    pub fn check(&self, flag: &str, devices: &[DeviceSpec]) -> Result<(), ConfigError> {
+        let Devices::Named(names) = self else {
+            return Ok(());
+        };
+        for n in names {
+            if !devices.iter().any(|d| d.name == *n || d.state_key() == *n) {
+                let known: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+                return Err(ConfigError(format!(
+                    "{flag} {n}: no device of that name (devices: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -144,10 +204,44 @@ impl DeviceSpec {
         std::path::absolute(&self.socket).unwrap_or_else(|_| self.socket.clone())
     }
 
+    /// The name of this device's state directory. A named device's is its
+    /// name. A device named after its socket is keyed by the whole socket
+    /// path (`vm-1a2b3c4d` for `/tmp/x/vm.sock`): the same command keeps
+    /// its pages, and a socket of the same name in another directory is
+    /// another disk, not a refusal. [`DeviceSpec::legacy_key`] is the key
+    /// such a device had before.
+    pub fn state_key(&self) -> String {
+        if self.named {
+            return self.name.clone();
+        }
+        format!("{}-{:08x}", self.name, path_hash(&self.socket_abs()))
+    }
+
+    /// The key a device named after its socket had before keys carried the
+    /// socket path: its name. Only a state there whose header records this
+    /// very socket is still this device's.
+    pub fn legacy_key(&self) -> Option<&str> {
+        (!self.named).then_some(self.name.as_str())
+    }
+
     /// The directory holding this device's state directory.
     pub fn state_root<'a>(&'a self, daemon: &'a DaemonConfig) -> &'a std::path::Path {
         self.state_dir.as_deref().unwrap_or(&daemon.state_dir)
     }
+}
+
+/// 32 bits of FNV-1a over a path's bytes: stable across builds and
+/// platforms, unlike std's hasher, since state directories are named by it.
+fn path_hash(p: &std::path::Path) -> u32 {
+    use std::os::unix::ffi::OsStrExt;
+    let h = p
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    (h ^ (h >> 32)) as u32
 }
 
 /// How a device's serial starts unless one is given: what the udev rule in
@@ -171,47 +265,70 @@ pub fn default_serial(name: &str) -> String {
     s
 }
 
-/// systemd's runtime directory: the first of `$RUNTIME_DIRECTORY`'s
-/// ':'-separated paths (a unit may name several), if set.
-fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
-    let d = var.filter(|d| !d.is_empty())?;
-    let first = d.to_string_lossy().split(':').next()?.to_string();
-    (!first.is_empty()).then(|| PathBuf::from(first))
-}
-
 /// Where state lives when no flag or file says (see [`state_dir_from`]):
 /// `$VZRAM_STATE_DIR`, else systemd's runtime directory (kept across
 /// restarts with `RuntimeDirectoryPreserve=yes`), else `/run/vzram/state`
 /// for root, `$XDG_RUNTIME_DIR/vzram/state` or `/dev/shm/vzram-<uid>` for
 /// a user. All tmpfs, where the state's pages are plain memory.
 pub fn default_state_dir() -> DefaultStateDir {
-    let runtime = runtime_directory(std::env::var_os("RUNTIME_DIRECTORY"));
-    state_dir_from(StateEnv::current(runtime))
+    state_dir_from(StateEnv::current())
 }
 
 /// The control socket when `--control` (or `control` in the file) does not
 /// say: `$VZRAM_CONTROL`, else `$RUNTIME_DIRECTORY/control.sock` (systemd),
-/// else `/run/vzram/control.sock`. `vzram serve` binds it and the client
-/// commands look for it here, so both find the same one.
+/// else root's `/run/vzram/control.sock`, else a user's
+/// `$XDG_RUNTIME_DIR/vzram/control.sock` (`/tmp/vzram-UID/control.sock`
+/// without one). `vzram serve` binds it (making the last two directories
+/// if missing) and the client commands look for it here, so both find
+/// the same one.
 pub fn default_control() -> PathBuf {
     control_from(
         std::env::var_os("VZRAM_CONTROL"),
         std::env::var_os("RUNTIME_DIRECTORY"),
+        euid(),
+        std::env::var_os("XDG_RUNTIME_DIR"),
     )
 }
 
-/// [`default_control`] from the two variables' values.
-pub fn control_from(vzram_control: Option<OsString>, runtime: Option<OsString>) -> PathBuf {
+/// The effective uid, asked once (the supervisor builds configurations
+/// again under its seccomp filter, which allows no geteuid).
+pub fn euid() -> u32 {
+    vzram_store::state::euid()
+}
+
+/// [`default_control`] from the variables' values and the effective uid.
+pub fn control_from(
+    vzram_control: Option<OsString>,
+    runtime: Option<OsString>,
+    euid: u32,
+    xdg_runtime: Option<OsString>,
+) -> PathBuf {
     if let Some(c) = vzram_control.filter(|c| !c.is_empty()) {
         return PathBuf::from(c);
     }
-    match runtime_directory(runtime) {
-        Some(d) => d.join("control.sock"),
-        None => PathBuf::from(DEFAULT_CONTROL),
+    if let Some(d) = runtime_directory(runtime) {
+        return d.join("control.sock");
+    }
+    user_runtime_dir(euid, xdg_runtime).join("control.sock")
+}
+
+/// The daemon's own runtime directory when systemd names none: root's
+/// `/run/vzram`; a user's `$XDG_RUNTIME_DIR/vzram` (a directory only that
+/// user may write, made by the login manager), else `/tmp/vzram-UID`,
+/// which the daemon makes 0700 or refuses if another user made it first.
+pub fn user_runtime_dir(euid: u32, xdg_runtime: Option<OsString>) -> PathBuf {
+    if euid == 0 {
+        return PathBuf::from(DEFAULT_RUN_DIR);
+    }
+    match xdg_runtime.filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("vzram"),
+        None => PathBuf::from(format!("/tmp/vzram-{euid}")),
     }
 }
 
-/// The last resort of [`default_control`]: the path contrib's units use.
+/// Root's runtime directory: the one contrib's units name.
+pub const DEFAULT_RUN_DIR: &str = "/run/vzram";
+/// Root's control socket when nothing else says: the path contrib's units use.
 pub const DEFAULT_CONTROL: &str = "/run/vzram/control.sock";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,6 +337,10 @@ pub struct DaemonConfig {
     pub host_mem_limit: u64,
     /// The control socket; always one ([`default_control`] unless given).
     pub control: PathBuf,
+    /// No flag, file or variable named the control socket: the daemon
+    /// may make its directory, and takes another name beside it when a
+    /// second daemon already listens there.
+    pub control_defaulted: bool,
     pub socket_mode: u32,
     /// The control socket's own mode: it changes limits, so it stays the
     /// admin's even when the VMM's group may reach the device sockets.
@@ -232,11 +353,11 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// The default state dir's parent, made if missing; None for one given.
     pub state_parent: Option<StateParent>,
-    /// Discard existing state and start every device empty.
-    pub fresh: bool,
-    /// Let every device take a state made under another name or for
+    /// The devices whose existing state is discarded at start (`--fresh`).
+    pub fresh: Devices,
+    /// The devices that may take a state made under another name or for
     /// another socket (`--adopt`).
-    pub adopt: bool,
+    pub adopt: Devices,
     /// Listening sockets passed in (`--fd`), besides systemd's.
     pub inherit_fds: Vec<std::os::fd::RawFd>,
     /// Compress-pool threads per worker; None: the cores, at most 4.
@@ -324,7 +445,9 @@ impl DaemonConfig {
                 return err(format!("device {name}: empty socket path"));
             }
             let Some(size) = d.size else {
-                return err(format!("device {name}: no size"));
+                return err(format!(
+                    "device {name}: no size: give --size N (QEMU's backend convention passes only --socket-path or --fd), size= in its --device spec, or a [[device]] with a size and no socket in --config"
+                ));
             };
             if size == 0 || size % PAGE_SIZE as u64 != 0 {
                 return err(format!(
@@ -394,6 +517,7 @@ impl DaemonConfig {
             // the daemon starts (the host limit caps it first).
             devices.push(DeviceSpec {
                 name,
+                named: !derived,
                 socket,
                 size,
                 queues,
@@ -408,6 +532,8 @@ impl DaemonConfig {
                 incoming: d.incoming,
             });
         }
+        let control_defaulted =
+            control.is_none() && std::env::var_os("VZRAM_CONTROL").is_none_or(|c| c.is_empty());
         let control = control.unwrap_or_else(default_control);
         for d in &devices {
             if let Some(Addr::Unix(p)) = &d.incoming {
@@ -430,14 +556,15 @@ impl DaemonConfig {
         Ok(DaemonConfig {
             host_mem_limit: host_mem_limit.unwrap_or(0),
             control,
+            control_defaulted,
             socket_mode: socket_mode.unwrap_or(DEFAULT_SOCKET_MODE),
             control_mode: DEFAULT_SOCKET_MODE,
             metrics: None,
             seccomp: SeccompMode::default(),
             state_dir: default_state.path,
             state_parent: default_state.parent,
-            fresh: false,
-            adopt: false,
+            fresh: Devices::None,
+            adopt: Devices::None,
             inherit_fds: Vec::new(),
             compress_threads: None,
             poll_us: None,

@@ -5,6 +5,14 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+/// systemd's runtime directory: the first of `$RUNTIME_DIRECTORY`'s
+/// ':'-separated paths (a unit may name several), if set.
+pub(super) fn runtime_directory(var: Option<OsString>) -> Option<PathBuf> {
+    let d = var.filter(|d| !d.is_empty())?;
+    let first = d.to_string_lossy().split(':').next()?.to_string();
+    (!first.is_empty()).then(|| PathBuf::from(first))
+}
+
 /// A parent of the default state root that the daemon makes itself when
 /// missing (`/run/vzram` for root), with its mode. A state dir given on
 /// the command line or in the file gets none: its parent must exist.
@@ -25,17 +33,15 @@ pub struct DefaultStateDir {
 #[derive(Debug, Clone, Default)]
 pub struct StateEnv {
     pub vzram_state_dir: Option<OsString>,
-    /// systemd's runtime directory (the first of `$RUNTIME_DIRECTORY`'s).
-    pub runtime_directory: Option<PathBuf>,
+    pub runtime_directory: Option<OsString>,
     /// `$XDG_RUNTIME_DIR`, only when it is a directory of this user's.
     pub xdg_runtime_dir: Option<PathBuf>,
     pub euid: u32,
 }
 
 impl StateEnv {
-    /// This process's environment and user; `runtime` is systemd's
-    /// runtime directory, if any.
-    pub fn current(runtime: Option<PathBuf>) -> StateEnv {
+    /// This process's environment and user.
+    pub fn current() -> StateEnv {
         let euid = vzram_store::state::euid();
         let xdg = std::env::var_os("XDG_RUNTIME_DIR")
             .filter(|d| !d.is_empty())
@@ -43,7 +49,7 @@ impl StateEnv {
             .filter(|d| owned_dir(d, euid));
         StateEnv {
             vzram_state_dir: std::env::var_os("VZRAM_STATE_DIR"),
-            runtime_directory: runtime,
+            runtime_directory: std::env::var_os("RUNTIME_DIRECTORY"),
             xdg_runtime_dir: xdg,
             euid,
         }
@@ -65,7 +71,7 @@ pub fn state_dir_from(env: StateEnv) -> DefaultStateDir {
     if let Some(d) = env.vzram_state_dir.filter(|d| !d.is_empty()) {
         return plain(PathBuf::from(d));
     }
-    if let Some(d) = env.runtime_directory {
+    if let Some(d) = runtime_directory(env.runtime_directory) {
         return plain(d.join("state"));
     }
     let made = |dir: PathBuf, mode: u32| DefaultStateDir {
@@ -96,7 +102,7 @@ mod tests {
         assert_eq!(
             at(state_dir_from(StateEnv {
                 vzram_state_dir: os("/x"),
-                runtime_directory: Some("/run/a".into()),
+                runtime_directory: os("/run/a"),
                 ..env(0)
             })),
             (PathBuf::from("/x"), None)
@@ -104,7 +110,7 @@ mod tests {
         assert_eq!(
             at(state_dir_from(StateEnv {
                 vzram_state_dir: os(""),
-                runtime_directory: Some("/run/a".into()),
+                runtime_directory: os("/run/a:/run/b"),
                 ..env(1000)
             })),
             (PathBuf::from("/run/a/state"), None)

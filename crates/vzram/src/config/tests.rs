@@ -456,14 +456,50 @@ fn recover_fresh_and_adopt_in_a_spec() {
 fn control_socket_order() {
     use super::{control_from, DEFAULT_CONTROL};
     let os = |s: &str| Some(std::ffi::OsString::from(s));
-    assert_eq!(control_from(None, None), PathBuf::from(DEFAULT_CONTROL));
-    assert_eq!(control_from(os(""), os("")), PathBuf::from(DEFAULT_CONTROL));
     assert_eq!(
-        control_from(None, os("/run/a:/run/b")),
+        control_from(None, None, 0, None),
+        PathBuf::from(DEFAULT_CONTROL)
+    );
+    assert_eq!(
+        control_from(os(""), os(""), 0, os("/run/user/0")),
+        PathBuf::from(DEFAULT_CONTROL)
+    );
+    assert_eq!(
+        control_from(None, os("/run/a:/run/b"), 1000, None),
         PathBuf::from("/run/a/control.sock")
     );
     assert_eq!(
-        control_from(os("/x/c.sock"), os("/run/a")),
+        control_from(os("/x/c.sock"), os("/run/a"), 0, None),
         PathBuf::from("/x/c.sock")
     );
+    // An ordinary user: the login manager's runtime dir, else one in /tmp.
+    assert_eq!(
+        control_from(None, None, 1000, os("/run/user/1000")),
+        PathBuf::from("/run/user/1000/vzram/control.sock")
+    );
+    assert_eq!(
+        control_from(None, os(""), 1000, os("")),
+        PathBuf::from("/tmp/vzram-1000/control.sock")
+    );
+}
+
+#[test]
+fn an_unnamed_device_is_keyed_by_its_whole_socket_path() {
+    let cfg = |dev: &str| {
+        DaemonConfig::build(None, None, None, vec![parse_device_spec(dev).unwrap()])
+            .unwrap()
+            .devices
+            .remove(0)
+    };
+    let a = cfg("socket=/run/vzram/vm1.sock,size=1M");
+    assert_eq!(a.name, "vm1");
+    // Fixed: state directories on disk are named by it, across builds.
+    assert_eq!(a.state_key(), "vm1-01b7950a");
+    assert_eq!(a.legacy_key(), Some("vm1"));
+    let b = cfg("socket=/tmp/x/vm1.sock,size=1M");
+    assert_eq!(b.name, "vm1");
+    assert_ne!(a.state_key(), b.state_key());
+    // A given name is the key, whatever the socket.
+    let n = cfg("socket=/tmp/x/vm1.sock,size=1M,name=db");
+    assert_eq!((n.state_key().as_str(), n.legacy_key()), ("db", None));
 }

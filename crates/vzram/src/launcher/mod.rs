@@ -239,6 +239,7 @@ fn prepare(
         path,
         &state.root.join(&state.name),
         state.existing == Existing::Discard,
+        state.adopt,
     )?;
     let listener = socket::bind_socket(path, mode).map_err(|e| e.to_string())?;
     // Before the state: a missing or locked backing file leaves nothing

@@ -2,9 +2,9 @@
 //! its worker while a frontend is connected, else the supervisor.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use vzram_store::cells::Phase;
 use vzram_store::Device;
 
 use super::migration::{self, Frontend, Link};
@@ -33,7 +33,7 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                 None => Ok(Link::plain(fd)),
                 Some(creds) => Link::tls_server(fd, creds, deadline),
             };
-            let r = link.and_then(|l| migration::receive(dev, &l, deadline, &|| {}));
+            let r = link.and_then(|l| migration::receive(dev, &l, deadline, &m.frontend, &|| {}));
             // Committed even if the source's confirmation was lost.
             if !dev.cells().migration.incoming() {
                 (m.open_gate)();
@@ -70,16 +70,13 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
         }
         Order::ResetIncoming => {
             let mig = &dev.cells().migration;
-            if matches!(
-                mig.state.load(Relaxed),
-                vzram_store::cells::MIGRATION_RECEIVING | vzram_store::cells::MIGRATION_PREPARED
-            ) {
+            if matches!(mig.phase(), Phase::Receiving | Phase::Prepared) {
                 failed("a migration stream is arriving; reset it once it has failed".into())
             } else {
                 let pages = dev.stats().orig_data_size / vzram_store::PAGE_SIZE as u64;
                 match vzram_store::migrate::empty(dev, &mut vzram_store::Context::new(0)) {
                     Ok(()) => {
-                        mig.state.store(vzram_store::cells::MIGRATION_NONE, Relaxed);
+                        mig.set(Phase::None);
                         (m.open_gate)();
                         Answer::IncomingReset { pages }
                     }
@@ -99,9 +96,10 @@ pub fn execute(dev: &Device, order: &Order) -> Answer {
         Order::Compact => Answer::Compacted {
             pages: dev.compact(),
         },
-        Order::MarkIdle => Answer::MarkedIdle {
-            pages: dev.mark_idle(),
-        },
+        Order::MarkIdle => {
+            let (pages, idle) = dev.mark_idle_counted();
+            Answer::MarkedIdle { pages, idle }
+        }
         Order::Recompress { filter, algo } => match dev.recompress((*filter).into(), *algo) {
             Ok(r) => Answer::Recompressed {
                 tried: r.tried,

@@ -17,14 +17,13 @@ use std::time::{Duration, Instant};
 
 use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData, StreamOwned};
 
-use vzram_store::cells::{
-    MIGRATION_ASK_CANCEL, MIGRATION_ASK_COMMIT, MIGRATION_ASK_NONE, MIGRATION_COMMITTING,
-    MIGRATION_COPIED, MIGRATION_FAILED, MIGRATION_INCOMING, MIGRATION_PREPARED, MIGRATION_RECEIVED,
-    MIGRATION_RECEIVING, MIGRATION_SENDING, MIGRATION_SEND_FAILED, MIGRATION_SENT,
+use vzram_store::cells::{Ask, Phase};
+use vzram_store::migrate::{
+    self, MigrateError, Progress, ReceiveHooks, ReceiveReport, SendHooks, SendReport,
 };
-use vzram_store::migrate::{self, MigrateError, Progress, ReceiveReport, SendReport, Verdict};
 use vzram_store::{Context, Device};
 
+use super::commit::{Commitment, Seen, CANCELLED, GONE_GRACE};
 use super::tls;
 use crate::proto::addr::Addr;
 use crate::proto::tls::{ClientTls, Credentials};
@@ -39,6 +38,9 @@ pub const STALL: Duration = Duration::from_secs(60);
 pub struct Conn {
     file: File,
     deadline: Mutex<Option<Instant>>,
+    /// How long a read may find nothing before it fails with `WouldBlock`
+    /// (while a verdict is open, each side also watches other things).
+    patience: Mutex<Option<Duration>>,
 }
 
 impl Conn {
@@ -46,6 +48,7 @@ impl Conn {
         Conn {
             file: File::from(fd),
             deadline: Mutex::new(None),
+            patience: Mutex::new(None),
         }
     }
 
@@ -56,10 +59,16 @@ impl Conn {
 
     fn wait(&self, events: i16) -> io::Result<()> {
         let deadline = *self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        let patience = *self.patience.lock().unwrap_or_else(|e| e.into_inner());
+        let patience = patience.filter(|_| events == libc::POLLIN);
         let left = deadline.map(|t| t.saturating_duration_since(Instant::now()));
-        let wait = left.map_or(STALL, |l| l.min(STALL));
+        let bound = left.map_or(STALL, |l| l.min(STALL));
+        let wait = patience.map_or(bound, |p| p.min(bound));
         if vzram_blk::guard::wait_fd(self.file.as_raw_fd(), events, Some(wait))? {
             Ok(())
+        } else if wait < bound {
+            // Only the patience ran out.
+            Err(io::Error::new(io::ErrorKind::WouldBlock, "nothing yet"))
         } else if left.is_some_and(|l| l <= STALL) {
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -172,6 +181,12 @@ impl Link {
         self.conn.set_deadline(at);
     }
 
+    /// Reads that find nothing for `p` fail with `WouldBlock` (None: they
+    /// wait as usual).
+    pub fn set_patience(&self, p: Option<Duration>) {
+        *self.conn.patience.lock().unwrap_or_else(|e| e.into_inner()) = p;
+    }
+
     fn io(&self) -> std::sync::MutexGuard<'_, Box<dyn Stream>> {
         self.io.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -204,15 +219,15 @@ impl Write for &Link {
     }
 }
 
-/// What the sender knows of the device's frontend.
+/// What the owner knows of the device's frontend.
 pub struct Frontend<'a> {
     /// Nothing can write: no frontend, or no ring running.
     pub quiet: &'a dyn Fn() -> bool,
     /// How many times rings were started: a change after the last delta
-    /// means the VM runs here again (a `cont`, a cancelled migration, a
-    /// reboot).
+    /// means the VM runs here (on the source: again; on the destination:
+    /// it moved).
     pub starts: &'a dyn Fn() -> u64,
-    /// The frontend has gone (or there never was one): the VM has moved.
+    /// The frontend has gone (or there never was one).
     pub gone: &'a dyn Fn() -> bool,
 }
 
@@ -226,11 +241,13 @@ impl Frontend<'_> {
 }
 
 /// Sends `dev` over `conn` (see `vzram_store::migrate::send`), keeping its
-/// progress in the device's cells. The move is committed once the
-/// destination holds every page and the frontend has gone after the last
-/// delta (or an operator said `vzram migrate --commit`); it is aborted if
-/// the rings start again first. Only a committed move drops the pages here,
-/// and not with `keep`.
+/// progress in the device's cells. The move commits only on evidence that
+/// the VM runs on the destination: it says its frontend started the rings,
+/// or an operator said `vzram migrate --commit` after the last delta (see
+/// [`Commitment`]); it aborts if the rings here start again first, on
+/// `--cancel`, or once the frontend here has left and the destination's
+/// did not start within [`GONE_GRACE`]. Only a committed move drops the
+/// pages here, and not with `keep`.
 pub fn send(
     dev: &Device,
     conn: &Link,
@@ -239,13 +256,10 @@ pub fn send(
 ) -> Result<SendReport, String> {
     let cells = dev.cells();
     let m = &cells.migration;
-    cells.migration_commit.store(MIGRATION_ASK_NONE, Relaxed);
-    let cancelled = || {
-        (cells.migration_commit.load(Relaxed) == MIGRATION_ASK_CANCEL).then(|| {
-            "cancelled by the operator (`vzram migrate --cancel`): the VM runs here, and this end keeps every page".to_string()
-        })
-    };
-    m.begin(MIGRATION_SENDING);
+    cells.set_ask(Ask::None);
+    let cold = (fe.gone)();
+    let cancelled = || (cells.ask() == Ask::Cancel).then(|| CANCELLED.to_string());
+    m.begin(Phase::Sending);
     // The ring starts counted when the device went quiet for the last delta.
     let at_quiet = AtomicU64::new(u64::MAX);
     let quiet = || {
@@ -256,34 +270,38 @@ pub fn send(
         }
         q
     };
-    let verdict = || {
-        m.state.store(MIGRATION_COMMITTING, Relaxed);
-        if let Some(why) = cancelled() {
-            Verdict::Abort(why)
-        } else if (fe.starts)() != at_quiet.load(Relaxed) || !(fe.quiet)() {
-            Verdict::Abort(
-                "the VM's rings started again after the last delta (a `cont`, a cancelled or failed migration, a reboot): it runs here, and this end keeps every page"
-                    .into(),
-            )
-        } else if (fe.gone)() || cells.migration_commit.load(Relaxed) == MIGRATION_ASK_COMMIT {
-            Verdict::Commit
-        } else {
-            Verdict::Wait
-        }
+    let state: Mutex<Option<Commitment>> = Mutex::new(None);
+    let verdict = |started_there: bool| {
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        let c = st.get_or_insert_with(|| {
+            // An ask to commit from before the last delta is forgotten
+            // before the phase says an ask may come (the supervisor
+            // refuses one until then).
+            cells.forget_commit();
+            m.set(Phase::Committing);
+            Commitment::new(at_quiet.load(Relaxed), cold, GONE_GRACE)
+        });
+        let seen = Seen {
+            starts: (fe.starts)(),
+            quiet: (fe.quiet)(),
+            gone: (fe.gone)(),
+            ask: cells.ask(),
+            started_there,
+        };
+        c.decide(&seen, Instant::now())
     };
-    let r = migrate::send(
-        dev,
-        conn,
-        conn,
-        &quiet,
-        &verdict,
-        &cancelled,
-        &|p: Progress| m.progress(p),
-    );
+    let hooks = SendHooks {
+        quiet: &quiet,
+        verdict: &verdict,
+        cancelled: &cancelled,
+        progress: &|p: Progress| m.progress(p),
+        patience: &|p| conn.set_patience(p),
+    };
+    let r = migrate::send(dev, conn, conn, &hooks);
     let rep = match r {
         Ok(rep) => rep,
         Err(e) => {
-            m.state.store(MIGRATION_SEND_FAILED, Relaxed);
+            m.set(Phase::SendFailed);
             let why = match e {
                 MigrateError::Unconfirmed(_) => format!(
                     "{e}: every page is kept here; if the destination serves the device (its stat says received), `vzram reset` this one"
@@ -297,9 +315,9 @@ pub fn send(
     m.total_micros.store(rep.total_micros, Relaxed);
     m.dirty.store(0, Relaxed);
     if keep {
-        m.state.store(MIGRATION_COPIED, Relaxed);
+        m.set(Phase::Copied);
     } else {
-        m.state.store(MIGRATION_SENT, Relaxed);
+        m.set(Phase::Sent);
         migrate::empty(dev, &mut Context::new(0)).map_err(|e| {
             format!("the destination serves the pages, but dropping them here failed: {e}")
         })?;
@@ -311,17 +329,21 @@ pub fn send(
 /// Receives into `dev` over `conn`; only a device waiting for its pages
 /// takes a stream, and the stream must be whole by `deadline` (the wait
 /// for the source's commit after it is not bounded: the source says every
-/// few seconds that it is still there). On commit the device is received
-/// for good (`on_commit` runs then, before the source hears of it); on
-/// failure or abort it is empty and still waits, marked failed.
+/// few seconds that it is still there). Once every page is here, the
+/// source is told as soon as `fe` shows the VM runs here (a ring running,
+/// or started since the stream began). On commit the device is received
+/// for good (stored in its cells, then `on_commit` runs, before the source
+/// hears of it); on failure or abort it is empty and still waits, marked
+/// failed.
 pub fn receive(
     dev: &Device,
     conn: &Link,
     deadline: Instant,
+    fe: &Frontend<'_>,
     on_commit: &dyn Fn(),
 ) -> Result<ReceiveReport, String> {
     let m = &dev.cells().migration;
-    if !matches!(m.state.load(Relaxed), MIGRATION_INCOMING | MIGRATION_FAILED) {
+    if !m.shift(&[Phase::Incoming, Phase::Failed], Phase::Receiving) {
         let why = format!(
             "the device is not waiting for a migration (it is {})",
             m.state_name()
@@ -329,25 +351,26 @@ pub fn receive(
         refuse(conn, &why);
         return Err(why);
     }
-    m.begin(MIGRATION_RECEIVING);
+    m.begin(Phase::Receiving);
+    let starts0 = (fe.starts)();
     conn.set_deadline(Some(deadline));
-    let r = migrate::receive(
-        dev,
-        conn,
-        conn,
-        &|p| m.progress(p),
-        &|| {
+    let hooks = ReceiveHooks {
+        progress: &|p| m.progress(p),
+        prepared: &|| {
             conn.set_deadline(None);
-            m.state.store(MIGRATION_PREPARED, Relaxed);
+            m.set(Phase::Prepared);
         },
-        &|| {
-            m.state.store(MIGRATION_RECEIVED, Relaxed);
+        started: &|| (fe.starts)() != starts0 || !(fe.quiet)(),
+        commit: &|| {
+            m.set(Phase::Received);
             on_commit();
         },
-    );
+        patience: &|p| conn.set_patience(p),
+    };
+    let r = migrate::receive(dev, conn, conn, &hooks);
     dev.stats();
     r.map_err(|e| {
-        m.state.store(MIGRATION_FAILED, Relaxed);
+        m.set(Phase::Failed);
         e.to_string()
     })
 }
@@ -394,9 +417,8 @@ impl Listener {
 /// every page and may be sent again.
 pub fn settle_send(name: &str, dev: &Device) {
     let m = &dev.cells().migration;
-    if m.sending() {
+    if m.shift(&[Phase::Sending, Phase::Committing], Phase::SendFailed) {
         tracing::warn!(device = %name, "a migration send was cut short by a restart before its commit: every page is kept here");
-        m.state.store(MIGRATION_SEND_FAILED, Relaxed);
     }
 }
 
@@ -410,8 +432,8 @@ pub fn settle_send(name: &str, dev: &Device) {
 pub fn set_incoming(name: &str, dev: &Device) {
     let m = &dev.cells().migration;
     let empty = dev.stats().orig_data_size == 0;
-    match m.state.load(Relaxed) {
-        MIGRATION_RECEIVING | MIGRATION_PREPARED | MIGRATION_FAILED => {
+    match m.phase() {
+        Phase::Receiving | Phase::Prepared | Phase::Failed => {
             let pages = dev.stats().orig_data_size / vzram_store::PAGE_SIZE as u64;
             match migrate::empty(dev, &mut Context::new(0)) {
                 Ok(()) => {
@@ -421,18 +443,18 @@ pub fn set_incoming(name: &str, dev: &Device) {
                     tracing::error!(device = %name, "a migration stream was cut short, and emptying the device failed: {e}; it keeps waiting")
                 }
             }
-            m.state.store(MIGRATION_FAILED, Relaxed);
+            m.set(Phase::Failed);
             dev.stats();
         }
-        MIGRATION_INCOMING => tracing::info!(device = %name, "still waiting for its pages"),
-        MIGRATION_RECEIVED => tracing::info!(
+        Phase::Incoming => tracing::info!(device = %name, "still waiting for its pages"),
+        Phase::Received => tracing::info!(
             device = %name,
             "it received its migration stream already: it serves (incoming= applies only until a stream is committed)"
         ),
-        _ if empty => m.begin(MIGRATION_INCOMING),
+        _ if empty => m.begin(Phase::Incoming),
         _ => tracing::warn!(
             device = %name,
-            "incoming is set, but the device's state holds pages: it serves them (start with --fresh to receive instead)"
+            "incoming is set, but the device's state holds pages: it serves them (start with `--fresh {name}` to receive instead)"
         ),
     }
 }

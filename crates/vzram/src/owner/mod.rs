@@ -5,6 +5,7 @@
 
 pub mod attach;
 pub mod autotier;
+pub mod commit;
 pub mod execute;
 pub mod migration;
 pub mod placement;

@@ -29,18 +29,33 @@ pub fn recorded(socket: &Path) -> Option<PathBuf> {
 
 /// Refuses a state dir other than the one `socket` was last served from,
 /// while that one still holds a state: the caller starts empty only on
-/// `--fresh` (`discard`).
-pub fn check(socket: &Path, dir: &Path, discard: bool) -> Result<(), String> {
+/// `--fresh` (`discard`), and serves a state `dir` holds with `--adopt`
+/// (`adopt`): after a start in the wrong state dir, the right one's pages
+/// must have a way back that deletes nothing.
+pub fn check(socket: &Path, dir: &Path, discard: bool, adopt: bool) -> Result<(), String> {
     let Some(was) = recorded(socket) else {
         return Ok(());
     };
     let now = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let here = vzram_store::state::is_state_dir(&now);
     if vzram_store::state::same_path(&was, &now)
         || discard
+        || (adopt && here)
         || !vzram_store::state::is_state_dir(&was)
     {
         return Ok(());
     }
+    let name = now.file_name().unwrap_or_default().to_string_lossy();
+    // A state here too: which of the two is the disk is the operator's
+    // call, and either way keeps the other.
+    let adopt_hint = if here {
+        format!(
+            ", `--adopt {name}` to serve the state {} instead (the marker then records it)",
+            now.display()
+        )
+    } else {
+        String::new()
+    };
     let root = was.parent().unwrap_or(&was);
     if now
         .parent()
@@ -49,14 +64,14 @@ pub fn check(socket: &Path, dir: &Path, discard: bool) -> Result<(), String> {
         let old = was.file_name().unwrap_or_default().to_string_lossy();
         return Err(format!(
             "socket {} was last served from the state {} (device name {old}), and it is still there, but this run names the device otherwise: \
-             give it name={old} to keep serving those pages, or start with --fresh to start it empty",
+             give it name={old} to keep serving those pages{adopt_hint}, or start with `--fresh {name}` to start it empty",
             socket.display(),
             was.display(),
         ));
     }
     Err(format!(
         "socket {} was last served from the state {}, and it is still there, but this run's state dir would give {}: \
-         start with --state-dir {} (or state-dir= on the device) to serve it, or --fresh to start empty (the marker {} says where it was)",
+         start with `--state-dir {}` (or state-dir= on the device) to serve it{adopt_hint}, or `--fresh {name}` to start empty (the marker {} says where it was)",
         socket.display(),
         was.display(),
         now.display(),
@@ -138,16 +153,23 @@ mod tests {
         std::fs::create_dir_all(d.join("old/vm")).unwrap();
         let sock = d.join("vm.sock");
         assert_eq!(recorded(&sock), None);
-        check(&sock, &d.join("new/vm"), false).unwrap();
+        check(&sock, &d.join("new/vm"), false, false).unwrap();
         record(&sock, &d.join("old/vm")).unwrap();
         assert_eq!(recorded(&sock), Some(d.join("old/vm")));
         // The old place holds no state: moving is harmless.
-        check(&sock, &d.join("new/vm"), false).unwrap();
+        check(&sock, &d.join("new/vm"), false, false).unwrap();
         std::fs::write(d.join("old/vm/header"), b"VZRAMST\0rest").unwrap();
-        let e = check(&sock, &d.join("new/vm"), false).unwrap_err();
+        let e = check(&sock, &d.join("new/vm"), false, false).unwrap_err();
         assert!(e.contains("--state-dir") && e.contains("old"), "{e}");
-        check(&sock, &d.join("new/vm"), true).unwrap();
-        check(&sock, &d.join("old/vm"), false).unwrap();
+        // --adopt serves only a state that is there.
+        check(&sock, &d.join("new/vm"), false, true).unwrap_err();
+        std::fs::create_dir_all(d.join("new/vm")).unwrap();
+        std::fs::write(d.join("new/vm/header"), b"VZRAMST\0rest").unwrap();
+        let e = check(&sock, &d.join("new/vm"), false, false).unwrap_err();
+        assert!(e.contains("`--adopt vm`"), "{e}");
+        check(&sock, &d.join("new/vm"), false, true).unwrap();
+        check(&sock, &d.join("new/vm"), true, false).unwrap();
+        check(&sock, &d.join("old/vm"), false, false).unwrap();
         forget(&sock);
         assert_eq!(recorded(&sock), None);
         std::fs::remove_dir_all(&d).unwrap();

@@ -64,6 +64,10 @@ pub enum Request {
     },
     Remove {
         device: DeviceRef,
+        /// Also a device a frontend is connected to: it is cut off, and
+        /// its state kept as a left-over (refused without it).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// Delete a left-over state (one no device serves) by its name.
     Forget {
@@ -71,6 +75,10 @@ pub enum Request {
     },
     Reset {
         device: DeviceRef,
+        /// Also a device a frontend is connected to: it is cut off first
+        /// (refused without it).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     ResetMax {
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,6 +129,15 @@ pub enum Request {
     CancelMigration {
         device: DeviceRef,
     },
+}
+
+/// The command that serves a left-over state again (the daemon's refusals
+/// and logs, and `vzram stat`, advise it).
+pub fn recover_command(name: &str, socket: &std::path::Path, size: u64) -> String {
+    format!(
+        "vzram add --device socket={},size={size},name={name},recover=true",
+        socket.display()
+    )
 }
 
 impl DeviceRef {
@@ -344,6 +361,10 @@ pub struct Forgotten {
 pub struct Removed {
     pub device: String,
     pub removed: bool,
+    /// The device was connected (`--force`): its state was kept, a
+    /// left-over from now on, and this command serves it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -359,7 +380,12 @@ pub struct Done {}
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MarkedIdle {
     pub device: String,
+    /// Pages newly marked.
     pub pages_marked: u64,
+    /// Pages in memory idle now, those marked before included: what
+    /// `writeback --idle` and `recompress --idle` take.
+    #[serde(default)]
+    pub pages_idle: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -72,7 +72,11 @@ pub enum Answer {
         pages: u64,
     },
     MarkedIdle {
+        /// Newly marked.
         pages: u64,
+        /// Idle in memory after the mark, those marked before included.
+        #[serde(default)]
+        idle: u64,
     },
     Recompressed {
         tried: u64,

@@ -24,6 +24,9 @@ const SPARE_IDLE: Duration = Duration::from_secs(30);
 /// Most connections accepted per wake-up, so that a flood of connects
 /// cannot starve the connections already open.
 const ACCEPT_BATCH: usize = 64;
+/// Most long requests at once, outside the client cap; more count
+/// against it, as any request does.
+const MAX_LONG: usize = 1024;
 
 /// Where the next request in a connection's input ends.
 #[derive(Debug, PartialEq, Eq)]
@@ -55,6 +58,16 @@ pub trait Protocol: Send + Sync + 'static {
     /// held for long and waits on nothing.
     fn quick(&self, req: &Self::Req) -> bool;
     fn answer(&self, req: Self::Req) -> Reply;
+    /// Whether `req` may run for hours (a migration's send): it gets a
+    /// thread of its own and does not count against the client cap, so
+    /// that it never crowds out the requests that watch or steer it.
+    fn long(&self, _req: &Self::Req) -> bool {
+        false
+    }
+    /// Answers a long request; `gone` says whether its client hung up.
+    fn answer_long(&self, req: Self::Req, _gone: &(dyn Fn() -> bool + Sync)) -> Reply {
+        self.answer(req)
+    }
     /// The reply to a request longer than [`Protocol::frame`] accepts.
     fn too_long(&self) -> Reply;
     /// What a client is told when it is closed without an answer: refused
@@ -114,6 +127,9 @@ struct Conn {
     sent: usize,
     /// A request is with the pool: no deadline, nothing read meanwhile.
     busy: bool,
+    /// That request is a long one, on a thread of its own: the connection
+    /// does not count against the cap meanwhile.
+    long: bool,
     /// The client sent its last byte.
     eof: bool,
     /// Close once `out` is sent.
@@ -181,6 +197,37 @@ impl<P: Protocol> Pool<P> {
         }
     }
 
+    /// Runs a long request on a thread of its own, told whether its
+    /// client (`fd`, a copy of its socket) hung up.
+    fn push_long(self: &Arc<Self>, proto: &Arc<P>, id: u64, req: P::Req, fd: OwnedFd) {
+        let (pool, p) = (self.clone(), proto.clone());
+        let started = std::thread::Builder::new()
+            .name(format!("{}-long", P::NAME))
+            .spawn(move || {
+                let reply = p.answer_long(req, &|| hung_up(&fd));
+                pool.finished(id, reply);
+            });
+        if let Err(e) = started {
+            tracing::warn!("{}: cannot start a thread: {e}", P::NAME);
+            self.finished(
+                id,
+                Reply {
+                    bytes: proto.closing(&format!("refused: no thread for the request ({e})")),
+                    close: true,
+                },
+            );
+        }
+    }
+
+    fn finished(&self, id: u64, reply: Reply) {
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((id, reply));
+        // Only fails when the counter is full, and then a wake-up is due.
+        let _ = self.wake.write(1);
+    }
+
     fn work(&self, proto: &P, spare: bool) {
         loop {
             let (id, req) = {
@@ -211,14 +258,22 @@ impl<P: Protocol> Pool<P> {
                 }
             };
             let reply = proto.answer(req);
-            self.done
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((id, reply));
-            // Only fails when the counter is full, and then a wake-up is due.
-            let _ = self.wake.write(1);
+            self.finished(id, reply);
         }
     }
+}
+
+/// Whether the client on `fd` has closed its end (a half-close, its
+/// request sent, is not a hang-up).
+fn hung_up(fd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours, valid for the call; no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Serves `listener` (a listening socket, unix or TCP) for ever; returns
@@ -376,7 +431,8 @@ impl<P: Protocol> Server<P> {
     /// owed nothing gives way, or if every one is owed something, the
     /// newcomer is refused.
     fn admit(&mut self, fd: OwnedFd) -> io::Result<()> {
-        if self.conns.len() >= self.limits.max_clients {
+        let counted = self.conns.values().filter(|c| !c.long).count();
+        if counted >= self.limits.max_clients {
             let oldest = self
                 .conns
                 .iter()
@@ -420,6 +476,7 @@ impl<P: Protocol> Server<P> {
                 out: Vec::new(),
                 sent: 0,
                 busy: false,
+                long: false,
                 eof: false,
                 close_after: false,
                 deadline,
@@ -505,6 +562,18 @@ impl<P: Protocol> Server<P> {
             };
             let bytes: Vec<u8> = c.input.drain(..n.min(c.input.len())).collect();
             let req = self.proto.parse(&bytes);
+            let longs = self.conns.values().filter(|c| c.long).count();
+            let Some(c) = self.conns.get_mut(&id) else {
+                return;
+            };
+            if self.limits.pool > 0 && longs < MAX_LONG && self.proto.long(&req) {
+                if let Ok(fd) = c.fd.try_clone() {
+                    c.busy = true;
+                    c.long = true;
+                    self.pool.push_long(&self.proto, id, req, fd);
+                    continue;
+                }
+            }
             if self.limits.pool > 0 && !self.proto.quick(&req) {
                 c.busy = true;
                 self.pool.push(&self.proto, id, req, &self.limits);
@@ -524,6 +593,7 @@ impl<P: Protocol> Server<P> {
         c.sent = 0;
         c.close_after |= r.close;
         c.busy = false;
+        c.long = false;
         c.active = Instant::now();
         if let Timeout::Idle(d) = self.limits.timeout {
             c.deadline = c.active + d;

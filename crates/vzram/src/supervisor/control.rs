@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use vzram_store::cells::Phase;
 use vzram_store::PoolStats;
 
 use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
@@ -140,7 +141,12 @@ impl Control {
     }
 
     fn answer_request(&self, req: Request) -> Value {
-        let line = match self.handle(req) {
+        self.line(self.handle(req))
+    }
+
+    /// A handled request's reply line.
+    fn line(&self, r: Result<Value>) -> Value {
+        let line = match r {
             Ok(body) => serde_json::to_value(ReplyLine {
                 head: Head::ok(),
                 body,
@@ -244,19 +250,20 @@ impl Control {
                     size_bytes: l.size_bytes,
                 })
             }
-            Request::Remove { device } => {
+            Request::Remove { device, force } => {
                 let (i, d) = self.find(&device)?;
                 let name = d.spec.name.clone();
                 drop(d);
-                self.sup.remove(i)?;
+                let kept = self.sup.remove(i, force)?;
                 Self::reply(Removed {
                     device: name,
                     removed: true,
+                    kept,
                 })
             }
-            Request::Reset { device } => {
+            Request::Reset { device, force } => {
                 let (_, d) = self.find(&device)?;
-                let pages = self.sup.reset(&d)?;
+                let pages = self.sup.reset(&d, force)?;
                 tracing::info!(device = %d.spec.name, pages, "reset: data dropped");
                 Self::reply(Reset {
                     device: d.spec.name.clone(),
@@ -275,14 +282,14 @@ impl Control {
                 }
                 Self::reply(Done {})
             }
-            Request::Migrate { device, to, keep } => self.migrate(&device, &to, keep),
+            Request::Migrate { device, to, keep } => self.migrate(&device, &to, keep, &|| false),
             Request::CommitMigration { device } => {
                 let (_, d) = self.find(&device)?;
                 self.sup.commit_migration(&d)?;
                 tracing::info!(device = %d.spec.name, "migration commit asked by the operator");
                 Self::reply(Committed {
                     device: d.spec.name.clone(),
-                    state: migration_state(d.cells.migration.state.load(Ordering::Relaxed)),
+                    state: migration_state(d.cells.migration.phase()),
                 })
             }
             Request::CancelMigration { device } => {
@@ -291,19 +298,20 @@ impl Control {
                 tracing::warn!(device = %d.spec.name, "migration cancelled by the operator");
                 Self::reply(Committed {
                     device: d.spec.name.clone(),
-                    state: migration_state(d.cells.migration.state.load(Ordering::Relaxed)),
+                    state: migration_state(d.cells.migration.phase()),
                 })
             }
             Request::MarkIdle { device } => {
                 let (_, d) = self.find(&device)?;
-                let pages = match self.sup.tier(&d, &Order::MarkIdle)? {
-                    Answer::MarkedIdle { pages } => pages,
+                let (pages, idle) = match self.sup.tier(&d, &Order::MarkIdle)? {
+                    Answer::MarkedIdle { pages, idle } => (pages, idle),
                     a => return Err(unexpected(a)),
                 };
-                tracing::info!(device = %d.spec.name, pages, "marked idle");
+                tracing::info!(device = %d.spec.name, pages, idle, "marked idle");
                 Self::reply(MarkedIdle {
                     device: d.spec.name.clone(),
                     pages_marked: pages,
+                    pages_idle: idle,
                 })
             }
             Request::Recompress {
@@ -381,7 +389,13 @@ impl Control {
         }
     }
 
-    fn migrate(&self, device: &DeviceRef, to: &Addr, keep: bool) -> Result<Value> {
+    fn migrate(
+        &self,
+        device: &DeviceRef,
+        to: &Addr,
+        keep: bool,
+        client_gone: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Value> {
         let (_, d) = self.find(device)?;
         if d.cells.migration.incoming() {
             return Err(Error::Incoming(d.spec.name.clone()));
@@ -394,7 +408,7 @@ impl Control {
             final_records,
             final_micros,
             total_micros,
-        } = self.sup.migrate(&d, to, keep)?
+        } = self.sup.migrate(&d, to, keep, client_gone)?
         else {
             return Err(Error::WorkerAnswer("not the one asked for".into()));
         };
@@ -454,7 +468,7 @@ impl Control {
                 };
                 let m = &d.cells.migration;
                 let migration = MigrationStat {
-                    state: migration_state(m.state.load(Ordering::Relaxed)),
+                    state: migration_state(m.phase()),
                     incoming: d.spec.incoming.as_ref().map(|a| a.to_string()),
                     error: d
                         .migration_error
@@ -499,21 +513,20 @@ impl Control {
     }
 }
 
-/// The shared cells' migration state as `stat` names it.
-fn migration_state(v: u64) -> MigrationState {
-    use vzram_store::cells::*;
-    match v {
-        MIGRATION_INCOMING => MigrationState::Incoming,
-        MIGRATION_RECEIVING => MigrationState::Receiving,
-        MIGRATION_FAILED => MigrationState::Failed,
-        MIGRATION_SENDING => MigrationState::Sending,
-        MIGRATION_SENT => MigrationState::Sent,
-        MIGRATION_SEND_FAILED => MigrationState::SendFailed,
-        MIGRATION_RECEIVED => MigrationState::Received,
-        MIGRATION_PREPARED => MigrationState::Prepared,
-        MIGRATION_COPIED => MigrationState::Copied,
-        MIGRATION_COMMITTING => MigrationState::Committing,
-        _ => MigrationState::None,
+/// The shared cells' migration phase as `stat` names it.
+fn migration_state(p: Phase) -> MigrationState {
+    match p {
+        Phase::None => MigrationState::None,
+        Phase::Incoming => MigrationState::Incoming,
+        Phase::Receiving => MigrationState::Receiving,
+        Phase::Failed => MigrationState::Failed,
+        Phase::Sending => MigrationState::Sending,
+        Phase::Sent => MigrationState::Sent,
+        Phase::SendFailed => MigrationState::SendFailed,
+        Phase::Received => MigrationState::Received,
+        Phase::Prepared => MigrationState::Prepared,
+        Phase::Copied => MigrationState::Copied,
+        Phase::Committing => MigrationState::Committing,
     }
 }
 
@@ -566,6 +579,23 @@ impl Protocol for Control {
         // `stat` reads counters and short-held locks only, so an operator
         // can always see the daemon while `add`s and `migrate`s wait.
         matches!(l, Line::Blank | Line::Bad(_) | Line::Req(Request::Stat {}))
+    }
+
+    fn long(&self, l: &Line) -> bool {
+        matches!(l, Line::Req(Request::Migrate { .. }))
+    }
+
+    fn answer_long(&self, l: Line, gone: &(dyn Fn() -> bool + Sync)) -> Reply {
+        let bytes = match l {
+            Line::Req(Request::Migrate { device, to, keep }) => {
+                line_of(&self.line(self.migrate(&device, &to, keep, gone)))
+            }
+            l => return self.answer(l),
+        };
+        Reply {
+            bytes,
+            close: false,
+        }
     }
 
     fn answer(&self, l: Line) -> Reply {
@@ -660,6 +690,7 @@ mod tests {
                     std::os::unix::net::UnixListener::bind(root.join(format!("{n}.sock"))).unwrap();
                 let spec = crate::config::DeviceSpec {
                     name: n.to_string(),
+                    named: true,
                     socket: root.join(format!("{n}.sock")),
                     size: 1 << 20,
                     queues: 1,

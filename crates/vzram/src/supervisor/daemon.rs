@@ -188,10 +188,94 @@ impl Drop for SocketFiles {
     }
 }
 
+/// Binds the control socket nobody named. Its directory is made if
+/// missing, as systemd's `RuntimeDirectory=` would: root's `/run/vzram`
+/// 0755, a user's 0700; one that is there must be a directory of this
+/// user's (of root's, for root), and a user's must be private. When another
+/// daemon listens on it (two bare `vzram serve`), this one takes
+/// `control.PID.sock` beside it, so they do not collide; `taken` says so.
+fn bind_default_control(
+    files: &mut SocketFiles,
+    taken: &mut Option<PathBuf>,
+    cfg: &mut DaemonConfig,
+) -> Result<UnixListener, Error> {
+    if let Some(dir) = cfg.control.parent().filter(|d| !d.as_os_str().is_empty()) {
+        runtime_dir(dir).map_err(|source| {
+            Error::Socket(SocketError {
+                path: cfg.control.clone(),
+                source,
+            })
+        })?;
+    }
+    match files.bind(&cfg.control, cfg.control_mode) {
+        Err(Error::Socket(e)) if e.source.kind() == io::ErrorKind::AddrInUse => {
+            let alt = cfg
+                .control
+                .with_file_name(format!("control.{}.sock", std::process::id()));
+            if let Some(dir) = cfg.control.parent() {
+                socket::remove_stale_controls(dir);
+            }
+            let l = files.bind(&alt, cfg.control_mode)?;
+            *taken = Some(std::mem::replace(&mut cfg.control, alt));
+            Ok(l)
+        }
+        r => r,
+    }
+}
+
+/// Makes (or checks) the directory of a default control socket: see
+/// [`bind_default_control`].
+fn runtime_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let euid = crate::config::euid();
+    let mode = if euid == 0 { 0o755 } else { 0o700 };
+    match std::fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => {
+            // The mode is cut by the umask; set it whole.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
+            return Ok(());
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                "its directory {} cannot be made: its parent does not exist (give --control PATH)",
+                dir.display()
+            ),
+            ))
+        }
+        Err(e) => {
+            return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot make its directory {}: {e} (give --control PATH)",
+                    dir.display()
+                ),
+            ))
+        }
+    }
+    let m = std::fs::symlink_metadata(dir)?;
+    let open_to_others = euid != 0 && m.permissions().mode() & 0o077 != 0;
+    if !m.is_dir() || m.uid() != euid || open_to_others {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "its directory {} is not this user's own (a {}, owner uid {}, mode {:04o}): another user may have made it first; remove it or give --control PATH",
+                dir.display(),
+                if m.is_dir() { "directory" } else if m.is_symlink() { "symbolic link" } else { "file" },
+                m.uid(),
+                m.permissions().mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs the daemon until SIGTERM or SIGINT. Returns the signal number.
 /// SIGHUP reads the configuration file again when `reload` says how.
 pub fn run(
-    cfg: DaemonConfig,
+    mut cfg: DaemonConfig,
     log_level: LogLevel,
     log_format: LogFormat,
     reload: Option<Reload>,
@@ -254,10 +338,16 @@ pub fn run(
         });
     }
 
+    // The default control socket taken by another daemon: the one this
+    // daemon took instead (said once the start is logged).
+    let mut control_fallback: Option<PathBuf> = None;
     let control_listener = match passed.remove(&cfg.control) {
         Some(fd) => {
             control_mode_of_passed(&cfg.control, cfg.control_mode)?;
             UnixListener::from(fd)
+        }
+        None if cfg.control_defaulted => {
+            bind_default_control(&mut files, &mut control_fallback, &mut cfg)?
         }
         None => files.bind(&cfg.control, cfg.control_mode)?,
     };
@@ -284,7 +374,19 @@ pub fn run(
     // locked files stay, for the workers.
     // Logged once the sockets and ports are ours: a start refused for
     // them says so in its one error line, nothing else.
-    tracing::info!(version = %crate::proto::VERSION, "vzram starting");
+    tracing::info!(
+        version = %crate::proto::VERSION,
+        control = %cfg.control.display(),
+        "vzram starting"
+    );
+    if let Some(taken) = control_fallback {
+        tracing::warn!(
+            "another vzram listens on the default control socket {}: this one's is {} (give its commands --control {})",
+            taken.display(),
+            cfg.control.display(),
+            cfg.control.display()
+        );
+    }
 
     // States (and state dirs) made by this start are deleted again if it
     // fails: declared before `devices`, so dropped after them (their locks
@@ -295,14 +397,18 @@ pub fn run(
     // start for the configuration's sake.
     let mut markers = Vec::with_capacity(cfg.devices.len());
     let mut devices = Vec::with_capacity(cfg.devices.len());
+    let mut keys = Vec::with_capacity(cfg.devices.len());
     for ((spec, listener), incoming) in cfg.devices.iter().zip(listeners).zip(incoming) {
         let mut dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
+        let root = spec.state_root(&cfg).to_path_buf();
+        let key = state_key(spec, &root);
+        keys.push((root.clone(), key.clone()));
         let state_spec = StateSpec {
-            root: spec.state_root(&cfg).to_path_buf(),
-            name: spec.name.clone(),
-            existing: spec.on_state.existing(false, cfg.fresh),
+            root,
+            name: key.clone(),
+            existing: spec.on_state.existing(false, cfg.fresh.covers_device(spec)),
             socket: Some(spec.socket_abs()),
-            adopt: cfg.adopt || spec.adopt,
+            adopt: cfg.adopt.covers_device(spec) || spec.adopt,
         };
         let device_error = |source| Error::Device {
             name: spec.name.clone(),
@@ -310,12 +416,13 @@ pub fn run(
         };
         placement::check(
             &spec.socket,
-            &state_spec.root.join(&spec.name),
+            &state_spec.root.join(&key),
             state_spec.existing == Existing::Discard,
+            state_spec.adopt,
         )
         .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
         if state_spec.existing != Existing::Discard {
-            legacy_name(&cfg, spec, &state_spec.root)
+            legacy_name(&cfg, spec, &state_spec.root, &key)
                 .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
         }
         dc.state = Some(state_spec);
@@ -382,7 +489,7 @@ pub fn run(
         ));
     }
 
-    let leftovers = leftovers(&cfg, &roots);
+    let leftovers = leftovers(&keys, &roots);
 
     // glibc installs its thread-signal handlers (rt_sigaction) when the
     // first thread starts; let that happen before the filter forbids it.
@@ -517,7 +624,12 @@ fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
 /// state yet, while such a state from an older vzram (no socket in its
 /// header) sits in its place, is refused: after an upgrade it would
 /// otherwise start blank beside its own pages.
-fn legacy_name(cfg: &DaemonConfig, spec: &DeviceSpec, root: &Path) -> Result<(), String> {
+fn legacy_name(
+    cfg: &DaemonConfig,
+    spec: &DeviceSpec,
+    root: &Path,
+    key: &str,
+) -> Result<(), String> {
     let Some(i) = cfg.devices.iter().position(|d| d.name == spec.name) else {
         return Ok(());
     };
@@ -526,6 +638,7 @@ fn legacy_name(cfg: &DaemonConfig, spec: &DeviceSpec, root: &Path) -> Result<(),
         crate::config::name_from_socket(&spec.socket).as_deref() == Some(spec.name.as_str());
     if !derived
         || old == spec.name
+        || root.join(key).exists()
         || root.join(&spec.name).exists()
         || cfg.devices.iter().any(|d| d.name == old)
     {
@@ -534,8 +647,9 @@ fn legacy_name(cfg: &DaemonConfig, spec: &DeviceSpec, root: &Path) -> Result<(),
     match vzram_store::Leftover::read(&root.join(&old)) {
         Some(l) if l.socket.is_none() => Err(format!(
             "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
-             give this device name={old} to keep serving those pages, or start with --fresh to start it empty (`vzram forget {old}` deletes the old state)",
-            l.dir.display()
+             give this device name={old} to keep serving those pages, or start with `--fresh {}` to start it empty (once it serves, `vzram forget {old}` deletes the old state)",
+            l.dir.display(),
+            spec.name
         )),
         _ => Ok(()),
     }
@@ -643,16 +757,37 @@ fn state_roots(cfg: &DaemonConfig, made: &mut Vec<PathBuf>) -> Result<Vec<PathBu
     Ok(roots)
 }
 
+/// Where a device's state is: [`DeviceSpec::state_key`], or the key a
+/// device named after its socket had before keys carried the socket path,
+/// when a state there was made for this very socket (its header says so)
+/// and none is under the new key yet. A state there made for another
+/// socket is that socket's, left alone.
+fn state_key(spec: &DeviceSpec, root: &Path) -> String {
+    let key = spec.state_key();
+    if root.join(&key).exists() {
+        return key;
+    }
+    if let Some(old) = spec.legacy_key() {
+        if let Some(l) = Leftover::read(&root.join(old)) {
+            if l.socket.as_deref() == Some(spec.socket_abs().as_path()) {
+                tracing::info!(device = %spec.name, state = %l.dir.display(), "serving the state made for this socket under its name alone (before state names carried the socket path)");
+                return old.to_string();
+            }
+        }
+    }
+    key
+}
+
 /// The states in the roots that no device of this daemon serves and no
 /// other process holds: someone's disk, listed until recovered or forgotten.
-fn leftovers(cfg: &DaemonConfig, roots: &[PathBuf]) -> Vec<Leftover> {
+/// `keys` are the served devices' (root, state key).
+fn leftovers(keys: &[(PathBuf, String)], roots: &[PathBuf]) -> Vec<Leftover> {
     let mut out = Vec::new();
     for root in roots {
-        let serving: Vec<&str> = cfg
-            .devices
+        let serving: Vec<&str> = keys
             .iter()
-            .filter(|d| d.state_root(cfg) == root)
-            .map(|d| d.name.as_str())
+            .filter(|(r, _)| r == root)
+            .map(|(_, k)| k.as_str())
             .collect();
         for l in vzram_store::state::leftovers(root, &serving) {
             tracing::warn!(
@@ -660,8 +795,12 @@ fn leftovers(cfg: &DaemonConfig, roots: &[PathBuf]) -> Vec<Leftover> {
                 size = l.size_bytes,
                 mib_held = l.bytes >> 20,
                 made_for = %l.socket.as_deref().map_or("an unrecorded socket".into(), |s| s.display().to_string()),
-                "a device state no device serves is left over: `vzram add --device ...,name={},recover=true` serves it, `vzram forget {}` deletes it",
-                l.name,
+                "a device state no device serves is left over: `{}` serves it, `vzram forget {}` deletes it",
+                super::devices::recover_hint(
+                    &l.name,
+                    l.socket.as_deref().unwrap_or(Path::new("PATH")),
+                    l.size_bytes
+                ),
                 l.name
             );
             out.push(l);

@@ -44,9 +44,10 @@ impl Supervisor {
             .state_dir
             .clone()
             .unwrap_or_else(|| self.env.state_dir.clone());
+        let key = self.state_key(&spec, &root);
         let state = StateSpec {
             root,
-            name: spec.name.clone(),
+            name: key,
             existing: spec.on_state.existing(true, false),
             socket: Some(spec.socket_abs()),
             adopt: spec.adopt,
@@ -135,6 +136,7 @@ impl Supervisor {
         // Served now, so no longer left over.
         self.leftovers_mut()
             .retain(|l| l.dir != state.root.join(&state.name));
+        self.cut_off_mut().remove(&state.root.join(&state.name));
         let mut served = Served::new(spec, listener.into(), files, backing)
             .map_err(|e| undo(e.into()))?
             .with_incoming(incoming);
@@ -155,10 +157,48 @@ impl Supervisor {
         Ok((i, existing))
     }
 
-    /// Removes device `i` for good: its frontend is disconnected, its
-    /// socket and its state deleted, its memory given back.
-    pub fn remove(&self, i: usize) -> Result<()> {
-        self.remove_with(i, false)
+    /// Removes device `i` for good: its socket and its state deleted, its
+    /// memory given back. A device a frontend is connected (or connecting)
+    /// to is refused, naming the frontend, unless `force`: then it is cut
+    /// off and its state kept, left over, so that nothing (a reload with
+    /// the device still in the file) serves it again blank; `vzram add`
+    /// with recover=true serves it again. Returns the command that does,
+    /// when the state was kept.
+    pub fn remove(&self, i: usize, force: bool) -> Result<Option<String>> {
+        let Some(d) = self.device(i) else {
+            return Err(Error::NoIndex(i));
+        };
+        let name = d.spec.name.clone();
+        let frontend = {
+            let ph = d.phase();
+            let f = d.frontend_in(&ph);
+            if f.is_none() || force {
+                // Under the phase lock: no frontend is admitted from here on.
+                d.removing.store(true, Relaxed);
+            }
+            f
+        };
+        let Some(frontend) = frontend else {
+            drop(d);
+            self.remove_with(i, false)?;
+            return Ok(None);
+        };
+        if !force {
+            return Err(Error::Connected {
+                device: name.clone(),
+                frontend,
+                advice: format!(
+                    "removing it cuts its VM off its disk: stop the VM first, or `vzram remove {name} --force` to cut it off now (its state is kept, left over)"
+                ),
+            });
+        }
+        tracing::warn!(device = %name, %frontend, "remove --force of a connected device: the frontend is cut off");
+        let dir = d.files.dir.clone();
+        let hint = recover_hint(&state_name(&dir, &name), &d.spec.socket_abs(), d.spec.size);
+        drop(d);
+        self.remove_with(i, true)?;
+        self.cut_off_mut().insert(dir);
+        Ok(Some(hint))
     }
 
     /// Stops serving device `i` but keeps its state (and what its backing
@@ -191,10 +231,12 @@ impl Supervisor {
         self.devices.write().unwrap_or_else(|e| e.into_inner())[i] = None;
         d.cells.release(self.pool.host_cells());
         let socket = d.spec.socket.clone();
+        let socket_path = d.spec.socket_abs();
         let dir = d.files.dir.clone();
         let name = d.spec.name.clone();
+        let key = state_name(&dir, &name);
         let left = vzram_store::Leftover {
-            name: name.clone(),
+            name: key.clone(),
             dir: dir.clone(),
             size_bytes: d.files.header.size_bytes,
             bytes: d.state_bytes(),
@@ -228,7 +270,12 @@ impl Supervisor {
         })?;
         match report {
             Report::Removed { .. } if keep_state => {
-                tracing::warn!(device = %name, "no longer served; its state is kept, left over (`vzram add --device ...,name={name},recover=true` serves it again, `vzram forget {name}` deletes it)");
+                let hint = recover_hint(
+                    &key,
+                    &left.socket.clone().unwrap_or(socket_path),
+                    left.size_bytes,
+                );
+                tracing::warn!(device = %name, "no longer served; its state is kept, left over (`{hint}` serves it again, `vzram forget {key}` deletes it)");
                 self.leftovers_mut().push(left);
                 self.tell_status();
                 Ok(())
@@ -241,7 +288,7 @@ impl Supervisor {
                         tracing::warn!(device = %name, "cannot blank the backing file's header: {e}");
                     }
                 }
-                tracing::info!(device = %name, "removed, with its state");
+                tracing::warn!(device = %name, state = %left.dir.display(), size = left.size_bytes, bytes_held = left.bytes, "removed, with its state: its pages are deleted");
                 self.tell_status();
                 Ok(())
             }
@@ -252,12 +299,66 @@ impl Supervisor {
 }
 
 impl Supervisor {
+    /// Where `spec`'s state is under `root`: [`DeviceSpec::state_key`], or
+    /// the name alone of a device named after its socket when a left-over
+    /// state there was made for this very socket (before keys carried the
+    /// socket path) and none is under the new key. The supervisor may not
+    /// look at files: the left-overs it knows are what it goes by (every
+    /// state no device serves is one).
+    pub(super) fn state_key(&self, spec: &DeviceSpec, root: &std::path::Path) -> String {
+        let key = spec.state_key();
+        let Some(old) = spec.legacy_key() else {
+            return key;
+        };
+        let socket = spec.socket_abs();
+        let left = self.leftovers_mut();
+        let new_there = left.iter().any(|l| l.dir == root.join(&key));
+        let old_ours = left
+            .iter()
+            .any(|l| l.dir == root.join(old) && l.socket.as_deref() == Some(socket.as_path()));
+        if !new_there && old_ours {
+            old.to_string()
+        } else {
+            key
+        }
+    }
+}
+
+/// What a state is left over as (`vzram forget KEY`, `name=KEY,recover=true`):
+/// its directory's name, the device's own unless the device is named after
+/// its socket (see [`crate::config::DeviceSpec::state_key`]).
+pub(super) fn state_name(dir: &std::path::Path, device: &str) -> String {
+    dir.file_name()
+        .map_or_else(|| device.to_string(), |k| k.to_string_lossy().into_owned())
+}
+
+/// The command that serves a left-over state again, as hints give it;
+/// `name` is the state's ([`state_name`]): the device added so finds it.
+pub(super) fn recover_hint(name: &str, socket: &std::path::Path, size: u64) -> String {
+    crate::proto::control::recover_command(name, socket, size)
+}
+
+impl Supervisor {
     /// Deletes a state no device serves (`vzram forget`): the launcher
     /// removes it only if it is a vzram state and no process holds it.
     pub fn forget(&self, name: &str) -> Result<vzram_store::Leftover> {
         let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
-        if self.devices().iter().any(|(_, d)| d.spec.name == name) {
-            return Err(Error::Served(name.to_string()));
+        if let Some((_, d)) = self
+            .devices()
+            .into_iter()
+            .find(|(_, d)| d.spec.name == name)
+        {
+            return Err(match d.frontend() {
+                Some(frontend) => Error::Connected {
+                    device: name.to_string(),
+                    frontend,
+                    advice: format!(
+                        "it is served, not left over: stop the VM first, or `vzram remove {name} --force` cuts it off and keeps its state, left over, for `vzram forget {}`",
+                        state_name(&d.files.dir, name)
+                    ),
+                },
+                None => Error::Served(name.to_string()),
+            });
         }
         let Some(l) = self
             .leftovers_mut()
@@ -276,7 +377,8 @@ impl Supervisor {
         match report {
             Report::Removed { .. } => {
                 self.leftovers_mut().retain(|x| x.dir != l.dir);
-                tracing::info!(state = %l.dir.display(), size = l.size_bytes, "forgotten: the left-over state is deleted");
+                self.cut_off_mut().remove(&l.dir);
+                tracing::warn!(state = %l.dir.display(), size = l.size_bytes, bytes_held = l.bytes, "forgotten: the left-over state is deleted, its pages with it");
                 Ok(l)
             }
             Report::Failed { error, .. } => Err(Error::LauncherRefused(error)),

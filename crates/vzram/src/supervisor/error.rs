@@ -24,8 +24,13 @@ pub enum Error {
         "device {0} is busy (a frontend is connecting, or another command holds it); try again"
     )]
     Busy(String),
-    #[error("device {0} has a frontend (or one connecting); disconnect it first")]
-    HasFrontend(String),
+    /// A destructive command on a device a VM is using, without `--force`.
+    #[error("device {device} is in use: {frontend}; {advice}")]
+    Connected {
+        device: String,
+        frontend: String,
+        advice: String,
+    },
     #[error("device {0} has no backing file (give it backing-file=PATH)")]
     NoBackingFile(String),
     #[error("device {0} is waiting for its own pages (incoming); it has nothing to send")]
@@ -43,6 +48,8 @@ pub enum Error {
     },
     #[error("device {0} has no migration waiting for its commit (`vzram stat` shows its state)")]
     NotCommitting(String),
+    #[error("device {0} is still sending its pages: a commit is taken only after the last delta (when `vzram stat` says committing)")]
+    CommitTooEarly(String),
     #[error("device {0} is not being sent: there is no migration to cancel (`vzram stat` shows its state)")]
     NotSending(String),
     #[error("device {0}: still in use; try again")]
@@ -51,7 +58,7 @@ pub enum Error {
     WorkerStuck { device: String, wait: Duration },
     #[error("no device {0}")]
     NoIndex(usize),
-    #[error("device {0} is served; `vzram remove {0}` removes it with its state")]
+    #[error("device {0} is served, not left over; `vzram remove {0}` removes it with its state")]
     Served(String),
     #[error("no left-over state named {0:?} (`vzram stat` lists them)")]
     NoLeftover(String),

@@ -3,9 +3,12 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
+
+use vzram_store::cells::{Ask, Phase};
 
 use super::error::{Error, Result};
 use super::orders::{failed, unexpected, HOLD_WAIT};
@@ -25,9 +28,18 @@ const REPLY_GRACE: Duration = Duration::from_secs(3);
 impl Supervisor {
     /// Sends device `d` to the vzram at `to` (see `vzram migrate`): its
     /// worker does while a frontend is connected, else this process. A
-    /// worker that goes away mid-way (its frontend left, or it died) is
-    /// replaced by another attempt from the start.
-    pub fn migrate(&self, d: &Served, to: &Addr, keep: bool) -> Result<Answer> {
+    /// worker that went away before it began is replaced by another
+    /// attempt; one that dies mid-send is not: the send failed, every page
+    /// stays here, and the destination drops what it took when the stream
+    /// is cut. `client_gone` says the requester hung up: the send is
+    /// cancelled then (nobody would hear its verdict).
+    pub fn migrate(
+        &self,
+        d: &Served,
+        to: &Addr,
+        keep: bool,
+        client_gone: &(dyn Fn() -> bool + Sync),
+    ) -> Result<Answer> {
         // One at a time: a second sender would find nothing, or race the
         // first to the commit.
         if d.migrating.swap(true, Relaxed) {
@@ -53,9 +65,39 @@ impl Supervisor {
                 })
             }
         };
-        if d.cells.migration.state.load(Relaxed) == vzram_store::cells::MIGRATION_SENT {
+        let m = &d.cells.migration;
+        if m.phase() == Phase::Sent {
             return Err(Error::AlreadySent(d.spec.name.clone()));
         }
+        let finished = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            // The requester's hang-up cancels the send, whatever its phase.
+            sc.spawn(|| {
+                while !finished.load(Relaxed) {
+                    if client_gone() {
+                        if m.sending() {
+                            tracing::warn!(device = %d.spec.name, "the `vzram migrate` client hung up: the send is cancelled");
+                            d.cells.set_ask(Ask::Cancel);
+                        }
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+            let r = self.send_attempts(d, to, keep, tls);
+            finished.store(true, Relaxed);
+            r
+        })
+    }
+
+    fn send_attempts(
+        &self,
+        d: &Served,
+        to: &Addr,
+        keep: bool,
+        tls: Option<ClientTls>,
+    ) -> Result<Answer> {
+        let m = &d.cells.migration;
         const ATTEMPTS: usize = 3;
         let mut last = String::new();
         for attempt in 1..=ATTEMPTS {
@@ -74,24 +116,32 @@ impl Supervisor {
                     d.set_migration_error(None);
                     return Ok(a);
                 }
-                // The channel broke: the worker is gone. Another attempt
-                // only if nothing was committed (its state says so).
-                Err(e)
-                    if d.cells.migration.state.load(Relaxed)
-                        == vzram_store::cells::MIGRATION_SENT =>
-                {
-                    return Err(failed(d, format!("{e}, after the commit")));
-                }
-                Err(e) => {
-                    tracing::warn!(device = %d.spec.name, "migration attempt {attempt}: {e}");
-                    last = e.to_string();
-                }
+                // The channel broke: the worker is gone.
+                Err(e) => match m.phase() {
+                    Phase::Sent | Phase::Copied => {
+                        return Err(failed(d, format!("{e}, after the commit")));
+                    }
+                    // It had begun: as a cancel, every page stays here and
+                    // the destination, its stream cut, drops its copy
+                    // (unless it had taken the commit: it says received).
+                    Phase::Sending | Phase::Committing => {
+                        m.shift(&[Phase::Sending, Phase::Committing], Phase::SendFailed);
+                        let why = format!(
+                            "the device's worker ended mid-send ({e}): every page is kept here and it serves; the destination drops what it took (if its stat says received, it had taken the commit: `vzram reset` this one instead)"
+                        );
+                        tracing::error!(device = %d.spec.name, "{why}");
+                        d.set_migration_error(Some(why.clone()));
+                        return Err(failed(d, why));
+                    }
+                    // It never began: nothing was sent, try again.
+                    _ => {
+                        tracing::warn!(device = %d.spec.name, "migration attempt {attempt}: {e}");
+                        last = e.to_string();
+                    }
+                },
             }
         }
-        d.cells
-            .migration
-            .state
-            .store(vzram_store::cells::MIGRATION_SEND_FAILED, Relaxed);
+        m.set(Phase::SendFailed);
         d.set_migration_error(Some(last.clone()));
         Err(failed(d, last))
     }
@@ -99,12 +149,16 @@ impl Supervisor {
     /// `vzram migrate --commit`: the VM has moved, for a VMM that keeps its
     /// source process after its migration. Waits a little for the sender
     /// to act on it; returns the state then.
+    /// Taken only after the last delta (the phase is committing): one
+    /// given earlier would commit whatever pause came next.
     pub fn commit_migration(&self, d: &Served) -> Result<&'static str> {
         let m = &d.cells.migration;
-        if !m.sending() {
-            return Err(Error::NotCommitting(d.spec.name.clone()));
+        match m.phase() {
+            Phase::Committing => {}
+            Phase::Sending => return Err(Error::CommitTooEarly(d.spec.name.clone())),
+            _ => return Err(Error::NotCommitting(d.spec.name.clone())),
         }
-        self.ask_sender(d, vzram_store::cells::MIGRATION_ASK_COMMIT);
+        self.ask_sender(d, Ask::Commit);
         Ok(m.state_name())
     }
 
@@ -116,12 +170,12 @@ impl Supervisor {
         if !d.cells.migration.sending() {
             return Err(Error::NotSending(d.spec.name.clone()));
         }
-        self.ask_sender(d, vzram_store::cells::MIGRATION_ASK_CANCEL);
+        self.ask_sender(d, Ask::Cancel);
         Ok(d.cells.migration.state_name())
     }
 
-    fn ask_sender(&self, d: &Served, ask: u64) {
-        d.cells.migration_commit.store(ask, Relaxed);
+    fn ask_sender(&self, d: &Served, ask: Ask) {
+        d.cells.set_ask(ask);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while d.cells.migration.sending() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
@@ -294,9 +348,10 @@ impl Supervisor {
     fn incoming_failed(&self, d: &Served, error: String) {
         tracing::error!(device = %d.spec.name, "migration stream failed: {error}; requests keep waiting for another (or vzram reset)");
         let m = &d.cells.migration;
-        if m.incoming() {
-            m.state.store(vzram_store::cells::MIGRATION_FAILED, Relaxed);
-        }
+        m.shift(
+            &[Phase::Incoming, Phase::Receiving, Phase::Prepared],
+            Phase::Failed,
+        );
         d.set_migration_error(Some(error));
     }
 }

@@ -94,6 +94,9 @@ pub struct Supervisor {
     replies: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
     /// States in the state dirs that no device serves (found at start).
     leftovers: Mutex<Vec<vzram_store::Leftover>>,
+    /// Left-over states of devices removed while connected (`remove
+    /// --force`): a reload never discards one (fresh=true in the file).
+    cut_off: Mutex<std::collections::HashSet<PathBuf>>,
     /// The loop ended with an error: the daemon exits non-zero.
     loop_failed: AtomicBool,
     /// The watchdog's view of the launcher.
@@ -129,6 +132,7 @@ impl Supervisor {
             adding: Mutex::new(()),
             notifier: Mutex::new(None),
             leftovers: Mutex::new(Vec::new()),
+            cut_off: Mutex::new(Default::default()),
             loop_failed: AtomicBool::new(false),
             dog: Mutex::new(Dog::default()),
         })
@@ -142,6 +146,11 @@ impl Supervisor {
     /// The states no device serves.
     pub fn leftovers_mut(&self) -> std::sync::MutexGuard<'_, Vec<vzram_store::Leftover>> {
         self.leftovers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The left-over states of devices removed while connected.
+    pub fn cut_off_mut(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<PathBuf>> {
+        self.cut_off.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The daemon's own state dir (a device may name another).

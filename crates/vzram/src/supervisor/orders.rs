@@ -143,10 +143,11 @@ impl Supervisor {
         Some(r)
     }
 
-    /// Drops every page of `d`; refused while a frontend is connected,
+    /// Drops every page of `d`; refused while a frontend is connected
+    /// (naming it) unless `force`, which cuts the frontend off first; and
     /// unless the device waits for its pages (incoming): then it gives up
     /// waiting and serves, empty, whether a frontend is connected or not.
-    pub fn reset(&self, d: &Served) -> Result<u64> {
+    pub fn reset(&self, d: &Served, force: bool) -> Result<u64> {
         let m = &d.cells.migration;
         if m.incoming() {
             // A stream under way is cut first: it empties the device.
@@ -165,6 +166,23 @@ impl Supervisor {
         if d.migrating.load(Relaxed) {
             return Err(Error::MigrationRunning(d.spec.name.clone()));
         }
+        let _cut = match d.frontend() {
+            Some(frontend) if !force => {
+                let name = &d.spec.name;
+                return Err(Error::Connected {
+                    device: name.clone(),
+                    frontend,
+                    advice: format!(
+                        "a reset drops every page under its running VM: stop the VM first, or `vzram reset {name} --force` to cut it off and reset now"
+                    ),
+                });
+            }
+            Some(frontend) => {
+                tracing::warn!(device = %d.spec.name, %frontend, "reset --force of a connected device: the frontend is cut off");
+                Some(self.cut_frontend(d)?)
+            }
+            None => None,
+        };
         let dropped = self.hold(d, |dev| {
             let pages = dev.stats().orig_data_size / 4096;
             let r = dev.discard(&mut vzram_store::Context::new(0), 0..dev.num_slots());
@@ -173,17 +191,46 @@ impl Supervisor {
             // discard above is not the guest's).
             d.cells.zero_counters();
             // A device sent away may be migrated again once reset.
-            use vzram_store::cells::{MIGRATION_COPIED, MIGRATION_SEND_FAILED, MIGRATION_SENT};
-            let _ = m.state.fetch_update(Relaxed, Relaxed, |s| {
-                matches!(s, MIGRATION_SENT | MIGRATION_COPIED | MIGRATION_SEND_FAILED)
-                    .then_some(vzram_store::cells::MIGRATION_NONE)
-            });
+            use vzram_store::cells::Phase;
+            m.shift(
+                &[Phase::Sent, Phase::Copied, Phase::SendFailed],
+                Phase::None,
+            );
             r.map(|()| pages)
         })?;
         match dropped {
             Some(r) => Ok(r?),
-            None => Err(Error::HasFrontend(d.spec.name.clone())),
+            None => Err(match d.frontend() {
+                Some(frontend) => Error::Connected {
+                    device: d.spec.name.clone(),
+                    frontend,
+                    advice: format!(
+                        "stop the VM first, or `vzram reset {} --force`",
+                        d.spec.name
+                    ),
+                },
+                None => Error::Busy(d.spec.name.clone()),
+            }),
         }
+    }
+
+    /// Ends the worker of `d` and admits no frontend until the returned
+    /// guard goes.
+    fn cut_frontend<'a>(&'a self, d: &'a Served) -> Result<Uncut<'a>> {
+        d.removing.store(true, Relaxed);
+        let guard = Uncut { sup: self, d };
+        self.wake();
+        let deadline = Instant::now() + super::STOP_WAIT;
+        while !matches!(*d.phase(), Phase::Idle) {
+            if Instant::now() > deadline {
+                return Err(Error::WorkerStuck {
+                    device: d.spec.name.clone(),
+                    wait: super::STOP_WAIT,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(guard)
     }
 
     /// Carries out a migration order where the device's allocator is: its
@@ -251,6 +298,20 @@ impl Supervisor {
         let s = &d.spec;
         let dc = device_config(s.size, s.algo, s.queues, d.cells.budget().limit());
         Ok(attach(&self.pool, dc, &d.files, backing)?)
+    }
+}
+
+/// Frontends are admitted again to a device [`Supervisor::cut_frontend`]
+/// cut off, once this goes.
+struct Uncut<'a> {
+    sup: &'a Supervisor,
+    d: &'a Served,
+}
+
+impl Drop for Uncut<'_> {
+    fn drop(&mut self) {
+        self.d.removing.store(false, Relaxed);
+        self.sup.wake();
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 use super::error::{Error, Result};
 use super::served::{Phase, Served};
 use super::Supervisor;
-use crate::config::{DaemonConfig, DeviceSpec, Reload};
+use crate::config::{DaemonConfig, DeviceSpec, OnState, Reload};
 use crate::proto::launch::{Report, Request};
 
 /// Reloads one at a time, on a thread of their own: SIGHUPs that arrive
@@ -253,7 +253,7 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
     if busy {
         tracing::warn!(
             device = %spec.name,
-            "reload: no longer in the file, but a frontend is connected: still served (a device busy with a compaction or reset is kept too); stop the VM and reload again, or `vzram remove {}`",
+            "reload: no longer in the file, but a frontend is connected: still served (a device busy with a compaction or reset is kept too); stop the VM and reload again, or `vzram remove {} --force` (its state is kept, left over)",
             spec.name
         );
         return false;
@@ -280,6 +280,21 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
 /// it (a state left under its name is served only with recover=true,
 /// replaced only with fresh=true). Whether it was added.
 fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec) -> bool {
+    // A device cut off its VM (`remove --force`) keeps its pages until
+    // the operator says otherwise, whatever the file says.
+    let root = spec.state_dir.as_deref().unwrap_or(sup.state_dir());
+    let key = sup.state_key(spec, root);
+    let dir = root.join(&key);
+    if spec.on_state == OnState::Fresh && sup.cut_off_mut().contains(&dir) {
+        tracing::error!(
+            device = %spec.name,
+            state = %dir.display(),
+            "reload: in the file with fresh=true, but it was removed while connected and its state is kept: not added; `{}` serves its pages, `vzram forget {}` deletes them",
+            super::devices::recover_hint(&key, &spec.socket_abs(), spec.size),
+            key
+        );
+        return false;
+    }
     match sup.add(spec.clone()) {
         Ok((_, recovered)) => {
             tracing::info!(device = %spec.name, socket = %spec.socket.display(), recovered, "reload: in the file and not served: added");

@@ -222,6 +222,39 @@ impl Served {
         self.files.bytes()
     }
 
+    /// The frontend connected (or connecting) to the device, as a refusal
+    /// names it: its process, by the socket's peer credentials, and since
+    /// when. None while no frontend is there.
+    pub(super) fn frontend(&self) -> Option<String> {
+        self.frontend_in(&self.phase())
+    }
+
+    /// [`Served::frontend`] under a phase lock the caller holds.
+    pub(super) fn frontend_in(&self, ph: &Phase) -> Option<String> {
+        let (conn, since, how) = match ph {
+            Phase::Running {
+                frontend: Some(f),
+                started,
+                ..
+            } => (f, *started, "connected"),
+            Phase::Pending { conn, since, .. } => (conn, *since, "connecting"),
+            _ => return None,
+        };
+        // One that has hung up is going: its worker ends by itself.
+        if crate::sys::socket::hung_up(std::os::fd::AsRawFd::as_raw_fd(conn)) {
+            return None;
+        }
+        let who = match peer(conn) {
+            Some((pid, uid)) => format!("frontend pid {pid} (uid {uid})"),
+            None => "a frontend".to_string(),
+        };
+        Some(format!(
+            "{who} on {}, {how} for {}s",
+            self.spec.socket.display(),
+            since.elapsed().as_secs()
+        ))
+    }
+
     pub(super) fn phase(&self) -> MutexGuard<'_, Phase> {
         self.phase.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -265,6 +298,28 @@ impl Served {
             tracing::info!(device = %self.spec.name, reason = why.name(), "{line}");
         }
     }
+}
+
+/// The process and user at the other end of `s` (SO_PEERCRED).
+fn peer(s: &UnixStream) -> Option<(i32, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which we own.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some((cred.pid, cred.uid))
 }
 
 /// Why a device's worker ended other than by serving and leaving cleanly.

@@ -178,10 +178,16 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     // What kind of socket a passed descriptor is: the vhost crate asks
     // before it looks at a socket a frontend sent (the guard refuses those
     // messages first; this keeps the filter and the crate in agreement).
+    // The supervisor also asks who a frontend is (SO_PEERCRED), to name
+    // it when it refuses to remove or reset a device in use.
+    let peer: &[i32] = if role == Role::Supervisor {
+        &[SO_DOMAIN, SO_TYPE, SO_PEERCRED]
+    } else {
+        &[SO_DOMAIN, SO_TYPE]
+    };
     r.allow_if(
         SYS_getsockopt,
-        [SO_DOMAIN, SO_TYPE]
-            .iter()
+        peer.iter()
             .map(|&o| all_eq(&[(1, SOL_SOCKET as u64), (2, o as u64)]))
             .collect::<Result<_, _>>()?,
     );

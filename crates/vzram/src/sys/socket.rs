@@ -121,6 +121,27 @@ pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> 
     Ok(listener)
 }
 
+/// Removes the `control.PID.sock` files in `dir` that nobody listens on:
+/// what daemons that took a second control socket there and were killed
+/// left behind.
+pub fn remove_stale_controls(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let numbered = name
+            .strip_prefix("control.")
+            .and_then(|n| n.strip_suffix(".sock"))
+            .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+        let is_socket = e.file_type().is_ok_and(|t| t.is_socket());
+        if numbered && is_socket && !listened_on(&e.path()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Whether a process listens on the unix socket at `path`, found without
 /// waiting: a non-blocking connect succeeds or, with the backlog full,
 /// fails with EAGAIN; a stale socket file refuses.

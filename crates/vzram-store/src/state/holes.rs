@@ -1,4 +1,4 @@
-//! Where a sparse state file holds data.
+//! Walking a sparse file by the ranges that hold data.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

@@ -83,14 +83,13 @@ impl Supervisor {
         }
         let finished = AtomicBool::new(false);
         std::thread::scope(|sc| {
-            // The requester's hang-up cancels the send, whatever its phase.
+            // The requester's hang-up cancels the send, whatever its phase
+            // (once it has begun: the sender clears any ask as it begins).
             sc.spawn(|| {
                 while !finished.load(Relaxed) {
-                    if client_gone() {
-                        if m.sending() {
-                            tracing::warn!(device = %d.spec.name, "the `vzram migrate` client hung up: the send is cancelled");
-                            d.cells.set_ask(Ask::Cancel);
-                        }
+                    if client_gone() && m.sending() {
+                        tracing::warn!(device = %d.spec.name, "the `vzram migrate` client hung up: the send is cancelled");
+                        d.cells.set_ask(Ask::Cancel);
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(50));

@@ -429,3 +429,44 @@ fn a_destination_certificate_for_another_name_is_refused() {
     still_waiting(&b, "a destination of another name");
     check_pages(&sock_a, "source refusing a misnamed destination");
 }
+
+/// An incoming address that cannot be had (in use here; under the shipped
+/// systemd unit, no network) stops only that device's migration: the
+/// daemon starts, the other devices serve, and the device says why.
+#[test]
+fn an_incoming_address_in_use_stops_only_its_device() {
+    let dir = TempDir::new("tlsbusy");
+    let p = pki(&dir, "one");
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (sock_vm, sock_other) = (dir.join("vm.sock"), dir.join("other.sock"));
+    let vm = format!(
+        "socket={},size={SIZE},name=vm,incoming=tcp:127.0.0.1:{port}",
+        s(&sock_vm)
+    );
+    let other = format!("socket={},size={SIZE},name=other", s(&sock_other));
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--device",
+            &vm,
+            "--device",
+            &other,
+            "--tls-creds",
+            s(&p.dest),
+        ],
+        &[&sock_vm, &sock_other],
+    );
+    write_pages(&sock_other);
+    check_pages(&sock_other, "the other device");
+    let st = d.stat();
+    let m = &st.dev("vm").migration;
+    assert_eq!(m.state, MigrationState::Incoming, "{m:?}");
+    assert!(
+        m.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("cannot listen"),
+        "{m:?}"
+    );
+}

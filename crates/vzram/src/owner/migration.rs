@@ -227,11 +227,29 @@ impl Tls {
         Ok(())
     }
 
+    /// Hands `plain` what plaintext the session holds; whether the peer
+    /// has closed.
+    fn drain(&mut self, plain: &UnixStream, buf: &mut [u8]) -> io::Result<bool> {
+        loop {
+            match self.tls.reader().read(buf) {
+                Ok(0) => return Ok(true),
+                Ok(n) => (&*plain).write_all(&buf[..n])?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     fn pump(&mut self, plain: &UnixStream) -> io::Result<()> {
         let mut buf = vec![0u8; 64 << 10];
         let tcp = self.conn.file.as_raw_fd();
         loop {
             self.flush()?;
+            // Plaintext rustls already holds: the handshake's last read
+            // may have brought the peer's first records with it.
+            if self.drain(plain, &mut buf)? {
+                return Ok(());
+            }
             let mut fds = [
                 libc::pollfd {
                     fd: tcp,
@@ -266,14 +284,6 @@ impl Tls {
                 self.tls
                     .process_new_packets()
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-                loop {
-                    match self.tls.reader().read(&mut buf) {
-                        Ok(0) => return Ok(()),
-                        Ok(n) => (&*plain).write_all(&buf[..n])?,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) => return Err(e),
-                    }
-                }
             }
             if fds[1].revents != 0 {
                 let n = (&*plain).read(&mut buf)?;

@@ -151,8 +151,10 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
         thread::sleep(Duration::from_millis(200));
     };
     let qemu_secs = t0.elapsed().as_secs_f64();
-    // The VM has moved: its source QEMU goes (as libvirt ends it), which
-    // is what commits vzram's move. QEMU 7.2's source has been seen to
+    // The VM has moved: the destination QEMU runs it and started its
+    // rings, which is what commits vzram's move (the source QEMU's exit
+    // commits nothing). Its source QEMU goes (as libvirt ends it). QEMU
+    // 7.2's source has been seen to
     // exit by itself once its migration completed (CI, no message on
     // stderr); its guest lives on at the destination, which is checked.
     match qa.quit() {

@@ -79,6 +79,40 @@ fn is_blank(sock: &Path, pages: usize) -> bool {
         .all(|&b| b == 0)
 }
 
+/// Waits (10 s at most) until the states in `dir`'s state dir whose names
+/// start with `prefix` are free of locks. A killed daemon's processes are
+/// gone, but a state's lock may outlive them a moment: a descriptor of it in
+/// flight in a unix socket's queue is released only when the kernel
+/// collects that socket, and a start meanwhile takes the state for a live
+/// daemon's (not left over). systemd's restart waits the same way.
+fn wait_unlocked(dir: &TempDir, prefix: &str) {
+    let root = state_dir_for(dir.path());
+    let named = || -> Vec<String> {
+        std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let free: Vec<String> = vzram_store::state::leftovers(&root, &[])
+            .into_iter()
+            .map(|l| l.name)
+            .collect();
+        if named().iter().all(|n| free.contains(n)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{prefix}* still locked 10 s after the kill"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn dev(sock: &Path, extra: &str) -> String {
     format!("socket={},size=16M,queues=1{extra}", s(sock))
 }
@@ -172,6 +206,7 @@ fn a_runtime_add_never_recovers_another_tenants_pages() {
     assert!(o.status.success(), "{}", text(&o));
     fill(&t1, 7, 128);
     d.kill9();
+    wait_unlocked(&dir, "tenant1-");
     let mut d = serve(&dir, &["--device", &da, "--metrics", "127.0.0.1:0"], &[&a]);
     // A new tenant gets a blank disk, whatever its place.
     let o = cli(&d, &["add", "--device", &dev(&t2, "")]);
@@ -476,24 +511,8 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         t.join().unwrap();
-        // The killed processes are gone, but x's lock may outlive them a
-        // moment: a descriptor of it in flight in a unix socket's queue (the
-        // launcher passing state files) is released only when the kernel
-        // collects that socket. The next start would take x for a live
-        // daemon's then (systemd's restart has the same wait).
-        let root = state_dir_for(dir.path());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while root.join("x").exists()
-            && !vzram_store::state::leftovers(&root, &[])
-                .iter()
-                .any(|l| l.name == "x")
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "round {round}: x's state still locked 10 s after the kill"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        // The killed processes are gone, but x's lock may outlive them.
+        wait_unlocked(&dir, "x");
         d = serve(&dir, &["--device", &da], &[&a]);
         match leftovers(&d).iter().find(|l| l["name"] == "x") {
             // The removal never started: the whole state is there.

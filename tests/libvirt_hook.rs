@@ -423,12 +423,28 @@ fn a_stop_after_a_completed_migration_keeps_the_pages() {
     let mut h = Host::new("hook-dst", &["other"]);
     h.vzram_domain("vm11");
     h.ok("vm11", "migrate", "begin");
-    let out = Command::new(vzram_bin())
+    let m = Command::new(vzram_bin())
         .args(["migrate", "--control", s(&a.control), "--device", "vm11"])
         .arg("--to")
         .arg(format!("unix:{}", h.incoming("vm11").display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // No frontend on either side: the operator commits after the last
+    // delta (nothing else says where the VM runs).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while a.stat().devices()[0].migration.state != MigrationState::Committing {
+        assert!(std::time::Instant::now() < deadline, "never committing");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let c = Command::new(vzram_bin())
+        .args(["migrate", "--control", s(&a.control), "--device", "vm11"])
+        .arg("--commit")
         .output()
         .unwrap();
+    assert!(c.status.success(), "{c:?}");
+    let out = m.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "migrate: {}{}",

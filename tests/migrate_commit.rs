@@ -268,3 +268,37 @@ fn sixty_four_sends_leave_room_for_stat_and_cancel() {
         .iter()
         .all(|m| m.migration.state != MigrationState::Sent));
 }
+
+/// libvirt's order: the sender is started before the destination device
+/// exists (its hook runs at "migrate begin", the source's before `virsh
+/// migrate`). It tries again until its connect deadline instead of failing
+/// at once.
+#[test]
+fn a_sender_started_before_the_destination_exists_connects_once_it_does() {
+    let e = ends("migearly", SIZE);
+    write_all(&e.sock_a, 1);
+    let late = e.db.join("late.sock");
+    let mut m = spawn_migrate(&e, &late);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        m.try_wait().unwrap().is_none(),
+        "the sender gave up at once"
+    );
+    let spec = format!(
+        "socket={},size={SIZE},name=late,incoming=unix:{}",
+        s(&e.db.join("late-dev.sock")),
+        s(&late)
+    );
+    let out = std::process::Command::new(vzram_bin())
+        .args(["add", "--control", s(&e.b.control), "--device", &spec])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    wait_state(&e.a, MigrationState::Committing, Duration::from_secs(30));
+    let c = ask(&e, "--commit");
+    assert!(c.status.success(), "{}", said(&c));
+    let out = m.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    let st = e.b.stat();
+    assert_eq!(st.dev("late").migration.state, MigrationState::Received);
+}

@@ -317,3 +317,156 @@ fn a_peer_with_a_certificate_from_another_ca_is_refused() {
     assert!(o.status.success(), "{}\n{}", said(&o), b.log_text());
     assert_eq!(migration(&b).state, MigrationState::Received);
 }
+
+/// A peer that connects and trickles a record header is cut once the
+/// handshake deadline (seconds) has passed, and meanwhile the real source
+/// is not kept waiting behind it: handshakes run side by side, before
+/// anything reaches the device.
+#[test]
+fn a_silent_peer_is_cut_at_the_handshake_deadline_and_blocks_no_source() {
+    let dir = TempDir::new("tlssil");
+    let p = pki(&dir, "one");
+    let port = free_port();
+    let (b, sock_b) = destination(&dir, &p.dest, port);
+    let da = TempDir::new("tlssila");
+    let (a, sock_a) = source(&da, Some(&p.source));
+    write_pages(&sock_a);
+    let mut silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // It trickles a record header, a byte every 2 s: never a stall.
+    let mut w = silent.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let header = [0x16u8, 0x03, 0x01, 0x40, 0x00];
+        for i in 0..60 {
+            let b = header.get(i).copied().unwrap_or(0);
+            if w.write_all(&[b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    });
+    // B's VM waits for its pages (its rings running commit the move); the
+    // real source starts while the trickler is connected.
+    let mut cb = Client::connect(&sock_b, 1).expect("connect to B");
+    let to = format!("tcp:127.0.0.1:{port}");
+    let a2 = &a;
+    std::thread::scope(|sc| {
+        let m = sc.spawn(|| migrate(a2, &to));
+        // Cut within seconds (30 s leaves a loaded machine room; the
+        // stream's own limits are a minute and an hour).
+        silent
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let r = silent.read(&mut [0u8; 64]);
+        assert!(
+            !matches!(&r, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+            "a silent peer still connected after 30 s: {r:?}"
+        );
+        let out = m.join().unwrap();
+        assert!(out.status.success(), "{}\n{}", said(&out), b.log_text());
+    });
+    assert_eq!(migration(&b).state, MigrationState::Received);
+    check_pages_on(&mut cb, "destination");
+}
+
+/// A peer with no client certificate is refused in the handshake; it never
+/// reaches the device (no header it sends is answered).
+#[test]
+fn a_peer_without_a_client_certificate_is_refused() {
+    let dir = TempDir::new("tlsnocert");
+    let p = pki(&dir, "one");
+    let port = free_port();
+    let (b, _sock_b) = destination(&dir, &p.dest, port);
+    let mut hello = b"VZRAMMIG".to_vec();
+    hello.extend_from_slice(&[0u8; 40]);
+    let mut c = Command::new("openssl")
+        .args(["s_client", "-quiet", "-tls1_3", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("-CAfile")
+        .arg(p.dest.join("ca-cert.pem"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl");
+    let mut stdin = c.stdin.take().unwrap();
+    let _ = stdin.write_all(&hello);
+    std::thread::sleep(Duration::from_secs(2));
+    drop(stdin);
+    let out = c.wait_with_output().unwrap();
+    let got = &out.stdout;
+    assert!(
+        !got.contains(&b'A') && !got.contains(&b'X'),
+        "a peer with no certificate got an answer: {got:?}"
+    );
+    let log = b.log_text();
+    assert!(
+        log.contains("TLS handshake with the source failed"),
+        "{log}"
+    );
+    still_waiting(&b, "a peer with no certificate");
+}
+
+/// The source checks the destination's name: a certificate from the right
+/// CA for another name is refused, and the source keeps every page.
+#[test]
+fn a_destination_certificate_for_another_name_is_refused() {
+    let dir = TempDir::new("tlsname");
+    let p = vzram_tests::pki::pki_naming(&dir, "one", &["other.example"]);
+    let port = free_port();
+    let (b, _sock_b) = destination(&dir, &p.dest, port);
+    let da = TempDir::new("tlsnamea");
+    let (a, sock_a) = source(&da, Some(&p.source));
+    write_pages(&sock_a);
+    let o = migrate(&a, &format!("tcp:127.0.0.1:{port}"));
+    let text = said(&o);
+    eprintln!("a certificate for another name: {text}");
+    assert!(!o.status.success(), "{text}");
+    assert!(
+        text.contains("TLS handshake with the destination"),
+        "{text}"
+    );
+    assert!(text.to_lowercase().contains("name"), "{text}");
+    still_waiting(&b, "a destination of another name");
+    check_pages(&sock_a, "source refusing a misnamed destination");
+}
+
+/// An incoming address that cannot be had (in use here; under the shipped
+/// systemd unit, no network) stops only that device's migration: the
+/// daemon starts, the other devices serve, and the device says why.
+#[test]
+fn an_incoming_address_in_use_stops_only_its_device() {
+    let dir = TempDir::new("tlsbusy");
+    let p = pki(&dir, "one");
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (sock_vm, sock_other) = (dir.join("vm.sock"), dir.join("other.sock"));
+    let vm = format!(
+        "socket={},size={SIZE},name=vm,incoming=tcp:127.0.0.1:{port}",
+        s(&sock_vm)
+    );
+    let other = format!("socket={},size={SIZE},name=other", s(&sock_other));
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--device",
+            &vm,
+            "--device",
+            &other,
+            "--tls-creds",
+            s(&p.dest),
+        ],
+        &[&sock_vm, &sock_other],
+    );
+    write_pages(&sock_other);
+    check_pages(&sock_other, "the other device");
+    let st = d.stat();
+    let m = &st.dev("vm").migration;
+    assert_eq!(m.state, MigrationState::Incoming, "{m:?}");
+    assert!(
+        m.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("cannot listen"),
+        "{m:?}"
+    );
+}

@@ -33,7 +33,10 @@ vzram add --control "$B_CTL" \
 # 4. Source vzram: pre-copy while the guest runs; the last delta goes when
 #    QEMU stops the VM at the end of its migration (GET_VRING_BASE). The
 #    destination guest resumes at once, and its disk requests wait for that
-#    delta (milliseconds). Between hosts, tunnel the unix socket:
+#    delta (milliseconds). The move commits when the destination QEMU
+#    runs the guest (it starts its rings, and vzram B says so); the source
+#    QEMU's exit, a pause or a save commits nothing. A `vzram migrate`
+#    whose client is killed is cancelled. Between hosts, tunnel the unix socket:
 #      ssh -N -L /run/vzram/a/vm1.to-b:$IN root@DEST &
 #    and use --to unix:/run/vzram/a/vm1.to-b.
 vzram migrate --control "$A_CTL" --device vm1 --to "unix:$IN" >/dev/null &

@@ -15,6 +15,11 @@ pub struct Pki {
 }
 
 pub fn pki(dir: &TempDir, tag: &str) -> Pki {
+    pki_naming(dir, tag, &["127.0.0.1", "localhost"])
+}
+
+/// [`pki`], the destination's certificate naming `names` only.
+pub fn pki_naming(dir: &TempDir, tag: &str, names: &[&str]) -> Pki {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -29,7 +34,7 @@ pub fn pki(dir: &TempDir, tag: &str) -> Pki {
             .unwrap();
         (cert.pem(), key.serialize_pem())
     };
-    let (server_cert, server_key) = leaf(vec!["127.0.0.1".into(), "localhost".into()]);
+    let (server_cert, server_key) = leaf(names.iter().map(|n| n.to_string()).collect());
     let (client_cert, client_key) = leaf(vec!["source.example".into()]);
     let dest = dir.join(&format!("{tag}-dest"));
     let source = dir.join(&format!("{tag}-source"));

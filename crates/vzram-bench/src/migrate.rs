@@ -2,7 +2,8 @@
 //!
 //! One source daemon serves a device (`--name vm`) filled with corpus pages through a
 //! client, which then disconnects (no frontend: the device is quiet, the stream is one
-//! pass and commits by itself). Each round starts a fresh destination daemon with `vm`
+//! pass, and the run commits it with `vzram migrate --commit` once the source says
+//! committing; the wall time includes that). Each round starts a fresh destination daemon with `vm`
 //! incoming on the round's transport, runs `vzram migrate --keep` (the source keeps
 //! its pages and is sent again next round) and times that command wall-clock; then
 //! checks that the destination received and holds as much guest data as the source,
@@ -518,13 +519,37 @@ fn one_round(
         bail!("the destination is {waiting:?}, not incoming");
     }
     let t0 = Instant::now();
-    let out = Command::new(&env.vzram_bin)
+    let mut child = Command::new(&env.vzram_bin)
         .arg("migrate")
         .arg("--control")
         .arg(&src.control)
         .args(["--device", DEVICE, "--to", addr, "--keep"])
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .context("running vzram migrate")?;
+    // No frontend on either side: once the destination holds every page
+    // the operator commits (nothing else says where the VM runs).
+    while child.try_wait().context("vzram migrate")?.is_none() {
+        if src.device(env)?.migration.state == MigrationState::Committing {
+            let c = Command::new(&env.vzram_bin)
+                .arg("migrate")
+                .arg("--control")
+                .arg(&src.control)
+                .args(["--device", DEVICE, "--commit"])
+                .output()
+                .context("running vzram migrate --commit")?;
+            if !c.status.success() {
+                bail!(
+                    "vzram migrate --commit failed: {}",
+                    String::from_utf8_lossy(&c.stderr).trim()
+                );
+            }
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().context("vzram migrate")?;
     let wall = t0.elapsed().as_secs_f64();
     let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() {

@@ -421,3 +421,38 @@ fn a_receiver_killed_at_random_points_holds_a_prefix_of_the_stream() {
         stream.len()
     );
 }
+
+/// The destination stores its commit (the `commit` hook: the daemon's
+/// received phase in the shared cells) before it confirms it ('D'): a
+/// destination killed between the two would come back waiting for its
+/// pages, emptied, while the source, told of the commit, dropped them.
+#[test]
+fn the_commit_is_stored_before_it_is_confirmed() {
+    let base = state_root().join("order");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let pool = pool();
+    let dev = open(&pool, &base);
+    let whole = [&stream_of(&versions())[..], b"C"].concat();
+    let events = std::cell::RefCell::new(Vec::new());
+    /// Records when the confirmation is written.
+    struct Out<'a>(&'a std::cell::RefCell<Vec<&'static str>>);
+    impl Write for Out<'_> {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if b.first() == Some(&b'D') {
+                self.0.borrow_mut().push("confirmed");
+            }
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    receive_on(&dev, &whole[..], Out(&events), &|_| {}, &|| {}, &|| {
+        events.borrow_mut().push("stored")
+    })
+    .unwrap();
+    drop(dev);
+    let _ = std::fs::remove_dir_all(&base);
+    assert_eq!(*events.borrow(), ["stored", "confirmed"]);
+}

@@ -26,14 +26,10 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
         Order::Receive { .. } | Order::Send { .. } if m.conn.is_none() => {
             failed("no migration connection came with the order".into())
         }
-        Order::Receive { within_secs, tls } => {
-            let fd = m.conn.expect("checked");
+        Order::Receive { within_secs } => {
+            let link = Link::plain(m.conn.expect("checked"));
             let deadline = Instant::now() + Duration::from_secs(*within_secs);
-            let link = match tls {
-                None => Ok(Link::plain(fd)),
-                Some(creds) => Link::tls_server(fd, creds, deadline),
-            };
-            let r = link.and_then(|l| migration::receive(dev, &l, deadline, &m.frontend, &|| {}));
+            let r = migration::receive(dev, &link, deadline, &m.frontend, &|| {});
             // Committed even if the source's confirmation was lost.
             if !dev.cells().migration.incoming() {
                 (m.open_gate)();
@@ -49,13 +45,9 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                 Err(e) => failed(e),
             }
         }
-        Order::Send { keep, tls } => {
-            let fd = m.conn.expect("checked");
-            let link = match tls {
-                None => Ok(Link::plain(fd)),
-                Some(t) => Link::tls_client(fd, t),
-            };
-            match link.and_then(|l| migration::send(dev, &l, &m.frontend, *keep)) {
+        Order::Send { keep } => {
+            let link = Link::plain(m.conn.expect("checked"));
+            match migration::send(dev, &link, &m.frontend, *keep) {
                 Ok(r) => Answer::Sent {
                     pages: r.pages,
                     bytes: r.bytes,

@@ -9,13 +9,13 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData, StreamOwned};
+use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData};
 
 use vzram_store::cells::{Ask, Phase};
 use vzram_store::migrate::{
@@ -101,8 +101,9 @@ impl Write for &Conn {
     }
 }
 
-/// A migration connection as the stream sees it: the socket itself, or
-/// TLS over it. The stream reads and writes from one thread, in turn.
+/// A migration connection as the stream sees it: a socket (a unix one, or
+/// the plain end of a [`Tls`] relay). The stream reads and writes from
+/// one thread, in turn.
 pub struct Link {
     conn: Arc<Conn>,
     io: Mutex<Box<dyn Stream>>,
@@ -140,42 +141,6 @@ impl Link {
         }
     }
 
-    /// The destination's end of a TCP stream, once the source has shown a
-    /// certificate from the CA; the handshake must be done by `deadline`.
-    pub fn tls_server(fd: OwnedFd, creds: &Credentials, deadline: Instant) -> Result<Link, String> {
-        let cfg = tls::server_config(creds).map_err(|e| e.to_string())?;
-        let conn = Arc::new(Conn::new(fd));
-        conn.set_deadline(Some(deadline));
-        let mut tls = ServerConnection::new(cfg).map_err(|e| format!("TLS: {e}"))?;
-        let mut sock = Sock(conn.clone());
-        handshake(&mut tls, &mut sock)
-            .map_err(|e| format!("TLS handshake with the source failed: {e}"))?;
-        Ok(Link {
-            io: Mutex::new(Box::new(StreamOwned::new(tls, sock))),
-            conn,
-        })
-    }
-
-    /// The source's end of a TCP stream, once the destination has shown a
-    /// certificate from the CA for the name it was reached by.
-    pub fn tls_client(fd: OwnedFd, t: &ClientTls) -> Result<Link, String> {
-        let cfg = tls::client_config(&t.creds).map_err(|e| e.to_string())?;
-        let name = tls::server_name(&t.server_name).map_err(|e| e.to_string())?;
-        let conn = Arc::new(Conn::new(fd));
-        let mut tls = ClientConnection::new(cfg, name).map_err(|e| format!("TLS: {e}"))?;
-        let mut sock = Sock(conn.clone());
-        handshake(&mut tls, &mut sock).map_err(|e| {
-            format!(
-                "TLS handshake with the destination {} failed: {e}",
-                t.server_name
-            )
-        })?;
-        Ok(Link {
-            io: Mutex::new(Box::new(StreamOwned::new(tls, sock))),
-            conn,
-        })
-    }
-
     /// Reads and writes after `at` fail (None: only stalls do).
     pub fn set_deadline(&self, at: Option<Instant>) {
         self.conn.set_deadline(at);
@@ -189,6 +154,146 @@ impl Link {
 
     fn io(&self) -> std::sync::MutexGuard<'_, Box<dyn Stream>> {
         self.io.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How long a TLS handshake may take: a peer that has not shown a valid
+/// certificate by then is cut, and holds nothing meanwhile (the
+/// handshake runs before any order reaches the device's owner).
+pub const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// An authenticated TLS session on a TCP migration connection, held by
+/// the supervisor (the keys never leave it): [`Tls::relay`] carries its
+/// plaintext to and from the device's owner over a socket pair.
+pub struct Tls {
+    conn: Arc<Conn>,
+    tls: rustls::Connection,
+}
+
+impl Tls {
+    /// The destination's end: the source must show a certificate from
+    /// the CA within [`HANDSHAKE`].
+    pub fn accept(fd: OwnedFd, creds: &Credentials) -> Result<Tls, String> {
+        let cfg = tls::server_config(creds).map_err(|e| e.to_string())?;
+        let conn = Arc::new(Conn::new(fd));
+        conn.set_deadline(Some(Instant::now() + HANDSHAKE));
+        let mut tls = ServerConnection::new(cfg).map_err(|e| format!("TLS: {e}"))?;
+        handshake(&mut tls, &mut Sock(conn.clone()))
+            .map_err(|e| format!("TLS handshake with the source failed: {e}"))?;
+        conn.set_deadline(None);
+        Ok(Tls {
+            conn,
+            tls: tls.into(),
+        })
+    }
+
+    /// The source's end: the destination must show a certificate from the
+    /// CA for the name it was reached by, within [`HANDSHAKE`].
+    pub fn connect(fd: OwnedFd, t: &ClientTls) -> Result<Tls, String> {
+        let cfg = tls::client_config(&t.creds).map_err(|e| e.to_string())?;
+        let name = tls::server_name(&t.server_name).map_err(|e| e.to_string())?;
+        let conn = Arc::new(Conn::new(fd));
+        conn.set_deadline(Some(Instant::now() + HANDSHAKE));
+        let mut tls = ClientConnection::new(cfg, name).map_err(|e| format!("TLS: {e}"))?;
+        handshake(&mut tls, &mut Sock(conn.clone())).map_err(|e| {
+            format!(
+                "TLS handshake with the destination {} failed: {e}",
+                t.server_name
+            )
+        })?;
+        conn.set_deadline(None);
+        Ok(Tls {
+            conn,
+            tls: tls.into(),
+        })
+    }
+
+    /// Carries plaintext between the session and `plain` (the owner's end
+    /// is the other half of its socket pair) until either side ends; the
+    /// owner's own deadlines and stall limits bound the stream.
+    pub fn relay(mut self, plain: UnixStream) {
+        if let Err(e) = self.pump(&plain) {
+            tracing::debug!("migration TLS relay ended: {e}");
+        }
+        let _ = plain.shutdown(std::net::Shutdown::Both);
+        // SAFETY: shutdown on the TCP socket this session owns.
+        unsafe { libc::shutdown(self.conn.file.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        while self.tls.wants_write() {
+            self.tls.write_tls(&mut &*self.conn)?;
+        }
+        Ok(())
+    }
+
+    /// Hands `plain` what plaintext the session holds; whether the peer
+    /// has closed.
+    fn drain(&mut self, plain: &UnixStream, buf: &mut [u8]) -> io::Result<bool> {
+        loop {
+            match self.tls.reader().read(buf) {
+                Ok(0) => return Ok(true),
+                Ok(n) => (&*plain).write_all(&buf[..n])?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn pump(&mut self, plain: &UnixStream) -> io::Result<()> {
+        let mut buf = vec![0u8; 64 << 10];
+        let tcp = self.conn.file.as_raw_fd();
+        loop {
+            self.flush()?;
+            // Plaintext rustls already holds: the handshake's last read
+            // may have brought the peer's first records with it.
+            if self.drain(plain, &mut buf)? {
+                return Ok(());
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: tcp,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: plain.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two pollfds of ours, valid for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, STALL.as_millis() as i32) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("nothing either way for {STALL:?}"),
+                ));
+            }
+            if fds[0].revents != 0 {
+                if self.tls.read_tls(&mut &self.conn.file)? == 0 {
+                    return Ok(());
+                }
+                self.tls
+                    .process_new_packets()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            }
+            if fds[1].revents != 0 {
+                let n = (&*plain).read(&mut buf)?;
+                if n == 0 {
+                    self.tls.send_close_notify();
+                    return self.flush();
+                }
+                self.tls.writer().write_all(&buf[..n])?;
+            }
+        }
     }
 }
 

@@ -6,7 +6,6 @@ use serde::{Deserialize, Serialize};
 use vzram_store::{Codec, Filter};
 
 use super::codec;
-use super::tls::{ClientTls, Credentials};
 
 /// Which pages a writeback or recompression takes ([`Filter`], as it
 /// travels).
@@ -44,22 +43,19 @@ pub enum Order {
         filter: TierFilter,
         max_pages: Option<u64>,
     },
-    /// Receive the device's pages from the migration connection sent along;
-    /// the stream must be whole within `within_secs` of the order. With
-    /// `tls` (a TCP stream), the source must show a certificate from its CA.
+    /// Receive the device's pages from the migration connection sent along
+    /// (a unix socket, or the plain end of the supervisor's TLS relay: no
+    /// key ever travels in an order); the stream must be whole within
+    /// `within_secs` of the order.
     Receive {
         within_secs: u64,
-        #[serde(default)]
-        tls: Option<Credentials>,
     },
-    /// Send the device's pages over the migration connection sent along,
-    /// until the frontend stops; commit once it has gone (or on
-    /// `vzram migrate --commit`), then drop them unless `keep`. With `tls`
-    /// (a TCP stream), over mutual TLS.
+    /// Send the device's pages over the migration connection sent along
+    /// (as for `Receive`), until the frontend stops; commit on evidence
+    /// that the VM runs on the destination (`owner::commit`), then drop
+    /// them unless `keep`.
     Send {
         keep: bool,
-        #[serde(default)]
-        tls: Option<ClientTls>,
     },
     /// An incoming device gives up waiting: it starts empty and serves.
     ResetIncoming,

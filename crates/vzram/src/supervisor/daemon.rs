@@ -325,17 +325,41 @@ pub fn run(
             None => files.bind(&spec.socket, cfg.socket_mode)?,
         });
     }
-    // Migration listeners of incoming devices: TCP only when asked.
+    // Migration listeners of incoming devices: TCP only when asked. One
+    // that cannot be had (an address in use, no network under the service
+    // manager's sandbox) stops only its device's migration: the device
+    // waits, says why in its stat, and the others start.
     let mut incoming = Vec::with_capacity(cfg.devices.len());
+    let mut unreachable = Vec::with_capacity(cfg.devices.len());
     for spec in &cfg.devices {
-        incoming.push(match &spec.incoming {
-            None => None,
-            Some(a @ Addr::Unix(p)) => {
-                Some(Listener::new(a, files.bind(p, cfg.incoming_mode)?.into()))
-            }
+        let bound = match &spec.incoming {
+            None => Ok(None),
+            Some(a @ Addr::Unix(p)) => files
+                .bind(p, cfg.incoming_mode)
+                .map(|fd| Some(Listener::new(a, fd.into())))
+                .map_err(|e| e.to_string()),
             // Mutual TLS (checked in the configuration).
-            Some(a) => Some(Listener::new(a, socket::bind(a, 0)?)),
-        });
+            Some(a) => socket::bind(a, 0)
+                .map(|fd| Some(Listener::new(a, fd)))
+                .map_err(|e| e.to_string()),
+        };
+        match bound {
+            Ok(l) => {
+                incoming.push(l);
+                unreachable.push(None);
+            }
+            Err(e) => {
+                let a = spec
+                    .incoming
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                let why = format!("cannot listen for its migration on {a}: {e}; its requests wait (fix the address and restart, or vzram reset serves it empty)");
+                tracing::error!(device = %spec.name, "{why}");
+                incoming.push(None);
+                unreachable.push(Some(why));
+            }
+        }
     }
 
     // The default control socket taken by another daemon: the one this
@@ -398,7 +422,13 @@ pub fn run(
     let mut markers = Vec::with_capacity(cfg.devices.len());
     let mut devices = Vec::with_capacity(cfg.devices.len());
     let mut keys = Vec::with_capacity(cfg.devices.len());
-    for ((spec, listener), incoming) in cfg.devices.iter().zip(listeners).zip(incoming) {
+    for (((spec, listener), incoming), unreachable) in cfg
+        .devices
+        .iter()
+        .zip(listeners)
+        .zip(incoming)
+        .zip(unreachable)
+    {
         let mut dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
         let root = spec.state_root(&cfg).to_path_buf();
         let key = state_key(spec, &root);
@@ -484,9 +514,12 @@ pub fn run(
             tracing::warn!(device = %spec.name, "the device waits for its pages from a migration but has no incoming address: its requests wait; vzram reset serves it empty");
         }
         drop(store);
-        devices.push(Arc::new(
-            Served::new(spec.clone(), listener, state_files, backing)?.with_incoming(incoming),
-        ));
+        let served =
+            Served::new(spec.clone(), listener, state_files, backing)?.with_incoming(incoming);
+        if unreachable.is_some() {
+            served.set_migration_error(unreachable);
+        }
+        devices.push(Arc::new(served));
     }
 
     let leftovers = leftovers(&keys, &roots);

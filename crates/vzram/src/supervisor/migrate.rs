@@ -3,8 +3,8 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use super::error::{Error, Result};
 use super::orders::{failed, unexpected, HOLD_WAIT};
 use super::served::Served;
 use super::Supervisor;
-use crate::owner::migration::{refuse, Link, Listener};
+use crate::owner::migration::{refuse, Link, Listener, Tls};
 use crate::proto::addr::Addr;
 use crate::proto::control::MIGRATE_WAIT;
 use crate::proto::launch::{ConnectReply, Request, CONNECT_WAIT};
@@ -24,6 +24,18 @@ use crate::proto::wire::{self, seqpacket_pair};
 
 /// How long past its connect deadline a helper's answer is waited for.
 const REPLY_GRACE: Duration = Duration::from_secs(3);
+/// TLS handshakes an incoming device runs at once.
+const MAX_PENDING: usize = 8;
+
+/// Starts relaying `session` over a new socket pair; the other end, for
+/// the device's owner.
+fn relayed(session: Tls) -> io::Result<OwnedFd> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    std::thread::Builder::new()
+        .name("tls-relay".into())
+        .spawn(move || session.relay(ours))?;
+    Ok(theirs.into())
+}
 
 impl Supervisor {
     /// Sends device `d` to the vzram at `to` (see `vzram migrate`): its
@@ -71,14 +83,13 @@ impl Supervisor {
         }
         let finished = AtomicBool::new(false);
         std::thread::scope(|sc| {
-            // The requester's hang-up cancels the send, whatever its phase.
+            // The requester's hang-up cancels the send, whatever its phase
+            // (once it has begun: the sender clears any ask as it begins).
             sc.spawn(|| {
                 while !finished.load(Relaxed) {
-                    if client_gone() {
-                        if m.sending() {
-                            tracing::warn!(device = %d.spec.name, "the `vzram migrate` client hung up: the send is cancelled");
-                            d.cells.set_ask(Ask::Cancel);
-                        }
+                    if client_gone() && m.sending() {
+                        tracing::warn!(device = %d.spec.name, "the `vzram migrate` client hung up: the send is cancelled");
+                        d.cells.set_ask(Ask::Cancel);
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(50));
@@ -102,11 +113,20 @@ impl Supervisor {
         let mut last = String::new();
         for attempt in 1..=ATTEMPTS {
             let fd = self.connect(to, CONNECT_WAIT)?;
-            tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
-            let order = Order::Send {
-                keep,
-                tls: tls.clone(),
+            // On TCP this process authenticates the destination and relays
+            // the plaintext: the owner gets a socket, never a key.
+            let fd = match &tls {
+                None => fd,
+                Some(t) => {
+                    let session = Tls::connect(fd, t).map_err(|e| {
+                        d.set_migration_error(Some(e.clone()));
+                        failed(d, e)
+                    })?;
+                    relayed(session)?
+                }
             };
+            tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
+            let order = Order::Send { keep };
             match self.on_owner(d, &order, Some(fd), HOLD_WAIT) {
                 Ok((Answer::Failed { error }, _)) => {
                     d.set_migration_error(Some(error.clone()));
@@ -257,7 +277,8 @@ impl Supervisor {
             .map(drop)
     }
 
-    fn incoming_loop(&self, d: &Served, l: Listener) {
+    fn incoming_loop(self: &Arc<Self>, d: &Arc<Served>, l: Listener) {
+        let pending = Arc::new(AtomicUsize::new(0));
         loop {
             if self.stopping.load(Relaxed) || d.removing.load(Relaxed) {
                 return;
@@ -289,58 +310,87 @@ impl Supervisor {
                 }
                 return;
             }
-            let tls = match l {
-                Listener::Unix(_) => None,
-                Listener::Tcp(_) => match self.env.tls.as_ref().and_then(|t| t.server.clone()) {
-                    Some(c) => Some(c),
-                    None => {
-                        tracing::error!(device = %d.spec.name, "a TCP migration stream without server credentials: refused");
-                        continue;
-                    }
-                },
-            };
-            tracing::info!(device = %d.spec.name, "a migration stream connected");
-            let copy = match fd.try_clone() {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(device = %d.spec.name, "migration stream: {e}");
-                    continue;
+            if let Listener::Unix(_) = l {
+                self.take_stream(d, fd);
+                if !d.cells.migration.incoming() {
+                    return;
                 }
-            };
-            *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
-            let order = Order::Receive {
-                within_secs: self.env.incoming_timeout.as_secs().max(1),
-                tls,
-            };
-            let r = self.on_owner(d, &order, Some(fd), MIGRATE_WAIT);
-            *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            match r {
-                Ok((
-                    Answer::Received {
-                        pages,
-                        bytes,
-                        micros,
-                        ..
-                    },
-                    by_worker,
-                )) => {
-                    d.set_migration_error(None);
-                    tracing::info!(
-                        device = %d.spec.name,
-                        pages,
-                        bytes,
-                        ms = micros / 1000,
-                        by_worker,
-                        "migration received: the device serves"
-                    );
-                }
-                Ok((Answer::Failed { error }, _)) => self.incoming_failed(d, error),
-                Err(e) => self.incoming_failed(d, e.to_string()),
-                Ok((a, _)) => tracing::error!(device = %d.spec.name, "{}", unexpected(a)),
+                continue;
             }
-            if !d.cells.migration.incoming() {
+            let Some(creds) = self.env.tls.as_ref().and_then(|t| t.server.clone()) else {
+                tracing::error!(device = %d.spec.name, "a TCP migration stream without server credentials: refused");
+                continue;
+            };
+            // Each handshake on a thread of its own, a few at a time: a
+            // peer that stalls holds one slot for HANDSHAKE at most, and
+            // the source behind it is not kept waiting.
+            if pending.fetch_add(1, Relaxed) >= MAX_PENDING {
+                pending.fetch_sub(1, Relaxed);
+                tracing::warn!(device = %d.spec.name, "{MAX_PENDING} TLS handshakes pending: a migration connection is refused");
+                continue;
+            }
+            let (sup, dev, pending) = (self.clone(), d.clone(), pending.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("tls-{}", d.spec.name))
+                .spawn(move || {
+                    let session = Tls::accept(fd, &creds);
+                    pending.fetch_sub(1, Relaxed);
+                    match session {
+                        Err(e) => {
+                            tracing::warn!(device = %dev.spec.name, "{e}: refused before it reached the device");
+                        }
+                        Ok(session) => match relayed(session) {
+                            Ok(plain) => sup.take_stream(&dev, plain),
+                            Err(e) => tracing::warn!(device = %dev.spec.name, "migration relay: {e}"),
+                        },
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(device = %d.spec.name, "migration handshake thread: {e}");
+            }
+        }
+    }
+
+    /// Has the owner of `d` receive the stream on `fd` (a unix socket, or
+    /// the plain end of a TLS relay), and logs how it went.
+    fn take_stream(&self, d: &Served, fd: OwnedFd) {
+        tracing::info!(device = %d.spec.name, "a migration stream connected");
+        let copy = match fd.try_clone() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(device = %d.spec.name, "migration stream: {e}");
                 return;
             }
+        };
+        *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
+        let order = Order::Receive {
+            within_secs: self.env.incoming_timeout.as_secs().max(1),
+        };
+        let r = self.on_owner(d, &order, Some(fd), MIGRATE_WAIT);
+        *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        match r {
+            Ok((
+                Answer::Received {
+                    pages,
+                    bytes,
+                    micros,
+                    ..
+                },
+                by_worker,
+            )) => {
+                d.set_migration_error(None);
+                tracing::info!(
+                    device = %d.spec.name,
+                    pages,
+                    bytes,
+                    ms = micros / 1000,
+                    by_worker,
+                    "migration received: the device serves"
+                );
+            }
+            Ok((Answer::Failed { error }, _)) => self.incoming_failed(d, error),
+            Err(e) => self.incoming_failed(d, e.to_string()),
+            Ok((a, _)) => tracing::error!(device = %d.spec.name, "{}", unexpected(a)),
         }
     }
 

@@ -164,15 +164,20 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     // requests and replies, closing a frontend's connection. No bind(),
     // listen() or connect(): nothing new is offered to the network or the
     // file system, and nothing is reached. The supervisor makes one
-    // socket pair per worker it starts (the worker's control channel).
+    // socket pair per worker it starts (the worker's control channel), and
+    // a stream pair per TLS migration stream (it relays the plaintext to
+    // the device's owner, keeping the keys).
     if role == Role::Supervisor {
+        let pair = |kind: i32| {
+            all_eq(&[
+                (0, AF_UNIX as u64),
+                (1, (kind | SOCK_CLOEXEC) as u64),
+                (2, 0),
+            ])
+        };
         r.allow_if(
             SYS_socketpair,
-            vec![all_eq(&[
-                (0, AF_UNIX as u64),
-                (1, (SOCK_SEQPACKET | SOCK_CLOEXEC) as u64),
-                (2, 0),
-            ])?],
+            vec![pair(SOCK_SEQPACKET)?, pair(SOCK_STREAM)?],
         );
     }
     // What kind of socket a passed descriptor is: the vhost crate asks

@@ -211,21 +211,36 @@ pub fn connect(addr: &Addr, wait: Duration) -> Result<OwnedFd, ConnectError> {
                 })?
                 .collect();
             let mut last = ConnectError::NoAddress { host: hp.clone() };
-            for a in addrs {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(late);
-                }
-                // Non-blocking connect and poll inside, for what is left
-                // of the one deadline.
-                match TcpStream::connect_timeout(&a, left) {
-                    Ok(s) => {
-                        let _ = s.set_nodelay(true);
-                        return Ok(s.into());
+            // Every address in turn; again while all refuse (no listener
+            // yet), until the deadline.
+            loop {
+                let mut refused = !addrs.is_empty();
+                for a in &addrs {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(late);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::TimedOut => last = late.clone(),
-                    Err(e) => last = os_error(&e),
+                    // Non-blocking connect and poll inside, for what is left
+                    // of the one deadline.
+                    match TcpStream::connect_timeout(a, left) {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            return Ok(s.into());
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                            refused = false;
+                            last = late.clone();
+                        }
+                        Err(e) => {
+                            refused &= e.raw_os_error() == Some(libc::ECONNREFUSED);
+                            last = os_error(&e);
+                        }
+                    }
                 }
+                if !refused || deadline.saturating_duration_since(Instant::now()) <= NOT_YET {
+                    break;
+                }
+                std::thread::sleep(NOT_YET);
             }
             Err(last)
         }
@@ -267,10 +282,19 @@ fn connect_unix(
             Some(libc::EINTR) => continue,
             // The backlog stayed full until the timeout.
             Some(libc::EAGAIN) | Some(libc::EINPROGRESS) => return Err(late),
+            // Not there yet (libvirt starts the sender before the
+            // destination device exists): again, until the deadline.
+            Some(libc::ENOENT | libc::ECONNREFUSED) if left > NOT_YET => {
+                std::thread::sleep(NOT_YET)
+            }
             _ => return Err(os_error(&e)),
         }
     }
 }
+
+/// How long a connect to an address with no listener yet waits before it
+/// tries again.
+const NOT_YET: Duration = Duration::from_millis(100);
 
 fn set_send_timeout(fd: &OwnedFd, t: Option<Duration>) -> io::Result<()> {
     let t = t.unwrap_or(Duration::ZERO);

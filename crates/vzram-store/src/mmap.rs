@@ -110,22 +110,7 @@ impl Region {
     pub fn allocate(&self, offset: usize, len: usize) -> std::io::Result<()> {
         let Some(f) = &self.file else { return Ok(()) };
         use std::os::fd::AsRawFd;
-        // KEEP_SIZE: the last page of a mapping may reach past the file's
-        // end (a small slot table), and the size says what the state is.
-        // SAFETY: fallocate on a descriptor we own.
-        let rc = unsafe {
-            libc::fallocate(
-                f.as_raw_fd(),
-                libc::FALLOC_FL_KEEP_SIZE,
-                offset as i64,
-                len as i64,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
+        fallocate(f.as_raw_fd(), offset as u64, len as u64)
     }
 
     #[inline]
@@ -189,4 +174,26 @@ pub fn prefetch(p: *const u8) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+/// Allocates `[offset, offset + len)` of the file `fd` without changing its
+/// size (the last page of a mapping may reach past the file's end, and the
+/// size says what a state is). tmpfs stops part way with EINTR when a
+/// signal is pending (a thread being stopped and continued, a debugger):
+/// that is no full file system, so the call is made again, and what was
+/// allocated stays allocated.
+pub(crate) fn fallocate(fd: std::os::fd::RawFd, offset: u64, len: u64) -> std::io::Result<()> {
+    loop {
+        // SAFETY: fallocate on a descriptor the caller owns; no memory is
+        // passed.
+        let rc =
+            unsafe { libc::fallocate(fd, libc::FALLOC_FL_KEEP_SIZE, offset as i64, len as i64) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }

@@ -10,45 +10,8 @@ use std::sync::Arc;
 use vzram_store::migrate::{self, MigrateError, Progress, Verdict};
 use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, PAGE_SIZE};
 
-/// The stream's send over one socket (its read timeout is the patience).
-#[allow(dead_code)]
-fn send_on(
-    dev: &Device,
-    s: &UnixStream,
-    quiet: &dyn Fn() -> bool,
-    verdict: &dyn Fn() -> Verdict,
-    cancelled: &dyn Fn() -> Option<String>,
-    progress: &dyn Fn(migrate::Progress),
-) -> Result<migrate::SendReport, migrate::MigrateError> {
-    let hooks = migrate::SendHooks {
-        quiet,
-        verdict: &|_| verdict(),
-        cancelled,
-        progress,
-        patience: &|p| s.set_read_timeout(p).unwrap(),
-    };
-    migrate::send(dev, s, s, &hooks)
-}
-
-/// The stream's receive (the VM never runs here).
-#[allow(dead_code)]
-fn receive_on(
-    dev: &Device,
-    r: impl std::io::Read,
-    w: impl std::io::Write,
-    progress: &dyn Fn(migrate::Progress),
-    prepared: &dyn Fn(),
-    commit: &dyn Fn(),
-) -> Result<migrate::ReceiveReport, migrate::MigrateError> {
-    let hooks = migrate::ReceiveHooks {
-        progress,
-        prepared,
-        started: &|| false,
-        commit,
-        patience: &|_| {},
-    };
-    migrate::receive(dev, r, w, &hooks)
-}
+mod common;
+use common::stream::{receive_on, send_on};
 
 const SLOTS: u64 = 4096;
 

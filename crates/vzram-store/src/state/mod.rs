@@ -469,12 +469,9 @@ fn allocate(f: &File, path: &Path, len: u64) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
-    // SAFETY: fallocate on a descriptor we own.
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, len as i64) };
-    if rc == 0 {
+    let Err(e) = crate::mmap::fallocate(f.as_raw_fd(), 0, len) else {
         return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
+    };
     if e.raw_os_error() == Some(libc::ENOSPC) {
         let dir = path.parent().and_then(Path::parent).unwrap_or(path);
         return Err(err(

@@ -4,6 +4,8 @@
 
 use vzram_store::{Page, PAGE_SIZE};
 
+pub mod stream;
+
 /// One xorshift64 step.
 pub fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;

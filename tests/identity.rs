@@ -487,29 +487,7 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
                 .output();
         });
         std::thread::sleep(std::time::Duration::from_micros(rng.below(30_000)));
-        let tree = process_tree(d.pid());
-        for &p in &tree {
-            // SAFETY: signals to the daemon's own processes.
-            unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
-        }
-        let _ = d.wait_exit(std::time::Duration::from_secs(10));
-        // A killed worker tearing down its mappings still holds its state's
-        // lock for a moment (under load, longer): the next start would take
-        // that state for a live daemon's. systemd waits for the whole
-        // cgroup before a restart; so does this test.
-        let gone = |p: &u32| {
-            std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |st| {
-                st.rsplit(") ").next().is_some_and(|r| r.starts_with('Z'))
-            })
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !tree.iter().all(gone) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "round {round}: killed processes stay"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        d.kill9_tree();
         t.join().unwrap();
         // The killed processes are gone, but x's lock may outlive them.
         wait_unlocked(&dir, "x");

@@ -226,31 +226,6 @@ fn a_backing_file_that_links_into_a_state_is_refused() {
     d.terminate_cleanly();
 }
 
-/// Kills the daemon and every process it started, then waits until all
-/// are gone (a killed worker tearing down its mappings still holds its
-/// state's lock for a moment; systemd also waits for the whole cgroup).
-fn kill_all(d: &mut Daemon) {
-    let tree = process_tree(d.pid());
-    for &p in &tree {
-        // SAFETY: signals to the daemon's own processes.
-        unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
-    }
-    let _ = d.wait_exit(std::time::Duration::from_secs(10));
-    let gone = |p: &u32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |st| {
-            st.rsplit(") ").next().is_some_and(|r| r.starts_with('Z'))
-        })
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !tree.iter().all(gone) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "killed processes stay"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-}
-
 /// `vzram serve ARGS`, started once its control socket answers (a killed
 /// daemon leaves the old socket file behind).
 fn serve_after_kill(dir: &TempDir, args: &[&str], sockets: &[&Path]) -> Daemon {
@@ -321,7 +296,7 @@ fn kill9_in_the_middle_of_deleting_a_large_state() {
             );
             std::hint::spin_loop();
         }
-        kill_all(&mut d);
+        d.kill9_tree();
         let _ = t.join();
         let names = || -> Vec<String> {
             std::fs::read_dir(&root)

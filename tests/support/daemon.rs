@@ -301,6 +301,29 @@ impl Daemon {
         );
     }
 
+    /// SIGKILL to the daemon and every process it started, then a wait
+    /// (10 s at most) until all are gone: a killed worker tearing down its
+    /// mappings still holds its state's lock for a moment, and systemd too
+    /// waits for the whole cgroup before a restart.
+    pub fn kill9_tree(&mut self) {
+        let tree = crate::procs::process_tree(self.pid());
+        for &p in &tree {
+            // SAFETY: signals to the daemon's own processes.
+            unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+        }
+        let _ = self.wait_exit(Duration::from_secs(10));
+        let gone = |p: &u32| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).map_or(true, |st| {
+                st.rsplit(") ").next().is_some_and(|r| r.starts_with('Z'))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !tree.iter().all(gone) {
+            assert!(Instant::now() < deadline, "killed processes stay");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// SIGTERM, then waits (10 s at most) for the exit status.
     pub fn terminate(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("daemon already stopped");

@@ -535,6 +535,12 @@ pub struct ForgetArgs {
     /// stands for any characters (`'/tmp/qtest-*'`: a test run's).
     #[arg(long, value_name = "PATTERN")]
     pub socket: Option<String>,
+    /// Look in this state dir directly, not through a daemon. Without it,
+    /// and with no daemon at the control socket (a bare `vzram serve` that
+    /// was stopped), the default state dir is looked in. A state a running
+    /// vzram serves is never touched (it holds the state's lock).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl ForgetArgs {

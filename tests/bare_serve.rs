@@ -234,6 +234,27 @@ fn a_bare_serve_works_keeps_its_pages_and_a_socket_elsewhere_is_another_disk() {
     e.terminate_cleanly();
 }
 
+/// On a fresh host, a bare serve whose socket is in the runtime directory
+/// it makes itself (`/run/vzram/vm1.sock`, as the examples put it): the
+/// directory is made before the socket is bound, not refused as missing.
+#[test]
+fn a_bare_serve_may_put_its_socket_in_the_runtime_directory_it_makes() {
+    let Some(host) = Host::new() else { return };
+    let dir = TempDir::new("bare-run");
+    let inner = "/run/vzram/vm1.sock";
+    let sock = host.inside(inner);
+    let mut d = Daemon::start_command(
+        host.command(&["--socket", inner, "--size", "16M"], None),
+        &sock,
+        &dir.join("d.log"),
+        &[&sock],
+    );
+    d.control = host.inside(ROOT_CONTROL);
+    fill(&sock, 3);
+    assert!(holds(&sock, 3), "{}", d.log_text());
+    d.terminate_cleanly();
+}
+
 #[test]
 fn a_bare_serve_as_an_ordinary_user() {
     let Some(host) = Host::new() else { return };

@@ -241,7 +241,8 @@ pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
                 why_kept: kept_why(pattern),
             },
         };
-        out += &offline::forget(&root, which)?;
+        out += &offline::forget(&root, which)
+            .map_err(|offline::Refused(message)| ClientError { message, code: 2 })?;
         return Ok(out);
     }
     let Some(name) = args.name() else {

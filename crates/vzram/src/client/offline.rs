@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 use vzram_store::Leftover;
 
 use super::render::human;
-use super::ClientError;
+
+/// Why nothing was deleted: the user's to fix (exit 2).
+#[derive(Debug)]
+pub struct Refused(pub String);
 
 /// Whether nothing listens at `control` (no file, or nobody behind it):
 /// the state dir is then the only place to look.
@@ -30,8 +33,8 @@ pub enum Which<'a> {
     },
 }
 
-pub fn forget(root: &Path, which: Which) -> Result<String, ClientError> {
-    let refused = |message: String| ClientError { message, code: 2 };
+pub fn forget(root: &Path, which: Which) -> Result<String, Refused> {
+    let refused = Refused;
     let mut out = String::new();
     match which {
         Which::Named(name) => {

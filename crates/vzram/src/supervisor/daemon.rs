@@ -199,14 +199,7 @@ fn bind_default_control(
     taken: &mut Option<PathBuf>,
     cfg: &mut DaemonConfig,
 ) -> Result<UnixListener, Error> {
-    if let Some(dir) = cfg.control.parent().filter(|d| !d.as_os_str().is_empty()) {
-        runtime_dir(dir).map_err(|source| {
-            Error::Socket(SocketError {
-                path: cfg.control.clone(),
-                source,
-            })
-        })?;
-    }
+    control_dir(&cfg.control)?;
     match files.bind(&cfg.control, cfg.control_mode) {
         Err(Error::Socket(e)) if e.source.kind() == io::ErrorKind::AddrInUse => {
             let alt = cfg
@@ -220,6 +213,20 @@ fn bind_default_control(
             Ok(l)
         }
         r => r,
+    }
+}
+
+/// Makes (or checks) the directory of the default control socket
+/// `control`.
+fn control_dir(control: &Path) -> Result<(), Error> {
+    match control.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => runtime_dir(dir).map_err(|source| {
+            Error::Socket(SocketError {
+                path: control.to_path_buf(),
+                source,
+            })
+        }),
+        None => Ok(()),
     }
 }
 
@@ -315,6 +322,11 @@ pub fn run(
     // Sockets passed in are used as they are and left for their owner to
     // remove; the rest are bound here.
     let mut files = SocketFiles::default();
+    // The default runtime directory first: a device's socket may be in it
+    // (`/run/vzram/vm1.sock`, as the examples put them).
+    if cfg.control_defaulted && !passed.contains_key(&cfg.control) {
+        control_dir(&cfg.control)?;
+    }
     let mut listeners = Vec::with_capacity(cfg.devices.len());
     for spec in &cfg.devices {
         listeners.push(match passed.remove(&spec.socket) {

@@ -173,3 +173,38 @@ fn a_kill_of_the_worker_that_took_the_stream_on_fails_the_move_only() {
     let mut c = Client::connect_retrying(&e.sock_a, 2, &e.a);
     check_all(&mut c, |i| want(i, rewritten), "source");
 }
+
+/// The other side of libvirt's order: a sender started before its
+/// destination listens retries, but one sent to an address nobody ever
+/// listens on (a typo, a destination that never ran its hook) fails once
+/// its connect deadline is over, saying so, and changes nothing here.
+#[test]
+fn a_sender_to_an_address_nobody_listens_on_fails_after_its_retries_saying_why() {
+    let e = ends("migtypo", SIZE);
+    write_all(&e.sock_a, 1);
+    let nowhere = e.db.join("typo.migrate");
+    let mut m = spawn_migrate(&e, &nowhere);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        m.try_wait().unwrap().is_none(),
+        "no retry: it failed at once"
+    );
+    // Only against a hang: the connect deadline is 10 s.
+    let guard = Instant::now() + Duration::from_secs(90);
+    while m.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < guard, "the sender never gave up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = m.wait_with_output().unwrap();
+    let text = said(&out);
+    eprintln!("a sender to nowhere: {text}");
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("cannot connect to unix:{}", nowhere.display()))
+            && text.contains("nothing listened there within 10000 ms"),
+        "{text}"
+    );
+    assert!(!migration(&e.a).state.eq(&MigrationState::Sending));
+    let mut c = Client::connect_retrying(&e.sock_a, 2, &e.a);
+    check_all(&mut c, |i| expected(i, 1), "source");
+}

@@ -237,13 +237,24 @@ pub fn connect(addr: &Addr, wait: Duration) -> Result<OwnedFd, ConnectError> {
                         }
                     }
                 }
-                if !refused || deadline.saturating_duration_since(Instant::now()) <= NOT_YET {
+                if refused && deadline.saturating_duration_since(Instant::now()) <= NOT_YET {
+                    return Err(not_listening(late, libc::ECONNREFUSED));
+                }
+                if !refused {
                     break;
                 }
                 std::thread::sleep(NOT_YET);
             }
             Err(last)
         }
+    }
+}
+
+/// A destination that never listened within the deadline `late` gives.
+fn not_listening(late: ConnectError, errno: i32) -> ConnectError {
+    match late {
+        ConnectError::Deadline { ms } => ConnectError::NotListening { ms, errno },
+        e => e,
     }
 }
 
@@ -286,6 +297,9 @@ fn connect_unix(
             // destination device exists): again, until the deadline.
             Some(libc::ENOENT | libc::ECONNREFUSED) if left > NOT_YET => {
                 std::thread::sleep(NOT_YET)
+            }
+            Some(errno @ (libc::ENOENT | libc::ECONNREFUSED)) => {
+                return Err(not_listening(late, errno))
             }
             _ => return Err(os_error(&e)),
         }

@@ -334,20 +334,41 @@ pub fn receive_from(
         })
     );
     let result = (|| -> Result<Option<Resume>, MigrateError> {
-        while records_stage {
-            if let Some(h) = hand_on {
-                if inp.r.buffer().is_empty() {
-                    if inp.draining || h() || idle_until(&mut inp, hooks, h)? {
-                        return Ok(Some(resume(&inp, pass, Stage::Records)));
+        if records_stage {
+            loop {
+                if let Some(h) = hand_on {
+                    if inp.r.buffer().is_empty() {
+                        if inp.draining || h() || idle_until(&mut inp, hooks, h)? {
+                            return Ok(Some(resume(&inp, pass, Stage::Records)));
+                        }
+                    } else if !inp.draining && inp.records % HAND_ON_EVERY == 0 && h() {
+                        inp.draining = true;
                     }
-                } else if !inp.draining && inp.records % HAND_ON_EVERY == 0 && h() {
-                    inp.draining = true;
                 }
-            }
-            match inp.next()? {
-                Item::Final => break,
-                Item::Pass(n) => {
-                    pass = n;
+                match inp.next()? {
+                    Item::Final => break,
+                    Item::Pass(n) => {
+                        pass = n;
+                        progress(Progress {
+                            bytes: inp.bytes,
+                            records: inp.records,
+                            pass,
+                            dirty: 0,
+                        });
+                    }
+                    Item::Empty(s) => dev.import(cx, s, Record::Empty)?,
+                    Item::Same(s, v) => dev.import(cx, s, Record::Same(v))?,
+                    Item::Raw(s) => dev.import(cx, s, Record::Raw(&inp.data))?,
+                    Item::Compressed { slot, codec, len } => dev.import(
+                        cx,
+                        slot,
+                        Record::Compressed {
+                            codec,
+                            data: &inp.data[..len],
+                        },
+                    )?,
+                }
+                if inp.records % 4096 == 0 {
                     progress(Progress {
                         bytes: inp.bytes,
                         records: inp.records,
@@ -355,25 +376,6 @@ pub fn receive_from(
                         dirty: 0,
                     });
                 }
-                Item::Empty(s) => dev.import(cx, s, Record::Empty)?,
-                Item::Same(s, v) => dev.import(cx, s, Record::Same(v))?,
-                Item::Raw(s) => dev.import(cx, s, Record::Raw(&inp.data))?,
-                Item::Compressed { slot, codec, len } => dev.import(
-                    cx,
-                    slot,
-                    Record::Compressed {
-                        codec,
-                        data: &inp.data[..len],
-                    },
-                )?,
-            }
-            if inp.records % 4096 == 0 {
-                progress(Progress {
-                    bytes: inp.bytes,
-                    records: inp.records,
-                    pass,
-                    dirty: 0,
-                });
             }
         }
         prepared();

@@ -208,3 +208,46 @@ fn a_sender_to_an_address_nobody_listens_on_fails_after_its_retries_saying_why()
     let mut c = Client::connect_retrying(&e.sock_a, 2, &e.a);
     check_all(&mut c, |i| expected(i, 1), "source");
 }
+
+/// The destination daemon is killed (kill -9 of its supervisor; its
+/// launcher and workers die with it) once the frontend's worker has taken
+/// the stream on: the source keeps and serves every page, and the
+/// restarted destination starts empty, waiting for another stream.
+#[test]
+fn a_kill_of_the_destination_daemon_after_the_hand_over_fails_the_move_only() {
+    let Underway {
+        mut e,
+        va,
+        vb,
+        m,
+        rewritten,
+        stored,
+    } = stream_then_frontend("migordd");
+    let worker = e.b.stat().worker("vm").pid.expect("B's worker");
+    e.b.kill9();
+    let out = m.wait_with_output().unwrap();
+    let text = said(&out);
+    assert!(!out.status.success(), "{text}");
+    assert_eq!(migration(&e.a).state, MigrationState::SendFailed);
+    drop(vb);
+    // The worker goes with its launcher; then B starts again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{worker}")).exists() {
+        assert!(Instant::now() < deadline, "B's worker outlived its daemon");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let args: Vec<String> = e.b.args().to_vec();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    e.b = Daemon::start(&e.db, &args, &[&e.sock_b, &e.incoming]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&e.b.control).is_err() {
+        assert!(Instant::now() < deadline, "{}", e.b.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(migration(&e.b).state, MigrationState::Failed);
+    assert_eq!(e.b.stat().counters("vm").orig_data_size, 0);
+    assert!(e.a.stat().counters("vm").orig_data_size >= stored);
+    drop(va);
+    let mut c = Client::connect_retrying(&e.sock_a, 2, &e.a);
+    check_all(&mut c, |i| want(i, rewritten), "source");
+}

@@ -229,8 +229,8 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     let vzram_secs = t0.elapsed().as_secs_f64();
     let status = qb.execute("query-status", serde_json::json!({}));
     eprintln!(
-        "  QEMU migration: {qemu_secs:.1}s, downtime {} ms, {} MiB of RAM; vzram migrate: \
-         committed {vzram_secs:.1}s after the start; destination {status}",
+        "  from \"migrate begin\": QEMU migration done in {qemu_secs:.1}s, downtime {} ms, \
+         {} MiB of RAM; vzram migrate committed in {vzram_secs:.1}s; destination {status}",
         info["downtime"],
         info["ram"]["transferred"].as_u64().unwrap_or(0) / MIB,
     );

@@ -1,6 +1,8 @@
 //! End-to-end live migration: a guest swapping on vzram A moves, with QEMU's
 //! own migration, to a second QEMU whose disk is an incoming device on
-//! vzram B; `vzram migrate` carries the swapped-out pages from A to B. The
+//! vzram B; `vzram migrate` carries the swapped-out pages from A to B, in
+//! libvirt's order of events (the shipped hook makes B's device incoming and
+//! starts the sender; the destination QEMU starts while the stream runs). The
 //! guest finishes its memory-pressure rounds on the destination with every
 //! page intact. And the migrations that do not happen (a `stop`/`cont`, a
 //! cancelled QEMU migration): the guest stays whole on its source.
@@ -31,24 +33,28 @@ struct Ends {
     db: vzram_tests::Daemon,
 }
 
+/// `serve` arguments for one device of 2 queues.
+fn device(sock: &Path, name: &str, size: &str) -> Vec<String> {
+    [
+        "--socket",
+        s(sock),
+        "--size",
+        size,
+        "--queues",
+        "2",
+        "--name",
+        name,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 fn ends(ctx: &Ctx) -> Ends {
     let sock_a = ctx.path("a.sock");
     let sock_b = ctx.path("b.sock");
     let incoming = ctx.path("b-incoming.sock");
-    let dev = |sock: &Path, name: &str| {
-        vec![
-            "--socket".to_string(),
-            s(sock).into(),
-            "--size".into(),
-            "1G".into(),
-            "--queues".into(),
-            "2".into(),
-            "--name".into(),
-            name.into(),
-        ]
-    };
-    let da = ctx.daemon_at("a.ctl", &dev(&sock_a, "a"), &[&sock_a]);
-    let mut b_args = dev(&sock_b, "b");
+    let da = ctx.daemon_at("a.ctl", &device(&sock_a, "a", "1G"), &[&sock_a]);
+    let mut b_args = device(&sock_b, "b", "1G");
     b_args.extend(["--incoming".to_string(), format!("unix:{}", s(&incoming))]);
     let db = ctx.daemon_at("b.ctl", &b_args, &[&sock_b, &incoming]);
     Ends {
@@ -73,21 +79,62 @@ fn swapping(sock: &Path, qmp: &Path, rounds: u32) -> GuestOpts {
         .qemu_arg(format!("unix:{},server=on,wait=off", s(qmp)))
 }
 
+/// The shipped libvirt hook (`contrib/libvirt/hooks/qemu DOMAIN OP SUB`)
+/// as libvirt runs it on `host` ("a" or "b"): its run, etc and libvirt
+/// status dirs, control socket and log are the test's.
+fn hook(ctx: &Ctx, host: &str, dom: &str, op: &str, sub: &str) {
+    let at = |what: &str| ctx.path(&format!("{host}-{what}"));
+    let log = ctx.path(&format!("hook-{host}.log"));
+    let out = Command::new(vzram_tests::root().join("contrib/libvirt/hooks/qemu"))
+        .args([dom, op, sub, "-"])
+        .env("VZRAM", &ctx.bin)
+        .env("VZRAM_RUN_DIR", at("run"))
+        .env("VZRAM_ETC_DIR", at("etc"))
+        .env("VZRAM_LIBVIRT_RUN", at("libvirt"))
+        .env("VZRAM_CONTROL", ctx.path(&format!("{host}.ctl")))
+        .env("VZRAM_HOOK_LOG", &log)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the hook");
+    ensure!(
+        out.status.success() && out.stdout.is_empty(),
+        "hook {dom} {op} {sub}: {}{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
+
+/// libvirt's order of events, with the shipped hook: the destination's
+/// "migrate begin" makes its device incoming, the source's sender starts
+/// and its stream runs; only then does the destination QEMU start (its
+/// vhost-user set-up at device realize, during vzram's pre-copy: it used to
+/// wait for the whole stream, and QEMU never reached its `-incoming`), then
+/// QEMU's migration, and the commit when the destination's rings start.
+/// The guest finishes its pressure rounds there with every page intact.
 #[test]
 fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     let Some(ctx) = Ctx::new("migrate") else {
         return;
     };
-    let Ends {
-        sock_a,
-        sock_b,
-        incoming,
-        qemu_mig,
-        qmp_a,
-        qmp_b,
-        mut da,
-        mut db,
-    } = ends(&ctx);
+    // The source, as in the other test; the destination host serves
+    // another VM only, until the hook adds the incoming device. (Both
+    // daemons keep their states in one directory: the domain is "a" on
+    // the source and "b" on the destination.)
+    let sock_a = ctx.path("a.sock");
+    let mut da = ctx.daemon_at("a.ctl", &device(&sock_a, "a", "1G"), &[&sock_a]);
+    for dir in ["b-run", "b-etc", "b-libvirt"] {
+        std::fs::create_dir(ctx.path(dir)).expect("hook dirs");
+    }
+    std::fs::write(ctx.path("b-etc/b.size"), "1G").expect("size file");
+    let spare = ctx.path("b-run/spare.sock");
+    let mut db = ctx.daemon_at("b.ctl", &device(&spare, "spare", "16M"), &[&spare]);
+    let (sock_b, incoming) = (ctx.path("b-run/b.sock"), ctx.path("b-run/b.migrate"));
+    let (qemu_mig, qmp_a, qmp_b) = (
+        ctx.path("qemu-migration.sock"),
+        ctx.path("qmp-a.sock"),
+        ctx.path("qmp-b.sock"),
+    );
 
     // The source: swap in use, four passes so the guest still has work to
     // do after it moves.
@@ -97,7 +144,27 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     let stored = da.stat_cli().dev_at(&sock_a).stats.orig_data_size;
     ensure!(stored > 32 * MIB, "the source holds only {stored} bytes");
 
-    // The destination QEMU waits for the guest; its disk waits for its pages.
+    // `virsh migrate`: the destination's "migrate begin", the source's
+    // sender (pre-copy while the guest runs, the last delta once QEMU
+    // stops the source's rings); the stream runs.
+    let t0 = Instant::now();
+    hook(&ctx, "b", "b", "migrate", "begin");
+    hook(
+        &ctx,
+        "a",
+        "a",
+        "vzram-send",
+        &format!("unix:{}", s(&incoming)),
+    );
+    wait_migration(
+        &mut db,
+        &sock_b,
+        vzram_tests::MigrationState::Receiving,
+        Duration::from_secs(60),
+    );
+
+    // Then the destination QEMU starts, and its QMP answers once its
+    // devices are realized (vhost-user set up) and it waits for the guest.
     let gb = ctx.boot(
         "destination",
         &guest(&sock_b, &qmp_b)
@@ -105,25 +172,13 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
             .qemu_arg(format!("unix:{}", s(&qemu_mig))),
     );
     let mut qb = Qmp::connect(&qmp_b, Duration::from_secs(60));
+    let b = db.stat_cli().dev_at(&sock_b).clone();
+    ensure!(
+        b.migration.state == vzram_tests::MigrationState::Receiving,
+        "the destination QEMU was set up once the stream had ended: {:?}",
+        b.migration
+    );
     let mut qa = Qmp::connect(&qmp_a, Duration::from_secs(10));
-
-    // vzram's transfer runs beside QEMU's: pre-copy while the guest runs,
-    // the last delta once QEMU stops the source's rings.
-    let t0 = Instant::now();
-    let sender = Command::new(&ctx.bin)
-        .args([
-            "migrate",
-            "--control",
-            s(&ctx.path("a.ctl")),
-            "--device",
-            "a",
-        ])
-        .arg("--to")
-        .arg(format!("unix:{}", s(&incoming)))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn vzram migrate");
     qa.execute(
         "migrate-set-parameters",
         serde_json::json!({ "max-bandwidth": 1u64 << 30, "downtime-limit": 2000 }),
@@ -164,21 +219,26 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
             eprintln!("  the source QEMU had already gone ({e}): {:?}", out.status);
         }
     }
-    let out = sender.wait_with_output().expect("vzram migrate");
-    let vzram_secs = t0.elapsed().as_secs_f64();
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(
-        out.status.success(),
-        "vzram migrate failed ({}): {said}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    // The hook's sender logs to the hook's log; its end shows in A's stat.
+    wait_migration(
+        &mut da,
+        &sock_a,
+        vzram_tests::MigrationState::Sent,
+        Duration::from_secs(120),
     );
+    let vzram_secs = t0.elapsed().as_secs_f64();
     let status = qb.execute("query-status", serde_json::json!({}));
     eprintln!(
-        "  QEMU migration: {qemu_secs:.1}s, downtime {} ms, {} MiB of RAM; vzram migrate: \
-         committed {vzram_secs:.1}s after the start: {said}; destination {status}",
+        "  from \"migrate begin\": QEMU migration done in {qemu_secs:.1}s, downtime {} ms, \
+         {} MiB of RAM; vzram migrate committed in {vzram_secs:.1}s; destination {status}",
         info["downtime"],
         info["ram"]["transferred"].as_u64().unwrap_or(0) / MIB,
+    );
+    // B's supervisor had the stream when the destination QEMU connected.
+    let b_log = std::fs::read_to_string(ctx.path("vzram-2.log")).unwrap_or_default();
+    ensure!(
+        b_log.contains("its worker takes the stream on"),
+        "the stream was not handed to the destination QEMU's worker"
     );
     let m = da.stat_cli().dev_at(&sock_a).migration.clone();
     eprintln!("  source migration stat: {m:?}");
@@ -197,6 +257,13 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     let b = st.dev_at(&sock_b);
     eprintln!("  destination stat: {}", b.summary());
     ensure!(b.stats.reads > 0 && b.stats.failed_reads == 0, "{b:?}");
+    ensure!(
+        b.migration.state == vzram_tests::MigrationState::Received,
+        "{:?}",
+        b.migration
+    );
+    let said = std::fs::read_to_string(ctx.path("hook-a.log")).unwrap_or_default();
+    eprintln!("  the hook's sender said: {}", said.trim());
     da.shutdown();
     db.shutdown();
 }

@@ -13,6 +13,8 @@
 //!            'C' slot u64 codec u8 len u16 [len] a compressed page, as stored
 //!            'R' slot u64 [4096]                a raw page
 //!            'P' pass u32                       a pass over the device begins
+//!                                               (sent again, same number, every
+//!                                               2 s while nothing is dirty)
 //!   final    'F' records u64 crc32 u32          crc32 of every byte before it
 //! destination → source
 //!   after the header       'A' (accepted)  or  'X' len u16 message
@@ -40,13 +42,19 @@
 //! (slot in range, known codec, length, a compressed page that expands to
 //! exactly one page) before it is. A stream that fails part-way, or whose
 //! checksum does not match, is undone: the device is emptied again.
+//!
+//! A receive may be handed on between processes at a record boundary
+//! ([`Resume`], [`receive_from`]): the daemon's supervisor, receiving for
+//! a device no VM uses yet, hands the stream to the worker of the VM that
+//! connects meanwhile.
 
+mod receive;
 pub(crate) mod record;
 mod stream;
 
 pub use crate::cells::Progress;
+pub use receive::{receive, receive_from, ReceiveHooks, ReceiveReport, Received, Resume};
 pub use record::{DirtyLog, ExportBuf, Record};
 pub use stream::{
-    empty, receive, send, MigrateError, ReceiveHooks, ReceiveReport, SendHooks, SendReport,
-    StreamHeader, Verdict, VERDICT_POLL, VERSION,
+    empty, send, MigrateError, SendHooks, SendReport, StreamHeader, Verdict, VERDICT_POLL, VERSION,
 };

@@ -18,24 +18,24 @@ const MAGIC: [u8; 8] = *b"VZRAMMIG";
 /// the destination says when its VM runs, and only that or an operator
 /// commits).
 pub const VERSION: u32 = 3;
-const HEADER_LEN: usize = 48;
+pub(super) const HEADER_LEN: usize = 48;
 const CODEC_NAME_LEN: usize = 15;
 
-const TAG_EMPTY: u8 = b'E';
-const TAG_SAME: u8 = b'S';
-const TAG_COMPRESSED: u8 = b'C';
-const TAG_RAW: u8 = b'R';
-const TAG_PASS: u8 = b'P';
-const TAG_FINAL: u8 = b'F';
-const TAG_WAIT: u8 = b'W';
-const TAG_COMMIT: u8 = b'C';
-const TAG_ABORT: u8 = b'B';
-const REPLY_ACCEPT: u8 = b'A';
-const REPLY_PREPARED: u8 = b'K';
-const REPLY_COMMITTED: u8 = b'D';
+pub(super) const TAG_EMPTY: u8 = b'E';
+pub(super) const TAG_SAME: u8 = b'S';
+pub(super) const TAG_COMPRESSED: u8 = b'C';
+pub(super) const TAG_RAW: u8 = b'R';
+pub(super) const TAG_PASS: u8 = b'P';
+pub(super) const TAG_FINAL: u8 = b'F';
+pub(super) const TAG_WAIT: u8 = b'W';
+pub(super) const TAG_COMMIT: u8 = b'C';
+pub(super) const TAG_ABORT: u8 = b'B';
+pub(super) const REPLY_ACCEPT: u8 = b'A';
+pub(super) const REPLY_PREPARED: u8 = b'K';
+pub(super) const REPLY_COMMITTED: u8 = b'D';
 /// The destination's frontend started its rings after the last delta:
 /// the VM runs there (the source's evidence for a commit).
-const REPLY_STARTED: u8 = b'S';
+pub(super) const REPLY_STARTED: u8 = b'S';
 const REPLY_REFUSE: u8 = b'X';
 /// How often a source waiting for its verdict tells the destination it
 /// is still there (the destination gives up after [`SILENCE`]).
@@ -45,11 +45,11 @@ const KEEPALIVE: Duration = Duration::from_secs(2);
 pub const VERDICT_POLL: Duration = Duration::from_millis(10);
 /// How long the destination waits for the source's verdict without
 /// hearing from it (it says it is there every [`KEEPALIVE`]).
-const SILENCE: Duration = Duration::from_secs(60);
+pub(super) const SILENCE: Duration = Duration::from_secs(60);
 /// Longest refusal message either side sends or reads.
 const MAX_MESSAGE: usize = 1024;
 /// Highest codec id a slot word can hold that names a codec (lz4, zstd).
-const MAX_CODEC_ID: u8 = 1;
+pub(super) const MAX_CODEC_ID: u8 = 1;
 
 #[derive(Debug, Error)]
 pub enum MigrateError {
@@ -85,7 +85,7 @@ pub enum Verdict {
     Abort(String),
 }
 
-fn bad<T>(msg: impl Into<String>) -> Result<T, MigrateError> {
+pub(super) fn bad<T>(msg: impl Into<String>) -> Result<T, MigrateError> {
     Err(MigrateError::Bad(msg.into()))
 }
 
@@ -125,7 +125,7 @@ impl StreamHeader {
         b
     }
 
-    fn decode(b: &[u8; HEADER_LEN]) -> Result<StreamHeader, MigrateError> {
+    pub(super) fn decode(b: &[u8; HEADER_LEN]) -> Result<StreamHeader, MigrateError> {
         if b[0..8] != MAGIC {
             return bad("not a vzram migration stream (bad magic)");
         }
@@ -256,137 +256,7 @@ impl<W: Write> Out<W> {
     }
 }
 
-/// Reads the stream, checking every field before it is used.
-struct In<R: Read> {
-    r: io::BufReader<R>,
-    crc: crc32fast::Hasher,
-    slots: u64,
-    records: u64,
-    bytes: u64,
-    data: Box<[u8; PAGE_SIZE]>,
-    /// The checksum of everything before the final marker, once it came.
-    got_crc: u32,
-}
-
-/// One item of the stream after the header.
-enum Item {
-    Empty(u64),
-    Same(u64, u64),
-    Compressed { slot: u64, codec: u8, len: usize },
-    Raw(u64),
-    Pass(u32),
-    Final,
-}
-
-impl<R: Read> In<R> {
-    fn get(&mut self, b: &mut [u8]) -> Result<(), MigrateError> {
-        self.r.read_exact(b).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof => {
-                MigrateError::Bad("the stream ended before its final marker".into())
-            }
-            _ => MigrateError::Io(e),
-        })?;
-        self.crc.update(b);
-        self.bytes += b.len() as u64;
-        Ok(())
-    }
-
-    fn u64(&mut self) -> Result<u64, MigrateError> {
-        let mut b = [0u8; 8];
-        self.get(&mut b)?;
-        Ok(u64::from_le_bytes(b))
-    }
-
-    fn slot(&mut self) -> Result<u64, MigrateError> {
-        let s = self.u64()?;
-        if s >= self.slots {
-            return bad(format!(
-                "slot {s} is past the end of the device ({} slots)",
-                self.slots
-            ));
-        }
-        self.records += 1;
-        Ok(s)
-    }
-
-    fn next(&mut self) -> Result<Item, MigrateError> {
-        let mut tag = [0u8];
-        self.get(&mut tag)?;
-        Ok(match tag[0] {
-            TAG_EMPTY => Item::Empty(self.slot()?),
-            TAG_SAME => {
-                let s = self.slot()?;
-                Item::Same(s, self.u64()?)
-            }
-            TAG_COMPRESSED => {
-                let slot = self.slot()?;
-                let mut h = [0u8; 3];
-                self.get(&mut h)?;
-                let codec = h[0];
-                let len = usize::from(u16::from_le_bytes([h[1], h[2]]));
-                if codec > MAX_CODEC_ID {
-                    return bad(format!("slot {slot}: unknown codec id {codec}"));
-                }
-                if len == 0 || len >= PAGE_SIZE {
-                    return bad(format!(
-                        "slot {slot}: a compressed page of {len} bytes (1 to {} allowed)",
-                        PAGE_SIZE - 1
-                    ));
-                }
-                let mut data = std::mem::replace(&mut self.data, Box::new([0; PAGE_SIZE]));
-                let r = self.get(&mut data[..len]);
-                self.data = data;
-                r?;
-                Item::Compressed { slot, codec, len }
-            }
-            TAG_RAW => {
-                let slot = self.slot()?;
-                let mut data = std::mem::replace(&mut self.data, Box::new([0; PAGE_SIZE]));
-                let r = self.get(&mut data[..]);
-                self.data = data;
-                r?;
-                Item::Raw(slot)
-            }
-            TAG_PASS => {
-                let mut b = [0u8; 4];
-                self.get(&mut b)?;
-                Item::Pass(u32::from_le_bytes(b))
-            }
-            // Not checksummed: the source calls the move off mid-stream.
-            TAG_ABORT => {
-                let why =
-                    message(&mut self.r).unwrap_or_else(|e| format!("(its reason was cut: {e})"));
-                return Err(MigrateError::Aborted(format!("by the source: {why}")));
-            }
-            TAG_FINAL => {
-                let records = self.u64()?;
-                let expect = self.crc.clone().finalize();
-                let mut b = [0u8; 4];
-                self.r.read_exact(&mut b).map_err(|_| {
-                    MigrateError::Bad("the stream ended inside its final marker".into())
-                })?;
-                self.bytes += 4;
-                let got = u32::from_le_bytes(b);
-                if got != expect {
-                    return bad(format!(
-                        "checksum mismatch (sent {got:#010x}, received data gives {expect:#010x})"
-                    ));
-                }
-                if records != self.records {
-                    return bad(format!(
-                        "the source sent {records} records, {} arrived",
-                        self.records
-                    ));
-                }
-                self.got_crc = expect;
-                Item::Final
-            }
-            t => return bad(format!("unknown record type {t:#04x}")),
-        })
-    }
-}
-
-fn refuse(w: &mut impl Write, msg: &str) {
+pub(super) fn refuse(w: &mut impl Write, msg: &str) {
     say(w, REPLY_REFUSE, msg)
 }
 
@@ -421,7 +291,7 @@ fn reply(r: &mut impl Read, want: u8, extra: &mut [u8]) -> Result<(), MigrateErr
 }
 
 /// The message after a refusal or an abort tag.
-fn message(r: &mut impl Read) -> io::Result<String> {
+pub(super) fn message(r: &mut impl Read) -> io::Result<String> {
     let mut n = [0u8; 2];
     r.read_exact(&mut n)?;
     let n = usize::from(u16::from_le_bytes(n));
@@ -580,7 +450,7 @@ fn await_verdict<W: Write>(
 }
 
 /// A byte, if one comes within the read's patience (None if none did).
-fn poll_tag(r: &mut impl Read) -> Result<Option<u8>, MigrateError> {
+pub(super) fn poll_tag(r: &mut impl Read) -> Result<Option<u8>, MigrateError> {
     let mut t = [0u8];
     match r.read(&mut t) {
         Ok(0) => Err(MigrateError::Io(io::Error::new(
@@ -633,6 +503,7 @@ fn send_passes<W: Write>(
             dirty: dev.dirty.count(),
         });
     }
+    let mut said = Instant::now();
     loop {
         stop()?;
         // Looked at before the dirty slots are taken: whatever was written
@@ -641,7 +512,16 @@ fn send_passes<W: Write>(
         let quiet_at = Instant::now();
         let dirty = dev.dirty.take();
         let before = out.records;
+        if dirty.is_empty() && !was_quiet && said.elapsed() >= KEEPALIVE {
+            // A guest that writes nothing for a while: the pass marker
+            // again, so that the destination (which gives up on a silent
+            // stream) knows the source is there. libvirt's destination
+            // QEMU takes its RAM for as long as it needs meanwhile.
+            out.pass(pass)?;
+            said = Instant::now();
+        }
         if !dirty.is_empty() || was_quiet {
+            said = Instant::now();
             pass += 1;
             out.pass(pass)?;
             for &s in &dirty {
@@ -661,199 +541,6 @@ fn send_passes<W: Write>(
         out.w.flush()?;
         if dirty.is_empty() {
             std::thread::sleep(IDLE_PAUSE);
-        }
-    }
-}
-
-/// What the destination's stream asks of its caller.
-pub struct ReceiveHooks<'a> {
-    pub progress: &'a dyn Fn(Progress),
-    /// Every page is here and checked.
-    pub prepared: &'a dyn Fn(),
-    /// Whether the VM runs here (its frontend started the rings), asked
-    /// every [`VERDICT_POLL`] while the verdict is open.
-    pub started: &'a dyn Fn() -> bool,
-    /// The source committed: store that before it is confirmed.
-    pub commit: &'a dyn Fn(),
-    /// As [`SendHooks::patience`].
-    pub patience: &'a dyn Fn(Option<Duration>),
-}
-
-/// What a finished receive stored.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ReceiveReport {
-    pub bytes: u64,
-    pub records: u64,
-    pub passes: u32,
-    /// Slots that hold a page now.
-    pub pages: u64,
-    pub micros: u64,
-}
-
-/// Receives a stream into `dev` over `r`/`w`. A header that does not fit
-/// the device is refused and changes nothing; anything wrong after it (a
-/// bad record, a checksum mismatch, a store error, a broken connection)
-/// empties the device again and is refused too. The device's previous
-/// content is dropped once a valid header has arrived.
-///
-/// Once everything is stored and checked, `prepared` runs and the source
-/// is told (with the record count and checksum); then the source decides,
-/// told once `started` says the VM runs here. Its commit runs `commit`
-/// (which stores it) before it is confirmed; its abort, or its going away
-/// first, empties the device again.
-pub fn receive(
-    dev: &Device,
-    r: impl Read,
-    mut w: impl Write,
-    hooks: &ReceiveHooks<'_>,
-) -> Result<ReceiveReport, MigrateError> {
-    let (progress, prepared) = (hooks.progress, hooks.prepared);
-    let t0 = Instant::now();
-    let mut inp = In {
-        r: io::BufReader::with_capacity(256 << 10, r),
-        crc: crc32fast::Hasher::new(),
-        slots: dev.num_slots(),
-        records: 0,
-        bytes: 0,
-        data: Box::new([0; PAGE_SIZE]),
-        got_crc: 0,
-    };
-    let mut h = [0u8; HEADER_LEN];
-    inp.get(&mut h).map_err(|e| match e {
-        MigrateError::Bad(_) => MigrateError::Bad("the stream ended inside its header".into()),
-        e => e,
-    })?;
-    let header = match StreamHeader::decode(&h).and_then(|hd| {
-        hd.check(dev).map_err(MigrateError::Bad)?;
-        Ok(hd)
-    }) {
-        Ok(hd) => hd,
-        Err(e) => {
-            refuse(&mut w, &e.to_string());
-            return Err(e);
-        }
-    };
-    tracing::info!(
-        size = header.size_bytes,
-        codec = %header.codec,
-        "migration stream accepted"
-    );
-    w.write_all(&[REPLY_ACCEPT])?;
-    w.flush()?;
-    let cx = &mut Context::new(0);
-    empty(dev, cx)?;
-    let mut pass = 0;
-    let result = (|| -> Result<(), MigrateError> {
-        loop {
-            match inp.next()? {
-                Item::Final => return Ok(()),
-                Item::Pass(n) => {
-                    pass = n;
-                    progress(Progress {
-                        bytes: inp.bytes,
-                        records: inp.records,
-                        pass,
-                        dirty: 0,
-                    });
-                }
-                Item::Empty(s) => dev.import(cx, s, Record::Empty)?,
-                Item::Same(s, v) => dev.import(cx, s, Record::Same(v))?,
-                Item::Raw(s) => dev.import(cx, s, Record::Raw(&inp.data))?,
-                Item::Compressed { slot, codec, len } => dev.import(
-                    cx,
-                    slot,
-                    Record::Compressed {
-                        codec,
-                        data: &inp.data[..len],
-                    },
-                )?,
-            }
-            if inp.records % 4096 == 0 {
-                progress(Progress {
-                    bytes: inp.bytes,
-                    records: inp.records,
-                    pass,
-                    dirty: 0,
-                });
-            }
-        }
-    })()
-    .and_then(|()| {
-        prepared();
-        let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
-        let mut b = vec![REPLY_PREPARED];
-        b.extend_from_slice(&pages.to_le_bytes());
-        b.extend_from_slice(&inp.records.to_le_bytes());
-        b.extend_from_slice(&inp.got_crc.to_le_bytes());
-        w.write_all(&b)?;
-        w.flush()?;
-        (hooks.patience)(Some(VERDICT_POLL));
-        let v = verdict(&mut inp.r, &mut w, hooks.started);
-        (hooks.patience)(None);
-        v
-    });
-    if let Err(e) = result {
-        refuse(&mut w, &e.to_string());
-        // Undo: the device holds nothing from a stream that failed.
-        let _ = empty(dev, cx);
-        return Err(e);
-    }
-    (hooks.commit)();
-    let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
-    let mut b = vec![REPLY_COMMITTED];
-    b.extend_from_slice(&pages.to_le_bytes());
-    // The commit stands even if the source does not hear of it: it keeps
-    // its copy then, and says so.
-    let _ = w.write_all(&b).and_then(|()| w.flush());
-    Ok(ReceiveReport {
-        bytes: inp.bytes,
-        records: inp.records,
-        passes: pass,
-        pages,
-        micros: t0.elapsed().as_micros() as u64,
-    })
-}
-
-/// Waits for the source's verdict, telling it once `started` says the VM
-/// runs here: Ok on its commit, an error on its abort, on its going away
-/// or falling silent, or on anything else.
-fn verdict(
-    r: &mut impl Read,
-    w: &mut impl Write,
-    started: &dyn Fn() -> bool,
-) -> Result<(), MigrateError> {
-    let mut told = false;
-    let mut heard = Instant::now();
-    loop {
-        if !told && started() {
-            w.write_all(&[REPLY_STARTED])?;
-            w.flush()?;
-            told = true;
-            tracing::info!("the VM runs here: the source is told");
-        }
-        let tag = match poll_tag(r) {
-            Ok(Some(t)) => t,
-            Ok(None) if heard.elapsed() < SILENCE => continue,
-            Ok(None) => {
-                return Err(MigrateError::Aborted(format!(
-                    "the source said nothing for {SILENCE:?} before it committed"
-                )))
-            }
-            Err(e) => {
-                return Err(MigrateError::Aborted(format!(
-                    "the source went away before it committed ({e})"
-                )))
-            }
-        };
-        heard = Instant::now();
-        match tag {
-            TAG_WAIT => {}
-            TAG_COMMIT => return Ok(()),
-            TAG_ABORT => {
-                let why = message(r).unwrap_or_else(|e| format!("(its reason was cut: {e})"));
-                return Err(MigrateError::Aborted(format!("by the source: {why}")));
-            }
-            t => return bad(format!("unexpected {t:#04x} while waiting for the commit")),
         }
     }
 }

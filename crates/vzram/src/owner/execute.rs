@@ -5,18 +5,21 @@ use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 use vzram_store::cells::Phase;
+use vzram_store::migrate::Received;
 use vzram_store::Device;
 
 use super::migration::{self, Frontend, Link};
 use crate::proto::order::{Answer, Order};
 
 /// What the migration orders need besides the device: the connection
-/// that came with the order, what the frontend is doing, and the gate to
-/// open once an incoming device has its pages.
+/// that came with the order, what the frontend is doing, the gate to
+/// open once an incoming device has its pages, and (the supervisor's)
+/// whether a receive should stop for a frontend that waits.
 pub struct Migrating<'a> {
     pub conn: Option<OwnedFd>,
     pub frontend: Frontend<'a>,
     pub open_gate: &'a dyn Fn(),
+    pub hand_on: Option<&'a dyn Fn() -> bool>,
 }
 
 /// Carries out a migration order on `dev`, here.
@@ -26,16 +29,28 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
         Order::Receive { .. } | Order::Send { .. } if m.conn.is_none() => {
             failed("no migration connection came with the order".into())
         }
-        Order::Receive { within_secs } => {
+        Order::Receive {
+            within_secs,
+            resume,
+        } => {
             let link = Link::plain(m.conn.expect("checked"));
             let deadline = Instant::now() + Duration::from_secs(*within_secs);
-            let r = migration::receive(dev, &link, deadline, &m.frontend, &|| {});
+            let r = migration::receive(
+                dev,
+                &link,
+                deadline,
+                &m.frontend,
+                m.hand_on,
+                *resume,
+                &|| {},
+            );
             // Committed even if the source's confirmation was lost.
             if !dev.cells().migration.incoming() {
                 (m.open_gate)();
             }
             match r {
-                Ok(r) => Answer::Received {
+                Ok(Received::HandedOn(resume)) => Answer::HandedOn { resume },
+                Ok(Received::Done(r)) => Answer::Received {
                     pages: r.pages,
                     bytes: r.bytes,
                     records: r.records,
@@ -122,6 +137,7 @@ pub fn execute(dev: &Device, order: &Order) -> Answer {
                     conn: None,
                     frontend: Frontend::NONE,
                     open_gate: &|| {},
+                    hand_on: None,
                 },
             )
         }

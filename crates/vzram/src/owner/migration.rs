@@ -19,7 +19,7 @@ use rustls::{ClientConnection, ConnectionCommon, ServerConnection, SideData};
 
 use vzram_store::cells::{Ask, Phase};
 use vzram_store::migrate::{
-    self, MigrateError, Progress, ReceiveHooks, ReceiveReport, SendHooks, SendReport,
+    self, MigrateError, Progress, ReceiveHooks, Received, Resume, SendHooks, SendReport,
 };
 use vzram_store::{Context, Device};
 
@@ -440,15 +440,27 @@ pub fn send(
 /// for good (stored in its cells, then `on_commit` runs, before the source
 /// hears of it); on failure or abort it is empty and still waits, marked
 /// failed.
+///
+/// With `from`, a receive another owner began is taken up (the device is
+/// receiving or prepared). `hand_on` (the supervisor's: a frontend waits)
+/// makes it stop at a record boundary and return where it stands, the
+/// device left as it is, for the worker of that frontend to take up.
 pub fn receive(
     dev: &Device,
     conn: &Link,
     deadline: Instant,
     fe: &Frontend<'_>,
+    hand_on: Option<&dyn Fn() -> bool>,
+    from: Option<Resume>,
     on_commit: &dyn Fn(),
-) -> Result<ReceiveReport, String> {
+) -> Result<Received, String> {
     let m = &dev.cells().migration;
-    if !m.shift(&[Phase::Incoming, Phase::Failed], Phase::Receiving) {
+    let taken = match from {
+        None => m.shift(&[Phase::Incoming, Phase::Failed], Phase::Receiving),
+        // Cut meanwhile (a reset, a failure) it is no longer ours to take.
+        Some(_) => matches!(m.phase(), Phase::Receiving | Phase::Prepared),
+    };
+    if !taken {
         let why = format!(
             "the device is not waiting for a migration (it is {})",
             m.state_name()
@@ -456,8 +468,12 @@ pub fn receive(
         refuse(conn, &why);
         return Err(why);
     }
-    m.begin(Phase::Receiving);
-    let starts0 = (fe.starts)();
+    if from.is_none() {
+        m.begin(Phase::Receiving);
+    }
+    // A receive taken up is older than this owner: every ring start it
+    // counts came after the stream began.
+    let starts0 = if from.is_some() { 0 } else { (fe.starts)() };
     conn.set_deadline(Some(deadline));
     let hooks = ReceiveHooks {
         progress: &|p| m.progress(p),
@@ -472,7 +488,7 @@ pub fn receive(
         },
         patience: &|p| conn.set_patience(p),
     };
-    let r = migrate::receive(dev, conn, conn, &hooks);
+    let r = migrate::receive_from(dev, conn, conn, &hooks, hand_on, from);
     dev.stats();
     r.map_err(|e| {
         m.set(Phase::Failed);

@@ -143,6 +143,10 @@ pub enum ConnectError {
     NoAddress { host: String },
     #[error("no connection within {ms} ms")]
     Deadline { ms: u64 },
+    /// Refused or not there on every try until the deadline (a sender may
+    /// start before its destination listens; this one never did).
+    #[error("nothing listened there within {ms} ms (the last try: {})", std::io::Error::from_raw_os_error(*errno))]
+    NotListening { ms: u64, errno: i32 },
     #[error("socket path too long")]
     PathTooLong,
     /// The last address's error.

@@ -3,6 +3,7 @@
 //! carries them out (see `owner::execute`).
 
 use serde::{Deserialize, Serialize};
+use vzram_store::migrate::Resume;
 use vzram_store::{Codec, Filter};
 
 use super::codec;
@@ -46,9 +47,12 @@ pub enum Order {
     /// Receive the device's pages from the migration connection sent along
     /// (a unix socket, or the plain end of the supervisor's TLS relay: no
     /// key ever travels in an order); the stream must be whole within
-    /// `within_secs` of the order.
+    /// `within_secs` of the order. With `resume`, the stream was begun by
+    /// the device's owner before (the supervisor, holding a device no VM
+    /// used yet): carry on from there.
     Receive {
         within_secs: u64,
+        resume: Option<Resume>,
     },
     /// Send the device's pages over the migration connection sent along
     /// (as for `Receive`), until the frontend stops; commit on evidence
@@ -90,6 +94,12 @@ pub enum Answer {
         records: u64,
         passes: u32,
         micros: u64,
+    },
+    /// The receive stopped at a record boundary for a frontend that
+    /// connected meanwhile: its worker carries on from `resume` (only the
+    /// supervisor hands a stream on).
+    HandedOn {
+        resume: Resume,
     },
     Sent {
         pages: u64,

@@ -6,13 +6,13 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vzram_store::cells::{Ask, Phase};
 
 use super::error::{Error, Result};
 use super::orders::{failed, unexpected, HOLD_WAIT};
-use super::served::Served;
+use super::served::{Phase as Held, Served};
 use super::Supervisor;
 use crate::owner::migration::{refuse, Link, Listener, Tls};
 use crate::proto::addr::Addr;
@@ -21,6 +21,7 @@ use crate::proto::launch::{ConnectReply, Request, CONNECT_WAIT};
 use crate::proto::order::{Answer, Order};
 use crate::proto::tls::ClientTls;
 use crate::proto::wire::{self, seqpacket_pair};
+use crate::sys::socket::readable;
 
 /// How long past its connect deadline a helper's answer is waited for.
 const REPLY_GRACE: Duration = Duration::from_secs(3);
@@ -352,7 +353,12 @@ impl Supervisor {
     }
 
     /// Has the owner of `d` receive the stream on `fd` (a unix socket, or
-    /// the plain end of a TLS relay), and logs how it went.
+    /// the plain end of a TLS relay), and logs how it went. While no VM
+    /// uses the device this process receives, holding it; a frontend that
+    /// connects meanwhile (libvirt starts the destination QEMU once the
+    /// stream runs) must not wait for the whole stream: the receive stops
+    /// at a record boundary, and the worker started for that frontend
+    /// takes it up where it stopped.
     fn take_stream(&self, d: &Served, fd: OwnedFd) {
         tracing::info!(device = %d.spec.name, "a migration stream connected");
         let copy = match fd.try_clone() {
@@ -363,10 +369,32 @@ impl Supervisor {
             }
         };
         *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
-        let order = Order::Receive {
-            within_secs: self.env.incoming_timeout.as_secs().max(1),
+        let deadline = Instant::now() + self.env.incoming_timeout;
+        let mut resume = None;
+        let r = loop {
+            // Each owner gets its own descriptor; ours keeps the stream
+            // open between two.
+            let conn = match fd.try_clone() {
+                Ok(c) => c,
+                Err(e) => break Err(Error::from(e)),
+            };
+            let order = Order::Receive {
+                within_secs: deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_secs()
+                    .max(1),
+                resume,
+            };
+            match self.on_owner(d, &order, Some(conn), MIGRATE_WAIT) {
+                Ok((Answer::HandedOn { resume: r }, _)) => {
+                    tracing::info!(device = %d.spec.name, "a frontend connected while the migration stream arrived: its worker takes the stream on");
+                    resume = Some(r);
+                    self.await_frontend(d);
+                }
+                r => break r,
+            }
         };
-        let r = self.on_owner(d, &order, Some(fd), MIGRATE_WAIT);
+        drop(fd);
         *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = None;
         match r {
             Ok((
@@ -391,6 +419,20 @@ impl Supervisor {
             Ok((Answer::Failed { error }, _)) => self.incoming_failed(d, error),
             Err(e) => self.incoming_failed(d, e.to_string()),
             Ok((a, _)) => tracing::error!(device = %d.spec.name, "{}", unexpected(a)),
+        }
+    }
+
+    /// After a receive stopped for a waiting frontend: until the loop has
+    /// taken that frontend (its worker is starting), so that this process
+    /// does not take the device straight back. A client that went away
+    /// unheard ends the wait (the receive goes on here).
+    fn await_frontend(&self, d: &Served) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline
+            && matches!(*d.phase(), Held::Idle)
+            && readable(d.listener.as_raw_fd())
+        {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 

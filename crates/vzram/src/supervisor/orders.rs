@@ -17,6 +17,7 @@ use crate::owner::execute::{execute, execute_migration, Migrating};
 use crate::proto::control::{MIGRATE_WAIT, TIER_WAIT};
 use crate::proto::order::{Answer, Order};
 use crate::proto::wire;
+use crate::sys::socket::readable;
 
 /// How long a compaction order may take.
 const COMPACT_WAIT: Duration = Duration::from_secs(120);
@@ -252,6 +253,10 @@ impl Supervisor {
             }
             let here = self.hold(d, |dev| {
                 let open = || {};
+                // A frontend that connects meanwhile waits in the backlog
+                // (the loop leaves a held device's listener alone): a
+                // receive stops for it, and its worker takes the stream on.
+                let waits = || readable(d.listener.as_raw_fd());
                 execute_migration(
                     dev,
                     order,
@@ -259,6 +264,7 @@ impl Supervisor {
                         conn: fd.take(),
                         frontend: crate::owner::migration::Frontend::NONE,
                         open_gate: &open,
+                        hand_on: Some(&waits),
                     },
                 )
             })?;

@@ -237,13 +237,24 @@ pub fn connect(addr: &Addr, wait: Duration) -> Result<OwnedFd, ConnectError> {
                         }
                     }
                 }
-                if !refused || deadline.saturating_duration_since(Instant::now()) <= NOT_YET {
+                if refused && deadline.saturating_duration_since(Instant::now()) <= NOT_YET {
+                    return Err(not_listening(late, libc::ECONNREFUSED));
+                }
+                if !refused {
                     break;
                 }
                 std::thread::sleep(NOT_YET);
             }
             Err(last)
         }
+    }
+}
+
+/// A destination that never listened within the deadline `late` gives.
+fn not_listening(late: ConnectError, errno: i32) -> ConnectError {
+    match late {
+        ConnectError::Deadline { ms } => ConnectError::NotListening { ms, errno },
+        e => e,
     }
 }
 
@@ -286,6 +297,9 @@ fn connect_unix(
             // destination device exists): again, until the deadline.
             Some(libc::ENOENT | libc::ECONNREFUSED) if left > NOT_YET => {
                 std::thread::sleep(NOT_YET)
+            }
+            Some(errno @ (libc::ENOENT | libc::ECONNREFUSED)) => {
+                return Err(not_listening(late, errno))
             }
             _ => return Err(os_error(&e)),
         }
@@ -398,10 +412,17 @@ mod tests {
             took >= Duration::from_millis(290) && took < Duration::from_secs(2),
             "{took:?}"
         );
-        // Nobody there: the kernel's error, at once.
+        // Nobody listening any more: tried again until the deadline (a
+        // destination may not listen yet), then said so.
         drop((l, held));
-        let r = connect(&addr, Duration::from_secs(5));
-        assert!(matches!(r, Err(ConnectError::Os { .. })), "{r:?}");
+        let r = connect(&addr, Duration::from_millis(500));
+        assert_eq!(
+            r.err(),
+            Some(ConnectError::NotListening {
+                ms: 500,
+                errno: libc::ECONNREFUSED
+            })
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -314,6 +314,8 @@ fn control_loop(
                         tracing::info!("the device's pages are here: requests run");
                         backend.open_gate()
                     },
+                    // A worker serves its frontend while it receives.
+                    hand_on: None,
                 };
                 let answer = execute_migration(&store, &order, m);
                 let sent = wire::send(&control, &answer, &[]);

@@ -146,10 +146,14 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct ManArgs {
-    /// Write vzram.1 and a page per command (vzram-serve.1, ...) into this
-    /// existing directory instead of printing vzram.1.
+    /// Write vzram.1, a page per command (vzram-serve.1, ...) and
+    /// vzram.toml.5 into this existing directory instead of printing vzram.1.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Print the options of `serve` as docs/configuration.md lists them
+    /// (Markdown) instead.
+    #[arg(long, conflicts_with = "dir")]
+    pub options: bool,
 }
 
 #[derive(Debug, Args)]
@@ -180,7 +184,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
-    #[arg(long, value_parser = config::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
     pub host_mem_limit: Option<u64>,
     /// Control socket for `vzram stat`, `set-limit`, `compact` and the
     /// other client commands [default: $VZRAM_CONTROL, else
@@ -195,16 +199,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR:PORT", value_parser = config::parse_metrics_addr)]
     pub metrics: Option<std::net::SocketAddr>,
     /// Permissions of the device sockets, in octal [default: 0600].
-    #[arg(long, value_parser = config::parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = config::parse_mode)]
     pub socket_mode: Option<u32>,
     /// Permissions of the control socket, in octal [default: 0600]; not
     /// --socket-mode's: whoever can connect to it changes limits.
-    #[arg(long, value_parser = config::parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = config::parse_mode)]
     pub control_mode: Option<u32>,
     /// Permissions of incoming devices' unix migration sockets, in octal
     /// [default: 0600]; not --socket-mode's: whoever can connect writes the
     /// device's pages before it serves.
-    #[arg(long, value_parser = config::parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = config::parse_mode)]
     pub incoming_mode: Option<u32>,
     /// Directory of TLS credentials for migration streams on tcp:, laid
     /// out as QEMU's tls-creds-x509: ca-cert.pem, and server-cert.pem with
@@ -405,8 +409,22 @@ pub struct StatArgs {
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Print only the devices' names, one a line (for scripts and shell
+    /// completion); with --names=leftovers, the left-over states'.
+    #[arg(long, value_enum, value_name = "WHICH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "devices", conflicts_with = "json")]
+    pub names: Option<NameList>,
     #[command(flatten)]
     pub target: MaybeDevice,
+}
+
+/// What `vzram stat --names` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NameList {
+    /// The devices the daemon serves.
+    Devices,
+    /// States in the state dir that no device serves.
+    Leftovers,
 }
 
 /// `vzram set-limit NAME SIZE` (or `--device NAME SIZE`), or `--host SIZE`.

@@ -68,6 +68,12 @@ pub fn as_backend_program(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStri
     out
 }
 
+/// Parses a command line as `main` does, QEMU's backend-program form
+/// included, without running it (the docs' examples are checked so).
+pub fn parse(args: Vec<std::ffi::OsString>) -> Result<Cli, String> {
+    Cli::try_parse_from(as_backend_program(args)).map_err(|e| e.to_string())
+}
+
 /// What `--print-capabilities` prints: the backend type QEMU's
 /// `docs/interop/vhost-user.json` calls `block`, and the block features it
 /// defines that `vzram serve` has (`--read-only`; not `--blk-file`: a vzram

@@ -257,20 +257,21 @@ pub fn page(name: &str) -> Page {
             examples: &[
                 ("Delete a device and its pages:", "vzram remove vm2"),
                 (
-                    "Stop serving a device, keeping its pages, and serve them again:",
-                    "vzram remove vm2 --force\n\
-                     vzram add --device socket=/run/vzram/vm2.sock,size=4G,name=vm2,recover=true",
+                    "Also while a VM is connected: it is cut off and the pages are kept, left \
+                     over (vzram add ...,recover=true serves them again):",
+                    "vzram remove vm2 --force",
                 ),
             ],
             ..DEFAULT
         },
         "vzram-forget" => Page {
             examples: &[
-                (
-                    "Delete a left-over state:",
-                    "vzram remove vm2 --force\nvzram forget vm2",
-                ),
+                ("The left-over states, by name:", "vzram stat --names=leftovers"),
                 ("Every left-over whose socket's directory is gone:", "vzram forget --gone"),
+                (
+                    "Every left-over made for a socket that matches (a test run's):",
+                    "vzram forget --socket '/tmp/qtest-*'",
+                ),
             ],
             ..DEFAULT
         },

@@ -153,7 +153,8 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ManArgs {
     /// Write vzram.1, a page per command (vzram-serve.1, ...) and
-    /// vzram.toml.5 into this existing directory instead of printing vzram.1.
+    /// vzram.toml.5 into this existing directory instead of printing vzram.1
+    /// (into DIR/../man5 when DIR is a man1 directory).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Print the options of `serve` as docs/configuration.md lists them

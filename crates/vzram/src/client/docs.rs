@@ -275,7 +275,8 @@ fn commands(cmd: &clap::Command, out: &mut Vec<clap::Command>) {
 }
 
 /// `vzram.1` as roff; with `dir`, every page (`vzram.1`, `vzram-serve.1`,
-/// ..., `vzram.toml.5`) written there and a line naming them returned.
+/// ..., `vzram.toml.5`) written there (a directory named `man1` gets the
+/// section-5 page in `man5` beside it) and a line naming them returned.
 pub fn man(dir: Option<&Path>) -> std::io::Result<String> {
     let mut cmd = plain_command(options::command());
     cmd.build();
@@ -288,7 +289,13 @@ pub fn man(dir: Option<&Path>) -> std::io::Result<String> {
         let name = c.get_display_name().unwrap_or(c.get_name()).to_string();
         std::fs::write(dir.join(format!("{name}.1")), render(c)?)?;
     }
-    std::fs::write(dir.join("vzram.toml.5"), config_page())?;
+    // A package's man1 directory: the section-5 page goes to man5 beside it.
+    let dir5 = match (dir.file_name(), dir.parent()) {
+        (Some(n), Some(parent)) if n == "man1" => parent.join("man5"),
+        _ => dir.to_path_buf(),
+    };
+    std::fs::create_dir_all(&dir5)?;
+    std::fs::write(dir5.join("vzram.toml.5"), config_page())?;
     Ok(format!("manual pages written to {}\n", dir.display()))
 }
 
@@ -344,6 +351,13 @@ mod tests {
             let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
             assert!(!text.contains('`'), "{text}");
         }
+        // A package's man1 directory: vzram.toml.5 goes to man5 beside it.
+        let man1 = dir.join("man1");
+        std::fs::create_dir_all(&man1).unwrap();
+        man(Some(&man1)).unwrap();
+        assert!(man1.join("vzram-serve.1").is_file());
+        assert!(!man1.join("vzram.toml.5").exists());
+        assert!(dir.join("man5/vzram.toml.5").is_file());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -455,3 +455,99 @@ fn forget_gone_deletes_the_left_overs_of_directories_that_are_gone() {
     assert!(holds(&socks[0], 0), "{}", d.log_text());
     d.terminate_cleanly();
 }
+
+/// With no daemon to ask (bare serves, stopped: what a harness leaves),
+/// `vzram forget --gone` and `--socket PATTERN` look in the state dir
+/// themselves, delete what they match and its marker beside the socket,
+/// and never touch a state a running vzram serves (it holds the lock).
+#[test]
+fn with_no_daemon_forget_looks_in_the_state_dir_and_spares_a_served_state() {
+    let dir = TempDir::new("bare-offline");
+    let state = vzram_tests::paths::state_dir_for(dir.path());
+    for sub in ["tmp1", "busy"] {
+        std::fs::create_dir(dir.join(sub)).unwrap();
+    }
+    let gone = dir.join("tmp1/vm.sock");
+    let here = dir.join("here.sock");
+    let busy = dir.join("busy/vm.sock");
+    let serve = |sock: &Path, i: usize| {
+        let ctl = dir.join(&format!("c{i}.sock"));
+        let mut cmd = Command::new(vzram_bin());
+        cmd.args([
+            "serve",
+            "--socket",
+            s(sock),
+            "--size",
+            "8M",
+            "--queues",
+            "1",
+        ])
+        .arg("--control")
+        .arg(&ctl);
+        Daemon::start_command(cmd, &ctl, &dir.join(&format!("d{i}.log")), &[sock])
+    };
+    for (i, sock) in [&gone, &here].into_iter().enumerate() {
+        let mut d = serve(sock, i);
+        fill(sock, i as u64);
+        d.kill9();
+    }
+    let marker = dir.join(".here.sock.vzram-state");
+    assert!(marker.exists(), "no marker beside {}", here.display());
+    let mut running = serve(&busy, 2);
+    fill(&busy, 2);
+    // Its socket's directory goes while it serves: gone, but held.
+    std::fs::remove_dir_all(dir.join("tmp1")).unwrap();
+    std::fs::remove_dir_all(dir.join("busy")).unwrap();
+    let states = || {
+        std::fs::read_dir(&state)
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .count()
+    };
+    assert_eq!(states(), 3);
+    let forget = |args: &[&str]| {
+        let out = Command::new(vzram_bin())
+            .arg("forget")
+            .args(args)
+            .args(["--control", s(&dir.join("nobody.sock"))])
+            .env("VZRAM_STATE_DIR", &state)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "vzram forget {args:?}: {text}");
+        text
+    };
+    let out = forget(&["--gone"]);
+    assert!(
+        out.contains("no daemon at")
+            && out.contains("1 left-over states forgotten")
+            && out.contains("1 kept"),
+        "{out}"
+    );
+    assert_eq!(states(), 2, "{out}");
+    assert!(
+        running.stat().0.devices.len() == 1,
+        "the running daemon went"
+    );
+    let out = forget(&["--socket", &format!("{}/here*", s(dir.path()))]);
+    assert!(out.contains("1 left-over states forgotten"), "{out}");
+    assert!(!marker.exists(), "the marker of a forgotten state stays");
+    assert_eq!(states(), 1, "the served state went too: {out}");
+    // By name: a served state is refused with exit 2.
+    let served = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .find(|n| !n.starts_with('.'))
+        .unwrap();
+    let out = Command::new(vzram_bin())
+        .args(["forget", &served, "--state-dir", s(&state)])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(states(), 1);
+    running.kill9();
+}

@@ -671,3 +671,45 @@ fn sigint_and_sigterm_each_stop_the_daemon() {
         drop(c);
     }
 }
+
+/// `--discard-segments` (`discard-segments=` in a spec) is what the config
+/// space offers as `max_discard_seg` and `max_write_zeroes_seg`, and a
+/// request with more segments gets UNSUPP and changes nothing, as from
+/// qemu-storage-daemon (which offers 1); the default offers 256.
+#[test]
+fn discard_segments_is_offered_and_more_are_unsupp() {
+    use vhost::vhost_user::message::VhostUserConfigFlags;
+    use vzram_tests::frontend::{S_UNSUPP, T_DISCARD, T_IN, T_OUT, T_WRITE_ZEROES};
+    let dir = TempDir::new("dwz-segs");
+    let (all, one) = (dir.join("all.sock"), dir.join("one.sock"));
+    let spec = format!("socket={},size=8M,name=one,discard-segments=1", s(&one));
+    let _d = Daemon::start(
+        &dir,
+        &["--socket", s(&all), "--size", "8M", "--device", &spec],
+        &[&all, &one],
+    );
+    let page = |b: u8| vec![b; PAGE];
+    for (sock, offered) in [(&all, 256u32), (&one, 1)] {
+        let mut v = RawDev::connect(sock);
+        // max_discard_seg at 40, max_write_zeroes_seg at 52 (virtio 1.2, 5.2.4).
+        let (_, cfg) =
+            v.fe.get_config(0, 60, VhostUserConfigFlags::empty(), &[0; 60])
+                .expect("GET_CONFIG");
+        let at = |off: usize| u32::from_le_bytes(cfg[off..off + 4].try_into().unwrap());
+        assert_eq!((at(40), at(52)), (offered, offered), "{}", sock.display());
+        v.ram.write(DATA, &[page(7), page(8)].concat());
+        assert_eq!(v.req(T_OUT, 0, &[desc(DATA, 2 * PAGE as u32, 0)]).0, S_OK);
+        let two = [(0u64, 8u32, 0u32), (8, 8, 0)];
+        let want = if offered == 1 { S_UNSUPP } else { S_OK };
+        for t in [T_DISCARD, T_WRITE_ZEROES] {
+            assert_eq!(v.dwz(t, &two), want, "type {t} on {}", sock.display());
+        }
+        v.ram.write(DATA, &[0xee; 2 * PAGE]);
+        let (st, _) = v.req(T_IN, 0, &[desc(DATA, 2 * PAGE as u32, F_WRITE)]);
+        assert_eq!(st, S_OK);
+        let kept = v.ram.read(DATA, 2 * PAGE) == [page(7), page(8)].concat();
+        assert_eq!(kept, offered == 1, "pages kept on {}", sock.display());
+        // One segment is always fine.
+        assert_eq!(v.dwz(T_DISCARD, &[(0, 8, 0)]), S_OK);
+    }
+}

@@ -45,7 +45,6 @@ pub const MAX_DISCARD_SEG: u32 = 256;
 /// Discards are best aligned to whole pages: only those free memory.
 pub const DISCARD_SECTOR_ALIGNMENT: u32 = SECTORS_PER_PAGE as u32;
 pub const MAX_WRITE_ZEROES_SECTORS: u32 = MAX_DISCARD_SECTORS;
-pub const MAX_WRITE_ZEROES_SEG: u32 = MAX_DISCARD_SEG;
 
 /// Length of the serial returned by GET_ID.
 pub const SERIAL_LEN: usize = VIRTIO_BLK_ID_BYTES as usize;
@@ -101,6 +100,9 @@ pub struct BlkConfig {
     /// Capacity in 512-byte sectors.
     pub capacity_sectors: u64,
     pub num_queues: u16,
+    /// Segments one discard or write-zeroes request may carry
+    /// (`max_discard_seg` and `max_write_zeroes_seg`), 1..=[`MAX_DISCARD_SEG`].
+    pub dwz_segments: u32,
 }
 
 impl BlkConfig {
@@ -108,6 +110,7 @@ impl BlkConfig {
         BlkConfig {
             capacity_sectors: size_bytes >> SECTOR_SHIFT,
             num_queues,
+            dwz_segments: MAX_DISCARD_SEG,
         }
     }
 
@@ -136,7 +139,7 @@ impl BlkConfig {
         );
         put(
             offset_of!(C, max_discard_seg),
-            &MAX_DISCARD_SEG.to_le_bytes(),
+            &self.dwz_segments.to_le_bytes(),
         );
         put(
             offset_of!(C, discard_sector_alignment),
@@ -148,7 +151,7 @@ impl BlkConfig {
         );
         put(
             offset_of!(C, max_write_zeroes_seg),
-            &MAX_WRITE_ZEROES_SEG.to_le_bytes(),
+            &self.dwz_segments.to_le_bytes(),
         );
         // Zeroing a whole page frees it, so "may unmap" is always true.
         put(offset_of!(C, write_zeroes_may_unmap), &[1]);

@@ -42,6 +42,11 @@ pub enum ExecError {
     /// (or UNMAP on a discard). UNSUPP.
     #[error("unsupported request")]
     Unsupported,
+    /// A discard/write-zeroes request with more segments than the device
+    /// offers (`max_discard_seg`): what QEMU's own virtio-blk and
+    /// qemu-storage-daemon answer too. UNSUPP.
+    #[error("{0} discard/write-zeroes segments, the device takes {1}")]
+    TooManySegments(u64, u32),
     /// A discard/write-zeroes segment longer than `max_discard_sectors`. IOERR.
     #[error("discard/write-zeroes segment of {0} sectors is too long")]
     SegmentTooLong(u32),
@@ -57,7 +62,7 @@ impl ExecError {
     /// variant must say what the guest gets.
     pub fn status(&self) -> u8 {
         match self {
-            ExecError::Unsupported => VIRTIO_BLK_S_UNSUPP as u8,
+            ExecError::Unsupported | ExecError::TooManySegments(..) => VIRTIO_BLK_S_UNSUPP as u8,
             ExecError::OutOfRange
             | ExecError::ReadOnly
             | ExecError::Store(_)
@@ -86,6 +91,8 @@ pub struct BlkDevice {
     readonly: bool,
     serial: [u8; SERIAL_LEN],
     num_queues: u16,
+    /// Segments a discard or write-zeroes request may carry.
+    dwz_segments: u32,
 }
 
 impl BlkDevice {
@@ -99,7 +106,17 @@ impl BlkDevice {
             readonly,
             serial: s,
             num_queues,
+            dwz_segments: MAX_DISCARD_SEG,
         }
+    }
+
+    /// Offers `n` segments per discard or write-zeroes request instead of
+    /// [`MAX_DISCARD_SEG`] (clamped to 1..=that): a frontend that compares
+    /// config spaces across backends (qemu-storage-daemon offers 1) sees
+    /// the same disk.
+    pub fn with_dwz_segments(mut self, n: u32) -> BlkDevice {
+        self.dwz_segments = n.clamp(1, MAX_DISCARD_SEG);
+        self
     }
 
     pub fn store(&self) -> &Arc<Device> {
@@ -115,7 +132,10 @@ impl BlkDevice {
     }
 
     pub fn config(&self) -> BlkConfig {
-        BlkConfig::new(self.store.size_bytes(), self.num_queues)
+        BlkConfig {
+            dwz_segments: self.dwz_segments,
+            ..BlkConfig::new(self.store.size_bytes(), self.num_queues)
+        }
     }
 
     /// Runs `req` with the queue's bounce page and store context. Returns
@@ -344,9 +364,14 @@ impl BlkDevice {
         };
         // Read and check every segment before touching anything, so a bad
         // segment fails the whole request with no change on the disk.
+        let count = req.num_dwz_segments();
+        if count > u64::from(self.dwz_segments) {
+            return Err(ExecError::TooManySegments(count, self.dwz_segments));
+        }
         let mut ranges = [(0u64, 0u64); MAX_DISCARD_SEG as usize];
-        let count = req.num_dwz_segments() as usize;
-        let ranges = ranges.get_mut(..count).ok_or(ExecError::Unsupported)?;
+        let ranges = ranges
+            .get_mut(..count as usize)
+            .ok_or(ExecError::TooManySegments(count, self.dwz_segments))?;
         let mut input = SegmentCursor::new(&req.readable);
         let mut seg = [0u8; DWZ_SEGMENT_LEN as usize];
         let capacity = self.store.size_bytes();
@@ -404,6 +429,7 @@ mod tests {
     use super::*;
     use crate::request::tests::{d, guest_mem, header, F_WRITE};
     use crate::request::RequestError;
+    use std::mem::offset_of;
     use virtio_bindings::virtio_blk::*;
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
@@ -452,6 +478,7 @@ mod tests {
         let ioerr = VIRTIO_BLK_S_IOERR as u8;
         for (e, want) in [
             (ExecError::Unsupported, unsupp),
+            (ExecError::TooManySegments(2, 1), unsupp),
             (ExecError::OutOfRange, ioerr),
             (ExecError::ReadOnly, ioerr),
             (ExecError::Store(StoreError::Corrupt { slot: 0 }), ioerr),
@@ -691,6 +718,40 @@ mod tests {
         assert_eq!(f.read(0, 4096), (STATUS_OK, vec![7; 4096]));
         // Zero-length segments are fine.
         assert_eq!(f.dwz(VIRTIO_BLK_T_WRITE_ZEROES, &[(0, 0, 0)]), STATUS_OK);
+        // More segments than the device offers: UNSUPP, and nothing happens.
+        let many = vec![(0u64, 8u32, 0u32); MAX_DISCARD_SEG as usize + 1];
+        assert_eq!(f.dwz(VIRTIO_BLK_T_DISCARD, &many), STATUS_UNSUPP);
+        assert_eq!(f.read(0, 4096), (STATUS_OK, vec![7; 4096]));
+    }
+
+    /// A device offering one segment per request (as qemu-storage-daemon
+    /// does) says so in its config space and refuses two with UNSUPP.
+    #[test]
+    fn a_device_offering_one_segment_refuses_two() {
+        let mut f = fixture(false);
+        f.dev = BlkDevice::new(f.dev.store().clone(), 1, false, "s").with_dwz_segments(1);
+        let cfg = f.dev.config().to_bytes();
+        type C = virtio_blk_config;
+        for off in [
+            offset_of!(C, max_discard_seg),
+            offset_of!(C, max_write_zeroes_seg),
+        ] {
+            assert_eq!(cfg[off..off + 4], 1u32.to_le_bytes(), "at {off}");
+        }
+        assert_eq!(f.write(0, &[7; 8192]), STATUS_OK);
+        for t in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
+            assert_eq!(f.dwz(t, &[(0, 8, 0), (8, 8, 0)]), STATUS_UNSUPP, "{t}");
+        }
+        assert_eq!(f.read(0, 8192), (STATUS_OK, vec![7; 8192]));
+        assert_eq!(f.dwz(VIRTIO_BLK_T_DISCARD, &[(0, 8, 0)]), STATUS_OK);
+        assert_eq!(f.read(0, 4096), (STATUS_OK, vec![0; 4096]));
+        assert_eq!(
+            BlkDevice::new(f.dev.store().clone(), 1, false, "s")
+                .with_dwz_segments(0)
+                .config()
+                .dwz_segments,
+            1
+        );
     }
 
     const STATUS_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;

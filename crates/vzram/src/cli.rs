@@ -181,7 +181,7 @@ pub struct ServeArgs {
     pub fd: Option<i32>,
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N,
     /// state-dir=DIR,recover=true,fresh=true,adopt=true,backing-file=PATH,recompress-algo=A,
-    /// idle-after=10m,auto-writeback=true,auto-recompress=true,incoming=ADDR]: the keys of the
+    /// idle-after=10m,auto-writeback=true,auto-recompress=true,incoming=ADDR,discard-segments=N]: the keys of the
     /// flags above, each at most once.
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
@@ -560,6 +560,12 @@ pub struct ForgetArgs {
     /// stands for any characters (`'/tmp/qtest-*'`: a test run's).
     #[arg(long, value_name = "PATTERN")]
     pub socket: Option<String>,
+    /// Look in this state dir directly, not through a daemon. Without it,
+    /// and with no daemon at the control socket (a bare `vzram serve` that
+    /// was stopped), the default state dir is looked in. A state a running
+    /// vzram serves is never touched (it holds the state's lock).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl ForgetArgs {

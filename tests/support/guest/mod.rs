@@ -14,11 +14,13 @@
 
 mod hang;
 mod host;
+mod hosts;
 mod opts;
 mod output;
 mod qemu;
 mod qmp;
 
+pub use hosts::{swapping, wait_migration, Hosts};
 pub use opts::GuestOpts;
 pub use output::{Fields, GuestOutput};
 pub use qemu::Guest;

@@ -64,6 +64,26 @@ impl Qmp {
         }
     }
 
+    /// Waits up to `limit` for QEMU's migration (outgoing, or incoming
+    /// on a QEMU started with `-incoming`) to complete; returns its
+    /// `query-migrate`. A failed or cancelled one panics.
+    pub fn wait_migrated(&mut self, limit: Duration) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let info = self.execute("query-migrate", serde_json::json!({}));
+            match info["status"].as_str() {
+                Some("completed") => return info,
+                Some("failed") | Some("cancelled") => panic!("QEMU's migration failed: {info}"),
+                _ => {}
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "QEMU's migration did not finish in {limit:?}: {info}"
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Sends `quit`; Err says why not when QEMU had already closed the
     /// connection (a process that has exited cannot be asked to).
     pub fn quit(&mut self) -> Result<(), String> {

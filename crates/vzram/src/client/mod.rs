@@ -24,6 +24,7 @@ use render::{human, render};
 mod complete;
 mod docs;
 mod manual;
+mod offline;
 mod options;
 mod render;
 
@@ -232,6 +233,31 @@ pub fn backing_init(path: &Path, force: bool) -> Result<String, ClientError> {
 }
 
 pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
+    if args.state_dir.is_some() || offline::no_daemon(&args.control) {
+        let root = offline::root(args.state_dir.as_deref());
+        let mut out = match &args.state_dir {
+            Some(_) => String::new(),
+            None => format!(
+                "no daemon at {}: looking in the state dir {} directly\n",
+                args.control.display(),
+                root.display()
+            ),
+        };
+        let pattern = args.socket.as_deref();
+        let chosen = |socket: &Path| match pattern {
+            Some(p) => matches_pattern(p, &socket.to_string_lossy()),
+            None => gone(socket),
+        };
+        let which = match args.name() {
+            Some(n) => offline::Which::Named(n),
+            None => offline::Which::Many {
+                chosen: &chosen,
+                why_kept: kept_why(pattern),
+            },
+        };
+        out += &offline::forget(&root, which)?;
+        return Ok(out);
+    }
     let Some(name) = args.name() else {
         return forget_many(&args.control, args.socket.as_deref());
     };
@@ -267,9 +293,7 @@ fn forget_many(control: &Path, pattern: Option<&str>) -> Result<String, ClientEr
         };
         match pattern {
             Some(p) => matches_pattern(p, &socket.to_string_lossy()),
-            None => socket
-                .parent()
-                .is_some_and(|d| !d.as_os_str().is_empty() && !d.exists()),
+            None => gone(socket),
         }
     };
     let (doomed, kept): (Vec<_>, Vec<_>) = stat.leftovers.iter().partition(|l| chosen(l));
@@ -285,10 +309,7 @@ fn forget_many(control: &Path, pattern: Option<&str>) -> Result<String, ClientEr
         freed += l.state_bytes;
         out += &forgotten(&reply);
     }
-    let why = match pattern {
-        Some(p) => format!("their socket does not match {p}"),
-        None => "their socket's directory still there".to_string(),
-    };
+    let why = kept_why(pattern);
     out += &format!(
         "{} left-over states forgotten ({} of memory given back); {} kept, {why}\n",
         doomed.len(),
@@ -296,6 +317,21 @@ fn forget_many(control: &Path, pattern: Option<&str>) -> Result<String, ClientEr
         kept.len()
     );
     Ok(out)
+}
+
+/// Whether `socket`'s directory is gone: nothing can serve its state again
+/// by the same command.
+fn gone(socket: &Path) -> bool {
+    socket
+        .parent()
+        .is_some_and(|d| !d.as_os_str().is_empty() && !d.exists())
+}
+
+fn kept_why(pattern: Option<&str>) -> String {
+    match pattern {
+        Some(p) => format!("their socket does not match {p}"),
+        None => "their socket's directory still there".to_string(),
+    }
 }
 
 /// Whether `text` matches `pattern`, in which `*` stands for any run of

@@ -50,6 +50,13 @@ pub struct DeviceDraft {
     /// vzram-NAME, cut to 20 bytes; contrib/udev/60-vzram.rules matches vzram*].
     #[arg(long)]
     pub serial: Option<String>,
+    /// Segments one discard or write-zeroes request may carry, as the
+    /// device's config space offers them (1-256) [default: 256; Linux
+    /// merges up to that many]. 1 is what qemu-storage-daemon offers:
+    /// set it where a VM must see the same disk from either.
+    #[arg(long, value_name = "N")]
+    #[serde(default, alias = "discard-segments", deserialize_with = "de::number")]
+    pub discard_segments: Option<u16>,
     /// Offer the device read-only.
     #[arg(long, visible_alias = "read-only", num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
     #[serde(

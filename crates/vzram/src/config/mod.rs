@@ -47,6 +47,8 @@ pub struct DeviceSpec {
     pub mem_limit: u64,
     pub serial: String,
     pub readonly: bool,
+    /// Segments per discard or write-zeroes request, 1..=256.
+    pub discard_segments: u16,
     /// Where this device keeps its state, if not in the daemon's directory.
     pub state_dir: Option<PathBuf>,
     /// What a state found under its name is to it.
@@ -249,6 +251,9 @@ fn path_hash(p: &std::path::Path) -> u32 {
 /// rotational. A guest sees the serial as `/sys/block/vdX/serial` and
 /// `/dev/disk/by-id/virtio-<serial>`.
 pub const SERIAL_PREFIX: &str = "vzram-";
+/// Most segments a discard or write-zeroes request may carry (the block
+/// layer's own limit, and the default offer).
+pub const MAX_DISCARD_SEGMENTS: u16 = vzram_blk::config::MAX_DISCARD_SEG as u16;
 /// How long an incoming stream may take by default: a 64 GiB device at
 /// about 20 MiB/s.
 pub const INCOMING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -466,6 +471,12 @@ impl DaemonConfig {
                     "device {name}: queues must be 1..={MAX_QUEUES}, not {queues}"
                 ));
             }
+            let discard_segments = d.discard_segments.unwrap_or(MAX_DISCARD_SEGMENTS);
+            if !(1..=MAX_DISCARD_SEGMENTS).contains(&discard_segments) {
+                return err(format!(
+                    "device {name}: discard-segments must be 1..={MAX_DISCARD_SEGMENTS}, not {discard_segments}"
+                ));
+            }
             let serial = d.serial.unwrap_or_else(|| default_serial(&name));
             if serial.len() > SERIAL_LEN {
                 return err(format!(
@@ -525,6 +536,7 @@ impl DaemonConfig {
                 mem_limit,
                 serial,
                 readonly: d.readonly.unwrap_or(false),
+                discard_segments,
                 state_dir: d.state_dir,
                 on_state,
                 adopt: d.adopt.unwrap_or(false),

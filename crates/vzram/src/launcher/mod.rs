@@ -300,9 +300,14 @@ fn remove(socket: Option<&Path>, state: Option<&Path>, expect: Option<u64>) -> R
         }
     }
     if let Some(dir) = state {
+        let made_for = vzram_store::Leftover::read(dir).and_then(|l| l.socket);
         vzram_store::state::remove(dir).map_err(|e| e.to_string())?;
         if let Some(p) = socket {
             placement::forget(p);
+        }
+        // A left-over's marker beside its socket, if it names this state.
+        if let Some(p) = made_for.filter(|p| placement::recorded(p).as_deref() == Some(dir)) {
+            placement::forget(&p);
         }
     }
     Ok(())

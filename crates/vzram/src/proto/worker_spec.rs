@@ -98,6 +98,9 @@ pub struct Spec {
     pub algo: Codec,
     pub serial: String,
     pub readonly: bool,
+    /// Segments per discard or write-zeroes request the device offers.
+    #[serde(default = "all_discard_segments")]
+    pub discard_segments: u16,
     pub mem_limit: u64,
     /// The state directory, for messages only (the files come as descriptors).
     pub state_dir: PathBuf,
@@ -115,6 +118,11 @@ pub struct Spec {
     /// The backing file comes as descriptor [`Fds::Backing`] when set.
     pub backing: Option<BackingSpec>,
     pub tier: TierSettings,
+}
+
+/// A worker spec from before `discard_segments` offers all of them.
+fn all_discard_segments() -> u16 {
+    vzram_blk::config::MAX_DISCARD_SEG as u16
 }
 
 /// The backing file handed over: its path (for messages and stats) and

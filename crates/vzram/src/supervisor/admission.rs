@@ -550,6 +550,7 @@ impl Supervisor {
             algo: d.spec.algo,
             serial: d.spec.serial.clone(),
             readonly: d.spec.readonly,
+            discard_segments: d.spec.discard_segments,
             mem_limit: d.cells.budget().limit(),
             state_dir: d.files.dir.clone(),
             seccomp: self.env.seccomp,

@@ -698,6 +698,7 @@ mod tests {
                     mem_limit: 0,
                     serial: n.to_string(),
                     readonly: false,
+                    discard_segments: 1,
                     state_dir: None,
                     on_state: crate::config::OnState::Unsaid,
                     adopt: false,

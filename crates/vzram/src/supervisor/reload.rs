@@ -205,6 +205,11 @@ fn same_device(
     needs("algo", &old.algo, &new.algo);
     needs("serial", &old.serial, &new.serial);
     needs("readonly", &old.readonly, &new.readonly);
+    needs(
+        "discard_segments",
+        &old.discard_segments,
+        &new.discard_segments,
+    );
     needs("state_dir", &old.state_dir, &new.state_dir);
     needs("tiering", &old.tier, &new.tier);
     needs("incoming", &old.incoming, &new.incoming);

@@ -173,12 +173,10 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     }
     let frontend = UnixStream::from(take(Fds::Frontend));
 
-    let blk = Arc::new(BlkDevice::new(
-        store.clone(),
-        spec.queues,
-        spec.readonly,
-        &spec.serial,
-    ));
+    let blk = Arc::new(
+        BlkDevice::new(store.clone(), spec.queues, spec.readonly, &spec.serial)
+            .with_dwz_segments(u32::from(spec.discard_segments)),
+    );
     // One pool per process: this worker serves one device, so its threads
     // compress for this device's queues only.
     let threads = vzram_blk::pool::pool_threads(spec.compress_threads);

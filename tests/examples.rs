@@ -129,9 +129,11 @@ struct Env {
 impl Env {
     fn new(toml: &str) -> Env {
         let dir = TempDir::new("ex");
-        for d in ["run", "lib", "etc", "state"] {
+        for d in ["run", "lib", "etc", "state", "bin"] {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
+        // `vzram` in the examples is the binary under test, whatever its name.
+        std::os::unix::fs::symlink(vzram_bin(), dir.join("bin/vzram")).unwrap();
         let env = Env { dir };
         std::fs::write(env.dir.join("etc/vzram.toml"), env.rewrite(toml)).unwrap();
         let img = std::fs::File::create(env.dir.join("lib/vm1.img")).unwrap();
@@ -153,7 +155,7 @@ impl Env {
     }
 
     fn shell(&self, cmd: &str) -> Command {
-        let bin_dir = vzram_bin().parent().unwrap().to_path_buf();
+        let bin_dir = self.dir.join("bin");
         let path = format!(
             "{}:{}",
             bin_dir.display(),

@@ -115,9 +115,39 @@ pub fn completions(shell: clap_complete::Shell) -> String {
             }
             s
         }
+        clap_complete::Shell::Zsh => zsh_devices(&script),
         _ => script,
     }
 }
+
+/// zsh: a device's NAME (the positional, or `--device NAME`) is completed
+/// from `vzram stat --names` instead of as a file.
+fn zsh_devices(script: &str) -> String {
+    let mut out = String::new();
+    for l in script.lines() {
+        let device_flag = l.contains("--device=[") && l.contains(":NAME:_default'");
+        let positional = l.starts_with("':name -- ") || l.starts_with("'::name -- ");
+        if l.starts_with("if [ \"$funcstack[1]\" = \"_vzram\" ]") {
+            out += ZSH_DEVICES;
+        }
+        if device_flag || positional {
+            out += &l.replace(":_default'", ":_vzram_devices'");
+        } else {
+            out += l;
+        }
+        out.push('\n');
+    }
+    out
+}
+
+const ZSH_DEVICES: &str = r#"(( $+functions[_vzram_devices] )) ||
+_vzram_devices() {
+    local -a names
+    names=(${(f)"$(vzram stat --names 2>/dev/null)"})
+    compadd -a names
+}
+
+"#;
 
 #[cfg(test)]
 mod tests {
@@ -139,6 +169,16 @@ mod tests {
             );
             assert!(script.contains("512M"), "{shell}: {script}");
         }
+        let zsh = completions(clap_complete::Shell::Zsh);
+        assert!(zsh.contains("_vzram_devices() {"), "{zsh}");
+        assert!(
+            zsh.contains("(the same as NAME)]:NAME:_vzram_devices'"),
+            "{zsh}"
+        );
+        assert!(
+            zsh.contains("'::name -- Only this device (name or index):_vzram_devices'"),
+            "{zsh}"
+        );
         let bash = completions(clap_complete::Shell::Bash);
         assert!(bash.contains("stat \"${ctl[@]}\" --names"), "{bash}");
         assert!(bash.contains("complete -F _vzram_with_devices"), "{bash}");

@@ -7,10 +7,12 @@
 //! a daemon serving vm1 (8G, a backing file, --idle-after) and vm2 (4G),
 //! and must exit 0.
 //!
-//! Checked without running: README's `sh dry` blocks (a QEMU command line:
-//! `bash -n`, and its socket is one README serves) and vzram-migrate(1)'s
-//! examples (they need a second daemon and a VM that moves): each `vzram`
-//! line parses as the binary parses it. README's libvirt XML is checked
+//! README's `sh qemu` block (the QEMU command line) runs where QEMU is
+//! installed, with TCG for KVM, paused (`-S`), on the daemon README serves:
+//! the device must show as connected. Checked without running:
+//! vzram-migrate(1)'s examples (they need a second daemon and a VM that
+//! moves): the shell parses them, and each `vzram` line parses as the
+//! binary parses it. README's libvirt XML is checked
 //! line by line against contrib/libvirt/vzram-swap-disk.xml, which
 //! tests/contrib.rs validates. Also here: bash completion against a running
 //! daemon, and the demo's last line and temporary files.
@@ -46,7 +48,7 @@ fn readme_examples() -> Vec<Example> {
     let mut out = Vec::new();
     for (info, body) in readme_blocks() {
         match info.as_str() {
-            "sh" | "sh dry" => out.push(Example {
+            "sh" | "sh dry" | "sh qemu" => out.push(Example {
                 from: format!("README.md ```{info}"),
                 text: body,
                 run: info == "sh",
@@ -352,7 +354,7 @@ fn readme_attaches_qemu_and_libvirt_to_the_socket_it_serves() {
     assert!(!served.is_empty(), "README's first screen serves no socket");
     let qemu = blocks
         .iter()
-        .find(|(i, _)| i == "sh dry")
+        .find(|(i, _)| i == "sh qemu")
         .expect("README: the QEMU block");
     let path = qemu
         .1
@@ -401,6 +403,71 @@ fn readme_attaches_qemu_and_libvirt_to_the_socket_it_serves() {
             "README shows `{header}`; vzram stat prints:\n{stat}"
         );
     }
+}
+
+/// README's QEMU command line, as typed but for TCG and a paused machine
+/// with a QMP monitor on stdin, connects to the device README serves.
+#[test]
+fn readmes_qemu_command_connects_to_the_device() {
+    let qemu = "qemu-system-x86_64";
+    if Command::new(qemu).arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("VZRAM_E2E").is_none(),
+            "VZRAM_E2E is set but {qemu} is missing"
+        );
+        eprintln!("SKIPPED: no {qemu}");
+        return;
+    }
+    let blocks = readme_blocks();
+    let block = &blocks
+        .iter()
+        .find(|(i, _)| i == "sh qemu")
+        .expect("README: the QEMU block")
+        .1;
+    let cmd = commands(block).join(" ");
+    assert!(cmd.starts_with(qemu) && cmd.ends_with(" ..."), "{cmd}");
+    let cmd = cmd
+        .replace("accel=kvm", "accel=tcg")
+        .replace(" ...", " -nodefaults -display none -S -qmp stdio");
+    let env = Env::new("");
+    let d = env.serve(FIXTURE, "fixture");
+    let mut q = env
+        .shell(&format!("exec {cmd}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = q.stdin.take().unwrap();
+    use std::io::Write;
+    writeln!(stdin, r#"{{"execute":"qmp_capabilities"}}"#).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let connected = loop {
+        let out = env.shell("vzram stat vm1 --json").output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if v["devices"][0]["connected"] == true {
+            break true;
+        }
+        if Instant::now() > deadline || q.try_wait().unwrap().is_some() {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = writeln!(stdin, r#"{{"execute":"quit"}}"#);
+    drop(stdin);
+    let out = q.wait_with_output().unwrap();
+    assert!(
+        connected,
+        "README's QEMU command never connected to vm1: {cmd}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stop(d, "fixture");
 }
 
 /// bash: `--algo <TAB>` offers the codecs, `--size <TAB>` sizes, and a

@@ -232,7 +232,7 @@ fn the_manual_pages_render() {
         ),
     ] {
         let out = Command::new("man")
-            .env("MANWIDTH", "100")
+            .env("MANWIDTH", "80")
             .env("MAN_KEEP_FORMATTING", "")
             .arg("--warnings")
             .arg("-l")

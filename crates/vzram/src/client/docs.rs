@@ -203,7 +203,38 @@ fn render(cmd: clap::Command) -> std::io::Result<Vec<u8>> {
     roff.control("SH", ["SEE ALSO"]);
     roff.text([roman(page.see_also)]);
     out.extend(roff.to_roff().into_bytes());
-    Ok(out)
+    Ok(breakable(&String::from_utf8_lossy(&out)).into_bytes())
+}
+
+/// A long word (a `--device` spec) may break after its commas: `\:` is
+/// roff's zero-width break point. Without it man cannot fill the line and
+/// warns ("cannot adjust line").
+fn breakable(page: &str) -> String {
+    let mut out = String::with_capacity(page.len());
+    for line in page.lines() {
+        if line.starts_with('.') {
+            out += line;
+            // Ragged right: a spec broken after a comma leaves a line too
+            // short to justify, and man would warn about each.
+            if line.starts_with(".TH ") {
+                out += "\n.na";
+            }
+        } else {
+            let words: Vec<String> = line
+                .split(' ')
+                .map(|w| {
+                    if w.chars().count() > 40 {
+                        w.replace(',', ",\\:")
+                    } else {
+                        w.to_string()
+                    }
+                })
+                .collect();
+            out += &words.join(" ");
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// vzram.toml(5): every key of the file, from [`options::options`].

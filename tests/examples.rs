@@ -67,6 +67,7 @@ fn unroff(l: &str) -> String {
         .replace("\\*(Aq", "'")
         .replace("\\(aq", "'")
         .replace("\\&", "")
+        .replace("\\:", "")
         .replace("\\\\", "\\")
 }
 

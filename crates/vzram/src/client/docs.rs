@@ -211,8 +211,13 @@ fn render(cmd: clap::Command) -> std::io::Result<Vec<u8>> {
 /// warns ("cannot adjust line").
 fn breakable(page: &str) -> String {
     let mut out = String::with_capacity(page.len());
+    // Examples (`.nf` ... `.fi`) are not filled: left as typed.
+    let mut nofill = false;
     for line in page.lines() {
-        if line.starts_with('.') {
+        if line.starts_with(".nf") || line.starts_with(".fi") {
+            nofill = line.starts_with(".nf");
+        }
+        if line.starts_with('.') || nofill {
             out += line;
             // Ragged right: a spec broken after a comma leaves a line too
             // short to justify, and man would warn about each.

@@ -11,6 +11,9 @@
 # 1): restart the daemon meanwhile and the guest carries on; 0 turns it off.
 # Env: VZRAM_BIN (daemon binary), VZRAM_GUEST_DIR (guest cache), QEMU.
 # Installs QEMU with apt (as root or via sudo) when it is missing.
+# The last line is the verdict (PASS or FAIL). The sockets and the daemon's
+# log live in a temporary directory removed on exit (the log is shown first
+# when the run failed), so nothing is left in /tmp.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,9 +33,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 
-sock=/tmp/vzram-demo.sock
-ctl=/tmp/vzram-demo.ctl
-log=/tmp/vzram-demo.log
+work="$(mktemp -d "${TMPDIR:-/tmp}/vzram-demo.XXXXXX")"
+sock="$work/demo.sock"
+ctl="$work/control.sock"
+log="$work/daemon.log"
 # The device's state files (tmpfs): the demo's own, removed at the end, so
 # that it neither recovers an earlier run's disk nor leaves RAM behind.
 shm=/dev/shm
@@ -47,8 +51,7 @@ cleanup() {
         wait "$daemon_pid" 2>/dev/null || true
     fi
     [ -z "$img" ] || rm -f "$img"
-    rm -rf "$state"
-    rm -f "$sock" "$ctl"
+    rm -rf "$state" "$work"
 }
 trap cleanup EXIT
 
@@ -79,7 +82,6 @@ fi
 
 "$HERE/guest/build.sh" >/dev/null
 
-rm -f "$sock" "$ctl"
 case "$backend" in
 vzram)
     bin="${VZRAM_BIN:-}"
@@ -95,7 +97,7 @@ vzram)
         done
     fi
     [ -n "$bin" ] || { echo "qemu.sh: no vzram binary and no cargo; set VZRAM_BIN" >&2; exit 1; }
-    echo "qemu.sh: $bin serve --socket $sock --size $size --queues $queues --control $ctl (log: $log)" >&2
+    echo "qemu.sh: $bin serve --socket $sock --size $size --queues $queues --control $ctl" >&2
     VZRAM_STATE_DIR="$state" \
         "$bin" serve --socket "$sock" --size "$size" --queues "$queues" --control "$ctl" >"$log" 2>&1 &
     daemon_pid=$!
@@ -122,13 +124,23 @@ done
 
 start=$(date +%s)
 rc=0
-"$HERE/guest/run.sh" --check --socket "$sock" --mem "$mem" --queues "$queues" --test "$test" \
+# run.sh's own temporary file goes to the demo's directory too.
+TMPDIR="$work" "$HERE/guest/run.sh" --check --socket "$sock" --mem "$mem" --queues "$queues" --test "$test" \
     --reconnect "$reconnect" ${append:+--append "$append"} || rc=$?
-echo "qemu.sh: guest finished in $(($(date +%s) - start))s (rc=$rc)"
+secs=$(($(date +%s) - start))
 
 echo "--- daemon stats ---"
 case "$backend" in
 vzram) "$bin" stat --control "$ctl" || rc=1 ;;
 qsd) du -h --apparent-size "$img"; du -h "$img" ;;
 esac
-exit $rc
+if [ "$rc" -ne 0 ]; then
+    echo "--- daemon log ---"
+    cat "$log"
+    echo "qemu.sh: FAIL: the guest (test $test, $mem of RAM) did not finish cleanly against $backend after ${secs}s (rc=$rc); its console and the daemon's log are above"
+    exit "$rc"
+fi
+what="guest test $test"
+[ "$test" != swap ] || what="guest swapped 1.5x its $mem of RAM to the disk and read every page back intact"
+echo "qemu.sh: PASS: $what ($backend, ${size} disk, ${secs}s)"
+exit 0

@@ -68,6 +68,12 @@ pub fn as_backend_program(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStri
     out
 }
 
+/// Parses a command line as `main` does, QEMU's backend-program form
+/// included, without running it (the docs' examples are checked so).
+pub fn parse(args: Vec<std::ffi::OsString>) -> Result<Cli, String> {
+    Cli::try_parse_from(as_backend_program(args)).map_err(|e| e.to_string())
+}
+
 /// What `--print-capabilities` prints: the backend type QEMU's
 /// `docs/interop/vhost-user.json` calls `block`, and the block features it
 /// defines that `vzram serve` has (`--read-only`; not `--blk-file`: a vzram
@@ -146,10 +152,15 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct ManArgs {
-    /// Write vzram.1 and a page per command (vzram-serve.1, ...) into this
-    /// existing directory instead of printing vzram.1.
+    /// Write vzram.1, a page per command (vzram-serve.1, ...) and
+    /// vzram.toml.5 into this existing directory instead of printing vzram.1
+    /// (into DIR/../man5 when DIR is a man1 directory).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Print the options of `serve` as docs/configuration.md lists them
+    /// (Markdown) instead.
+    #[arg(long, conflicts_with = "dir")]
+    pub options: bool,
 }
 
 #[derive(Debug, Args)]
@@ -170,7 +181,7 @@ pub struct ServeArgs {
     pub fd: Option<i32>,
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N,
     /// state-dir=DIR,recover=true,fresh=true,adopt=true,backing-file=PATH,recompress-algo=A,
-    /// idle-after=10m,auto-writeback=true,auto-recompress=true,incoming=ADDR]: the keys of the
+    /// idle-after=10m,auto-writeback=true,auto-recompress=true,incoming=ADDR,discard-segments=N]: the keys of the
     /// flags above, each at most once.
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
@@ -180,7 +191,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
-    #[arg(long, value_parser = config::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
     pub host_mem_limit: Option<u64>,
     /// Control socket for `vzram stat`, `set-limit`, `compact` and the
     /// other client commands [default: $VZRAM_CONTROL, else
@@ -195,16 +206,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR:PORT", value_parser = config::parse_metrics_addr)]
     pub metrics: Option<std::net::SocketAddr>,
     /// Permissions of the device sockets, in octal [default: 0600].
-    #[arg(long, value_parser = config::parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = config::parse_mode)]
     pub socket_mode: Option<u32>,
     /// Permissions of the control socket, in octal [default: 0600]; not
     /// --socket-mode's: whoever can connect to it changes limits.
-    #[arg(long, value_parser = config::parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = config::parse_mode)]
     pub control_mode: Option<u32>,
     /// Permissions of incoming devices' unix migration sockets, in octal
     /// [default: 0600]; not --socket-mode's: whoever can connect writes the
     /// device's pages before it serves.
-    #[arg(long, value_parser = config::parse_mode)]
+    #[arg(long, value_name = "MODE", value_parser = config::parse_mode)]
     pub incoming_mode: Option<u32>,
     /// Directory of TLS credentials for migration streams on tcp:, laid
     /// out as QEMU's tls-creds-x509: ca-cert.pem, and server-cert.pem with
@@ -405,8 +416,22 @@ pub struct StatArgs {
     /// Print the daemon's JSON reply instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Print only the devices' names, one a line (for scripts and shell
+    /// completion); with --names=leftovers, the left-over states'.
+    #[arg(long, value_enum, value_name = "WHICH", num_args = 0..=1, require_equals = true,
+          default_missing_value = "devices", conflicts_with = "json")]
+    pub names: Option<NameList>,
     #[command(flatten)]
     pub target: MaybeDevice,
+}
+
+/// What `vzram stat --names` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NameList {
+    /// The devices the daemon serves.
+    Devices,
+    /// States in the state dir that no device serves.
+    Leftovers,
 }
 
 /// `vzram set-limit NAME SIZE` (or `--device NAME SIZE`), or `--host SIZE`.

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::cli::{
     AddArgs, BackingCommand, Command, CompactArgs, DestroyArgs, DeviceArgs, ForgetArgs,
-    LimitTarget, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    LimitTarget, MigrateArgs, NameList, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
@@ -21,8 +21,11 @@ use crate::proto::control::{
 };
 use render::{human, render};
 
+mod complete;
 mod docs;
+mod manual;
 mod offline;
+mod options;
 mod render;
 
 /// An error for the user, and the exit code it deserves.
@@ -47,11 +50,12 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Recompress(a) => recompress(&a),
         Command::Writeback(a) => writeback(&a),
         Command::Migrate(a) => migrate(&a),
+        Command::Man(a) if a.options => Ok(options::markdown()),
         Command::Man(a) => docs::man(a.dir.as_deref()).map_err(|e| ClientError {
             message: format!("cannot write the manual pages: {e}"),
             code: 1,
         }),
-        Command::Completions(a) => Ok(docs::completions(a.shell)),
+        Command::Completions(a) => Ok(complete::completions(a.shell)),
         Command::Serve(_) => Err(ClientError {
             message: "serve is the daemon, not a client command".into(),
             code: 2,
@@ -111,12 +115,22 @@ pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
     if args.json {
         return Ok(format!("{reply}\n"));
     }
+    match args.names {
+        Some(NameList::Devices) => return Ok(lines(stat.devices.iter().map(|d| &d.name))),
+        Some(NameList::Leftovers) => return Ok(lines(stat.leftovers.iter().map(|l| &l.name))),
+        None => {}
+    }
     let mut out = render(&stat);
     // Absent from a daemon older than the version field.
     if let Some(v) = Head::of(&reply).and_then(|h| h.version) {
         out += &format!("daemon: vzram {v}\n");
     }
     Ok(out)
+}
+
+/// One name a line.
+fn lines<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    names.map(|n| format!("{n}\n")).collect()
 }
 
 /// Where `asked` is in the reply's devices: by name, else by index, as

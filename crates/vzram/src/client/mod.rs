@@ -12,12 +12,12 @@ use serde_json::Value;
 
 use crate::cli::{
     AddArgs, BackingCommand, Command, CompactArgs, DestroyArgs, DeviceArgs, ForgetArgs,
-    LimitTarget, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    LimitTarget, MigrateArgs, RecompressArgs, ReloadArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
-    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request,
-    Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
+    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, ReloadChange, Reloaded,
+    Removed, ReplyError, Request, Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -46,6 +46,7 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Recompress(a) => recompress(&a),
         Command::Writeback(a) => writeback(&a),
         Command::Migrate(a) => migrate(&a),
+        Command::Reload(a) => reload(&a),
         Command::Man(a) => docs::man(a.dir.as_deref()).map_err(|e| ClientError {
             message: format!("cannot write the manual pages: {e}"),
             code: 1,
@@ -335,6 +336,47 @@ pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
         "reset device {}: {} pages dropped\n",
         reply.device, reply.pages_dropped
     ))
+}
+
+/// `vzram reload`: what the reload applied on stdout, what it left (needs
+/// a restart, a device still connected) on stderr.
+pub fn reload(args: &ReloadArgs) -> Result<String, ClientError> {
+    // Behind a reload already running, and devices added or removed.
+    let wait = std::time::Duration::from_secs(120);
+    let r: Reloaded = call_waiting(&args.control, Request::Reload {}, wait)?;
+    for w in &r.not_applied {
+        eprintln!("warning: {w}");
+    }
+    let mut out = format!(
+        "reloaded {}: {} change{}\n",
+        r.config.display(),
+        r.changes.len(),
+        if r.changes.len() == 1 { "" } else { "s" }
+    );
+    let limit = |b: u64| if b == 0 { "none".into() } else { human(b) };
+    for c in &r.changes {
+        let line = match c {
+            ReloadChange::Added { device, recovered } => format!(
+                "added {device} ({})",
+                if *recovered {
+                    "its left-over state recovered"
+                } else {
+                    "empty"
+                }
+            ),
+            ReloadChange::Removed { device } => {
+                format!("removed {device} (its state kept, left over)")
+            }
+            ReloadChange::DeviceLimit { device, mem_limit } => {
+                format!("device {device} memory limit: {}", limit(*mem_limit))
+            }
+            ReloadChange::HostLimit { host_mem_limit } => {
+                format!("host memory limit: {}", limit(*host_mem_limit))
+            }
+        };
+        out.push_str(&format!("  {line}\n"));
+    }
+    Ok(out)
 }
 
 pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {

@@ -117,6 +117,8 @@ impl Control {
                 .iter()
                 .map(|l| (l.name.clone(), l.bytes))
                 .collect(),
+            // The metrics thread fills it in (procstat).
+            process: Default::default(),
         }
     }
 

@@ -551,6 +551,19 @@ pub fn run(
             tracing::warn!(device = %name, socket = %socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
         }
     }
+    // Opened now: the filter lets nothing be opened later.
+    let procs = match &metrics_listener {
+        Some(_) => match metrics::ProcFiles::open() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot open /proc/self for the process_* metrics: {e}; they are left out"
+                );
+                None
+            }
+        },
+        None => None,
+    };
     // Set-up is done: from here on only the calls supervising needs.
     let mut unlink_dirs = files.dir_fds();
     unlink_dirs.extend(pidfile.as_ref().map(|p| p.dir_fd()));
@@ -621,7 +634,15 @@ pub fn run(
         let ctl = ctl.clone();
         std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || metrics::serve(l, move || ctl.sample()))
+            .spawn(move || {
+                metrics::serve(l, move || {
+                    let mut s = ctl.sample();
+                    if let Some(p) = &procs {
+                        s.process = p.sample();
+                    }
+                    s
+                })
+            })
             .map_err(Error::Thread)?;
         tracing::info!(metrics = %addr, "metrics endpoint ready: http://{addr}/metrics");
     }

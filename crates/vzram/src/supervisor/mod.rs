@@ -47,6 +47,7 @@ pub mod metrics;
 mod migrate;
 mod orders;
 mod pidfile;
+mod procstat;
 pub mod reload;
 pub mod served;
 

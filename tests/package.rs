@@ -148,9 +148,8 @@ fn the_debian_package_holds_a_working_daemon() {
         .args(["--check", "--quiet"])
         .arg(ctrl.join("md5sums"))
         .current_dir(&r));
-    let changelog = stdout(
-        Command::new("zcat").arg(r.join("usr/share/doc/vzram/changelog.Debian.gz")),
-    );
+    let changelog =
+        stdout(Command::new("zcat").arg(r.join("usr/share/doc/vzram/changelog.Debian.gz")));
     assert!(
         changelog.starts_with(&format!("vzram ({deb_version}) unstable; urgency=medium\n")),
         "{changelog}"
@@ -357,7 +356,11 @@ fn maintainer_script(
     std::fs::write(&log, "").unwrap();
     let inner = format!(
         "mount -t tmpfs vzram-test /run && {} {prepare} && exec sh \"$0\" \"$@\"",
-        if systemd { "mkdir -p /run/systemd/system &&" } else { "" }
+        if systemd {
+            "mkdir -p /run/systemd/system &&"
+        } else {
+            ""
+        }
     );
     let o = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &inner])
@@ -397,7 +400,11 @@ fn the_maintainer_scripts_call_the_debian_helpers() {
     let each = |verbs: &[&str]| -> Vec<String> {
         units
             .iter()
-            .flat_map(|u| verbs.iter().map(move |v| format!("deb-systemd-helper {v} {u}")))
+            .flat_map(|u| {
+                verbs
+                    .iter()
+                    .map(move |v| format!("deb-systemd-helper {v} {u}"))
+            })
             .collect()
     };
     let mut configure = vec!["systemd-sysusers vzram.conf".to_string()];
@@ -409,12 +416,23 @@ fn the_maintainer_scripts_call_the_debian_helpers() {
     want.push("systemctl --system daemon-reload".into());
     assert_eq!(calls, want);
     // An upgrade: the same, and a running daemon restarted.
-    let (calls, _) =
-        maintainer_script(&t, &pkg.join("postinst"), &["configure", "0.0.9-1"], true, "true");
+    let (calls, _) = maintainer_script(
+        &t,
+        &pkg.join("postinst"),
+        &["configure", "0.0.9-1"],
+        true,
+        "true",
+    );
     want.push("deb-systemd-invoke try-restart vzram.service".into());
     assert_eq!(calls, want);
     // Nothing stops before an upgrade.
-    let (calls, _) = maintainer_script(&t, &pkg.join("prerm"), &["upgrade", "0.1.1-1"], true, "true");
+    let (calls, _) = maintainer_script(
+        &t,
+        &pkg.join("prerm"),
+        &["upgrade", "0.1.1-1"],
+        true,
+        "true",
+    );
     assert_eq!(calls, Vec::<String>::new());
     // A removal stops the service and its sockets, then masks them.
     let (calls, _) = maintainer_script(&t, &pkg.join("prerm"), &["remove"], true, "true");
@@ -427,7 +445,8 @@ fn the_maintainer_scripts_call_the_debian_helpers() {
     want.push("systemctl --system daemon-reload".into());
     assert_eq!(calls, want);
     // A purge forgets them, keeps the states and says which, on stderr.
-    let prepare = "mkdir -p /run/vzram/state/vm1 /run/vzram/state/tmp && : >/run/vzram/state/vm1/header";
+    let prepare =
+        "mkdir -p /run/vzram/state/vm1 /run/vzram/state/tmp && : >/run/vzram/state/vm1/header";
     let (calls, err) = maintainer_script(&t, &pkg.join("postrm"), &["purge"], true, prepare);
     assert_eq!(calls, each(&["purge", "unmask"]));
     assert!(
@@ -438,8 +457,13 @@ fn the_maintainer_scripts_call_the_debian_helpers() {
     );
 
     // No systemd running: the records only, nothing stopped or started.
-    let (calls, _) =
-        maintainer_script(&t, &pkg.join("postinst"), &["configure", "0.0.9-1"], false, "true");
+    let (calls, _) = maintainer_script(
+        &t,
+        &pkg.join("postinst"),
+        &["configure", "0.0.9-1"],
+        false,
+        "true",
+    );
     assert_eq!(calls, configure);
     let (calls, _) = maintainer_script(&t, &pkg.join("prerm"), &["remove"], false, "true");
     assert_eq!(calls, Vec::<String>::new());

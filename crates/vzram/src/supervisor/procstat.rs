@@ -168,7 +168,7 @@ fn cpu_seconds() -> Option<f64> {
     };
     // SAFETY: `ts` is a valid timespec to write.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
 /// When this process started, in seconds since the epoch: the boot time

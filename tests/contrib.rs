@@ -177,7 +177,8 @@ fn named_in(text: &str) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
-/// contrib/prometheus: the alert rules pass `promtool check rules`, every
+/// contrib/prometheus: the alert rules pass `promtool check rules` and
+/// their unit tests (`promtool test rules`), every
 /// query of the dashboard parses (as a recording rule, through the same
 /// check), and every metric and label either names is one a live daemon
 /// exports on /metrics.
@@ -207,6 +208,14 @@ fn the_prometheus_rules_and_dashboard_name_what_the_daemon_exports() {
             assert!(o.status.success(), "{}: {o:?}", path.display());
         };
         check(&rules_path);
+        // The alerts fire on the series of a vzram in trouble, after their
+        // `for:`, with their texts (contrib/prometheus/vzram.rules.test.yml).
+        let o = Command::new("promtool")
+            .args(["test", "rules", "vzram.rules.test.yml"])
+            .current_dir(&dir_p)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "promtool test rules: {}", said(&o));
         // The dashboard's queries, each a recording rule.
         let mut yml = String::from("groups:\n  - name: dashboard\n    rules:\n");
         for (i, e) in exprs.iter().enumerate() {

@@ -80,7 +80,8 @@ install -D -m 0644 -t "$ex/cloud-hypervisor" contrib/cloud-hypervisor/run.sh
 install -D -m 0644 -t "$ex/migration" contrib/migration/qemu-migrate.sh
 install -D -m 0644 -t "$ex/systemd" \
   contrib/systemd/vzram.service contrib/systemd/vzram.socket contrib/systemd/vzram-control.socket
-install -D -m 0644 -t "$ex/prometheus" contrib/prometheus/vzram.rules.yml contrib/prometheus/vzram-dashboard.json
+install -D -m 0644 -t "$ex/prometheus" contrib/prometheus/vzram.rules.yml \
+  contrib/prometheus/vzram.rules.test.yml contrib/prometheus/vzram-dashboard.json
 
 # Debian's changelog, dated by the last commit (reproducible), else now.
 epoch=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::cli::{
     AddArgs, BackingCommand, Command, CompactArgs, DestroyArgs, DeviceArgs, ForgetArgs,
-    LimitTarget, MigrateArgs, RecompressArgs, ReloadArgs, SetLimitArgs, StatArgs, WritebackArgs,
+    LimitTarget, MigrateArgs, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
@@ -340,7 +340,7 @@ pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
 
 /// `vzram reload`: what the reload applied on stdout, what it left (needs
 /// a restart, a device still connected) on stderr.
-pub fn reload(args: &ReloadArgs) -> Result<String, ClientError> {
+pub fn reload(args: &crate::cli::ReloadArgs) -> Result<String, ClientError> {
     // Behind a reload already running, and devices added or removed.
     let wait = std::time::Duration::from_secs(120);
     let r: Reloaded = call_waiting(&args.control, Request::Reload {}, wait)?;

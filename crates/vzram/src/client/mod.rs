@@ -36,6 +36,7 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Stat(a) => stat(&a),
         Command::SetLimit(a) => set_limit(&a),
         Command::Compact(a) => compact(&a),
+        Command::Reload(a) => reload(&a),
         Command::Add(a) => add(&a),
         Command::Remove(a) => remove(&a),
         Command::Forget(a) => forget(&a),
@@ -46,7 +47,6 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Recompress(a) => recompress(&a),
         Command::Writeback(a) => writeback(&a),
         Command::Migrate(a) => migrate(&a),
-        Command::Reload(a) => reload(&a),
         Command::Man(a) => docs::man(a.dir.as_deref()).map_err(|e| ClientError {
             message: format!("cannot write the manual pages: {e}"),
             code: 1,

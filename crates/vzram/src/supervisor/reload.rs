@@ -8,7 +8,6 @@
 //! restart and left as it is. A file that does not parse changes nothing.
 //! The service manager hears `RELOADING=1` before and `READY=1` after.
 
-use std::fmt::Debug;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
@@ -142,8 +141,8 @@ struct Outcome {
 
 impl Outcome {
     /// A setting that changed in the file but only takes at a restart.
-    fn needs(&mut self, device: Option<&str>, what: &str, was: &dyn Debug, now: &dyn Debug) {
-        let (was, now) = (format!("{was:?}"), format!("{now:?}"));
+    fn needs(&mut self, device: Option<&str>, what: &str, was: &dyn Shown, now: &dyn Shown) {
+        let (was, now) = (was.shown(), now.shown());
         if was == now {
             return;
         }
@@ -247,11 +246,23 @@ impl Reloader {
     fn daemon_wide(&self, new: &DaemonConfig, tls_dir: &Option<PathBuf>, out: &mut Outcome) {
         let old = &self.current;
         let mut needs =
-            |what: &str, was: &dyn Debug, now: &dyn Debug| out.needs(None, what, was, now);
+            |what: &str, was: &dyn Shown, now: &dyn Shown| out.needs(None, what, was, now);
         needs("control", &old.control, &new.control);
-        needs("control_mode", &old.control_mode, &new.control_mode);
-        needs("socket_mode", &old.socket_mode, &new.socket_mode);
-        needs("incoming_mode", &old.incoming_mode, &new.incoming_mode);
+        needs(
+            "control_mode",
+            &Mode(old.control_mode),
+            &Mode(new.control_mode),
+        );
+        needs(
+            "socket_mode",
+            &Mode(old.socket_mode),
+            &Mode(new.socket_mode),
+        );
+        needs(
+            "incoming_mode",
+            &Mode(old.incoming_mode),
+            &Mode(new.incoming_mode),
+        );
         needs("metrics", &old.metrics, &new.metrics);
         needs("seccomp", &old.seccomp, &new.seccomp);
         needs("state_dir", &old.state_dir, &new.state_dir);
@@ -260,13 +271,97 @@ impl Reloader {
             &old.compress_threads,
             &new.compress_threads,
         );
-        needs("poll_us", &old.poll_us, &new.poll_us);
+        needs("poll_us", &old.poll_us.map(Us), &new.poll_us.map(Us));
         needs(
             "incoming_timeout",
             &old.incoming_timeout,
             &new.incoming_timeout,
         );
         needs("tls_creds", &self.tls_dir, tls_dir);
+    }
+}
+
+/// A setting as an operator reads it in "X changed in the file (was ->
+/// now)": as the file writes it, not as Rust's Debug would.
+trait Shown {
+    fn shown(&self) -> String;
+}
+
+/// Shown as they print.
+macro_rules! shown_as_displayed {
+    ($($t:ty),*) => {$(
+        impl Shown for $t {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+shown_as_displayed!(
+    u16,
+    u64,
+    usize,
+    bool,
+    String,
+    vzram_store::Codec,
+    crate::config::SeccompMode,
+    crate::proto::addr::Addr,
+    std::net::SocketAddr
+);
+
+impl Shown for PathBuf {
+    fn shown(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl<T: Shown> Shown for Option<T> {
+    fn shown(&self) -> String {
+        self.as_ref().map_or_else(|| "none".into(), Shown::shown)
+    }
+}
+
+impl Shown for std::time::Duration {
+    fn shown(&self) -> String {
+        format!("{} s", self.as_secs_f64())
+    }
+}
+
+/// A size, in bytes.
+struct Bytes(u64);
+/// A file mode, in octal.
+struct Mode(u32);
+/// Microseconds.
+struct Us(u64);
+
+impl Shown for Bytes {
+    fn shown(&self) -> String {
+        format!("{} bytes", self.0)
+    }
+}
+
+impl Shown for Mode {
+    fn shown(&self) -> String {
+        format!("{:04o}", self.0)
+    }
+}
+
+impl Shown for Us {
+    fn shown(&self) -> String {
+        format!("{} µs", self.0)
+    }
+}
+
+impl Shown for crate::config::TierSpec {
+    fn shown(&self) -> String {
+        format!(
+            "backing_file={}, recompress_algo={}, idle_after={}, auto_writeback={}, auto_recompress={}",
+            self.backing_file.shown(),
+            self.recompress_algo,
+            self.idle_after.shown(),
+            self.auto_writeback,
+            self.auto_recompress
+        )
     }
 }
 
@@ -283,9 +378,9 @@ fn same_device(
 ) -> DeviceSpec {
     let name = &old.name;
     let mut needs =
-        |what: &str, was: &dyn Debug, now: &dyn Debug| out.needs(Some(name), what, was, now);
+        |what: &str, was: &dyn Shown, now: &dyn Shown| out.needs(Some(name), what, was, now);
     needs("socket", &old.socket, &new.socket);
-    needs("size", &old.size, &new.size);
+    needs("size", &Bytes(old.size), &Bytes(new.size));
     needs("queues", &old.queues, &new.queues);
     needs("algo", &old.algo, &new.algo);
     needs("serial", &old.serial, &new.serial);

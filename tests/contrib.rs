@@ -123,14 +123,161 @@ fn the_units_keep_the_control_socket_private_and_do_not_retry_a_bad_config() {
     assert!(service.contains("--control /run/vzram/control.sock"));
 }
 
-/// `systemctl reload vzram` sends SIGHUP, which reads the config again
-/// (tests/reload.rs), instead of failing for want of `ExecReload=`.
+/// `systemctl reload vzram` runs `vzram reload` on the unit's control
+/// socket (tests/reload.rs), which waits for the result: a refused file
+/// fails the reload. Type=notify stays: notify-reload is systemd 253 on,
+/// and Debian 12 has 252. The states live in the runtime directory, kept
+/// across stops.
 #[test]
-fn the_service_reloads_with_sighup() {
+fn the_service_reloads_through_the_control_socket_and_keeps_its_states() {
     let unit = std::fs::read_to_string(root().join("contrib/systemd/vzram.service")).unwrap();
+    let has = |line: &str| unit.lines().any(|l| l.trim() == line);
     assert!(
-        unit.lines()
-            .any(|l| l.trim() == "ExecReload=/bin/kill -HUP $MAINPID"),
+        has("ExecReload=/usr/bin/vzram reload --control /run/vzram/control.sock"),
         "{unit}"
     );
+    assert!(unit.contains("\nExecStart=/usr/bin/vzram serve --config /etc/vzram/vzram.toml --control /run/vzram/control.sock "));
+    assert!(has("Type=notify"), "{unit}");
+    assert!(has("RuntimeDirectory=vzram"), "{unit}");
+    assert!(has("RuntimeDirectoryPreserve=yes"), "{unit}");
+}
+
+/// The metric and label names a scrape holds: every `# TYPE` name (a
+/// histogram's with its `_bucket`, `_sum` and `_count`) and every label.
+fn exported_names(body: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for l in body.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            let mut w = rest.split_whitespace();
+            let (name, ty) = (w.next().unwrap(), w.next().unwrap_or_default());
+            names.insert(name.to_string());
+            if ty == "histogram" {
+                for s in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{s}"));
+                }
+            }
+        } else if let Some((_, labels)) = l.split_once('{') {
+            for pair in labels.split(',') {
+                if let Some((k, _)) = pair.split_once('=') {
+                    names.insert(k.trim().to_string());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// The `vzram_*` and `process_*` words of `text`.
+fn named_in(text: &str) -> std::collections::BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("vzram_") || w.starts_with("process_"))
+        // `vzram_*` in a comment.
+        .filter(|w| !w.ends_with('_'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// contrib/prometheus: the alert rules pass `promtool check rules` and
+/// their unit tests (`promtool test rules`), every
+/// query of the dashboard parses (as a recording rule, through the same
+/// check), and every metric and label either names is one a live daemon
+/// exports on /metrics.
+#[test]
+fn the_prometheus_rules_and_dashboard_name_what_the_daemon_exports() {
+    let dir_p = root().join("contrib/prometheus");
+    let rules_path = dir_p.join("vzram.rules.yml");
+    let rules = std::fs::read_to_string(&rules_path).unwrap();
+    let dash_text = std::fs::read_to_string(dir_p.join("vzram-dashboard.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&dash_text).unwrap();
+    let mut exprs = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() >= 10, "{exprs:?}");
+
+    let tmp = TempDir::new("prom");
+    if have("promtool") {
+        let check = |path: &Path| {
+            let o = Command::new("promtool")
+                .args(["check", "rules"])
+                .arg(path)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}: {o:?}", path.display());
+        };
+        check(&rules_path);
+        // The alerts fire on the series of a vzram in trouble, after their
+        // `for:`, with their texts (contrib/prometheus/vzram.rules.test.yml).
+        let o = Command::new("promtool")
+            .args(["test", "rules", "vzram.rules.test.yml"])
+            .current_dir(&dir_p)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "promtool test rules: {}", said(&o));
+        // The dashboard's queries, each a recording rule.
+        let mut yml = String::from("groups:\n  - name: dashboard\n    rules:\n");
+        for (i, e) in exprs.iter().enumerate() {
+            yml.push_str(&format!(
+                "      - record: dashboard:query{i}\n        expr: {}\n",
+                serde_json::to_string(e).unwrap()
+            ));
+        }
+        let path = tmp.join("dashboard.rules.yml");
+        std::fs::write(&path, yml).unwrap();
+        check(&path);
+    }
+
+    // A daemon with one device that served I/O (so that its histogram
+    // has series) and one left-over state.
+    let a = tmp.join("a.sock");
+    let b = tmp.join("b.sock");
+    let mut d = Daemon::start(
+        &tmp,
+        &["--device", &format!("socket={},size=16M,name=old", s(&b))],
+        &[&b],
+    );
+    d.terminate_cleanly();
+    drop(d);
+    let d = Daemon::start(
+        &tmp,
+        &[
+            "--device",
+            &format!("socket={},size=16M,name=vm1", s(&a)),
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &[&a],
+    );
+    let mut c = Client::connect(&a, 1).unwrap();
+    c.q(0).write(0, &[7u8; 8192]).unwrap();
+    c.q(0).read(0, 8192).unwrap();
+    let addr: std::net::SocketAddr = d.stat().0.metrics.unwrap().parse().unwrap();
+    let body = vzram_tests::metrics::scrape(addr);
+    let exported = exported_names(&body);
+    for (what, text) in [
+        ("vzram.rules.yml", &rules),
+        ("vzram-dashboard.json", &dash_text),
+    ] {
+        let unknown: Vec<_> = named_in(text)
+            .into_iter()
+            .filter(|n| !exported.contains(n))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "{what} names what /metrics does not export: {unknown:?}\n{body}"
+        );
+    }
+    // Not vacuous: the names the alerts are about are there.
+    let in_rules = named_in(&rules);
+    for n in [
+        "vzram_pool_mem_used_bytes",
+        "vzram_worker_restarts_total",
+        "vzram_migration_state",
+        "process_open_fds",
+    ] {
+        assert!(in_rules.contains(n), "{n}");
+    }
+    drop(c);
 }

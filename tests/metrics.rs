@@ -211,3 +211,125 @@ fn bad_metrics_address_is_refused() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("IP:PORT"), "{err}");
 }
+
+/// A `process_*` series' value (a float, as the encoder writes it).
+fn process_metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{body}"))
+        .parse()
+        .unwrap()
+}
+
+/// The supervisor's `process_*` series, read from its /proc/self under
+/// the seccomp filter (on, the default), match what /proc/PID says from
+/// outside, and follow it: descriptors opened in the daemon are counted
+/// at the next scrape.
+#[test]
+fn process_metrics_are_the_supervisors() {
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let dir = TempDir::new("metrics-proc");
+    let a = dir.join("a.sock");
+    let d = Daemon::start(
+        &dir,
+        &[
+            "--device",
+            &format!("socket={},size=16M,name=vm1", s(&a)),
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &[&a],
+    );
+    assert!(d.log_text().contains("seccomp filter active"));
+    let addr: SocketAddr = d.stat().0.metrics.unwrap().parse().unwrap();
+    let proc_dir = format!("/proc/{}", d.pid());
+    let fds_now = || std::fs::read_dir(format!("{proc_dir}/fd")).unwrap().count() as f64;
+
+    // Counted from outside just before and just after a scrape: the
+    // daemon's count lies between, plus the scrape's own connection
+    // (connections of earlier requests may still be closing).
+    let scrape = || {
+        let before = fds_now();
+        let body = vzram_tests::metrics::scrape(addr);
+        let after = fds_now();
+        let fds = process_metric(&body, "process_open_fds");
+        assert!(
+            after.min(before) <= fds && fds <= after.max(before) + 1.0,
+            "{before} {fds} {after}"
+        );
+        body
+    };
+    let body = scrape();
+    for name in [
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            body.contains(&format!("# TYPE {name} gauge")),
+            "{name}:\n{body}"
+        );
+    }
+    assert!(
+        body.contains("# TYPE process_cpu_seconds_total counter"),
+        "{body}"
+    );
+
+    let rss = process_metric(&body, "process_resident_memory_bytes");
+    let statm = std::fs::read_to_string(format!("{proc_dir}/statm")).unwrap();
+    let pages: Vec<f64> = statm
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let ratio = rss / (pages[1] * 4096.0);
+    assert!(rss > 0.0 && ratio > 0.5 && ratio < 2.0, "{rss} {statm}");
+    assert!(process_metric(&body, "process_virtual_memory_bytes") >= rss);
+    let limits = std::fs::read_to_string(format!("{proc_dir}/limits")).unwrap();
+    let soft: f64 = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(process_metric(&body, "process_max_fds"), soft);
+    let start = process_metric(&body, "process_start_time_seconds");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        t0 - 2.0 <= start && start <= now + 2.0,
+        "{t0} {start} {now}"
+    );
+    let cpu = process_metric(&body, "process_cpu_seconds_total");
+    assert!(cpu > 0.0, "{cpu}");
+
+    // 20 control clients that stay connected: 20 descriptors more at the
+    // next scrape (less the earlier connections that closed meanwhile).
+    let first = process_metric(&body, "process_open_fds");
+    let held: Vec<_> = (0..20)
+        .map(|_| std::os::unix::net::UnixStream::connect(&d.control).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fds_now() < first + 16.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not accept 20 clients: {first} {}",
+            fds_now()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let body = scrape();
+    let fds = process_metric(&body, "process_open_fds");
+    assert!(fds >= first + 16.0, "{first} -> {fds}");
+    assert!(process_metric(&body, "process_cpu_seconds_total") >= cpu);
+    drop(held);
+}

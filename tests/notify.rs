@@ -1,6 +1,6 @@
 //! systemd readiness: with `$NOTIFY_SOCKET` set, `vzram serve` sends
-//! `READY=1` once its sockets accept connections, and `STOPPING=1` on
-//! SIGTERM.
+//! `READY=1` once its sockets accept connections, `RELOADING=1` and
+//! `READY=1` around a reload, and `STOPPING=1` on SIGTERM.
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram, UnixStream};
@@ -54,6 +54,11 @@ impl Drop for Served {
 /// `READY=1` has come, after checking that its sockets accepted a
 /// connection right then.
 fn start_and_wait_ready(dir: &TempDir, rx: &UnixDatagram, notify_addr: &str) -> Served {
+    start_with_args(dir, rx, notify_addr, &[])
+}
+
+/// [`start_and_wait_ready`] with more `serve` arguments.
+fn start_with_args(dir: &TempDir, rx: &UnixDatagram, notify_addr: &str, args: &[&str]) -> Served {
     let sock = dir.join("vm1.sock");
     let control = dir.join("control.sock");
     let log = dir.join("daemon.log");
@@ -64,6 +69,7 @@ fn start_and_wait_ready(dir: &TempDir, rx: &UnixDatagram, notify_addr: &str) -> 
         .arg(&sock)
         .arg("--control")
         .arg(&control)
+        .args(args)
         .env("NOTIFY_SOCKET", notify_addr)
         .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
         .env("RUST_LOG", "info")
@@ -152,4 +158,91 @@ fn status_follows_connections() {
     drop(c);
     assert_eq!(recv(&rx), "STATUS=serving 1 devices, 0 connected");
     assert!(d.terminate().success());
+}
+
+/// CLOCK_MONOTONIC in µs, as systemd reads `MONOTONIC_USEC`.
+fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+}
+
+/// The two messages around one reload: `RELOADING=1` with the time it
+/// began (within `[before, after]`), then `READY=1` with the status.
+fn reload_messages(rx: &UnixDatagram, before: u64, after: u64) {
+    let msg = recv(rx);
+    let lines: Vec<&str> = msg.lines().collect();
+    assert_eq!(lines.first(), Some(&"RELOADING=1"), "{msg:?}");
+    let usec: u64 = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .unwrap_or_else(|| panic!("no MONOTONIC_USEC in {msg:?}"))
+        .parse()
+        .unwrap();
+    assert!(
+        before <= usec && usec <= after,
+        "{before} <= {usec} <= {after}"
+    );
+    assert_eq!(recv(rx), "READY=1\nSTATUS=serving 1 devices, 0 connected");
+}
+
+/// `systemctl reload` through `ExecReload=vzram reload` (systemd 252) or
+/// SIGHUP (`Type=notify-reload`, 253 on): either way the unit is told
+/// the reload began and ended, also when the file is refused.
+#[test]
+fn reloading_then_ready_around_a_reload() {
+    let dir = TempDir::new("notifyrl");
+    let path = dir.join("notify.sock");
+    let rx = UnixDatagram::bind(&path).unwrap();
+    let cfg = dir.join("vzram.toml");
+    std::fs::write(&cfg, "host_mem_limit = \"64M\"\n").unwrap();
+    let mut d = start_with_args(
+        &dir,
+        &rx,
+        path.to_str().unwrap(),
+        &["--config", cfg.to_str().unwrap()],
+    );
+    let control = dir.join("control.sock");
+    let reload = || {
+        Command::new(vzram_bin())
+            .args(["reload", "--control"])
+            .arg(&control)
+            .output()
+            .unwrap()
+    };
+    let before = monotonic_usec();
+    let o = reload();
+    let after = monotonic_usec();
+    assert!(o.status.success(), "{o:?}");
+    reload_messages(&rx, before, after);
+
+    // Refused: still READY again (the devices serve on).
+    std::fs::write(&cfg, "host_mem_limit = [\n").unwrap();
+    let before = monotonic_usec();
+    let o = reload();
+    let after = monotonic_usec();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    reload_messages(&rx, before, after);
+
+    // SIGHUP: the same two messages.
+    std::fs::write(&cfg, "host_mem_limit = \"32M\"\n").unwrap();
+    let before = monotonic_usec();
+    // SAFETY: kill only sends a signal to our own child.
+    unsafe { libc::kill(d.child.id() as libc::pid_t, libc::SIGHUP) };
+    let msg = recv(&rx);
+    let after = monotonic_usec();
+    assert!(msg.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{msg:?}");
+    let usec: u64 = msg.lines().nth(1).unwrap()["MONOTONIC_USEC=".len()..]
+        .parse()
+        .unwrap();
+    assert!(
+        before <= usec && usec <= after,
+        "{before} <= {usec} <= {after}"
+    );
+    assert_eq!(recv(&rx), "READY=1\nSTATUS=serving 1 devices, 0 connected");
+    assert!(d.terminate().success(), "{}", d.log_text());
 }

@@ -32,6 +32,17 @@ const FILES: &[&str] = &[
     "usr/share/qemu/vhost-user/50-vzram.json",
     "usr/share/doc/vzram/copyright",
     "usr/share/doc/vzram/README.md",
+    "usr/share/doc/vzram/SECURITY.md",
+    "usr/share/doc/vzram/changelog.Debian.gz",
+    "usr/share/doc/vzram/examples/libvirt/vzram-swap-disk.xml",
+    "usr/share/doc/vzram/examples/libvirt/hooks/qemu",
+    "usr/share/doc/vzram/examples/cloud-hypervisor/run.sh",
+    "usr/share/doc/vzram/examples/migration/qemu-migrate.sh",
+    "usr/share/doc/vzram/examples/systemd/vzram.service",
+    "usr/share/doc/vzram/examples/systemd/vzram.socket",
+    "usr/share/doc/vzram/examples/systemd/vzram-control.socket",
+    "usr/share/doc/vzram/examples/prometheus/vzram.rules.yml",
+    "usr/share/doc/vzram/examples/prometheus/vzram-dashboard.json",
 ];
 
 /// Whether `tool` runs; with `required`, in CI its absence is a failure.
@@ -82,10 +93,12 @@ fn the_debian_package_holds_a_working_daemon() {
     let deb = PathBuf::from(built.lines().last().unwrap_or_default());
     let arch = stdout(Command::new("dpkg").arg("--print-architecture"));
     let version = env!("CARGO_PKG_VERSION");
+    // Debian revision 1: not a native package.
+    let deb_version = format!("{version}-1");
     assert_eq!(
         deb,
         t.join("out")
-            .join(format!("vzram_{version}_{}.deb", arch.trim())),
+            .join(format!("vzram_{deb_version}_{}.deb", arch.trim())),
         "{built}"
     );
 
@@ -109,7 +122,7 @@ fn the_debian_package_holds_a_working_daemon() {
     // The control file: this version, a glibc dependency, the config a conffile.
     let field = |f: &str| stdout(Command::new("dpkg-deb").arg("-f").arg(&deb).arg(f));
     assert_eq!(field("Package").trim(), "vzram");
-    assert_eq!(field("Version").trim(), version);
+    assert_eq!(field("Version").trim(), deb_version);
     let depends = field("Depends");
     assert!(depends.contains("libc6 (>= 2."), "{depends}");
     let ctrl = t.join("DEBIAN");
@@ -118,13 +131,51 @@ fn the_debian_package_holds_a_working_daemon() {
         read(&ctrl.join("conffiles")).trim(),
         "/etc/vzram/vzram.toml"
     );
-    for script in ["postinst", "postrm"] {
+    for script in ["postinst", "prerm", "postrm"] {
         run(Command::new("sh").arg("-n").arg(ctrl.join(script)));
     }
 
-    // Unpacked, the binary is this version and serves a device.
+    // Unpacked, every file but the conffile has its right md5sum, and
+    // the changelog is this version's.
     let r = t.join("root");
     run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&r));
+    let sums = read(&ctrl.join("md5sums"));
+    let summed: Vec<&str> = sums.lines().filter_map(|l| l.split("  ").nth(1)).collect();
+    for f in FILES.iter().filter(|f| !f.starts_with("etc/")) {
+        assert!(summed.contains(f), "{f} is not in md5sums:\n{sums}");
+    }
+    run(Command::new("md5sum")
+        .args(["--check", "--quiet"])
+        .arg(ctrl.join("md5sums"))
+        .current_dir(&r));
+    let changelog =
+        stdout(Command::new("zcat").arg(r.join("usr/share/doc/vzram/changelog.Debian.gz")));
+    assert!(
+        changelog.starts_with(&format!("vzram ({deb_version}) unstable; urgency=medium\n")),
+        "{changelog}"
+    );
+    if have("lintian", true) {
+        // No error; the warnings left are listed in deb.sh.
+        let o = Command::new("lintian")
+            .args(["--fail-on", "error"])
+            .arg(&deb)
+            .output()
+            .unwrap();
+        let text = said(&o);
+        assert!(
+            o.status.success() && !text.lines().any(|l| l.starts_with("E: ")),
+            "lintian: {}\n{text}",
+            o.status
+        );
+        // And no warning but the one deb.sh explains.
+        let warned: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("W: ") && !l.contains(" initial-upload-closes-no-bugs "))
+            .collect();
+        assert!(warned.is_empty(), "new lintian warnings: {warned:?}");
+    }
+
+    // The binary is this version and serves a device.
     let bin = r.join("usr/bin/vzram");
     assert_eq!(
         stdout(Command::new(&bin).arg("--version")).trim(),
@@ -217,12 +268,11 @@ fn the_debian_package_holds_a_working_daemon() {
     std::fs::create_dir_all(dr.join("var/lib/dpkg/updates")).unwrap();
     std::fs::write(dr.join("var/lib/dpkg/status"), "").unwrap();
     let dpkg = |args: &[&str]| {
-        stdout(
-            Command::new("dpkg")
-                .arg(format!("--root={}", dr.display()))
-                .args(["--force-script-chrootless", "--force-depends"])
-                .args(args),
-        )
+        let o = run(Command::new("dpkg")
+            .arg(format!("--root={}", dr.display()))
+            .args(["--force-script-chrootless", "--force-depends"])
+            .args(args));
+        String::from_utf8_lossy(&o.stderr).into_owned()
     };
     for _ in 0..2 {
         dpkg(&["-i", s(&deb)]);
@@ -240,11 +290,16 @@ fn the_debian_package_holds_a_working_daemon() {
         assert!(kvm.ends_with(":vzram"), "{kvm}");
         assert!(dr.join("usr/bin/vzram").is_file());
     }
-    // A purge keeps the device states (each a VM's disk) and says so.
+    // A purge keeps the device states (each a VM's disk) and says so on
+    // stderr, with the command that deletes each: it runs, and deletes
+    // that one only.
     let state = dr.join("run/vzram/state/vm1");
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::write(state.join("header"), b"VZRAMST\0").unwrap();
-    std::fs::write(state.join("arena"), pattern(1, 0, 4096)).unwrap();
+    let other = dr.join("run/vzram/state/vm2");
+    for st in [&state, &other] {
+        std::fs::create_dir_all(st).unwrap();
+        std::fs::write(st.join("header"), b"VZRAMST\0").unwrap();
+        std::fs::write(st.join("arena"), pattern(1, 0, 4096)).unwrap();
+    }
     let said = dpkg(&["--purge", "vzram"]);
     assert!(
         state.join("header").is_file() && state.join("arena").is_file(),
@@ -252,9 +307,166 @@ fn the_debian_package_holds_a_working_daemon() {
     );
     assert!(
         said.contains("keeps the device states") && said.contains("/run/vzram/state/vm1"),
-        "the purge does not say which states it keeps:\n{said}"
+        "the purge does not say on stderr which states it keeps:\n{said}"
     );
+    let cmd = said
+        .lines()
+        .find(|l| l.contains("/vm1"))
+        .and_then(|l| l.split_once("delete it with: "))
+        .map(|(_, c)| c.to_string())
+        .unwrap_or_else(|| panic!("no command for vm1 in:\n{said}"));
+    run(Command::new("sh").arg("-c").arg(&cmd));
+    assert!(!state.exists(), "{cmd}");
+    assert!(other.join("header").is_file(), "{cmd} deleted vm2 too");
     for f in FILES {
         assert!(!dr.join(f).exists(), "{f} is left after a purge");
     }
+}
+
+/// Runs maintainer script `script` with `args` in a mount namespace whose
+/// /run is a fresh tmpfs (holding /run/systemd/system when `systemd`, as a
+/// host booted with systemd has it), with stand-ins for the tools it calls
+/// first on PATH. Returns the calls they recorded, one line each, and the
+/// script's stderr. `prepare` runs first in that /run (a shell command).
+fn maintainer_script(
+    t: &TempDir,
+    script: &Path,
+    args: &[&str],
+    systemd: bool,
+    prepare: &str,
+) -> (Vec<String>, String) {
+    let fake = t.join("fake-bin");
+    let log = t.join("calls.log");
+    std::fs::create_dir_all(&fake).unwrap();
+    for tool in [
+        "deb-systemd-invoke",
+        "deb-systemd-helper",
+        "systemctl",
+        "systemd-sysusers",
+        "udevadm",
+        "useradd",
+        "groupadd",
+    ] {
+        let p = fake.join(tool);
+        std::fs::write(&p, format!("#!/bin/sh\necho \"{tool} $*\" >>\"$CALLS\"\n")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let _ = std::fs::remove_file(&log);
+    std::fs::write(&log, "").unwrap();
+    let inner = format!(
+        "mount -t tmpfs vzram-test /run && {} {prepare} && exec sh \"$0\" \"$@\"",
+        if systemd {
+            "mkdir -p /run/systemd/system &&"
+        } else {
+            ""
+        }
+    );
+    let o = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &inner])
+        .arg(script)
+        .args(args)
+        .env(
+            "PATH",
+            format!("{}:{}", fake.display(), std::env::var("PATH").unwrap()),
+        )
+        .env("CALLS", &log)
+        .env_remove("DPKG_ROOT")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{script:?} {args:?}: {}", said(&o));
+    let calls = read(&log).lines().map(str::to_string).collect();
+    (calls, String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// The maintainer scripts, run as dpkg runs them, call systemd's Debian
+/// helpers as dh_installsystemd's would: a first install enables and
+/// starts nothing; an upgrade restarts a running daemon (try-restart) and
+/// stops nothing first; a removal stops the service and its sockets and
+/// masks them; a purge forgets them and lists the states it keeps. With
+/// no systemd running (a container) nothing is stopped or started.
+#[test]
+fn the_maintainer_scripts_call_the_debian_helpers() {
+    if !have("dpkg-deb", true) {
+        return;
+    }
+    if stdout(Command::new("id").arg("-u")).trim() != "0" {
+        eprintln!("skipped: a private /run needs root (unshare --mount)");
+        return;
+    }
+    let t = TempDir::new("deb-scripts");
+    let pkg = root().join("contrib/package");
+    let units = ["vzram.service", "vzram.socket", "vzram-control.socket"];
+    let each = |verbs: &[&str]| -> Vec<String> {
+        units
+            .iter()
+            .flat_map(|u| {
+                verbs
+                    .iter()
+                    .map(move |v| format!("deb-systemd-helper {v} {u}"))
+            })
+            .collect()
+    };
+    let mut configure = vec!["systemd-sysusers vzram.conf".to_string()];
+    configure.extend(each(&["unmask", "update-state"]));
+
+    // A first install: the user, the helpers' records, a daemon-reload.
+    let (calls, _) = maintainer_script(&t, &pkg.join("postinst"), &["configure"], true, "true");
+    let mut want = configure.clone();
+    want.push("systemctl --system daemon-reload".into());
+    assert_eq!(calls, want);
+    // An upgrade: the same, and a running daemon restarted.
+    let (calls, _) = maintainer_script(
+        &t,
+        &pkg.join("postinst"),
+        &["configure", "0.0.9-1"],
+        true,
+        "true",
+    );
+    want.push("deb-systemd-invoke try-restart vzram.service".into());
+    assert_eq!(calls, want);
+    // Nothing stops before an upgrade.
+    let (calls, _) = maintainer_script(
+        &t,
+        &pkg.join("prerm"),
+        &["upgrade", "0.1.1-1"],
+        true,
+        "true",
+    );
+    assert_eq!(calls, Vec::<String>::new());
+    // A removal stops the service and its sockets, then masks them.
+    let (calls, _) = maintainer_script(&t, &pkg.join("prerm"), &["remove"], true, "true");
+    assert_eq!(
+        calls,
+        ["deb-systemd-invoke stop vzram.service vzram.socket vzram-control.socket"]
+    );
+    let (calls, _) = maintainer_script(&t, &pkg.join("postrm"), &["remove"], true, "true");
+    let mut want = each(&["mask"]);
+    want.push("systemctl --system daemon-reload".into());
+    assert_eq!(calls, want);
+    // A purge forgets them, keeps the states and says which, on stderr.
+    let prepare =
+        "mkdir -p /run/vzram/state/vm1 /run/vzram/state/tmp && : >/run/vzram/state/vm1/header";
+    let (calls, err) = maintainer_script(&t, &pkg.join("postrm"), &["purge"], true, prepare);
+    assert_eq!(calls, each(&["purge", "unmask"]));
+    assert!(
+        err.contains("vzram: purge keeps the device states in /run/vzram/state")
+            && err.contains("rm -r -- '/run/vzram/state/vm1'")
+            && !err.contains("state/tmp"),
+        "{err}"
+    );
+
+    // No systemd running: the records only, nothing stopped or started.
+    let (calls, _) = maintainer_script(
+        &t,
+        &pkg.join("postinst"),
+        &["configure", "0.0.9-1"],
+        false,
+        "true",
+    );
+    assert_eq!(calls, configure);
+    let (calls, _) = maintainer_script(&t, &pkg.join("prerm"), &["remove"], false, "true");
+    assert_eq!(calls, Vec::<String>::new());
+    let (calls, _) = maintainer_script(&t, &pkg.join("postrm"), &["remove"], false, "true");
+    assert_eq!(calls, each(&["mask"]));
 }

@@ -361,3 +361,167 @@ fn limits_at_odds_are_set_with_a_warning() {
     );
     assert!(after.contains("the devices hold now"), "{after}");
 }
+
+/// `vzram reload`: the same reload as SIGHUP, for the daemon whose control
+/// socket it names, and the reply says what changed (stdout) and what it
+/// left (stderr); a refused file is exit 2 with one line, and changes
+/// nothing.
+#[test]
+fn vzram_reload_says_what_changed_and_a_bad_file_exits_2() {
+    let dir = TempDir::new("reload-cmd");
+    let (a, b, c) = (dir.join("a.sock"), dir.join("b.sock"), dir.join("c.sock"));
+    let cfg = dir.join("vzram.toml");
+    write_ab(&cfg, &a, &b, "");
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_mem_limit = \"48M\"\npoll_us = 100\n{}{}",
+            device("a", &a, "32M", "mem_limit = \"4M\""),
+            device("c", &c, "16M", "")
+        ),
+    )
+    .unwrap();
+    let o = vzram_cli(&d, &["reload"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        out.starts_with(&format!("reloaded {}: 4 changes\n", cfg.display())),
+        "{out}"
+    );
+    for line in [
+        "  removed b (its state kept, left over)\n",
+        "  added c (empty)\n",
+        "  device a memory limit: 4.0 MiB\n",
+        "  host memory limit: 48.0 MiB\n",
+    ] {
+        assert!(out.contains(line), "no {line:?} in:\n{out}");
+    }
+    // What it left, one line each, as the file writes it.
+    assert_eq!(
+        err,
+        "warning: poll_us changed in the file (none -> 100 µs): needs a restart; left as it is\n\
+         warning: device a: size changed in the file (16777216 bytes -> 33554432 bytes): needs a restart; left as it is\n"
+    );
+    assert_eq!(names(&d.stat_cli()), ["a", "c"]);
+    serves(&c, 11);
+
+    // The same file again: nothing to do.
+    let o = vzram_cli(&d, &["reload"]);
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).ends_with(": 0 changes\n"),
+        "{o:?}"
+    );
+
+    // A file that does not parse: exit 2, one line, nothing changed.
+    std::fs::write(&cfg, "[[device]\n").unwrap();
+    let o = vzram_cli(&d, &["reload"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ")
+            && err.contains(s(&cfg))
+            && err.contains("nothing changed, the devices keep serving"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty(), "{o:?}");
+    assert_eq!(names(&d.stat_cli()), ["a", "c"]);
+    d.assert_alive();
+}
+
+#[test]
+fn vzram_reload_without_config_exits_2() {
+    let dir = TempDir::new("reload-cmd-none");
+    let a = dir.join("a.sock");
+    let mut d = Daemon::start(
+        &dir,
+        &["--device", &format!("socket={},size=16M,queues=1", s(&a))],
+        &[&a],
+    );
+    let o = vzram_cli(&d, &["reload"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("nothing to reload: vzram was started without --config"),
+        "{o:?}"
+    );
+    d.assert_alive();
+    serves(&a, 12);
+}
+
+/// `--pidfile`: the daemon's pid once it serves, a second daemon on it
+/// refused (exit 2) without touching the first, `kill -HUP $(cat PATH)`
+/// reloads the right daemon, and the file goes at a clean exit. A file
+/// left unlocked (a daemon killed) is taken over.
+#[test]
+fn pidfile_names_this_daemon_and_refuses_a_second() {
+    let dir = TempDir::new("pidfile");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let cfg = dir.join("vzram.toml");
+    std::fs::write(&cfg, device("a", &a, "16M", "")).unwrap();
+    let pidfile = dir.join("vzram.pid");
+    // What a daemon killed with SIGKILL leaves: a pid, no lock.
+    std::fs::write(&pidfile, "999999\n").unwrap();
+    let mut d = Daemon::start(
+        &dir,
+        &["--config", s(&cfg), "--pidfile", s(&pidfile)],
+        &[&a],
+    );
+    assert_eq!(
+        std::fs::read_to_string(&pidfile).unwrap(),
+        format!("{}\n", d.pid())
+    );
+
+    let o = serve_refused(
+        &dir,
+        &["--socket", s(&b), "--size", "16M", "--pidfile", s(&pidfile)],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert_eq!(
+        err.trim(),
+        format!(
+            "error: --pidfile {}: another vzram (pid {}) holds it; stop that one first, or give another path",
+            pidfile.display(),
+            d.pid()
+        )
+    );
+    assert!(!b.exists(), "the refused daemon bound its socket");
+    assert_eq!(
+        std::fs::read_to_string(&pidfile).unwrap(),
+        format!("{}\n", d.pid())
+    );
+
+    // The pid in the file is the daemon's: SIGHUP through it reloads.
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}{}",
+            device("a", &a, "16M", ""),
+            device("b", &b, "16M", "")
+        ),
+    )
+    .unwrap();
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let before = d.log_text().matches("reload done").count();
+    // SAFETY: kill(2) on the daemon we started; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.log_text().matches("reload done").count() == before {
+        assert!(Instant::now() < deadline, "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(names(&d.stat_cli()), ["a", "b"]);
+
+    assert_eq!(d.terminate().code(), Some(0), "{}", d.log_text());
+    assert!(!pidfile.exists(), "the pid file is left after a clean exit");
+}

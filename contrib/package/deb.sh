@@ -11,8 +11,17 @@
 #   VZRAM_DEB_BIN  package this binary instead of building one (the tests
 #                  pass their debug build; stripped here either way)
 #   VZRAM_DEB_OUT  the directory the .deb goes to (default target/debian)
-#   VZRAM_DEB_MAINTAINER  the control file's Maintainer
+#   VZRAM_DEB_MAINTAINER  the control file's (and changelog's) Maintainer
+#   SOURCE_DATE_EPOCH     the changelog's date (default: the last commit's)
 # Prints the path of the .deb on its last line.
+#
+# lintian (tests/package.rs runs it) reports no error and one warning,
+# initial-upload-closes-no-bugs: the changelog closes no Debian bug, as
+# nothing was filed in Debian's tracker. Its remaining notes (-I) are left
+# too: hardening-no-fortify-functions (a Rust binary calls no _chk
+# functions), package-supports-alternative-init-but-no-init.d-script (no
+# sysvinit script is shipped; `serve --pidfile` is there for one), and
+# bash-term-in-posix-shell (awk's `function` inside the libvirt hook).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,8 +41,11 @@ fi
 [ -x "$bin" ] || { echo "deb.sh: no vzram binary at $bin" >&2; exit 1; }
 
 # The version the binary says it is (Cargo.toml's), and this machine's arch.
-version=$("$bin" --version | awk '{print $2}')
-[[ $version =~ ^[0-9][0-9A-Za-z.+~-]*$ ]] || { echo "deb.sh: bad version '$version'" >&2; exit 1; }
+upstream=$("$bin" --version | awk '{print $2}')
+[[ $upstream =~ ^[0-9][0-9A-Za-z.+~]*$ ]] || { echo "deb.sh: bad version '$upstream'" >&2; exit 1; }
+# Debian revision 1: a package of an upstream release, not a native one.
+version=$upstream-1
+maintainer=${VZRAM_DEB_MAINTAINER:-vzram maintainers <vzram@users.noreply.github.com>}
 arch=$(dpkg --print-architecture)
 out=${VZRAM_DEB_OUT:-$repo/target/debian}
 mkdir -p "$out"
@@ -44,7 +56,9 @@ umask 022
 
 # The files, at the paths Debian gives them.
 install -d "$stage/usr/bin"
-strip --strip-unneeded -o "$stage/usr/bin/vzram" "$bin"
+# As dh_strip: no symbols, no .comment or .note sections.
+strip --strip-unneeded --remove-section=.comment --remove-section=.note \
+  -o "$stage/usr/bin/vzram" "$bin"
 chmod 0755 "$stage/usr/bin/vzram"
 install -D -m 0644 -t "$stage/lib/systemd/system" \
   contrib/systemd/vzram.service contrib/systemd/vzram.socket contrib/systemd/vzram-control.socket
@@ -52,8 +66,29 @@ install -D -m 0644 contrib/udev/60-vzram.rules "$stage/lib/udev/rules.d/60-vzram
 install -D -m 0644 "$here/vzram.sysusers" "$stage/usr/lib/sysusers.d/vzram.conf"
 install -D -m 0644 "$here/vzram.toml" "$stage/etc/vzram/vzram.toml"
 install -D -m 0644 "$here/50-vzram.json" "$stage/usr/share/qemu/vhost-user/50-vzram.json"
-install -D -m 0644 README.md "$stage/usr/share/doc/vzram/README.md"
-install -D -m 0644 "$here/copyright" "$stage/usr/share/doc/vzram/copyright"
+doc=$stage/usr/share/doc/vzram
+install -D -m 0644 README.md "$doc/README.md"
+install -D -m 0644 SECURITY.md "$doc/SECURITY.md"
+install -D -m 0644 "$here/copyright" "$doc/copyright"
+# The recipes README points to, as examples (not executable: copy one to
+# use it, e.g. `install -m 0755 .../examples/libvirt/hooks/qemu
+# /etc/libvirt/hooks/qemu`).
+ex=$doc/examples
+install -D -m 0644 -t "$ex/libvirt" contrib/libvirt/*.xml
+install -D -m 0644 -t "$ex/libvirt/hooks" contrib/libvirt/hooks/qemu
+install -D -m 0644 -t "$ex/cloud-hypervisor" contrib/cloud-hypervisor/run.sh
+install -D -m 0644 -t "$ex/migration" contrib/migration/qemu-migrate.sh
+install -D -m 0644 -t "$ex/systemd" \
+  contrib/systemd/vzram.service contrib/systemd/vzram.socket contrib/systemd/vzram-control.socket
+install -D -m 0644 -t "$ex/prometheus" contrib/prometheus/vzram.rules.yml \
+  contrib/prometheus/vzram.rules.test.yml contrib/prometheus/vzram-dashboard.json
+
+# Debian's changelog, dated by the last commit (reproducible), else now.
+epoch=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}
+sed -e "s/@VERSION@/$upstream/" -e "s/@MAINTAINER@/$maintainer/" \
+  -e "s/@DATE@/$(LC_ALL=C date -u -R -d "@$epoch")/" "$here/changelog" |
+  gzip -9n >"$doc/changelog.Debian.gz"
+chmod 0644 "$doc/changelog.Debian.gz"
 
 # The manual pages and completions, made by the binary from its own
 # command line definitions.
@@ -89,7 +124,7 @@ cat >"$stage/DEBIAN/control" <<EOF
 Package: vzram
 Version: $version
 Architecture: $arch
-Maintainer: ${VZRAM_DEB_MAINTAINER:-vzram maintainers <vzram@localhost>}
+Maintainer: $maintainer
 Installed-Size: $installed_kb
 Depends: $depends_line
 Recommends: systemd
@@ -105,7 +140,11 @@ Description: compressed RAM block devices for VMs (vhost-user-blk)
  systemctl enable --now vzram.
 EOF
 echo /etc/vzram/vzram.toml >"$stage/DEBIAN/conffiles"
-install -m 0755 "$here/postinst" "$here/postrm" "$stage/DEBIAN/"
+install -m 0755 "$here/postinst" "$here/prerm" "$here/postrm" "$stage/DEBIAN/"
+# md5sums of every file but the conffiles (dpkg keeps theirs), as dh_md5sums.
+(cd "$stage" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' |
+  LC_ALL=C sort -z | xargs -0 md5sum >DEBIAN/md5sums)
+chmod 0644 "$stage/DEBIAN/md5sums"
 
 deb=$out/vzram_${version}_${arch}.deb
 dpkg-deb --build --root-owner-group "$stage" "$deb" >&2

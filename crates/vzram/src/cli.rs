@@ -140,6 +140,11 @@ pub enum Command {
     /// meanwhile, and the last delta once the frontend has stopped (QEMU
     /// does at the end of its own migration). Then drops them here.
     Migrate(MigrateArgs),
+    /// Read the daemon's --config file again and apply it, as SIGHUP does
+    /// (`systemctl reload vzram` runs this): prints what changed, and on
+    /// stderr what needs a restart. Exit 2 when the file is refused
+    /// (nothing changed then) or the daemon has no --config.
+    Reload(ReloadArgs),
     /// The manual page, made from these definitions (roff): `vzram.1` on
     /// stdout, or with `--dir` one page per command written there.
     /// Hidden: for packagers (contrib/package/deb.sh).
@@ -268,6 +273,12 @@ pub struct ServeArgs {
     /// every request waits for a kick]. An idle queue never polls.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=crate::config::MAX_POLL_US))]
     pub poll_us: Option<u64>,
+    /// Write the daemon's process id to this file once its sockets are
+    /// bound; it stays locked while the daemon runs (another vzram given
+    /// it is refused, exit 2) and is removed on a clean exit. For
+    /// `kill -HUP $(cat PATH)` without systemd; `vzram reload` needs none.
+    #[arg(long, value_name = "PATH")]
+    pub pidfile: Option<PathBuf>,
     /// Least severe log messages shown; RUST_LOG, when set, wins.
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -495,6 +506,14 @@ impl MaybeDevice {
     pub fn device(&self) -> Option<&str> {
         self.name.as_deref().or(self.device.as_deref())
     }
+}
+
+#[derive(Debug, Args)]
+pub struct ReloadArgs {
+    /// The daemon's control socket [default: $VZRAM_CONTROL, else
+    /// $RUNTIME_DIRECTORY/control.sock, else /run/vzram/control.sock].
+    #[arg(long, value_name = "PATH", default_value_os_t = config::default_control(), hide_default_value = true)]
+    pub control: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -59,6 +59,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
             let (log_level, log_format) = (args.log_level, args.log_format);
+            let pidfile = args.pidfile.clone();
             let (cfg, reload) = match args.resolve_reloadable() {
                 Ok(c) => c,
                 Err(e) => {
@@ -67,7 +68,7 @@ fn main() -> ExitCode {
                 }
             };
             vzram::init_logging(log_level, log_format);
-            match vzram::serve(cfg, log_level, log_format, reload) {
+            match vzram::serve(cfg, log_level, log_format, reload, pidfile.as_deref()) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     // Once, on stderr (the log's stream too): not also as a log line.

@@ -16,8 +16,8 @@ use crate::cli::{
 };
 use crate::proto::control::{
     self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
-    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, Removed, ReplyError, Request,
-    Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
+    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, ReloadChange, Reloaded,
+    Removed, ReplyError, Request, Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
 use render::{human, render};
 
@@ -40,6 +40,7 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
         Command::Stat(a) => stat(&a),
         Command::SetLimit(a) => set_limit(&a),
         Command::Compact(a) => compact(&a),
+        Command::Reload(a) => reload(&a),
         Command::Add(a) => add(&a),
         Command::Remove(a) => remove(&a),
         Command::Forget(a) => forget(&a),
@@ -386,6 +387,47 @@ pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
         "reset device {}: {} pages dropped\n",
         reply.device, reply.pages_dropped
     ))
+}
+
+/// `vzram reload`: what the reload applied on stdout, what it left (needs
+/// a restart, a device still connected) on stderr.
+pub fn reload(args: &crate::cli::ReloadArgs) -> Result<String, ClientError> {
+    // Behind a reload already running, and devices added or removed.
+    let wait = std::time::Duration::from_secs(120);
+    let r: Reloaded = call_waiting(&args.control, Request::Reload {}, wait)?;
+    for w in &r.not_applied {
+        eprintln!("warning: {w}");
+    }
+    let mut out = format!(
+        "reloaded {}: {} change{}\n",
+        r.config.display(),
+        r.changes.len(),
+        if r.changes.len() == 1 { "" } else { "s" }
+    );
+    let limit = |b: u64| if b == 0 { "none".into() } else { human(b) };
+    for c in &r.changes {
+        let line = match c {
+            ReloadChange::Added { device, recovered } => format!(
+                "added {device} ({})",
+                if *recovered {
+                    "its left-over state recovered"
+                } else {
+                    "empty"
+                }
+            ),
+            ReloadChange::Removed { device } => {
+                format!("removed {device} (its state kept, left over)")
+            }
+            ReloadChange::DeviceLimit { device, mem_limit } => {
+                format!("device {device} memory limit: {}", limit(*mem_limit))
+            }
+            ReloadChange::HostLimit { host_mem_limit } => {
+                format!("host memory limit: {}", limit(*host_mem_limit))
+            }
+        };
+        out.push_str(&format!("  {line}\n"));
+    }
+    Ok(out)
 }
 
 pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {

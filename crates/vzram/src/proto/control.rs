@@ -10,6 +10,7 @@
 //! {"cmd":"recompress","device":"vm1","idle":true,"algo":"zstd:3"}   huge, algo optional
 //! {"cmd":"writeback","device":"vm1","cold":true,"max_pages":1000}    idle, huge, incompressible
 //! {"cmd":"migrate","device":"vm1","to":"unix:/run/m.sock","keep":false}
+//! {"cmd":"reload"}                                          the --config file again
 //! ```
 //! Replies carry `"ok":true` and the result, or `"ok":false` and `"error"`,
 //! and the daemon's `"version"` either way ([`Head`]).
@@ -129,6 +130,9 @@ pub enum Request {
     CancelMigration {
         device: DeviceRef,
     },
+    /// Read the `--config` file again and apply it, as SIGHUP does; the
+    /// reply is [`Reloaded`], a file that does not parse a refusal.
+    Reload {},
 }
 
 /// The command that serves a left-over state again (the daemon's refusals
@@ -428,6 +432,40 @@ pub struct Migrated {
 pub struct Committed {
     pub device: String,
     pub state: MigrationState,
+}
+
+/// The reply to `reload`: the file read, what was applied, and what the
+/// file changes that was not (one line each: needs a restart, a device
+/// kept because a frontend is connected, a device or limit refused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reloaded {
+    pub config: PathBuf,
+    pub changes: Vec<ReloadChange>,
+    #[serde(default)]
+    pub not_applied: Vec<String>,
+}
+
+/// One change a reload applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "change", rename_all = "kebab-case")]
+pub enum ReloadChange {
+    /// In the file and not served: added (`recovered`: it serves the
+    /// pages of a state left under its name).
+    Added {
+        device: String,
+        recovered: bool,
+    },
+    /// Gone from the file: no longer served, its state kept (left over).
+    Removed {
+        device: String,
+    },
+    DeviceLimit {
+        device: String,
+        mem_limit: u64,
+    },
+    HostLimit {
+        host_mem_limit: u64,
+    },
 }
 
 /// What every reply line carries beside its result: whether it worked,

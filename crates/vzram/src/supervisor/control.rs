@@ -15,6 +15,7 @@ use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
 use super::error::{Error, Result};
 use super::metrics::{DeviceSample, MigrationSample, Sample};
 use super::orders::unexpected;
+use super::reload::{Cause, Reloads};
 use super::served::Served;
 use super::Supervisor;
 use crate::config::DeviceSpec;
@@ -39,11 +40,22 @@ pub struct Control {
     sup: Arc<Supervisor>,
     /// Where `/metrics` is served, as bound (a port 0 resolved).
     metrics: Option<SocketAddr>,
+    /// What `reload` runs (None only in unit tests).
+    reloads: Option<Arc<Reloads>>,
 }
 
 impl Control {
     pub fn new(sup: Arc<Supervisor>) -> Control {
-        Control { sup, metrics: None }
+        Control {
+            sup,
+            metrics: None,
+            reloads: None,
+        }
+    }
+
+    pub fn with_reloads(mut self, r: Arc<Reloads>) -> Control {
+        self.reloads = Some(r);
+        self
     }
 
     fn devices(&self) -> Vec<(usize, Arc<Served>)> {
@@ -105,6 +117,8 @@ impl Control {
                 .iter()
                 .map(|l| (l.name.clone(), l.bytes))
                 .collect(),
+            // The metrics thread fills it in (procstat).
+            process: Default::default(),
         }
     }
 
@@ -165,6 +179,10 @@ impl Control {
     fn handle(&self, req: Request) -> Result<Value> {
         match req {
             Request::Stat {} => Self::reply(self.stat()),
+            Request::Reload {} => match &self.reloads {
+                Some(r) => Self::reply(r.now(Cause::Control)?),
+                None => Err(Error::Invalid("this daemon cannot reload".into())),
+            },
             Request::SetLimit {
                 device: Some(_),
                 host: true,

@@ -56,6 +56,9 @@ pub enum Error {
     Launcher(io::Error),
     #[error("metrics address {addr}: {source}")]
     Metrics { addr: SocketAddr, source: io::Error },
+    /// `--pidfile`: its path, or another daemon holds it.
+    #[error("{0}")]
+    Pidfile(String),
     #[error(
         "the supervisor's loop failed (see the log); exiting so that the daemon is started again"
     )]
@@ -98,6 +101,7 @@ impl Error {
         let store = match self {
             Error::Store(s) | Error::Device { source: s, .. } => s,
             Error::Socket(e) => return e.is_config(),
+            Error::Pidfile(_) => return true,
             Error::Metrics { source, .. } => {
                 return matches!(
                     source.kind(),
@@ -281,11 +285,13 @@ fn runtime_dir(dir: &Path) -> io::Result<()> {
 
 /// Runs the daemon until SIGTERM or SIGINT. Returns the signal number.
 /// SIGHUP reads the configuration file again when `reload` says how.
+/// `pidfile`: where to write the supervisor's pid (`--pidfile`).
 pub fn run(
     mut cfg: DaemonConfig,
     log_level: LogLevel,
     log_format: LogFormat,
     reload: Option<Reload>,
+    pidfile: Option<&Path>,
 ) -> Result<i32, Error> {
     // Block the shutdown signals before any thread starts, so every thread
     // inherits the mask and only `sigwait` below ever sees them.
@@ -296,6 +302,12 @@ pub fn run(
     // Before any thread and before the filter: the launcher is the one
     // process allowed to start workers.
     let launcher = launch::start().map_err(Error::Launcher)?;
+    // Taken before anything is bound: a second daemon on the same pid
+    // file leaves the first one's sockets alone.
+    let pidfile = pidfile
+        .map(super::pidfile::PidFile::take)
+        .transpose()
+        .map_err(Error::Pidfile)?;
     seccomp::report_sigbus()?;
     raise_fd_limit(fds_needed(&cfg.devices));
     // Connected now: the seccomp filter allows sending, not connecting.
@@ -403,6 +415,10 @@ pub fn run(
         }
         None => None,
     };
+    if let Some(p) = &pidfile {
+        p.write()
+            .map_err(|e| Error::Pidfile(format!("--pidfile: cannot write it: {e}")))?;
+    }
 
     // Every device's state is opened, locked and recovered here, once: a
     // damaged or mismatched one stops the start, and the numbers `stat`
@@ -547,8 +563,23 @@ pub fn run(
             tracing::warn!(device = %name, socket = %socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
         }
     }
+    // Opened now: the filter lets nothing be opened later.
+    let procs = match &metrics_listener {
+        Some(_) => match metrics::ProcFiles::open() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot open /proc/self for the process_* metrics: {e}; they are left out"
+                );
+                None
+            }
+        },
+        None => None,
+    };
     // Set-up is done: from here on only the calls supervising needs.
-    seccomp::install(cfg.seccomp, &files.dir_fds())?;
+    let mut unlink_dirs = files.dir_fds();
+    unlink_dirs.extend(pidfile.as_ref().map(|p| p.dir_fd()));
+    seccomp::install(cfg.seccomp, &unlink_dirs)?;
     made.keep();
     match cfg.seccomp {
         SeccompMode::On => tracing::info!("seccomp filter active"),
@@ -598,8 +629,11 @@ pub fn run(
     for (_, d) in sup.devices() {
         sup.start_incoming(d).map_err(Error::Thread)?;
     }
+    let reloads = Reloads::start(sup.clone(), cfg.clone(), reload).map_err(Error::Thread)?;
     let ctl = Arc::new(
-        Control::new(sup.clone()).with_metrics(metrics_listener.as_ref().map(|(_, a)| *a)),
+        Control::new(sup.clone())
+            .with_metrics(metrics_listener.as_ref().map(|(_, a)| *a))
+            .with_reloads(reloads.clone()),
     );
     {
         let ctl = ctl.clone();
@@ -612,7 +646,15 @@ pub fn run(
         let ctl = ctl.clone();
         std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || metrics::serve(l, move || ctl.sample()))
+            .spawn(move || {
+                metrics::serve(l, move || {
+                    let mut s = ctl.sample();
+                    if let Some(p) = &procs {
+                        s.process = p.sample();
+                    }
+                    s
+                })
+            })
             .map_err(Error::Thread)?;
         tracing::info!(metrics = %addr, "metrics endpoint ready: http://{addr}/metrics");
     }
@@ -639,7 +681,6 @@ pub fn run(
         &format!("READY=1\nSTATUS=serving {} devices", sup.devices().len()),
     );
 
-    let reloads = Reloads::start(sup.clone(), cfg.clone(), reload).map_err(Error::Thread)?;
     let sig = signals.wait(|| reloads.request()).map_err(Error::Signal)?;
     if sup.loop_failed() {
         notify(&notifier, "STOPPING=1");

@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use vzram_store::{DeviceStats, LatencySnapshot, Op, PoolStats};
 
 use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
+pub use super::procstat::{ProcFiles, ProcessSample};
 
 /// Longest request head accepted (request line and headers).
 const MAX_REQUEST: usize = 8 * 1024;
@@ -52,6 +53,8 @@ pub struct Sample {
     pub devices: Vec<DeviceSample>,
     /// States no device serves: name, memory their files hold.
     pub leftovers: Vec<(String, u64)>,
+    /// The supervisor's own `process_*` numbers.
+    pub process: ProcessSample,
 }
 
 type DevField = fn(&DeviceSample) -> u64;
@@ -410,6 +413,7 @@ impl Collector for Sample {
             let mut m = enc.encode_descriptor(name, help, None, *ty)?;
             m.encode_gauge(&value(&self.pool))?;
         }
+        encode_process(&self.process, &mut enc)?;
         let mut m = enc.encode_descriptor(
             "vzram_leftover_state_bytes",
             "Memory held by a device state in the state dir that no device serves (recover it with recover=true, or delete it with vzram forget)",
@@ -422,6 +426,59 @@ impl Collector for Sample {
         }
         Ok(())
     }
+}
+
+/// The usual `process_*` series (client_golang's names and meanings), of
+/// the supervisor alone: each worker is a process of its own.
+fn encode_process(p: &ProcessSample, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    let gauges: [(&str, &str, Option<u64>); 4] = [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes (the supervisor; workers are processes of their own)",
+            p.resident_bytes,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes (the supervisor)",
+            p.virtual_bytes,
+        ),
+        (
+            "process_open_fds",
+            "Number of open file descriptors (the supervisor)",
+            p.open_fds,
+        ),
+        (
+            "process_max_fds",
+            "Maximum number of open file descriptors (the supervisor's soft limit)",
+            p.max_fds,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        if let Some(v) = value {
+            enc.encode_descriptor(name, help, None, MetricType::Gauge)?
+                .encode_gauge(&v)?;
+        }
+    }
+    if let Some(v) = p.start_time_seconds {
+        enc.encode_descriptor(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds (the supervisor)",
+            None,
+            MetricType::Gauge,
+        )?
+        .encode_gauge(&v)?;
+    }
+    if let Some(v) = p.cpu_seconds {
+        // The encoder adds `_total`.
+        enc.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds (the supervisor)",
+            None,
+            MetricType::Counter,
+        )?
+        .encode_counter::<prometheus_client::encoding::NoLabelSet, _, f64>(&v, None)?;
+    }
+    Ok(())
 }
 
 /// The exposition text for one scrape.
@@ -531,6 +588,14 @@ mod tests {
                 ..PoolStats::default()
             },
             leftovers: vec![("old-vm".into(), 65536)],
+            process: ProcessSample {
+                resident_bytes: Some(5 << 20),
+                virtual_bytes: Some(64 << 20),
+                open_fds: Some(17),
+                max_fds: Some(65536),
+                start_time_seconds: Some(1_700_000_000.5),
+                cpu_seconds: Some(0.25),
+            },
             devices: vec![DeviceSample {
                 name: "vm1".into(),
                 connected: true,
@@ -615,6 +680,13 @@ mod tests {
             "vzram_migration_pass{vzram_device=\"vm1\"} 2",
             "vzram_migration_dirty_pages{vzram_device=\"vm1\"} 3",
             "# TYPE vzram_build_info gauge",
+            "process_resident_memory_bytes 5242880",
+            "process_virtual_memory_bytes 67108864",
+            "process_open_fds 17",
+            "process_max_fds 65536",
+            "process_start_time_seconds 1700000000.5",
+            "# TYPE process_cpu_seconds_total counter",
+            "process_cpu_seconds_total 0.25",
             build.as_str(),
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");

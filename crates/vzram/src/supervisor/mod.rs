@@ -12,7 +12,8 @@
 //!
 //! The rest: orders to devices ([`orders`]), migration ([`migrate`]),
 //! devices added and removed at run time ([`devices`]), memory limits
-//! ([`limits`]), the configuration read again on SIGHUP ([`reload`]),
+//! ([`limits`]), the configuration read again on SIGHUP or `vzram reload`
+//! ([`reload`]),
 //! requests to the
 //! launcher ([`launch`]), the control socket ([`control`]), `/metrics`
 //! ([`metrics`]) and start-up ([`daemon`]).
@@ -45,6 +46,8 @@ mod limits;
 pub mod metrics;
 mod migrate;
 mod orders;
+mod pidfile;
+mod procstat;
 pub mod reload;
 pub mod served;
 
@@ -182,22 +185,32 @@ impl Supervisor {
 
     /// `STATUS=` for systemd: devices, and how many have a frontend.
     fn tell_status(&self) {
+        self.notify(&self.status_line());
+    }
+
+    /// The `STATUS=` line: devices, and how many have a frontend.
+    fn status_line(&self) -> String {
+        let all = self.devices();
+        let connected = all
+            .iter()
+            .filter(|(_, d)| d.connected.load(Relaxed))
+            .count();
+        format!(
+            "STATUS=serving {} devices, {connected} connected",
+            all.len()
+        )
+    }
+
+    /// Tells the service manager, if there is one; a lost message is
+    /// only worth a debug line (the devices serve either way).
+    fn notify(&self, msg: &str) {
         let n = self
             .notifier
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if let Some(n) = n {
-            let all = self.devices();
-            let connected = all
-                .iter()
-                .filter(|(_, d)| d.connected.load(Relaxed))
-                .count();
-            let msg = format!(
-                "STATUS=serving {} devices, {connected} connected",
-                all.len()
-            );
-            if let Err(e) = n.send(&msg) {
+            if let Err(e) = n.send(msg) {
                 tracing::debug!("cannot tell the service manager ({msg}): {e}");
             }
         }

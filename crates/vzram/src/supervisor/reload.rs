@@ -1,56 +1,81 @@
-//! SIGHUP (`systemctl reload`): the `--config` file is read again and
+//! SIGHUP (`systemctl reload`) or `vzram reload` (the control socket):
+//! the `--config` file is read again and
 //! what can change at run time is applied: devices in the file and not
 //! served added (as `vzram add` adds them, under its identity rules),
 //! devices gone from the file no longer served (only while no frontend
 //! is connected; their states are kept, left over), device and host memory limits (as `vzram set-limit`
 //! sets them). What cannot change while serving is logged as needing a
 //! restart and left as it is. A file that does not parse changes nothing.
+//! The service manager hears `RELOADING=1` before and `READY=1` after.
 
-use std::fmt::Debug;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 
 use super::error::{Error, Result};
 use super::served::{Phase, Served};
 use super::Supervisor;
 use crate::config::{DaemonConfig, DeviceSpec, OnState, Reload};
+use crate::proto::control::{ReloadChange, Reloaded};
 use crate::proto::launch::{Report, Request};
 
-/// Reloads one at a time, on a thread of their own: SIGHUPs that arrive
-/// while one runs make one more reload, not one each.
+/// Reloads one at a time: SIGHUPs that arrive while one runs make one
+/// more reload (on a thread of their own), not one each; `vzram reload`
+/// waits for the one running, then runs its own.
 pub struct Reloads {
     tx: mpsc::SyncSender<()>,
+    sup: Arc<Supervisor>,
+    /// None: started without `--config`, nothing to reload.
+    reloader: Mutex<Option<Reloader>>,
+}
+
+/// What asked for a reload, as the log says it.
+#[derive(Debug, Clone, Copy)]
+pub enum Cause {
+    Sighup,
+    Control,
+}
+
+impl Cause {
+    fn name(self) -> &'static str {
+        match self {
+            Cause::Sighup => "SIGHUP",
+            Cause::Control => "reload (control socket)",
+        }
+    }
 }
 
 impl Reloads {
     /// Starts the thread that reloads `cfg` (the configuration the daemon
-    /// started with) from `source`, or says there is nothing to reload.
+    /// started with) from `source` on SIGHUP; without `source` there is
+    /// nothing to reload.
     pub fn start(
         sup: Arc<Supervisor>,
         cfg: DaemonConfig,
         source: Option<Reload>,
-    ) -> std::io::Result<Reloads> {
+    ) -> std::io::Result<Arc<Reloads>> {
         let (tx, rx) = mpsc::sync_channel::<()>(1);
-        let mut reloader = source.map(|source| Reloader {
+        let reloader = source.map(|source| Reloader {
             tls_dir: cfg.tls.as_ref().map(|t| t.dir.clone()),
             current: cfg,
             source,
         });
+        let reloads = Arc::new(Reloads {
+            tx,
+            sup,
+            reloader: Mutex::new(reloader),
+        });
+        let r = reloads.clone();
         std::thread::Builder::new()
             .name("reload".into())
             .spawn(move || {
                 for () in rx {
-                    match &mut reloader {
-                        Some(r) => r.reload(&sup),
-                        None => tracing::info!(
-                            "SIGHUP: nothing to reload (vzram was started without --config); devices keep serving"
-                        ),
-                    }
+                    // Logged: a signal has nobody to answer.
+                    let _ = r.now(Cause::Sighup);
                 }
             })?;
-        Ok(Reloads { tx })
+        Ok(reloads)
     }
 
     /// A SIGHUP came: reload once the one running (if any) is done.
@@ -59,6 +84,42 @@ impl Reloads {
             tracing::info!("SIGHUP: a reload is already waiting to run");
         }
     }
+
+    /// Reloads now (after the one running, if any): what changed, or why
+    /// nothing did. The service manager is told `RELOADING=1` (with the
+    /// time, as `Type=notify-reload` wants) before and `READY=1` after,
+    /// whatever the outcome: the devices serve either way.
+    pub fn now(&self, cause: Cause) -> Result<Reloaded> {
+        let mut guard = self.reloader.lock().unwrap_or_else(|e| e.into_inner());
+        self.sup
+            .notify(&format!("RELOADING=1\nMONOTONIC_USEC={}", monotonic_usec()));
+        let r = match guard.as_mut() {
+            Some(r) => r.reload(&self.sup, cause),
+            None => {
+                tracing::info!(
+                    "{}: nothing to reload (vzram was started without --config); devices keep serving",
+                    cause.name()
+                );
+                Err(Error::Invalid(
+                    "nothing to reload: vzram was started without --config".into(),
+                ))
+            }
+        };
+        self.sup
+            .notify(&format!("READY=1\n{}", self.sup.status_line()));
+        r
+    }
+}
+
+/// CLOCK_MONOTONIC in µs, the clock systemd compares `MONOTONIC_USEC` with.
+fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 
 /// The file, and the configuration in effect: the one the daemon started
@@ -69,27 +130,50 @@ struct Reloader {
     tls_dir: Option<PathBuf>,
 }
 
+/// What one reload did, and what it left.
+#[derive(Default)]
+struct Outcome {
+    changes: Vec<ReloadChange>,
+    not_applied: Vec<String>,
+    /// Of `not_applied`, those that need a restart.
+    restart: usize,
+}
+
+impl Outcome {
+    /// A setting that changed in the file but only takes at a restart.
+    fn needs(&mut self, device: Option<&str>, what: &str, was: &dyn Shown, now: &dyn Shown) {
+        let (was, now) = (was.shown(), now.shown());
+        if was == now {
+            return;
+        }
+        let msg =
+            format!("{what} changed in the file ({was} -> {now}): needs a restart; left as it is");
+        match device {
+            Some(d) => {
+                tracing::warn!(device = %d, "reload: {msg}");
+                self.not_applied.push(format!("device {d}: {msg}"));
+            }
+            None => {
+                tracing::warn!("reload: {msg}");
+                self.not_applied.push(msg);
+            }
+        }
+        self.restart += 1;
+    }
+}
+
 impl Reloader {
-    fn reload(&mut self, sup: &Arc<Supervisor>) {
+    fn reload(&mut self, sup: &Arc<Supervisor>, cause: Cause) -> Result<Reloaded> {
         let path = self.source.path.clone();
-        tracing::info!(config = %path.display(), "SIGHUP: reading the configuration file again");
-        let text = match sup.read_config(&path) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::error!(config = %path.display(), "reload: {e}; nothing changed, the devices keep serving");
-                return;
-            }
+        tracing::info!(config = %path.display(), "{}: reading the configuration file again", cause.name());
+        let refused = |e: &dyn std::fmt::Display| {
+            tracing::error!(config = %path.display(), "reload: {e}; nothing changed, the devices keep serving");
+            Error::Invalid(format!("{e}; nothing changed, the devices keep serving"))
         };
-        let (new, tls_dir) = match self.source.build(&text) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!(config = %path.display(), "reload: {e}; nothing changed, the devices keep serving");
-                return;
-            }
-        };
-        let mut changes = 0;
-        let mut restart = 0;
-        self.daemon_wide(&new, &tls_dir, &mut restart);
+        let text = sup.read_config(&path).map_err(|e| refused(&e))?;
+        let (new, tls_dir) = self.source.build(&text).map_err(|e| refused(&e))?;
+        let mut out = Outcome::default();
+        self.daemon_wide(&new, &tls_dir, &mut out);
         // Removed first: a device renamed in the file frees its socket
         // for its new name.
         let mut kept = Vec::new();
@@ -97,8 +181,10 @@ impl Reloader {
             if new.devices.iter().any(|d| d.name == old.name) {
                 continue;
             }
-            if remove(sup, old) {
-                changes += 1;
+            if remove(sup, old, &mut out) {
+                out.changes.push(ReloadChange::Removed {
+                    device: old.name.clone(),
+                });
             } else if sup.devices().iter().any(|(_, d)| d.spec.name == old.name) {
                 kept.push(old.clone());
             }
@@ -109,7 +195,9 @@ impl Reloader {
                 bytes = new.host_mem_limit,
                 "reload: host memory limit changed in the file, set"
             );
-            changes += 1;
+            out.changes.push(ReloadChange::HostLimit {
+                host_mem_limit: new.host_mem_limit,
+            });
         }
         let mut devices = Vec::with_capacity(new.devices.len() + kept.len());
         for spec in &new.devices {
@@ -120,8 +208,11 @@ impl Reloader {
             match served {
                 // New in the file, or removed (`vzram remove`) since.
                 None => {
-                    if add(sup, spec) {
-                        changes += 1;
+                    if let Some(recovered) = add(sup, spec, &mut out) {
+                        out.changes.push(ReloadChange::Added {
+                            device: spec.name.clone(),
+                            recovered,
+                        });
                         devices.push(spec.clone());
                     }
                 }
@@ -131,9 +222,7 @@ impl Reloader {
                         Some(o) => o.clone(),
                         None => d.spec.clone(),
                     };
-                    let (spec, changed) = same_device(sup, &d, &was, spec, &mut restart);
-                    changes += usize::from(changed);
-                    devices.push(spec);
+                    devices.push(same_device(sup, &d, &was, spec, &mut out));
                 }
             }
         }
@@ -142,26 +231,38 @@ impl Reloader {
         self.current.host_mem_limit = new.host_mem_limit;
         tracing::info!(
             config = %path.display(),
-            changes,
-            need_restart = restart,
+            changes = out.changes.len(),
+            need_restart = out.restart,
             "reload done"
         );
+        Ok(Reloaded {
+            config: path,
+            changes: out.changes,
+            not_applied: out.not_applied,
+        })
     }
 
     /// Settings of the whole daemon: none can change while it serves.
-    fn daemon_wide(&self, new: &DaemonConfig, tls_dir: &Option<PathBuf>, restart: &mut usize) {
+    fn daemon_wide(&self, new: &DaemonConfig, tls_dir: &Option<PathBuf>, out: &mut Outcome) {
         let old = &self.current;
-        let mut needs = |what: &str, was: &dyn Debug, now: &dyn Debug| {
-            let (was, now) = (format!("{was:?}"), format!("{now:?}"));
-            if was != now {
-                tracing::warn!("reload: {what} changed in the file ({was} -> {now}): needs a restart; left as it is");
-                *restart += 1;
-            }
-        };
+        let mut needs =
+            |what: &str, was: &dyn Shown, now: &dyn Shown| out.needs(None, what, was, now);
         needs("control", &old.control, &new.control);
-        needs("control_mode", &old.control_mode, &new.control_mode);
-        needs("socket_mode", &old.socket_mode, &new.socket_mode);
-        needs("incoming_mode", &old.incoming_mode, &new.incoming_mode);
+        needs(
+            "control_mode",
+            &Mode(old.control_mode),
+            &Mode(new.control_mode),
+        );
+        needs(
+            "socket_mode",
+            &Mode(old.socket_mode),
+            &Mode(new.socket_mode),
+        );
+        needs(
+            "incoming_mode",
+            &Mode(old.incoming_mode),
+            &Mode(new.incoming_mode),
+        );
         needs("metrics", &old.metrics, &new.metrics);
         needs("seccomp", &old.seccomp, &new.seccomp);
         needs("state_dir", &old.state_dir, &new.state_dir);
@@ -170,7 +271,7 @@ impl Reloader {
             &old.compress_threads,
             &new.compress_threads,
         );
-        needs("poll_us", &old.poll_us, &new.poll_us);
+        needs("poll_us", &old.poll_us.map(Us), &new.poll_us.map(Us));
         needs(
             "incoming_timeout",
             &old.incoming_timeout,
@@ -180,27 +281,106 @@ impl Reloader {
     }
 }
 
+/// A setting as an operator reads it in "X changed in the file (was ->
+/// now)": as the file writes it, not as Rust's Debug would.
+trait Shown {
+    fn shown(&self) -> String;
+}
+
+/// Shown as they print.
+macro_rules! shown_as_displayed {
+    ($($t:ty),*) => {$(
+        impl Shown for $t {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+shown_as_displayed!(
+    u16,
+    u64,
+    usize,
+    bool,
+    String,
+    vzram_store::Codec,
+    crate::config::SeccompMode,
+    crate::proto::addr::Addr,
+    std::net::SocketAddr
+);
+
+impl Shown for PathBuf {
+    fn shown(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl<T: Shown> Shown for Option<T> {
+    fn shown(&self) -> String {
+        self.as_ref().map_or_else(|| "none".into(), Shown::shown)
+    }
+}
+
+impl Shown for std::time::Duration {
+    fn shown(&self) -> String {
+        format!("{} s", self.as_secs_f64())
+    }
+}
+
+/// A size, in bytes.
+struct Bytes(u64);
+/// A file mode, in octal.
+struct Mode(u32);
+/// Microseconds.
+struct Us(u64);
+
+impl Shown for Bytes {
+    fn shown(&self) -> String {
+        format!("{} bytes", self.0)
+    }
+}
+
+impl Shown for Mode {
+    fn shown(&self) -> String {
+        format!("{:04o}", self.0)
+    }
+}
+
+impl Shown for Us {
+    fn shown(&self) -> String {
+        format!("{} µs", self.0)
+    }
+}
+
+impl Shown for crate::config::TierSpec {
+    fn shown(&self) -> String {
+        format!(
+            "backing_file={}, recompress_algo={}, idle_after={}, auto_writeback={}, auto_recompress={}",
+            self.backing_file.shown(),
+            self.recompress_algo,
+            self.idle_after.shown(),
+            self.auto_writeback,
+            self.auto_recompress
+        )
+    }
+}
+
 /// A device served and in the file: its limit set if the file changed
 /// it (from `old`, the file's before, or the device as added), the rest
 /// logged as needing a restart. What the daemon serves from now on as the
-/// file's (`old` with the new limit), and whether anything changed.
+/// file's (`old` with the new limit).
 fn same_device(
     sup: &Supervisor,
     d: &Served,
     old: &DeviceSpec,
     new: &DeviceSpec,
-    restart: &mut usize,
-) -> (DeviceSpec, bool) {
+    out: &mut Outcome,
+) -> DeviceSpec {
     let name = &old.name;
-    let mut needs = |what: &str, was: &dyn Debug, now: &dyn Debug| {
-        let (was, now) = (format!("{was:?}"), format!("{now:?}"));
-        if was != now {
-            tracing::warn!(device = %name, "reload: {what} changed in the file ({was} -> {now}): needs a restart; left as it is");
-            *restart += 1;
-        }
-    };
+    let mut needs =
+        |what: &str, was: &dyn Shown, now: &dyn Shown| out.needs(Some(name), what, was, now);
     needs("socket", &old.socket, &new.socket);
-    needs("size", &old.size, &new.size);
+    needs("size", &Bytes(old.size), &Bytes(new.size));
     needs("queues", &old.queues, &new.queues);
     needs("algo", &old.algo, &new.algo);
     needs("serial", &old.serial, &new.serial);
@@ -215,7 +395,7 @@ fn same_device(
     needs("incoming", &old.incoming, &new.incoming);
     let mut kept = old.clone();
     if old.mem_limit == new.mem_limit {
-        return (kept, false);
+        return kept;
     }
     // A limit above the size is refused when the file is read; the size
     // compared here is the one served.
@@ -223,20 +403,25 @@ fn same_device(
         Ok(_) => {
             tracing::info!(device = %name, bytes = new.mem_limit, "reload: mem_limit changed in the file, set");
             kept.mem_limit = new.mem_limit;
-            (kept, true)
+            out.changes.push(ReloadChange::DeviceLimit {
+                device: name.clone(),
+                mem_limit: new.mem_limit,
+            });
         }
         Err(e) => {
             tracing::error!(device = %name, "reload: mem_limit not set: {e}");
-            (kept, false)
+            out.not_applied
+                .push(format!("device {name}: mem_limit not set: {e}"));
         }
     }
+    kept
 }
 
 /// A device no longer in the file: no longer served, unless a frontend is
 /// connected; its state is kept as a left-over one (a file edited by
 /// mistake, a device renamed, must not delete a VM's disk: `vzram forget`
 /// does that on purpose). Whether it was taken out.
-fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
+fn remove(sup: &Supervisor, spec: &DeviceSpec, out: &mut Outcome) -> bool {
     let Some((i, d)) = sup
         .devices()
         .into_iter()
@@ -256,11 +441,12 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
         busy
     };
     if busy {
-        tracing::warn!(
-            device = %spec.name,
-            "reload: no longer in the file, but a frontend is connected: still served (a device busy with a compaction or reset is kept too); stop the VM and reload again, or `vzram remove {} --force` (its state is kept, left over)",
+        let msg = format!(
+            "no longer in the file, but a frontend is connected: still served (a device busy with a compaction or reset is kept too); stop the VM and reload again, or `vzram remove {} --force` (its state is kept, left over)",
             spec.name
         );
+        tracing::warn!(device = %spec.name, "reload: {msg}");
+        out.not_applied.push(format!("device {}: {msg}", spec.name));
         return false;
     }
     // Removing waits for every other hold on the device to go.
@@ -276,6 +462,10 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
                 d.removing.store(false, Relaxed);
             }
             tracing::error!(device = %spec.name, "reload: no longer in the file, but not removed: {e}");
+            out.not_applied.push(format!(
+                "device {}: no longer in the file, but not removed: {e}",
+                spec.name
+            ));
             false
         }
     }
@@ -283,31 +473,37 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec) -> bool {
 
 /// A device in the file that is not served: added as `vzram add` adds
 /// it (a state left under its name is served only with recover=true,
-/// replaced only with fresh=true). Whether it was added.
-fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec) -> bool {
+/// replaced only with fresh=true). Whether it was added, and if so
+/// whether it recovered a state.
+fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec, out: &mut Outcome) -> Option<bool> {
     // A device cut off its VM (`remove --force`) keeps its pages until
     // the operator says otherwise, whatever the file says.
     let root = spec.state_dir.as_deref().unwrap_or(sup.state_dir());
     let key = sup.state_key(spec, root);
     let dir = root.join(&key);
     if spec.on_state == OnState::Fresh && sup.cut_off_mut().contains(&dir) {
-        tracing::error!(
-            device = %spec.name,
-            state = %dir.display(),
-            "reload: in the file with fresh=true, but it was removed while connected and its state is kept: not added; `{}` serves its pages, `vzram forget {}` deletes them",
+        let msg = format!(
+            "in the file with fresh=true, but it was removed while connected and its state {} is kept: not added; `{}` serves its pages, `vzram forget {}` deletes them",
+            dir.display(),
             super::devices::recover_hint(&key, &spec.socket_abs(), spec.size),
             key
         );
-        return false;
+        tracing::error!(device = %spec.name, "reload: {msg}");
+        out.not_applied.push(format!("device {}: {msg}", spec.name));
+        return None;
     }
     match sup.add(spec.clone()) {
         Ok((_, recovered)) => {
             tracing::info!(device = %spec.name, socket = %spec.socket.display(), recovered, "reload: in the file and not served: added");
-            true
+            Some(recovered)
         }
         Err(e) => {
             tracing::error!(device = %spec.name, "reload: in the file and not served, but not added: {e}");
-            false
+            out.not_applied.push(format!(
+                "device {}: in the file and not served, but not added: {e}",
+                spec.name
+            ));
+            None
         }
     }
 }

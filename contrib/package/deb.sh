@@ -69,6 +69,10 @@ install -D -m 0644 "$here/50-vzram.json" "$stage/usr/share/qemu/vhost-user/50-vz
 doc=$stage/usr/share/doc/vzram
 install -D -m 0644 README.md "$doc/README.md"
 install -D -m 0644 SECURITY.md "$doc/SECURITY.md"
+# README's links go to docs/ by topic: shipped beside it, so they resolve.
+for f in docs/*.md; do
+  install -D -m 0644 "$f" "$doc/$f"
+done
 install -D -m 0644 "$here/copyright" "$doc/copyright"
 # The recipes README points to, as examples (not executable: copy one to
 # use it, e.g. `install -m 0755 .../examples/libvirt/hooks/qemu
@@ -96,6 +100,8 @@ man=$stage/usr/share/man/man1
 install -d "$man"
 "$stage/usr/bin/vzram" man --dir "$man" >/dev/null
 gzip -9n "$man"/*.1
+# vzram.toml(5) is written into man5 beside man1.
+gzip -9n "$man"/../man5/*.5
 install -d "$stage/usr/share/bash-completion/completions" \
   "$stage/usr/share/zsh/vendor-completions" "$stage/usr/share/fish/vendor_completions.d"
 "$stage/usr/bin/vzram" completions bash >"$stage/usr/share/bash-completion/completions/vzram"

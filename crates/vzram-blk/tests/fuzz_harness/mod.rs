@@ -22,7 +22,7 @@
 //!   no status and a used length of 0; otherwise the status lands exactly on
 //!   that byte (poisoned beforehand where the chain does not read it, so a
 //!   status that is never written shows), and malformed chains get IOERR,
-//!   unknown types and flags UNSUPP;
+//!   unknown types and flags, and more discard segments than offered, UNSUPP;
 //! * guest memory changes only where the request may write: the status byte,
 //!   and for IN and GET_ID the device-writable payload, with exactly the
 //!   expected bytes; and the used ring, with exactly the expected element

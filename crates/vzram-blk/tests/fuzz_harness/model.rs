@@ -260,11 +260,15 @@ impl Harness<'_> {
                 done(parsed(), Outcome::Ok(Effect::GetId { segs: wsegs, n }))
             }
             VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES => {
-                if pw != 0 || pr == 0 || pr % 16 != 0 || pr / 16 > u64::from(MAX_DISCARD_SEG) {
+                if pw != 0 || pr == 0 || pr % 16 != 0 {
                     return done(None, Outcome::Malformed);
                 }
                 if self.readonly {
                     return done(parsed(), Outcome::IoErr);
+                }
+                // More segments than the device offers: UNSUPP, as QEMU says.
+                if pr / 16 > u64::from(MAX_DISCARD_SEG) {
+                    return done(parsed(), Outcome::Unsupp);
                 }
                 let allowed = if t == VIRTIO_BLK_T_WRITE_ZEROES {
                     VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP

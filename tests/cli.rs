@@ -394,9 +394,9 @@ fn stat_set_limit_and_compact_commands() {
         "MEM_USED",
         "RATIO",
         "SAME_PAGES",
-        "READS",
-        "WRITES",
-        "DISCARDS",
+        "READ_PAGES",
+        "WRITE_PAGES",
+        "DISCARD_PAGES",
     ] {
         assert!(table.contains(col), "no {col} column:\n{table}");
     }

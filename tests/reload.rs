@@ -287,7 +287,7 @@ fn limits_at_odds_are_set_with_a_warning() {
     let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a]);
     assert!(
         d.log_text()
-            .contains("device a: its limit of 8388608 bytes is above the host limit of 4194304"),
+            .contains("device a: its limit of 8M is above the host limit of 4M"),
         "{}",
         d.log_text()
     );
@@ -300,7 +300,7 @@ fn limits_at_odds_are_set_with_a_warning() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{o:?}");
     assert!(
-        err.contains("warning: the host limit of 2097152 bytes is below device a's limit"),
+        err.contains("warning: the host limit of 2M is below device a's limit"),
         "{err}"
     );
     assert_eq!(d.stat().pool().mem_limit, 2 * MIB);
@@ -356,7 +356,7 @@ fn limits_at_odds_are_set_with_a_warning() {
     let log = d.log_text();
     let after = &log[log.rfind("SIGHUP").unwrap()..];
     assert!(
-        after.contains("device a: its limit of 16777216 bytes is above the host limit of 3145728"),
+        after.contains("device a: its limit of 16M is above the host limit of 3M"),
         "{after}"
     );
     assert!(after.contains("the devices hold now"), "{after}");

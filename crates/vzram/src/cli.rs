@@ -14,6 +14,7 @@ pub use crate::proto::worker_spec::{LogFormat, LogLevel};
 #[command(
     name = "vzram",
     version,
+    propagate_version = true,
     about = "Compressed RAM block devices for VMs, served over vhost-user-blk"
 )]
 pub struct Cli {
@@ -196,7 +197,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Cap on the memory of all devices together (0 = none).
-    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size, allow_negative_numbers = true)]
     pub host_mem_limit: Option<u64>,
     /// Control socket for `vzram stat`, `set-limit`, `compact` and the
     /// other client commands [default: $VZRAM_CONTROL, else
@@ -206,7 +207,8 @@ pub struct ServeArgs {
     /// beside it]. A given path's directory must exist.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (port 0: any
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics: an IP and a
+    /// port, `localhost:PORT`, or `:PORT` for every interface (port 0: any
     /// free port, shown by `vzram stat`).
     #[arg(long, value_name = "ADDR:PORT", value_parser = config::parse_metrics_addr)]
     pub metrics: Option<std::net::SocketAddr>,
@@ -432,8 +434,142 @@ pub struct StatArgs {
     #[arg(long, value_enum, value_name = "WHICH", num_args = 0..=1, require_equals = true,
           default_missing_value = "devices", conflicts_with = "json")]
     pub names: Option<NameList>,
+    /// Sizes in bytes, not binary units (zramctl's --bytes).
+    #[arg(short, long)]
+    pub bytes: bool,
+    /// One table of these columns, a row per device: a comma-separated
+    /// list such as NAME,ORIG_DATA,MEM_USED,RATIO (`-o help` lists them).
+    #[arg(short, long, value_name = "COLS", value_parser = parse_column_list)]
+    pub output: Option<ColumnList>,
+    /// No header lines (with no -o: the two tables' rows alone).
+    #[arg(short, long)]
+    pub noheadings: bool,
+    /// Cells one space apart, unpadded, one word each (for scripts).
+    #[arg(short, long)]
+    pub raw: bool,
     #[command(flatten)]
     pub target: MaybeDevice,
+}
+
+/// The columns `vzram stat -o` was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnList(pub Vec<Column>);
+
+/// A column `vzram stat -o` may show, one row per device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Column {
+    Name,
+    Size,
+    Algo,
+    Queues,
+    Mode,
+    Connected,
+    OrigData,
+    ComprData,
+    MemUsed,
+    MemLimit,
+    MemUsedMax,
+    SamePages,
+    HugePages,
+    CompactedPages,
+    Ratio,
+    ReadPages,
+    WritePages,
+    DiscardPages,
+    FailedReadPages,
+    FailedWritePages,
+    LimitHits,
+    Socket,
+    State,
+    Worker,
+    Migration,
+}
+
+impl Column {
+    pub const ALL: [Column; 25] = [
+        Column::Name,
+        Column::Size,
+        Column::Algo,
+        Column::Queues,
+        Column::Mode,
+        Column::Connected,
+        Column::OrigData,
+        Column::ComprData,
+        Column::MemUsed,
+        Column::MemLimit,
+        Column::MemUsedMax,
+        Column::SamePages,
+        Column::HugePages,
+        Column::CompactedPages,
+        Column::Ratio,
+        Column::ReadPages,
+        Column::WritePages,
+        Column::DiscardPages,
+        Column::FailedReadPages,
+        Column::FailedWritePages,
+        Column::LimitHits,
+        Column::Socket,
+        Column::State,
+        Column::Worker,
+        Column::Migration,
+    ];
+
+    /// Its header: what `-o` takes (any case, `-` for `_`), and what is
+    /// printed; counts say they count pages.
+    pub fn header(self) -> &'static str {
+        match self {
+            Column::Name => "NAME",
+            Column::Size => "SIZE",
+            Column::Algo => "ALGO",
+            Column::Queues => "QUEUES",
+            Column::Mode => "MODE",
+            Column::Connected => "CONNECTED",
+            Column::OrigData => "ORIG_DATA",
+            Column::ComprData => "COMPR_DATA",
+            Column::MemUsed => "MEM_USED",
+            Column::MemLimit => "MEM_LIMIT",
+            Column::MemUsedMax => "MEM_USED_MAX",
+            Column::SamePages => "SAME_PAGES",
+            Column::HugePages => "HUGE_PAGES",
+            Column::CompactedPages => "COMPACTED_PAGES",
+            Column::Ratio => "RATIO",
+            Column::ReadPages => "READ_PAGES",
+            Column::WritePages => "WRITE_PAGES",
+            Column::DiscardPages => "DISCARD_PAGES",
+            Column::FailedReadPages => "FAILED_READ_PAGES",
+            Column::FailedWritePages => "FAILED_WRITE_PAGES",
+            Column::LimitHits => "LIMIT_HIT_PAGES",
+            Column::Socket => "SOCKET",
+            Column::State => "STATE",
+            Column::Worker => "WORKER",
+            Column::Migration => "MIGRATION",
+        }
+    }
+}
+
+/// Parses `-o`'s list: `NAME,ORIG_DATA,mem-used` (any case, `-` or `_`).
+fn parse_columns(s: &str) -> Result<Vec<Column>, String> {
+    s.split(',')
+        .map(|w| {
+            let want = w.trim().to_ascii_uppercase().replace('-', "_");
+            Column::ALL
+                .into_iter()
+                .find(|c| c.header() == want)
+                .ok_or_else(|| {
+                    let all: Vec<&str> = Column::ALL.iter().map(|c| c.header()).collect();
+                    format!("unknown column {w:?}; the columns: {}", all.join(","))
+                })
+        })
+        .collect()
+}
+
+/// `-o`'s value: the columns, or `help` for the list of them.
+fn parse_column_list(s: &str) -> Result<ColumnList, String> {
+    if s.trim().eq_ignore_ascii_case("help") {
+        let all: Vec<&str> = Column::ALL.iter().map(|c| c.header()).collect();
+        return Err(format!("the columns: {}", all.join(",")));
+    }
+    parse_columns(s).map(ColumnList)
 }
 
 /// What `vzram stat --names` lists.
@@ -454,7 +590,7 @@ pub struct SetLimitArgs {
     pub control: PathBuf,
     /// The device (name or index), then the new limit: 512M, 8G, ... (0 =
     /// none); with --host or --device, the limit alone.
-    #[arg(value_names = ["NAME", "SIZE"], num_args = 1..=2, required = true)]
+    #[arg(value_names = ["NAME", "SIZE"], num_args = 1..=2, required = true, allow_negative_numbers = true)]
     pub words: Vec<String>,
     /// The device, as a flag (the same as NAME).
     #[arg(long, value_name = "NAME", conflicts_with = "host")]
@@ -700,282 +836,4 @@ pub struct MigrateArgs {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    fn serve(args: &[&str]) -> Result<DaemonConfig, String> {
-        let cli = Cli::try_parse_from(["vzram", "serve"].iter().chain(args))
-            .map_err(|e| e.to_string())?;
-        let Command::Serve(s) = cli.command else {
-            unreachable!()
-        };
-        s.resolve().map_err(|e| e.0)
-    }
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn single_device() {
-        let c = serve(&[
-            "--socket",
-            "/tmp/x.sock",
-            "--size",
-            "8G",
-            "--queues",
-            "2",
-            "--algo",
-            "zstd:5",
-            "--readonly",
-        ])
-        .unwrap();
-        assert_eq!(c.devices.len(), 1);
-        let d = &c.devices[0];
-        assert_eq!((d.size, d.queues, d.readonly), (8 << 30, 2, true));
-        assert_eq!(d.algo, vzram_store::Codec::Zstd { level: 5 });
-    }
-
-    #[test]
-    fn many_devices() {
-        let c = serve(&[
-            "--device",
-            "socket=/tmp/a,size=1G",
-            "--device",
-            "socket=/tmp/b,size=2G,queues=1,name=b",
-            "--host-mem-limit",
-            "1G",
-            "--socket-mode",
-            "0660",
-        ])
-        .unwrap();
-        assert_eq!(c.devices.len(), 2);
-        assert_eq!(c.devices[1].name, "b");
-        assert_eq!(c.host_mem_limit, 1 << 30);
-        assert_eq!(c.socket_mode, 0o660);
-        assert_eq!(
-            c.control_mode, 0o600,
-            "--socket-mode is not the control socket's"
-        );
-        assert_eq!(c.seccomp, SeccompMode::On);
-    }
-
-    #[test]
-    fn a_device_too_large_for_its_table_is_refused_before_anything() {
-        let e = serve(&["--socket", "/tmp/x", "--size", "100T"]).unwrap_err();
-        assert!(e.contains("over the largest device, 64T"), "{e}");
-        assert!(serve(&["--socket", "/tmp/x", "--size", "64T"]).is_ok());
-        let e = serve(&["--socket", "/tmp/x", "--size", "1P"]).unwrap_err();
-        assert!(e.contains("unknown unit"), "{e}");
-    }
-
-    #[test]
-    fn the_program_itself_takes_socket_path_and_fd() {
-        let argv = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-        for (given, want) in [
-            (
-                vec!["vzram", "--socket-path", "/tmp/a", "--size", "1G"],
-                vec!["vzram", "serve", "--socket-path", "/tmp/a", "--size", "1G"],
-            ),
-            (
-                vec!["vzram", "--fd=3", "--size", "1G"],
-                vec!["vzram", "serve", "--fd=3", "--size", "1G"],
-            ),
-            (
-                vec!["vzram", "--size", "1G", "--socket-path=/tmp/a"],
-                vec!["vzram", "serve", "--size", "1G", "--socket-path=/tmp/a"],
-            ),
-            (vec!["vzram", "stat"], vec!["vzram", "stat"]),
-            (vec!["vzram", "--version"], vec!["vzram", "--version"]),
-            (vec!["vzram"], vec!["vzram"]),
-        ] {
-            assert_eq!(as_backend_program(argv(&given)), argv(&want));
-        }
-    }
-
-    /// `--help` names every key of `--device` (the device flags, read from
-    /// clap) and of the configuration file (read from its parser).
-    #[test]
-    fn help_names_every_key() {
-        let mut cmd = Cli::command();
-        let serve = cmd.find_subcommand_mut("serve").unwrap();
-        let help = |id: &str| {
-            serve
-                .get_arguments()
-                .find(|a| a.get_id() == id)
-                .and_then(|a| a.get_long_help().or(a.get_help()))
-                .map(|h| h.to_string())
-                .unwrap()
-        };
-        let device = help("devices");
-        let drafts = DeviceDraft::augment_args(clap::Command::new("x"));
-        for a in drafts.get_arguments() {
-            let key = format!("{}=", a.get_id().as_str().replace('_', "-"));
-            assert!(device.contains(&key), "--device help lacks {key}: {device}");
-        }
-        let file = help("config");
-        let keys = crate::config::file_keys();
-        assert!(keys.len() > 10, "{keys:?}");
-        for k in keys {
-            let k = if k == "device" {
-                "[[device]]".to_string()
-            } else {
-                k
-            };
-            assert!(file.contains(&k), "--config help lacks {k}: {file}");
-        }
-    }
-
-    #[test]
-    fn incoming_addresses() {
-        let c = serve(&[
-            "--device",
-            "socket=/tmp/a,size=1G,incoming=unix:/tmp/a.in",
-            "--socket",
-            "/tmp/b",
-            "--size",
-            "1G",
-            "--incoming",
-            "unix:/tmp/b.in",
-        ])
-        .unwrap();
-        assert_eq!(c.devices[0].incoming, Some(Addr::Unix("/tmp/a.in".into())));
-        assert_eq!(c.devices[1].incoming, Some(Addr::Unix("/tmp/b.in".into())));
-        // TCP is mutual TLS: without credentials it is refused at start.
-        let e = serve(&[
-            "--socket",
-            "/tmp/b",
-            "--size",
-            "1G",
-            "--incoming",
-            "tcp:127.0.0.1:4444",
-        ])
-        .unwrap_err();
-        assert!(e.contains("needs --tls-creds"), "{e}");
-        let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=/tmp/x"]).unwrap_err();
-        assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{e}");
-        let e = serve(&["--device", "socket=/tmp/a,size=1G,incoming=unix:/tmp/a"]).unwrap_err();
-        assert!(e.contains("also a device or control socket"), "{e}");
-        let e = serve(&[
-            "--device",
-            "socket=/tmp/a,size=1G,incoming=unix:/tmp/i",
-            "--device",
-            "socket=/tmp/b,size=1G,incoming=unix:/tmp/i",
-        ])
-        .unwrap_err();
-        assert!(e.contains("another device's"), "{e}");
-    }
-
-    #[test]
-    fn seccomp_flag() {
-        let base = ["--socket", "/tmp/x", "--size", "1G"];
-        let with = |m: &str| {
-            let mut a = base.to_vec();
-            a.extend(["--seccomp", m]);
-            serve(&a)
-        };
-        assert_eq!(with("off").unwrap().seccomp, SeccompMode::Off);
-        assert_eq!(with("on").unwrap().seccomp, SeccompMode::On);
-        assert_eq!(with("log").unwrap().seccomp, SeccompMode::Log);
-        assert!(with("sometimes").is_err());
-    }
-
-    #[test]
-    fn log_level_and_default_control() {
-        let parse = |a: &[&str]| {
-            let Command::Serve(s) = Cli::try_parse_from(a).unwrap().command else {
-                unreachable!()
-            };
-            s.log_level
-        };
-        assert_eq!(parse(&["vzram", "serve"]), LogLevel::Info);
-        assert_eq!(
-            parse(&["vzram", "serve", "--log-level", "debug"]),
-            LogLevel::Debug
-        );
-        assert!(Cli::try_parse_from(["vzram", "serve", "--log-level", "loud"]).is_err());
-        let Command::Stat(st) = Cli::try_parse_from(["vzram", "stat"]).unwrap().command else {
-            unreachable!()
-        };
-        assert!(st.control.ends_with("control.sock"), "{:?}", st.control);
-    }
-
-    #[test]
-    fn bad_input() {
-        assert!(serve(&["--socket", "/tmp/x", "--size", "12Q"]).is_err());
-        assert!(serve(&["--size", "1G"])
-            .unwrap_err()
-            .contains("need --socket"));
-        assert!(serve(&[]).unwrap_err().contains("no device"));
-        assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--queues", "0"]).is_err());
-        assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--algo", "gzip"]).is_err());
-        assert!(serve(&["--socket", "/tmp/x", "--size", "1G", "--socket-mode", "999"]).is_err());
-    }
-
-    #[test]
-    fn print_capabilities() {
-        assert!(wants_capabilities(["--print-capabilities"]));
-        assert!(wants_capabilities([
-            "serve",
-            "--bogus",
-            "--print-capabilities"
-        ]));
-        assert!(!wants_capabilities(["serve", "--", "--print-capabilities"]));
-        assert!(!wants_capabilities(["stat"]));
-        let v: serde_json::Value = serde_json::from_str(&capabilities()).unwrap();
-        assert_eq!(v["type"], "block");
-        assert_eq!(v["features"], serde_json::json!(["read-only"]));
-        // The feature it lists is a flag that works.
-        let c = serve(&["--socket", "/tmp/x", "--size", "1G", "--read-only"]).unwrap();
-        assert!(c.devices[0].readonly);
-    }
-
-    #[test]
-    fn set_limit_needs_a_target() {
-        let target = |a: &[&str]| {
-            let argv = ["vzram", "set-limit", "--control", "/c"].iter().chain(a);
-            match Cli::try_parse_from(argv)
-                .map_err(|e| e.to_string())?
-                .command
-            {
-                Command::SetLimit(s) => s.target(),
-                _ => unreachable!(),
-            }
-        };
-        let e = target(&["1G"]).unwrap_err();
-        assert!(e.contains("--device") && e.contains("--host"), "{e}");
-        let dev = |n: &str| LimitTarget::Device(n.into());
-        assert_eq!(target(&["--host", "1G"]), Ok((LimitTarget::Host, 1 << 30)));
-        assert_eq!(target(&["vm1", "1G"]), Ok((dev("vm1"), 1 << 30)));
-        assert_eq!(target(&["--device", "0", "1G"]), Ok((dev("0"), 1 << 30)));
-        assert!(target(&["--device", "0", "--host", "1G"]).is_err());
-        assert!(target(&["vm1", "--host", "1G"]).is_err());
-        assert!(target(&["vm1", "1Q"]).unwrap_err().contains("unknown unit"));
-        // Every device command takes NAME, or --device NAME, alike.
-        for cmd in [
-            "stat",
-            "compact",
-            "reset-max",
-            "remove",
-            "reset",
-            "forget",
-            "mark-idle",
-            "recompress",
-            "writeback",
-        ] {
-            for form in [&["vm1"][..], &["--device", "vm1"]] {
-                let argv: Vec<&str> = ["vzram", cmd]
-                    .into_iter()
-                    .chain(form.iter().copied())
-                    .collect();
-                Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{cmd} {form:?}: {e}"));
-            }
-        }
-        for form in [&["vm1"][..], &["--device", "vm1"]] {
-            let argv = ["vzram", "migrate", "--commit"].iter().chain(form);
-            Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("migrate {form:?}: {e}"));
-        }
-    }
-}
+mod tests;

@@ -19,7 +19,7 @@ use crate::proto::control::{
     HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, ReloadChange, Reloaded,
     Removed, ReplyError, Request, Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
 };
-use render::{human, render};
+use render::{human, render, render_columns, Style};
 
 mod complete;
 mod docs;
@@ -121,7 +121,18 @@ pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
         Some(NameList::Leftovers) => return Ok(lines(stat.leftovers.iter().map(|l| &l.name))),
         None => {}
     }
-    let mut out = render(&stat);
+    let style = Style {
+        bytes: args.bytes,
+        headings: !args.noheadings,
+        raw: args.raw,
+    };
+    if let Some(cols) = &args.output {
+        return Ok(render_columns(&stat, &cols.0, style));
+    }
+    let mut out = render(&stat, style);
+    if !style.headings || style.raw {
+        return Ok(out);
+    }
     // Absent from a daemon older than the version field.
     if let Some(v) = Head::of(&reply).and_then(|h| h.version) {
         out += &format!("daemon: vzram {v}\n");

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use crate::cli::Column;
 use crate::proto::control::{DeviceStat, MigrationState, StatReply};
 
 /// Bytes in binary units, one decimal: `512 B`, `1.5 KiB`, `8.0 GiB`.
@@ -33,9 +34,75 @@ fn ratio(orig: u64, used: u64) -> String {
     }
 }
 
-/// Formats rows into left-aligned first column and right-aligned numbers.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+/// How `vzram stat` prints, as zramctl's options say: sizes in bytes
+/// (`--bytes`), no header lines (`--noheadings`), cells one space apart
+/// with no padding (`--raw`).
+#[derive(Debug, Clone, Copy)]
+pub struct Style {
+    pub bytes: bool,
+    pub headings: bool,
+    pub raw: bool,
+}
+
+impl Style {
+    /// A size cell: bytes, or binary units (with no space when raw, so a
+    /// cell stays one word).
+    fn size(&self, n: u64) -> String {
+        if self.bytes {
+            n.to_string()
+        } else if self.raw {
+            human(n).replace(' ', "")
+        } else {
+            human(n)
+        }
+    }
+}
+
+impl Style {
+    /// The default: aligned, with headers, sizes in binary units.
+    #[cfg(test)]
+    pub fn for_people() -> Style {
+        Style {
+            bytes: false,
+            headings: true,
+            raw: false,
+        }
+    }
+}
+
+/// Rows as `style` says; aligned: a left-aligned first column and
+/// right-aligned numbers.
+fn table_in(style: Style, header: &[&str], rows: &[Vec<String>]) -> String {
+    if style.raw {
+        let mut out = String::new();
+        let lines = style
+            .headings
+            .then_some(header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
+        for r in lines.iter().chain(rows) {
+            let cells: Vec<String> = r
+                .iter()
+                .map(|c| {
+                    if c.is_empty() {
+                        "-".into()
+                    } else {
+                        c.replace(' ', "_")
+                    }
+                })
+                .collect();
+            out += &cells.join(" ");
+            out.push('\n');
+        }
+        return out;
+    }
+    let cols = rows
+        .iter()
+        .map(Vec::len)
+        .chain([header.len()])
+        .max()
+        .unwrap_or(0);
+    let mut widths: Vec<usize> = (0..cols)
+        .map(|i| header.get(i).map_or(0, |h| h.len()))
+        .collect();
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.len());
@@ -54,7 +121,9 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(s.trim_end());
         out.push('\n');
     };
-    line(&mut header.iter().copied());
+    if style.headings {
+        line(&mut header.iter().copied());
+    }
     for r in rows {
         line(&mut r.iter().map(String::as_str));
     }
@@ -63,10 +132,16 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 
 /// The human-readable form of a stat reply: zram's mm_stat and io_stat,
 /// one row per device and one for the whole pool.
-pub fn render(reply: &StatReply) -> String {
+pub fn render(reply: &StatReply, style: Style) -> String {
     let devices = &reply.devices;
     let pool = &reply.pool;
-    let limit = |n: u64| if n == 0 { "-".to_string() } else { human(n) };
+    let limit = |n: u64| {
+        if n == 0 {
+            "-".to_string()
+        } else {
+            style.size(n)
+        }
+    };
 
     // orig, compr, used, limit, max, same, huge, compacted, backed; RATIO
     // is what memory holds over the memory it takes.
@@ -74,11 +149,11 @@ pub fn render(reply: &StatReply) -> String {
         |name: &str, [orig, compr, used, lim, max, same, huge, compacted, backed]: [u64; 9]| {
             vec![
                 name.to_string(),
-                human(orig),
-                human(compr),
-                human(used),
+                style.size(orig),
+                style.size(compr),
+                style.size(used),
                 limit(lim),
-                human(max),
+                style.size(max),
                 same.to_string(),
                 huge.to_string(),
                 compacted.to_string(),
@@ -126,7 +201,7 @@ pub fn render(reply: &StatReply) -> String {
             let s = &d.stats;
             vec![
                 d.name.clone(),
-                human(d.size_bytes),
+                style.size(d.size_bytes),
                 d.algo.to_string(),
                 d.queues.to_string(),
                 if d.readonly { "ro" } else { "rw" }.to_string(),
@@ -140,8 +215,15 @@ pub fn render(reply: &StatReply) -> String {
         })
         .collect();
 
+    if !style.headings || style.raw {
+        // For scripts: the rows alone (`-o` picks columns of one table).
+        let mut out = table_in(style, &[], &mm);
+        out += &table_in(style, &[], &io);
+        return out;
+    }
     let mut out = String::from("mm_stat\n");
-    out += &table(
+    out += &table_in(
+        style,
         &[
             "NAME",
             "ORIG_DATA",
@@ -151,13 +233,14 @@ pub fn render(reply: &StatReply) -> String {
             "MEM_USED_MAX",
             "SAME_PAGES",
             "HUGE_PAGES",
-            "COMPACTED",
+            "COMPACTED_PAGES",
             "RATIO",
         ],
         &mm,
     );
     out += "\nio_stat\n";
-    out += &table(
+    out += &table_in(
+        style,
         &[
             "NAME",
             "SIZE",
@@ -165,11 +248,11 @@ pub fn render(reply: &StatReply) -> String {
             "QUEUES",
             "MODE",
             "CONNECTED",
-            "READS",
-            "WRITES",
-            "DISCARDS",
-            "FAILED_READS",
-            "FAILED_WRITES",
+            "READ_PAGES",
+            "WRITE_PAGES",
+            "DISCARD_PAGES",
+            "FAILED_READ_PAGES",
+            "FAILED_WRITE_PAGES",
         ],
         &io,
     );
@@ -199,12 +282,13 @@ pub fn render(reply: &StatReply) -> String {
                     s.backed_writes.to_string(),
                     s.spills.to_string(),
                     s.pages_recompressed.to_string(),
-                    human(s.recompress_saved_bytes),
+                    style.size(s.recompress_saved_bytes),
                 ]
             })
             .collect();
         out += "\nbd_stat\n";
-        out += &table(
+        out += &table_in(
+            style,
             &[
                 "NAME",
                 "BLOCKS",
@@ -228,7 +312,7 @@ pub fn render(reply: &StatReply) -> String {
             out,
             ", state {} ({})",
             d.state.display(),
-            human(d.state_bytes)
+            style.size(d.state_bytes)
         );
         if d.state_damaged {
             out += ", STATE DAMAGED (a state file lost its pages; restart the daemon)";
@@ -250,7 +334,7 @@ pub fn render(reply: &StatReply) -> String {
                 out,
                 ", migration {st}: pass {}, {} in {} records",
                 m.pass,
-                human(m.bytes),
+                style.size(m.bytes),
                 m.records
             );
             if m.state == MigrationState::Sending {
@@ -273,8 +357,8 @@ pub fn render(reply: &StatReply) -> String {
             .map(|l| {
                 vec![
                     l.name.clone(),
-                    human(l.size_bytes),
-                    human(l.state_bytes),
+                    style.size(l.size_bytes),
+                    style.size(l.state_bytes),
                     l.socket
                         .as_ref()
                         .map_or("(not recorded)".to_string(), |s| s.display().to_string()),
@@ -282,7 +366,11 @@ pub fn render(reply: &StatReply) -> String {
                 ]
             })
             .collect();
-        out += &table(&["NAME", "SIZE", "MEM_HELD", "MADE_FOR", "STATE"], &rows);
+        out += &table_in(
+            style,
+            &["NAME", "SIZE", "MEM_HELD", "MADE_FOR", "STATE"],
+            &rows,
+        );
         for l in &reply.leftovers {
             let serve = match &l.socket {
                 Some(s) => format!(
@@ -299,6 +387,54 @@ pub fn render(reply: &StatReply) -> String {
         }
     }
     out
+}
+
+/// Device `d`'s cell in column `col`.
+fn cell(col: Column, d: &DeviceStat, style: Style) -> String {
+    let s = &d.stats;
+    let text = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    match col {
+        Column::Name => d.name.clone(),
+        Column::Size => style.size(d.size_bytes),
+        Column::Algo => d.algo.to_string(),
+        Column::Queues => d.queues.to_string(),
+        Column::Mode => if d.readonly { "ro" } else { "rw" }.into(),
+        Column::Connected => if d.connected { "yes" } else { "no" }.into(),
+        Column::OrigData => style.size(s.orig_data_size),
+        Column::ComprData => style.size(s.compr_data_size),
+        Column::MemUsed => style.size(s.mem_used_total),
+        Column::MemLimit if s.mem_limit == 0 => "-".into(),
+        Column::MemLimit => style.size(s.mem_limit),
+        Column::MemUsedMax => style.size(s.mem_used_max),
+        Column::SamePages => s.same_pages.to_string(),
+        Column::HugePages => s.huge_pages.to_string(),
+        Column::CompactedPages => s.pages_compacted.to_string(),
+        Column::Ratio => ratio(
+            in_memory(s.orig_data_size, s.backed_pages),
+            s.mem_used_total,
+        ),
+        Column::ReadPages => s.reads.to_string(),
+        Column::WritePages => s.writes.to_string(),
+        Column::DiscardPages => s.discards.to_string(),
+        Column::FailedReadPages => s.failed_reads.to_string(),
+        Column::FailedWritePages => s.failed_writes.to_string(),
+        Column::LimitHits => s.limit_hits.to_string(),
+        Column::Socket => d.socket.display().to_string(),
+        Column::State => d.state.display().to_string(),
+        Column::Worker => text(serde_json::to_value(d.worker.state).unwrap_or_default()),
+        Column::Migration => text(serde_json::to_value(d.migration.state).unwrap_or_default()),
+    }
+}
+
+/// `vzram stat -o COLS`: one table, one row per device.
+pub fn render_columns(reply: &StatReply, cols: &[Column], style: Style) -> String {
+    let header: Vec<&str> = cols.iter().map(|c| c.header()).collect();
+    let rows: Vec<Vec<String>> = reply
+        .devices
+        .iter()
+        .map(|d| cols.iter().map(|&c| cell(c, d, style)).collect())
+        .collect();
+    table_in(style, &header, &rows)
 }
 
 #[cfg(test)]
@@ -384,7 +520,7 @@ mod tests {
         reply.pool.orig_data_size = 8192;
         reply.pool.compr_data_size = 100;
         reply.pool.mem_used_total = 4096;
-        let t = render(&reply);
+        let t = render(&reply, Style::for_people());
         assert!(t.contains("mm_stat") && t.contains("io_stat"), "{t}");
         let row = t.lines().find(|l| l.starts_with("vm1 ")).unwrap();
         assert!(row.contains("8.0 KiB") && row.contains("2.00"), "{row}");
@@ -412,7 +548,7 @@ mod tests {
         };
         reply.pool.orig_data_size = 10 * 4096;
         reply.pool.mem_used_total = 4096;
-        let t = render(&reply);
+        let t = render(&reply, Style::for_people());
         for name in ["vm1 ", "(pool)"] {
             let row = t.lines().find(|l| l.starts_with(name)).unwrap();
             assert!(row.trim_end().ends_with(" 2.00"), "{row}");
@@ -442,7 +578,7 @@ mod tests {
             state_dir: Default::default(),
             leftovers: Vec::new(),
         };
-        let t = render(&reply);
+        let t = render(&reply, Style::for_people());
         assert!(t.contains("bd_stat"), "{t}");
         let head = t
             .lines()

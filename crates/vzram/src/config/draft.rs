@@ -31,11 +31,11 @@ pub struct DeviceDraft {
     #[serde(alias = "path")]
     pub socket: Option<PathBuf>,
     /// Capacity of that device: 512M, 8G, 1T or bytes (a multiple of 4096).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, allow_negative_numbers = true)]
     #[serde(default, deserialize_with = "de::size")]
     pub size: Option<u64>,
     /// Virtqueues of that device, one worker thread each [default: 4].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     #[serde(default, alias = "num-queues", deserialize_with = "de::number")]
     pub queues: Option<u16>,
     /// Compression: lz4, zstd or zstd:LEVEL [default: lz4].
@@ -43,7 +43,7 @@ pub struct DeviceDraft {
     #[serde(default, alias = "comp-algorithm", deserialize_with = "de::codec")]
     pub algo: Option<Codec>,
     /// Cap on the memory that device may use (0 = none).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, allow_negative_numbers = true)]
     #[serde(default, alias = "mem-limit", deserialize_with = "de::size")]
     pub mem_limit: Option<u64>,
     /// Serial the guest reads with GET_ID (at most 20 bytes) [default:
@@ -128,10 +128,12 @@ pub struct DeviceDraft {
 /// keys of a `[[device]]` table.
 pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, String> {
     let mut map = serde_json::Map::new();
-    for part in s.split(',').filter(|p| !p.is_empty()) {
+    // A space after a comma (`socket=P, size=8G`) is no part of the key.
+    for part in s.split(',').map(str::trim_start).filter(|p| !p.is_empty()) {
         let (k, v) = part
             .split_once('=')
             .ok_or_else(|| format!("bad device option {part:?}: expected key=value"))?;
+        let k = k.trim_end();
         // `_` and `-` name the same key: `mem-limit=1G,mem_limit=2G` too.
         let dup = map
             .keys()

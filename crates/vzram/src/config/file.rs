@@ -168,6 +168,13 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             .filter(|l| !l.is_empty())
             .collect::<Vec<_>>()
             .join("; ");
+        // `[device]` is one table where the file wants an array of them.
+        let at = e.span().and_then(|s| text.get(s)).unwrap_or_default();
+        let msg = if msg.contains("expected a sequence") && at.trim_start().starts_with("[device]") {
+            "[device] is one table: each device is a [[device]] table (double brackets), one per device".to_string()
+        } else {
+            msg
+        };
         match e
             .span()
             .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)

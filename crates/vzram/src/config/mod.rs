@@ -24,8 +24,8 @@ pub use draft::{parse_device_spec, DeviceDraft};
 pub use file::{keys as file_keys, load_file, parse_file, FileDrafts};
 pub use parse::{
     default_recompress_algo, parse_bool, parse_codec, parse_duration, parse_metrics_addr,
-    parse_mode, parse_size, ConfigError, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US,
-    MIN_IDLE_AFTER,
+    parse_mode, parse_size, size_text, tiny_limit, ConfigError, DEFAULT_QUEUES,
+    DEFAULT_SOCKET_MODE, MAX_POLL_US, MIN_IDLE_AFTER,
 };
 use state_dir::runtime_directory;
 pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
@@ -456,12 +456,13 @@ impl DaemonConfig {
             };
             if size == 0 || size % PAGE_SIZE as u64 != 0 {
                 return err(format!(
-                    "device {name}: size {size} bytes is not a positive multiple of {PAGE_SIZE} (sizes are whole pages)"
+                    "device {name}: size {} is not a positive multiple of {PAGE_SIZE} bytes (sizes are whole pages)", parse::size_text(size)
                 ));
             }
             if size > parse::MAX_DEVICE_SIZE {
                 return err(format!(
-                    "device {name}: size {size} bytes is over the largest device, {}T",
+                    "device {name}: size {} is over the largest device, {}T",
+                    parse::size_text(size),
                     parse::MAX_DEVICE_SIZE >> 40
                 ));
             }
@@ -521,7 +522,9 @@ impl DaemonConfig {
                 // Compressed pages take at most a page each: a limit above
                 // the size is a typo, or meant for another device.
                 return err(format!(
-                    "device {name}: mem-limit {mem_limit} is above its size {size} (0 means no limit)"
+                    "device {name}: mem-limit {} is above its size {} (0 means no limit)",
+                    parse::size_text(mem_limit),
+                    parse::size_text(size)
                 ));
             }
             // One above the host limit is accepted, with a warning when

@@ -26,6 +26,11 @@ pub(super) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 /// whole number of bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!(
+            "bad size {s:?}: a size cannot be negative (0 means none where a limit is meant)"
+        ));
+    }
     let t = t
         .strip_suffix("iB")
         .or_else(|| t.strip_suffix("ib"))
@@ -82,11 +87,59 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
     }
 }
 
-/// Parses `--metrics`: an IP address and a port, `127.0.0.1:9100` or
-/// `[::1]:9100` (port 0: any free one, reported by `vzram stat`).
+/// A size as a user would type it, exactly: `2G`, `8232K`, `512 bytes`
+/// (messages name sizes this way, never as a bare count of bytes).
+pub fn size_text(bytes: u64) -> String {
+    for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+/// Below this, a memory limit holds too few pages for a disk to work:
+/// most writes would fail (`set-limit vm1 512` meant 512M).
+pub const FEW_PAGES: u64 = 256;
+
+/// The warning a memory limit of `bytes` deserves for being tiny, if it is.
+pub fn tiny_limit(what: &str, bytes: u64) -> Option<String> {
+    let page = 4096;
+    (bytes != 0 && bytes < FEW_PAGES * page).then(|| {
+        let hint = if bytes < 1024 {
+            format!(" (a size without a unit is bytes: did you mean {bytes}M?)")
+        } else {
+            String::new()
+        };
+        format!(
+            "{what} of {} holds at most {} pages: most writes will fail{hint}",
+            size_text(bytes),
+            bytes / page
+        )
+    })
+}
+
+/// Parses `--metrics`: an address and a port, `127.0.0.1:9100`,
+/// `[::1]:9100`, `localhost:9100` (127.0.0.1), or `:9100` (every
+/// interface, as Prometheus exporters take it); port 0: any free one,
+/// reported by `vzram stat`. Other host names are not looked up: a reload
+/// reads the file again under the seccomp filter, where no lookup may run.
 pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse()
-        .map_err(|_| format!("bad metrics address {s:?}: expected IP:PORT, such as 127.0.0.1:9100"))
+    let bad = |why: &str| {
+        format!("bad metrics address {s:?}: {why}; expected IP:PORT, localhost:PORT or :PORT, such as 127.0.0.1:9100")
+    };
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    let port: u16 = port.parse().map_err(|_| bad("not a port"))?;
+    match host {
+        "" => Ok(SocketAddr::from(([0, 0, 0, 0], port))),
+        h if h.eq_ignore_ascii_case("localhost") => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
+        _ => Err(bad(
+            "a host name other than localhost (give its IP address)",
+        )),
+    }
 }
 
 pub fn parse_codec(s: &str) -> Result<Codec, String> {

@@ -8,6 +8,7 @@
 use super::error::{Error, Result};
 use super::served::Served;
 use super::Supervisor;
+use crate::config::{size_text, tiny_limit};
 
 /// Why a limit below what is held now changes nothing at once.
 const BELOW_USE: &str = "nothing stored is dropped; writes of new pages fail (or spill to a backing file) until it holds less";
@@ -17,8 +18,10 @@ impl Supervisor {
     pub fn set_device_limit(&self, d: &Served, bytes: u64) -> Result<Vec<String>> {
         if bytes > d.spec.size {
             return Err(Error::Invalid(format!(
-                "device {}: a limit of {bytes} bytes is above its size {} (0 means no limit)",
-                d.spec.name, d.spec.size
+                "device {}: a limit of {} is above its size {} (0 means no limit)",
+                d.spec.name,
+                size_text(bytes),
+                size_text(d.spec.size)
             )));
         }
         // The worker, if any, reads the limit from the shared cells.
@@ -32,17 +35,23 @@ impl Supervisor {
         let budget = d.cells.budget();
         let (bytes, used) = (budget.limit(), budget.used());
         let host = self.pool.host_mem_limit();
-        let mut w = Vec::new();
+        let mut w: Vec<String> = tiny_limit(&format!("device {}: a limit", d.spec.name), bytes)
+            .into_iter()
+            .collect();
         if bytes != 0 && host != 0 && bytes > host {
             w.push(format!(
-                "device {}: its limit of {bytes} bytes is above the host limit of {host}: the host limit caps it first",
-                d.spec.name
+                "device {}: its limit of {} is above the host limit of {}: the host limit caps it first",
+                d.spec.name,
+                size_text(bytes),
+                size_text(host)
             ));
         }
         if bytes != 0 && used > bytes {
             w.push(format!(
-                "device {}: its limit of {bytes} bytes is below the {used} bytes it holds now: {BELOW_USE}",
-                d.spec.name
+                "device {}: its limit of {} is below the {} it holds now: {BELOW_USE}",
+                d.spec.name,
+                size_text(bytes),
+                size_text(used)
             ));
         }
         for m in &w {
@@ -63,22 +72,26 @@ impl Supervisor {
     pub fn host_limit_warnings(&self, devices: bool) -> Vec<String> {
         let host = self.pool.host_cells().budget();
         let (bytes, used) = (host.limit(), host.used());
-        let mut w = Vec::new();
         if bytes == 0 {
-            return w;
+            return Vec::new();
         }
+        let mut w: Vec<String> = tiny_limit("the host limit", bytes).into_iter().collect();
         for (_, d) in self.devices().into_iter().filter(|_| devices) {
             let limit = d.cells.budget().limit();
             if limit > bytes {
                 w.push(format!(
-                    "the host limit of {bytes} bytes is below device {}'s limit of {limit}: the host limit caps it first",
-                    d.spec.name
+                    "the host limit of {} is below device {}'s limit of {}: the host limit caps it first",
+                    size_text(bytes),
+                    d.spec.name,
+                    size_text(limit)
                 ));
             }
         }
         if used > bytes {
             w.push(format!(
-                "the host limit of {bytes} bytes is below the {used} bytes the devices hold now: {BELOW_USE}"
+                "the host limit of {} is below the {} the devices hold now: {BELOW_USE}",
+                size_text(bytes),
+                size_text(used)
             ));
         }
         for m in &w {

@@ -243,7 +243,7 @@ fn process_metrics_are_the_supervisors() {
         ],
         &[&a],
     );
-    assert!(d.log_text().contains("seccomp filter active"));
+    assert!(d.wait_log("seccomp filter active"), "{}", d.log_text());
     let addr: SocketAddr = d.stat().0.metrics.unwrap().parse().unwrap();
     let proc_dir = format!("/proc/{}", d.pid());
     let fds_now = || std::fs::read_dir(format!("{proc_dir}/fd")).unwrap().count() as f64;

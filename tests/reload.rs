@@ -89,7 +89,7 @@ fn sighup_adds_removes_and_sets_limits_and_logs_what_needs_a_restart() {
     )
     .unwrap();
     let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a, &b]);
-    assert!(d.log_text().contains("seccomp filter active"));
+    assert!(d.wait_log("seccomp filter active"), "{}", d.log_text());
     let b_state = d.stat().dev("b").state.clone();
     assert!(b_state.exists());
 

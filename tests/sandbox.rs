@@ -100,6 +100,9 @@ fn filter_is_on_by_default_on_every_thread_and_io_works() {
         &[&sock],
     );
     let pid = d.pid();
+    // The filter is in place once the log says so (the control socket is
+    // bound before it is installed).
+    assert!(d.wait_log("seccomp filter active"), "{}", d.log_text());
     let (mode, filters) = seccomp_of(pid);
     eprintln!("Seccomp: {mode}, Seccomp_filters: {filters}");
     assert_eq!(mode, "2", "seccomp filter mode expected:\n{}", d.log_text());

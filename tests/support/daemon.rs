@@ -151,6 +151,22 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Whether the log says `needle` within 20 s: the control socket is
+    /// bound before the last start-up lines are written (the seccomp
+    /// filter's, for one), and a busy host may be slow between them.
+    pub fn wait_log(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.log_text().contains(needle) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Whether the daemon has exited (and been reaped, or can be now).
     pub fn has_exited(&mut self) -> bool {
         match self.child.as_mut() {

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use vzram_tests::guest::{Ctx, GuestOpts, Qmp};
+use vzram_tests::guest::{swapping, wait_migration, Ctx, Qmp};
 use vzram_tests::{ensure, s, Summary, MIB};
 
 const SWAP_BOOT: Duration = Duration::from_secs(300);
@@ -67,16 +67,6 @@ fn ends(ctx: &Ctx) -> Ends {
         da,
         db,
     }
-}
-
-/// A guest swapping on `sock` for `rounds` pressure rounds, with QMP.
-fn swapping(sock: &Path, qmp: &Path, rounds: u32) -> GuestOpts {
-    GuestOpts::new(sock, "swap")
-        .queues(2)
-        .mem("256M")
-        .arg(format!("vzram.rounds={rounds}"))
-        .qemu_arg("-qmp")
-        .qemu_arg(format!("unix:{},server=on,wait=off", s(qmp)))
 }
 
 /// The shipped libvirt hook (`contrib/libvirt/hooks/qemu DOMAIN OP SUB`)
@@ -266,27 +256,6 @@ fn a_guest_migrates_with_its_swap_and_finishes_with_every_page_intact() {
     eprintln!("  the hook's sender said: {}", said.trim());
     da.shutdown();
     db.shutdown();
-}
-
-/// Waits until `d`'s device at `sock` is in migration state `want`.
-fn wait_migration(
-    d: &mut vzram_tests::Daemon,
-    sock: &std::path::Path,
-    want: vzram_tests::MigrationState,
-    limit: Duration,
-) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let m = d.stat_cli().dev_at(sock).migration.clone();
-        if m.state == want {
-            return;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "not {want:?} after {limit:?}: {m:?}"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The two ways a migration that does not happen must leave the guest whole

@@ -15,7 +15,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringT};
@@ -34,6 +34,7 @@ use crate::dirty::{carry_log, LogBitmap};
 use crate::poll::Poller;
 use crate::pool::CompressPool;
 use crate::queue::{drain_queue, QueueError, Scratch};
+use crate::ratelimit::RateLimit;
 use crate::vring::BlkVring;
 
 /// Guest memory as the framework hands it to us. Every region carries a
@@ -76,44 +77,6 @@ pub struct BlkBackend {
 struct Gate {
     closed: bool,
     parked: Vec<(usize, Vring)>,
-}
-
-/// Lets one event through per interval and counts the rest.
-struct RateLimit {
-    start: Instant,
-    interval: Duration,
-    /// Nanoseconds since `start` before which events are only counted.
-    next: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl RateLimit {
-    fn new(interval: Duration) -> RateLimit {
-        RateLimit {
-            start: Instant::now(),
-            interval,
-            next: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    /// Some(events suppressed since the last one let through), or None.
-    fn allow(&self) -> Option<u64> {
-        let now = self.start.elapsed().as_nanos() as u64;
-        let next = self.next.load(Ordering::Relaxed);
-        let later = now + self.interval.as_nanos() as u64;
-        if now >= next
-            && self
-                .next
-                .compare_exchange(next, later, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            Some(self.suppressed.swap(0, Ordering::Relaxed))
-        } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            None
-        }
-    }
 }
 
 impl BlkBackend {
@@ -460,18 +423,6 @@ mod tests {
         b.handle_event(0, EventSet::IN, std::slice::from_ref(&vring), 0)
             .unwrap();
         assert_eq!(made(&b), [true, true]);
-    }
-
-    #[test]
-    fn rate_limit_lets_one_through_per_interval() {
-        let r = RateLimit::new(Duration::from_secs(3600));
-        assert_eq!(r.allow(), Some(0));
-        for _ in 0..1000 {
-            assert_eq!(r.allow(), None);
-        }
-        let r = RateLimit::new(Duration::ZERO);
-        assert_eq!(r.allow(), Some(0));
-        assert_eq!(r.allow(), Some(0));
     }
 
     #[test]

@@ -73,6 +73,22 @@ impl ExecError {
     }
 }
 
+impl ExecError {
+    /// Whether the host failed the request, not the guest's asking: a
+    /// limit, a full or failing state, a lost page. The operator must hear
+    /// of these; the rest only the guest needs to.
+    pub fn host_side(&self) -> bool {
+        match self {
+            ExecError::Store(_) | ExecError::GuestMemory(_) | ExecError::Lost => true,
+            ExecError::OutOfRange
+            | ExecError::ReadOnly
+            | ExecError::Unsupported
+            | ExecError::TooManySegments(..)
+            | ExecError::SegmentTooLong(_) => false,
+        }
+    }
+}
+
 impl From<vm_memory::GuestMemoryError> for ExecError {
     fn from(e: vm_memory::GuestMemoryError) -> Self {
         ExecError::GuestMemory(e.to_string())

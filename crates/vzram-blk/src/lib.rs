@@ -16,6 +16,7 @@ pub mod guest;
 pub mod poll;
 pub mod pool;
 pub mod queue;
+mod ratelimit;
 pub mod request;
 pub mod rings;
 pub mod vring;

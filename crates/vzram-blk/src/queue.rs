@@ -9,7 +9,7 @@
 //! whose multi-page reads it decompresses.
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use vhost_user_backend::VringState;
@@ -20,6 +20,7 @@ use vzram_store::{Context, Device, Op, Page, PAGE_SIZE};
 use crate::device::{BlkDevice, ExecError, STATUS_IOERR, STATUS_OK};
 use crate::poll::Poller;
 use crate::pool::{Batch, CompressPool, GuestPage, Held, BATCH_PAGES};
+use crate::ratelimit::RateLimit;
 use crate::request::{Request, RequestError, RequestType, SegmentCursor};
 
 /// Why a queue stopped draining; the guest's doing, logged and survived.
@@ -368,6 +369,13 @@ fn run_chain<M: GuestMemory, H: ChainHook>(
     finish_chain(mem, req, result, head, hook)
 }
 
+/// One warning a second for requests the host failed: a process serves
+/// one VM, so this is that VM's.
+fn host_failures() -> &'static RateLimit {
+    static LIMIT: OnceLock<RateLimit> = OnceLock::new();
+    LIMIT.get_or_init(|| RateLimit::new(Duration::from_secs(1)))
+}
+
 /// Writes a chain's status byte; returns the used length.
 fn finish_chain<M: GuestMemory, H: ChainHook>(
     mem: &M,
@@ -379,7 +387,11 @@ fn finish_chain<M: GuestMemory, H: ChainHook>(
     let (status, written) = match &result {
         Ok(n) => (STATUS_OK, *n),
         Err(ChainError::Exec(e)) => {
-            tracing::debug!(kind = ?req.kind, sector = req.sector, "request failed: {e}");
+            if !e.host_side() {
+                tracing::debug!(kind = ?req.kind, sector = req.sector, "request failed: {e}");
+            } else if let Some(suppressed) = host_failures().allow() {
+                tracing::warn!(kind = ?req.kind, sector = req.sector, suppressed, "request failed: {e}");
+            }
             (e.status(), 0)
         }
         Err(ChainError::Malformed(e)) => {

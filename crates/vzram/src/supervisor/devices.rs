@@ -52,7 +52,7 @@ impl Supervisor {
             socket: Some(spec.socket_abs()),
             adopt: spec.adopt,
         };
-        let (report, fds) = self.ask(|id| Request::Prepare {
+        let (report, fds) = self.launcher.ask(|id| Request::Prepare {
             id,
             socket: spec.socket.clone(),
             mode: self.env.socket_mode,
@@ -94,7 +94,7 @@ impl Supervisor {
         };
         let socket = spec.socket.clone();
         let undo = |e: Error| {
-            let _ = self.ask(|id| Request::Remove {
+            let _ = self.launcher.ask(|id| Request::Remove {
                 id,
                 socket: Some(socket.clone()),
                 state: None,
@@ -262,7 +262,7 @@ impl Supervisor {
                 Err(_) => return Err(Error::InUse(name)),
             }
         }
-        let (report, _) = self.ask(|id| Request::Remove {
+        let (report, _) = self.launcher.ask(|id| Request::Remove {
             id,
             socket: Some(socket),
             state: (!keep_state).then_some(dir),
@@ -368,7 +368,7 @@ impl Supervisor {
         else {
             return Err(Error::NoLeftover(name.to_string()));
         };
-        let (report, _) = self.ask(|id| Request::Remove {
+        let (report, _) = self.launcher.ask(|id| Request::Remove {
             id,
             socket: None,
             state: Some(l.dir.clone()),

@@ -239,13 +239,15 @@ impl Supervisor {
             error,
         };
         let (ours, theirs) = seqpacket_pair()?;
-        let id = self.next_id.fetch_add(1, Relaxed);
+        let id = self.launcher.next_id();
         let req = Request::Connect {
             id,
             addr: to.clone(),
             wait_ms: wait.as_millis() as u64,
         };
-        wire::send(&self.launcher, &req, &[theirs.as_raw_fd()]).map_err(Error::Launcher)?;
+        self.launcher
+            .send(&req, &[theirs.as_raw_fd()])
+            .map_err(Error::Launcher)?;
         drop(theirs);
         // The helper is killed a little after `wait`, which closes its end;
         // this is a last bound should even that not happen.

@@ -18,19 +18,18 @@
 //! launcher ([`launch`]), the control socket ([`control`]), `/metrics`
 //! ([`metrics`]) and start-up ([`daemon`]).
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vzram_store::Pool;
 
 use crate::proto::control::{WorkerState, WorkerStatus};
-use crate::proto::launch::{Report, Request};
+use crate::proto::launch::Request;
 use crate::proto::worker_spec::{LogFormat, LogLevel, SeccompMode};
 use crate::sys::notify::Notifier;
 use served::{Phase, Served};
@@ -75,8 +74,6 @@ pub struct WorkerEnv {
     /// `--tls-creds`, read at start: the workers may open no files.
     pub tls: Option<Arc<crate::proto::tls::CredsDir>>,
 }
-/// A launcher's answer and the descriptors that came with it.
-type Reply = (Report, Vec<OwnedFd>);
 
 /// Supervisor state shared by its loop, the control server and `run`.
 pub struct Supervisor {
@@ -84,17 +81,14 @@ pub struct Supervisor {
     devices: RwLock<Vec<Option<Arc<Served>>>>,
     pub pool: Arc<Pool>,
     host_file: std::fs::File,
-    launcher: OwnedFd,
+    launcher: launch::Launcher,
     wake: EventFd,
     env: WorkerEnv,
-    next_id: AtomicU64,
     stopping: AtomicBool,
     /// The service manager, told how many devices are connected.
     notifier: Mutex<Option<Arc<Notifier>>>,
     /// One `add` at a time (names and sockets must stay unique).
     adding: Mutex<()>,
-    /// Launcher requests waiting for their reply, by id.
-    replies: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
     /// States in the state dirs that no device serves (found at start).
     leftovers: Mutex<Vec<vzram_store::Leftover>>,
     /// Left-over states of devices removed while connected (`remove
@@ -102,16 +96,6 @@ pub struct Supervisor {
     cut_off: Mutex<std::collections::HashSet<PathBuf>>,
     /// The loop ended with an error: the daemon exits non-zero.
     loop_failed: AtomicBool,
-    /// The watchdog's view of the launcher.
-    dog: Mutex<Dog>,
-}
-
-/// When the launcher was last pinged and last answered.
-#[derive(Default)]
-struct Dog {
-    ping_sent: Option<Instant>,
-    pong_seen: Option<Instant>,
-    warned: bool,
 }
 
 impl Supervisor {
@@ -126,18 +110,15 @@ impl Supervisor {
             devices: RwLock::new(devices.into_iter().map(Some).collect()),
             pool,
             host_file,
-            launcher,
+            launcher: launch::Launcher::new(launcher),
             wake: EventFd::new(EFD_NONBLOCK)?,
             env,
-            next_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
-            replies: Mutex::new(HashMap::new()),
             adding: Mutex::new(()),
             notifier: Mutex::new(None),
             leftovers: Mutex::new(Vec::new()),
             cut_off: Mutex::new(Default::default()),
             loop_failed: AtomicBool::new(false),
-            dog: Mutex::new(Dog::default()),
         })
     }
 
@@ -229,7 +210,7 @@ impl Supervisor {
         // it is still there to ask.
         for (_, d) in self.devices() {
             if d.added {
-                let _ = self.ask(|id| Request::Remove {
+                let _ = self.launcher.ask(|id| Request::Remove {
                     id,
                     socket: Some(d.spec.socket.clone()),
                     state: None,

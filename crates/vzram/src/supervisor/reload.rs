@@ -512,7 +512,7 @@ impl Supervisor {
     /// The configuration file's text, opened by the launcher (the filter
     /// lets this process open nothing) and read here.
     fn read_config(&self, path: &Path) -> Result<String> {
-        let (report, fds) = self.ask(|id| Request::Open {
+        let (report, fds) = self.launcher.ask(|id| Request::Open {
             id,
             path: path.to_path_buf(),
         })?;

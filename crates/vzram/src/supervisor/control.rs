@@ -488,11 +488,7 @@ impl Control {
                 let migration = MigrationStat {
                     state: migration_state(m.phase()),
                     incoming: d.spec.incoming.as_ref().map(|a| a.to_string()),
-                    error: d
-                        .migration_error
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone(),
+                    error: d.migration.error(),
                     bytes: m.bytes.load(Ordering::Relaxed),
                     records: m.records.load(Ordering::Relaxed),
                     pass: m.pass.load(Ordering::Relaxed),

@@ -545,7 +545,7 @@ pub fn run(
         let served =
             Served::new(spec.clone(), listener, state_files, backing)?.with_incoming(incoming);
         if unreachable.is_some() {
-            served.set_migration_error(unreachable);
+            served.migration.set_error(unreachable);
         }
         devices.push(Arc::new(served));
     }

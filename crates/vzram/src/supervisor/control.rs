@@ -113,7 +113,8 @@ impl Control {
                 .collect(),
             leftovers: self
                 .sup
-                .leftovers_mut()
+                .registry
+                .leftovers()
                 .iter()
                 .map(|l| (l.name.clone(), l.bytes))
                 .collect(),
@@ -522,7 +523,13 @@ impl Control {
             devices,
             metrics: self.metrics.map(|a| a.to_string()),
             state_dir: self.sup.state_dir().to_path_buf(),
-            leftovers: self.sup.leftovers_mut().iter().map(Into::into).collect(),
+            leftovers: self
+                .sup
+                .registry
+                .leftovers()
+                .iter()
+                .map(Into::into)
+                .collect(),
         }
     }
 }

@@ -612,7 +612,7 @@ pub fn run(
         )
         .map_err(Error::Launcher)?,
     );
-    *sup.leftovers_mut() = leftovers;
+    *sup.registry.leftovers() = leftovers;
     // Limits at odds with each other or with what recovered states hold
     // are accepted, with a warning, as `set-limit` accepts them.
     for (_, d) in sup.devices() {

@@ -22,7 +22,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -47,6 +47,7 @@ mod migrate;
 mod orders;
 mod pidfile;
 mod procstat;
+mod registry;
 pub mod reload;
 pub mod served;
 
@@ -77,8 +78,8 @@ pub struct WorkerEnv {
 
 /// Supervisor state shared by its loop, the control server and `run`.
 pub struct Supervisor {
-    /// By index; a removed device leaves a hole, so indices stay put.
-    devices: RwLock<Vec<Option<Arc<Served>>>>,
+    /// The devices and the states no device serves.
+    registry: registry::Registry,
     pub pool: Arc<Pool>,
     host_file: std::fs::File,
     launcher: launch::Launcher,
@@ -87,13 +88,6 @@ pub struct Supervisor {
     stopping: AtomicBool,
     /// The service manager, told how many devices are connected.
     notifier: Mutex<Option<Arc<Notifier>>>,
-    /// One `add` at a time (names and sockets must stay unique).
-    adding: Mutex<()>,
-    /// States in the state dirs that no device serves (found at start).
-    leftovers: Mutex<Vec<vzram_store::Leftover>>,
-    /// Left-over states of devices removed while connected (`remove
-    /// --force`): a reload never discards one (fresh=true in the file).
-    cut_off: Mutex<std::collections::HashSet<PathBuf>>,
     /// The loop ended with an error: the daemon exits non-zero.
     loop_failed: AtomicBool,
 }
@@ -107,17 +101,14 @@ impl Supervisor {
         env: WorkerEnv,
     ) -> io::Result<Supervisor> {
         Ok(Supervisor {
-            devices: RwLock::new(devices.into_iter().map(Some).collect()),
+            registry: registry::Registry::new(devices),
             pool,
             host_file,
             launcher: launch::Launcher::new(launcher),
             wake: EventFd::new(EFD_NONBLOCK)?,
             env,
             stopping: AtomicBool::new(false),
-            adding: Mutex::new(()),
             notifier: Mutex::new(None),
-            leftovers: Mutex::new(Vec::new()),
-            cut_off: Mutex::new(Default::default()),
             loop_failed: AtomicBool::new(false),
         })
     }
@@ -127,16 +118,6 @@ impl Supervisor {
         self.loop_failed.load(Relaxed)
     }
 
-    /// The states no device serves.
-    pub fn leftovers_mut(&self) -> std::sync::MutexGuard<'_, Vec<vzram_store::Leftover>> {
-        self.leftovers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The left-over states of devices removed while connected.
-    pub fn cut_off_mut(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<PathBuf>> {
-        self.cut_off.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The daemon's own state dir (a device may name another).
     pub fn state_dir(&self) -> &std::path::Path {
         &self.env.state_dir
@@ -144,17 +125,12 @@ impl Supervisor {
 
     /// Device `i`, if it exists (and was not removed).
     pub fn device(&self, i: usize) -> Option<Arc<Served>> {
-        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
-        list.get(i).cloned().flatten()
+        self.registry.get(i)
     }
 
     /// Every device, with its index.
     pub fn devices(&self) -> Vec<(usize, Arc<Served>)> {
-        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
-        list.iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.clone().map(|d| (i, d)))
-            .collect()
+        self.registry.all()
     }
 
     /// Status lines for the service manager from now on.

@@ -481,7 +481,7 @@ fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec, out: &mut Outcome) -> Option<bo
     let root = spec.state_dir.as_deref().unwrap_or(sup.state_dir());
     let key = sup.state_key(spec, root);
     let dir = root.join(&key);
-    if spec.on_state == OnState::Fresh && sup.cut_off_mut().contains(&dir) {
+    if spec.on_state == OnState::Fresh && sup.registry.was_cut_off(&dir) {
         let msg = format!(
             "in the file with fresh=true, but it was removed while connected and its state {} is kept: not added; `{}` serves its pages, `vzram forget {}` deletes them",
             dir.display(),

@@ -3,6 +3,7 @@
 //!
 //! - [`paths`]: the repository, the `vzram` binary (built when stale), a
 //!   test's temporary directory and the daemon state kept for it, `s()`.
+//! - [`cli`]: the `vzram` command line as a test runs it ([`Vzram`]).
 //! - [`daemon`]: a running `vzram serve` ([`Daemon`]) and its control socket.
 //! - [`stats`]: a stat reply ([`Stats`]), by device name or socket.
 //! - [`client`]: a `blkio` client on one device ([`Client`], [`Queue`]).
@@ -29,6 +30,7 @@ macro_rules! ensure {
     };
 }
 
+pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod data;
@@ -42,6 +44,7 @@ pub mod pki;
 pub mod procs;
 pub mod stats;
 
+pub use cli::*;
 pub use client::*;
 pub use daemon::*;
 pub use data::*;

@@ -10,6 +10,8 @@
 //! - [`data`]: test data (patterns, noise, a seeded RNG, versioned pages).
 //! - [`hints`]: the commands a refusal advises, run as advised.
 //! - [`procs`]: the daemon's process tree and `/proc/PID/status`.
+//! - [`hostile`]: two devices, one for a hostile raw frontend, one for
+//!   a well-behaved client, for `tests/hostile*.rs`.
 //! - [`frontend`]: a raw vhost-user-blk frontend that writes its virtqueue
 //!   by hand, for the hostile-client and protocol tests.
 //! - [`guest`]: the end-to-end harness: QEMU guests, QMP, hang dumps.
@@ -37,6 +39,7 @@ pub mod data;
 pub mod frontend;
 pub mod guest;
 pub mod hints;
+pub mod hostile;
 pub mod metrics;
 pub mod migrating;
 pub mod paths;

@@ -15,17 +15,6 @@ use vzram_tests::frontend::*;
 use vzram_tests::hostile::*;
 use vzram_tests::*;
 
-/// After a memory table change, lets the queue thread finish the pass it
-/// may be in: that pass keeps the guest memory snapshot it started with, so
-/// a request published right after the change could still be served with
-/// the old table (a daemon bug, shown by the ignored test
-/// `requests_after_a_mem_table_change_see_the_new_table`). A FLUSH, which
-/// touches only the low region, and a short pause get past it.
-fn settle(v: &mut RawDev) {
-    assert_eq!(v.req(T_FLUSH, 0, &[]).0, S_OK);
-    std::thread::sleep(Duration::from_millis(20));
-}
-
 #[test]
 fn mem_tables_with_bad_regions() {
     let mut fx = fixture("memtable", "");
@@ -151,7 +140,6 @@ fn mem_table_replaced_during_io() {
             st => panic!("write {i}: status {st}"),
         }
     }
-    settle(&mut v);
     // Now data in the high region is no guest memory: IOERR.
     assert_eq!(v.write(0, &noise(3, PAGE)), S_IOERR);
     // Data in the low region still works.
@@ -160,7 +148,6 @@ fn mem_table_replaced_during_io() {
     assert_eq!(v.req(T_OUT, 0, &[d(DATA_LO, 4096, 0)]).0, S_OK);
     // Back to the full table.
     v.fe.set_mem_table(&table).expect("the full table again");
-    settle(&mut v);
     for i in 0..32u64 {
         let want = if ok.contains(&i) {
             noise(2000 + i, PAGE)
@@ -184,10 +171,8 @@ fn mem_slots_added_and_removed_during_io() {
 
     // The data region taken away: buffers there are no guest memory.
     v.fe.remove_mem_region(&table[1]).expect("REM_MEM_REG");
-    settle(&mut v);
     assert_eq!(v.write(16, &noise(92, PAGE)), S_IOERR);
     v.fe.add_mem_region(&table[1]).expect("ADD_MEM_REG");
-    settle(&mut v);
     assert_eq!(v.read(8, PAGE), (S_OK, data.clone()));
     assert_eq!(v.read(16, PAGE), (S_OK, vec![0; PAGE]));
 
@@ -221,7 +206,6 @@ fn mem_slots_added_and_removed_during_io() {
         }
     }
     v.fe.add_mem_region(&table[1]).expect("ADD_MEM_REG");
-    settle(&mut v);
     for i in 0..32u64 {
         let want = if ok.contains(&i) {
             noise(3000 + i, PAGE)

@@ -19,20 +19,12 @@ pub const SECTORS: u64 = DEV_SIZE / 512;
 /// How long "nothing happens" is watched for.
 pub const QUIET: Duration = Duration::from_millis(300);
 
-/// A blkio connection. blkio adds its buffer with ADD_MEM_REG right before
-/// its first request, so that request can meet the bug `settle` works
-/// around and fail with EIO; warm-up reads absorb that.
+/// A blkio connection. Its first request comes right after the ADD_MEM_REG
+/// of its buffer, and is served with that region: the queue thread takes
+/// a fresh snapshot of guest memory for each request
+/// (`requests_after_a_mem_table_change_see_the_new_table`).
 pub fn blkio(sock: &Path) -> Client {
-    let mut c = Client::connect(sock, 1).unwrap_or_else(|e| panic!("blkio connect: {e}"));
-    // While requests keep coming, the queue thread stays in one pass (and
-    // one snapshot); a pause ends it.
-    for _ in 0..5 {
-        if c.q(0).read(0, 4096).is_ok() {
-            return c;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("blkio: the first reads keep failing");
+    Client::connect(sock, 1).unwrap_or_else(|e| panic!("blkio connect: {e}"))
 }
 
 /// The well-behaved device and what it should hold.

@@ -106,19 +106,10 @@ impl Vzram {
 
     /// Its output and how long it ran.
     pub fn timed(self) -> (Output, Duration) {
-        let mut r = self.spawn();
-        let limit = r.limit;
-        match r.finish_within(limit) {
-            Some(o) => (o, r.start.elapsed()),
-            None => {
-                let o = r.collect(Some(Duration::from_secs(1)));
-                panic!(
-                    "{} still running after {limit:?} (killed); stderr: {:?}",
-                    r.what,
-                    String::from_utf8_lossy(&o.stderr)
-                )
-            }
-        }
+        let r = self.spawn();
+        let start = r.start;
+        let o = r.output();
+        (o, start.elapsed())
     }
 
     /// Its output, however it exited.
@@ -158,12 +149,18 @@ impl Running {
         self.finish_within(limit)
     }
 
-    /// Its output once it exits, within its [`Vzram::limit`].
-    pub fn output(self) -> Output {
+    /// Its output once it exits; the test fails if it is still running
+    /// after its [`Vzram::limit`].
+    pub fn output(mut self) -> Output {
         let limit = self.limit;
-        let what = self.what.clone();
-        self.finish(limit)
-            .unwrap_or_else(|| panic!("{what} still running after {limit:?} (killed)"))
+        self.finish_within(limit).unwrap_or_else(|| {
+            let o = self.collect(Some(Duration::from_secs(1)));
+            panic!(
+                "{} still running after {limit:?} (killed); stderr: {:?}",
+                self.what,
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
     }
 
     fn finish_within(&mut self, limit: Duration) -> Option<Output> {
@@ -258,4 +255,41 @@ pub fn said(o: &Output) -> String {
 /// What a finished command printed on stderr.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finished_command_gives_its_output() {
+        let o = vzram(&["--version"]);
+        assert!(o.status.success(), "{}", said(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).starts_with("vzram "));
+        let o = vzram(&["stat", "--no-such-flag"]);
+        assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+        assert!(stderr(&o).contains("--no-such-flag"), "{}", said(&o));
+    }
+
+    /// A `serve` that does not refuse runs on, its launcher holding its
+    /// stderr open: killed after the limit, it fails the test (instead of
+    /// hanging it on the pipe).
+    #[test]
+    fn a_command_still_running_after_its_limit_fails_the_test() {
+        let dir = TempDir::new("cli-limit");
+        let sock = dir.join("a.sock");
+        let res = std::panic::catch_unwind(|| {
+            Vzram::new(&["serve", "--size", "1M", "--socket"])
+                .arg(&sock)
+                .state_apart()
+                .limit(Duration::from_secs(1))
+                .output()
+        });
+        let msg = res.expect_err("a daemon that runs on was not stopped");
+        let msg = msg
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(msg.contains("still running after 1s (killed)"), "{msg}");
+    }
 }

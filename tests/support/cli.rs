@@ -286,10 +286,7 @@ mod tests {
                 .output()
         });
         let msg = res.expect_err("a daemon that runs on was not stopped");
-        let msg = msg
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(msg.contains("still running after 1s (killed)"), "{msg}");
     }
 }

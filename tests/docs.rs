@@ -185,16 +185,7 @@ fn the_manual_pages_render() {
         return;
     }
     let t = TempDir::new("man");
-    let out = Vzram::new(&[])
-        .arg("man")
-        .arg("--dir")
-        .arg(t.path())
-        .output();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    Vzram::new(&["man", "--dir"]).arg(t.path()).ok();
     for (page, sections) in [
         (
             "vzram.1",

@@ -300,16 +300,7 @@ fn dry(ex: &Example) {
 #[test]
 fn every_example_in_readme_and_the_manual_runs() {
     let t = TempDir::new("pages");
-    let out = Vzram::new(&[])
-        .arg("man")
-        .arg("--dir")
-        .arg(t.path())
-        .output();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    Vzram::new(&["man", "--dir"]).arg(t.path()).ok();
     let (man, toml) = man_examples(t.path());
     let mut all = readme_examples();
     all.extend(man);

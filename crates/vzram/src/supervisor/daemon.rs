@@ -50,6 +50,8 @@ pub enum Error {
     Signal(io::Error),
     #[error(transparent)]
     Seccomp(#[from] seccomp::Error),
+    #[error(transparent)]
+    SignalHandler(#[from] crate::sys::signals::HandlerError),
     #[error("a socket passed in: {0}")]
     Passed(io::Error),
     #[error("cannot start worker processes: {0}")]
@@ -308,7 +310,7 @@ pub fn run(
         .map(super::pidfile::PidFile::take)
         .transpose()
         .map_err(Error::Pidfile)?;
-    seccomp::report_sigbus()?;
+    crate::sys::fault::report_sigbus()?;
     raise_fd_limit(fds_needed(&cfg.devices));
     // Connected now: the seccomp filter allows sending, not connecting.
     // One nobody listens on (left over in a shell) is not worth failing for.

@@ -303,7 +303,8 @@ pub fn run(
     let mut passed = listen::inherited(&cfg.inherit_fds).map_err(Error::Passed)?;
     // Before any thread and before the filter: the launcher is the one
     // process allowed to start workers.
-    let launcher = launch::start().map_err(Error::Launcher)?;
+    let launcher =
+        launch::start(reload.as_ref().map(|r| r.path.as_path())).map_err(Error::Launcher)?;
     // Taken before anything is bound: a second daemon on the same pid
     // file leaves the first one's sockets alone.
     let pidfile = pidfile

@@ -1,6 +1,7 @@
 //! Mappings of vzram's own files that a SIGBUS may hit: a state file
 //! truncated under a live mapping, or a full tmpfs. Each is registered
-//! with its path, so the SIGBUS handler names the file instead of blaming
+//! with its path, so the SIGBUS handler ([`report_sigbus`], at the end of
+//! this file) names the file instead of blaming
 //! guest memory; one registered as repairable (the supervisor's view of a
 //! device's counters) gets a zero page in place of the lost one, and the
 //! process goes on with that device marked damaged instead of dying with
@@ -169,10 +170,11 @@ pub fn on_fault(addr: usize) -> Fault {
 }
 
 /// Names the cause of a SIGBUS, then lets it kill us: returning re-runs
-/// the faulting access with the default action back in place. A SIGBUS is a file mapping whose pages are gone: one of
-/// vzram's own state files (registered above, named here;
-/// one registered as repairable gets a zero page and the process goes on),
-/// else a frontend's guest memory file.
+/// the faulting access with the default action back in place. A SIGBUS
+/// is a file mapping whose pages are gone: one of vzram's own state files
+/// (registered above, named here; one registered as repairable gets a
+/// zero page and the process goes on), else a frontend's guest memory
+/// file. Only async-signal-safe work: [`on_fault`] and write(2).
 extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo_t; si_addr is set for SIGBUS.
     let addr = unsafe { (*info).si_addr() } as u64;

@@ -365,8 +365,11 @@ fn queue_rules(backing: Option<RawFd>) -> Result<Rules, Error> {
     r.allow_if(SYS_tgkill, vec![eq(0, pid)?]);
     // The ring: waiting for a kick (epoll_wait in the vhost crate's loop),
     // reading the kick eventfd, writing the call eventfd; log lines on
-    // stderr. The thread's epoll descriptor is closed when it ends.
+    // stderr. Closing: the thread's epoll descriptor when it ends, and a
+    // replaced guest memory table's files when a queue thread held the
+    // last reference (std checks a descriptor with F_GETFD as it drops it).
     r.allow(&[SYS_read, SYS_write, SYS_writev, SYS_close, SYS_epoll_pwait]);
+    r.allow_if(SYS_fcntl, vec![eq(1, F_GETFD as u64)?]);
     #[cfg(target_arch = "x86_64")]
     r.allow(&[SYS_epoll_wait]);
     // A state file's blocks allocated before a page is stored there

@@ -190,20 +190,39 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                 }
                 Some((Request::OpenConfig { id }, _)) => match open_config(config.as_deref()) {
                     Ok(f) => send(&sock, &Report::Opened { id }, &[f.as_raw_fd()])?,
-                    Err(error) => send(&sock, &Report::Failed { id, error }, &[])?,
+                    Err(e) => send(
+                        &sock,
+                        &Report::Failed {
+                            id,
+                            error: e.to_string(),
+                        },
+                        &[],
+                    )?,
                 },
             }
         }
     }
 }
 
+/// Why [`Request::OpenConfig`] got no file.
+#[derive(Debug, thiserror::Error)]
+enum OpenConfigError {
+    #[error(
+        "the daemon was started without a configuration file (--config); there is none to read"
+    )]
+    NoConfig,
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+}
+
 /// Opens the configuration file the launcher was started with; there is
 /// no other file it opens for reading on request.
-fn open_config(config: Option<&Path>) -> Result<std::fs::File, String> {
-    let path = config.ok_or(
-        "the daemon was started without a configuration file (--config); there is none to read",
-    )?;
-    open_regular(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+fn open_config(config: Option<&Path>) -> Result<std::fs::File, OpenConfigError> {
+    let path = config.ok_or(OpenConfigError::NoConfig)?;
+    open_regular(path).map_err(|source| OpenConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Opens `path` read-only if it is a regular file. Without blocking: a

@@ -155,6 +155,89 @@ fn filter_is_on_by_default_on_every_thread_and_io_works() {
     assert!(!d.log_text().contains("seccomp: system call"));
 }
 
+/// Each thread of `pid` (not its children): name and Seccomp_filters.
+fn thread_filters(pid: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(status) = std::fs::read_to_string(t.unwrap().path().join("status")) else {
+            continue;
+        };
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        out.push((field("Name"), field("Seccomp_filters").parse().unwrap_or(0)));
+    }
+    out
+}
+
+#[test]
+fn queue_threads_serve_under_a_narrower_filter_than_the_rest_of_the_worker() {
+    let dir = TempDir::new("sbx-queue");
+    let sock = dir.join("d.sock");
+    let mut d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "64M",
+            "--queues",
+            "2",
+            "--compress-threads",
+            "2",
+        ],
+        &[&sock],
+    );
+    let mut c = Client::connect(&sock, 2).unwrap_or_else(|e| panic!("connect: {e}"));
+    for q in 0..2 {
+        let data = noise(q as u64 + 1, 512 * 1024);
+        c.q(q).write(q as u64 * MIB, &data).unwrap();
+        assert_eq!(c.q(q).read(q as u64 * MIB, data.len()).unwrap(), data);
+    }
+    let worker = d.stat().sole().worker.pid.expect("a worker pid");
+    let threads = thread_filters(worker);
+    eprintln!("worker threads (name, filters): {threads:?}");
+    let main = proc_status_field(worker, "Seccomp_filters")
+        .and_then(|f| f.parse::<u32>().ok())
+        .expect("the worker's Seccomp_filters");
+    assert!(main >= 1, "{threads:?}");
+    // Both queues served requests: each of their threads added the queue
+    // filter to the worker's. The control thread, which receives orders
+    // and descriptors, keeps the worker's.
+    let queues: Vec<_> = threads
+        .iter()
+        .filter(|(n, _)| n == "vring_worker")
+        .collect();
+    assert_eq!(queues.len(), 2, "{threads:?}");
+    assert!(queues.iter().all(|&&(_, f)| f == main + 1), "{threads:?}");
+    assert!(
+        threads.iter().any(|(n, f)| n == "control" && *f == main),
+        "{threads:?}"
+    );
+    // A compress thread that took a job narrowed its filter too; none has
+    // any other count.
+    assert!(
+        threads
+            .iter()
+            .filter(|(n, _)| n.starts_with("vzram-compress"))
+            .all(|&(_, f)| f == main || f == main + 1),
+        "{threads:?}"
+    );
+    drop(c);
+    wait_disconnected(&d);
+    let st = d.terminate();
+    assert!(st.success(), "{st}:\n{}", d.log_text());
+    let log = d.log_text();
+    assert!(
+        !log.contains("seccomp: system call") && !log.contains("cannot narrow"),
+        "{log}"
+    );
+}
+
 #[test]
 fn seccomp_off_and_log_modes() {
     let dir = TempDir::new("sbx-off");

@@ -35,6 +35,7 @@ use crate::poll::Poller;
 use crate::pool::CompressPool;
 use crate::queue::{drain_queue, QueueError, Scratch};
 use crate::ratelimit::RateLimit;
+use crate::thread_hook::ThreadHook;
 use crate::vring::BlkVring;
 
 /// Guest memory as the framework hands it to us. Every region carries a
@@ -70,6 +71,8 @@ pub struct BlkBackend {
     /// requests stay in their rings until [`BlkBackend::open_gate`].
     gate_closed: AtomicBool,
     gate: Mutex<Gate>,
+    /// Run on each queue thread before its first request.
+    thread_hook: Option<ThreadHook>,
 }
 
 /// The queues kicked while the gate was closed, to drain when it opens.
@@ -99,6 +102,7 @@ impl BlkBackend {
             scratch: (0..dev.num_queues()).map(|_| Mutex::new(None)).collect(),
             gate_closed: AtomicBool::new(false),
             gate: Mutex::new(Gate::default()),
+            thread_hook: None,
             dev,
         }
     }
@@ -107,6 +111,13 @@ impl BlkBackend {
     /// before they sleep ([`Poller`]); zero: never.
     pub fn with_poll(mut self, max: Duration) -> BlkBackend {
         self.poll = max;
+        self
+    }
+
+    /// Each queue thread runs `hook` on itself on its first event, before
+    /// it touches its ring (see [`crate::thread_hook`]).
+    pub fn with_thread_hook(mut self, hook: ThreadHook) -> BlkBackend {
+        self.thread_hook = Some(hook);
         self
     }
 
@@ -329,6 +340,7 @@ impl VhostUserBackend for BlkBackend {
         vrings: &[Vring],
         thread_id: usize,
     ) -> io::Result<()> {
+        crate::thread_hook::run(self.thread_hook.as_ref());
         if !evset.contains(EventSet::IN) {
             tracing::warn!(?evset, "unexpected event on queue {thread_id}");
             return Ok(());

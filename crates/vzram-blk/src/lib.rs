@@ -19,6 +19,7 @@ pub mod queue;
 mod ratelimit;
 pub mod request;
 pub mod rings;
+pub mod thread_hook;
 pub mod vring;
 
 pub use backend::{BlkBackend, GuestMem};
@@ -26,3 +27,4 @@ pub use device::{BlkDevice, ExecError};
 pub use pool::CompressPool;
 pub use queue::{drain_queue, ChainError, ChainHook, QueueError, QueueRing, Scratch};
 pub use request::{Request, RequestError, RequestType};
+pub use thread_hook::ThreadHook;

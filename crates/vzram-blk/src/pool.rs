@@ -22,6 +22,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use vzram_store::{Context, Device, Page, Prepared, StoreError, PAGE_SIZE};
 
+use crate::thread_hook::ThreadHook;
+
 /// Pages one batch may carry: a full ring of 4 KiB writes at the queue
 /// depths guests use, with the memory per queue bounded (1 MiB).
 pub const BATCH_PAGES: usize = 256;
@@ -39,6 +41,8 @@ pub struct CompressPool {
 struct Inner {
     tasks: Mutex<Tasks>,
     work: Condvar,
+    /// Run on each pool thread before its first job.
+    hook: std::sync::OnceLock<ThreadHook>,
 }
 
 #[derive(Default)]
@@ -270,6 +274,7 @@ impl CompressPool {
         let inner = Arc::new(Inner {
             tasks: Mutex::new(Tasks::default()),
             work: Condvar::new(),
+            hook: std::sync::OnceLock::new(),
         });
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -287,6 +292,12 @@ impl CompressPool {
 
     pub fn threads(&self) -> usize {
         self.threads.len()
+    }
+
+    /// Each pool thread runs `hook` on itself before its next job (see
+    /// [`crate::thread_hook`]). Set once; a second hook is ignored.
+    pub fn set_thread_hook(&self, hook: ThreadHook) {
+        let _ = self.inner.hook.set(hook);
     }
 
     /// Hands jobs `range` of `batch` to the pool. Each must have been
@@ -345,6 +356,7 @@ impl Inner {
                 t.sleeping -= 1;
             };
             drop(t);
+            crate::thread_hook::run(self.hook.get());
             b.run(i, &mut cx);
             // Counted here, not in `run`: the queue thread runs jobs too,
             // and this says how much the pool took off it.

@@ -21,13 +21,15 @@ fn main() -> ExitCode {
     let mut args = std::env::args();
     match args.nth(1).as_deref() {
         Some("__launcher") => {
-            return match vzram::run_launcher() {
+            // `__launcher [CONFIG]`: the one file it opens for reading.
+            let config = std::env::args_os().nth(2).map(std::path::PathBuf::from);
+            return match vzram::run_launcher(config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("vzram launcher: {e}");
                     ExitCode::FAILURE
                 }
-            }
+            };
         }
         Some("__worker") => {
             let spec = args.next().unwrap_or_default();

@@ -35,8 +35,9 @@ use crate::sys::signals::ChildSignals;
 use crate::sys::socket;
 
 /// The launcher's main loop: start workers when asked, report their ends,
-/// exit when the supervisor goes away.
-pub fn run() -> io::Result<()> {
+/// exit when the supervisor goes away. `config`: the configuration file
+/// the daemon was started with, the one file [`Request::OpenConfig`] opens.
+pub fn run(config: Option<PathBuf>) -> io::Result<()> {
     // SAFETY: FIRST_FD was placed by the supervisor for us alone.
     let sock = unsafe { OwnedFd::from_raw_fd(FIRST_FD) };
     // Ctrl-C in a terminal reaches the whole process group; the supervisor
@@ -187,13 +188,13 @@ pub fn run() -> io::Result<()> {
                     };
                     send(&sock, &r, &[])?;
                 }
-                Some((Request::Open { id, path }, _)) => match open_regular(&path) {
+                Some((Request::OpenConfig { id }, _)) => match open_config(config.as_deref()) {
                     Ok(f) => send(&sock, &Report::Opened { id }, &[f.as_raw_fd()])?,
                     Err(e) => send(
                         &sock,
                         &Report::Failed {
                             id,
-                            error: format!("cannot read {}: {e}", path.display()),
+                            error: e.to_string(),
                         },
                         &[],
                     )?,
@@ -201,6 +202,27 @@ pub fn run() -> io::Result<()> {
             }
         }
     }
+}
+
+/// Why [`Request::OpenConfig`] got no file.
+#[derive(Debug, thiserror::Error)]
+enum OpenConfigError {
+    #[error(
+        "the daemon was started without a configuration file (--config); there is none to read"
+    )]
+    NoConfig,
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+}
+
+/// Opens the configuration file the launcher was started with; there is
+/// no other file it opens for reading on request.
+fn open_config(config: Option<&Path>) -> Result<std::fs::File, OpenConfigError> {
+    let path = config.ok_or(OpenConfigError::NoConfig)?;
+    open_regular(path).map_err(|source| OpenConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Opens `path` read-only if it is a regular file. Without blocking: a

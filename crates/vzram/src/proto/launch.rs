@@ -65,10 +65,12 @@ pub enum Request {
         #[serde(default)]
         expect: Option<u64>,
     },
-    /// Open a regular file for reading: the configuration file, read
-    /// again on SIGHUP, which the supervisor may not open under its
-    /// filter. The reply, [`Report::Opened`], carries the descriptor.
-    Open { id: u64, path: PathBuf },
+    /// Open the configuration file for reading, to read it again on SIGHUP
+    /// (the supervisor may open nothing under its filter). No path: the
+    /// launcher opens the one it was started with (`__launcher CONFIG`),
+    /// so a supervisor taken over cannot have it open any other file.
+    /// The reply, [`Report::Opened`], carries the descriptor.
+    OpenConfig { id: u64 },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -104,7 +106,7 @@ pub enum Report {
     Pong {
         id: u64,
     },
-    /// Descriptor: the file a [`Request::Open`] named, read-only.
+    /// Descriptor: the configuration file, read-only ([`Request::OpenConfig`]).
     Opened {
         id: u64,
     },

@@ -50,6 +50,8 @@ pub enum Error {
     Signal(io::Error),
     #[error(transparent)]
     Seccomp(#[from] seccomp::Error),
+    #[error(transparent)]
+    SignalHandler(#[from] crate::sys::signals::HandlerError),
     #[error("a socket passed in: {0}")]
     Passed(io::Error),
     #[error("cannot start worker processes: {0}")]
@@ -301,14 +303,15 @@ pub fn run(
     let mut passed = listen::inherited(&cfg.inherit_fds).map_err(Error::Passed)?;
     // Before any thread and before the filter: the launcher is the one
     // process allowed to start workers.
-    let launcher = launch::start().map_err(Error::Launcher)?;
+    let launcher =
+        launch::start(reload.as_ref().map(|r| r.path.as_path())).map_err(Error::Launcher)?;
     // Taken before anything is bound: a second daemon on the same pid
     // file leaves the first one's sockets alone.
     let pidfile = pidfile
         .map(super::pidfile::PidFile::take)
         .transpose()
         .map_err(Error::Pidfile)?;
-    seccomp::report_sigbus()?;
+    crate::sys::fault::report_sigbus()?;
     raise_fd_limit(fds_needed(&cfg.devices));
     // Connected now: the seccomp filter allows sending, not connecting.
     // One nobody listens on (left over in a shell) is not worth failing for.

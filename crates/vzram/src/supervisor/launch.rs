@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Mutex};
@@ -23,12 +24,15 @@ use crate::proto::wire::{self, seqpacket_pair, FIRST_FD};
 const ASK_WAIT: Duration = Duration::from_secs(30);
 
 /// Starts the launcher; returns the supervisor's end of its socket. Call
-/// it before any thread starts and before the seccomp filter.
-pub fn start() -> io::Result<OwnedFd> {
+/// it before any thread starts and before the seccomp filter. `config`:
+/// the configuration file, the one file the launcher opens for reading
+/// when asked (SIGHUP's reload).
+pub fn start(config: Option<&Path>) -> io::Result<OwnedFd> {
     let (ours, theirs) = seqpacket_pair()?;
     let child_fd = theirs.as_raw_fd();
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg("__launcher");
+    cmd.args(config);
     // SAFETY: between fork and exec only async-signal-safe calls: dup2
     // places the socket at FIRST_FD (clearing close-on-exec), prctl makes
     // the launcher die with the supervisor.

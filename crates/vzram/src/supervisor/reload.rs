@@ -510,12 +510,10 @@ fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec, out: &mut Outcome) -> Option<bo
 
 impl Supervisor {
     /// The configuration file's text, opened by the launcher (the filter
-    /// lets this process open nothing) and read here.
+    /// lets this process open nothing) and read here. `path` is the file
+    /// the launcher was started with (see [`super::launch::start`]).
     fn read_config(&self, path: &Path) -> Result<String> {
-        let (report, fds) = self.launcher.ask(|id| Request::Open {
-            id,
-            path: path.to_path_buf(),
-        })?;
+        let (report, fds) = self.launcher.ask(|id| Request::OpenConfig { id })?;
         let fd = match report {
             Report::Opened { .. } => fds.into_iter().next().ok_or(Error::LauncherFds)?,
             Report::Failed { error, .. } => return Err(Error::LauncherRefused(error)),

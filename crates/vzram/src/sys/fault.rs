@@ -1,6 +1,7 @@
 //! Mappings of vzram's own files that a SIGBUS may hit: a state file
 //! truncated under a live mapping, or a full tmpfs. Each is registered
-//! with its path, so the SIGBUS handler names the file instead of blaming
+//! with its path, so the SIGBUS handler ([`report_sigbus`], at the end of
+//! this file) names the file instead of blaming
 //! guest memory; one registered as repairable (the supervisor's view of a
 //! device's counters) gets a zero page in place of the lost one, and the
 //! process goes on with that device marked damaged instead of dying with
@@ -11,6 +12,8 @@
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::signals::{set_handler_flags, HandlerError, Line};
 
 const SLOTS: usize = 512;
 const PATH_LEN: usize = 160;
@@ -164,4 +167,102 @@ pub fn on_fault(addr: usize) -> Fault {
         return Fault::Repaired(path);
     }
     Fault::Unknown
+}
+
+/// Names the cause of a SIGBUS, then lets it kill us: returning re-runs
+/// the faulting access with the default action back in place. A SIGBUS
+/// is a file mapping whose pages are gone: one of vzram's own state files
+/// (registered above, named here; one registered as repairable gets a
+/// zero page and the process goes on), else a frontend's guest memory
+/// file. Only async-signal-safe work: [`on_fault`] and write(2).
+extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t; si_addr is set for SIGBUS.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    let mut line = Line::new();
+    line.put(b"vzram: SIGBUS at 0x").num(addr, 16);
+    match on_fault(addr as usize) {
+        Fault::Unknown => {
+            line.put(b": a mapped file has no page there (a frontend's guest memory file was truncated, or its huge pages ran out); exiting\n");
+        }
+        Fault::Named(path) => {
+            line.put(b" in ").put(path).put(
+                b": the file lost its pages (truncated, or its file system is full); exiting\n",
+            );
+        }
+        Fault::Repaired(path) => {
+            line.put(b" in ")
+                .put(path)
+                .put(b": the file lost its pages (truncated?); reading zeros there, the device is marked damaged\n");
+            line.write();
+            return;
+        }
+    }
+    line.write();
+    // Fatal: the default action back, so the access, run again on return,
+    // kills us with SIGBUS. (The handler stays installed until then, so a
+    // repairable fault on another thread meanwhile is still repaired.)
+    // SAFETY: a zeroed sigaction is SIG_DFL with no flags; sigaction is
+    // async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Reports a SIGBUS's cause before it kills the daemon (see [`on_sigbus`]).
+/// Installed whatever the seccomp mode: the cause matters either way.
+pub fn report_sigbus() -> Result<(), HandlerError> {
+    // Not SA_RESETHAND: two threads may fault on one repairable page at
+    // once; the handler itself puts the default back when a fault is fatal.
+    set_handler_flags(
+        libc::SIGBUS,
+        on_sigbus as *const () as usize,
+        libc::SA_SIGINFO | libc::SA_NODEFER,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_truncated_file_under_a_repairable_mapping_reads_zeros() {
+        use std::os::fd::AsRawFd;
+        report_sigbus().unwrap();
+        let path = std::env::temp_dir().join(format!("vzram-fault-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        f.set_len(8192).unwrap();
+        // SAFETY: a new shared mapping of a file we hold.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let g = register(p.cast(), 8192, &path, true).unwrap();
+        // SAFETY: inside the mapping.
+        unsafe { p.cast::<u8>().write_volatile(7) };
+        f.set_len(0).unwrap();
+        // SAFETY: inside the mapping; the page is gone from the file, so
+        // this faults and the handler puts a zero page in its place.
+        let v = unsafe { p.cast::<u8>().add(4096).read_volatile() };
+        assert_eq!(v, 0);
+        assert!(g.hit());
+        drop(g);
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, 8192) };
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -10,8 +10,9 @@
 //! creating sockets, `execve`, `fork` (only thread clones), `ptrace`,
 //! executable mappings, signalling other processes.
 //!
-//! A call outside the list raises SIGSYS. The handler installed here writes
-//! the call's number to stderr and the process then dies of SIGSYS; the
+//! A call outside the list raises SIGSYS. The handler (in
+//! [`super::signals`], installed with the filter) writes the call's number
+//! to stderr and the process then dies of SIGSYS; the
 //! call itself never runs. `--seccomp log` allows everything but has the
 //! kernel log what would have been refused (dmesg / audit: `type=1326`),
 //! which is how to find a missing call; `--seccomp off` installs nothing.
@@ -25,6 +26,7 @@ use seccompiler::{
 };
 use thiserror::Error;
 
+use super::signals::{report_sigsys, HandlerError};
 use crate::proto::worker_spec::SeccompMode as Mode;
 
 /// Which process the filter is for. They differ in what only one needs.
@@ -42,8 +44,8 @@ pub enum Error {
     Build(#[from] seccompiler::BackendError),
     #[error("cannot install the seccomp filter ({0}); --seccomp off runs without it")]
     Install(#[from] seccompiler::Error),
-    #[error("cannot install a signal handler: {0}")]
-    Handler(std::io::Error),
+    #[error(transparent)]
+    Handler(#[from] HandlerError),
 }
 
 /// The allow-list: system call → rules, any one of which lets it through
@@ -133,6 +135,16 @@ fn rules(role: Role, socket_dirs: &[RawFd]) -> Result<Rules, Error> {
     ]);
     // Thread names (`listen-vm1`, `vhost-vm1`...): prctl(PR_SET_NAME) only.
     r.allow_if(SYS_prctl, vec![eq(0, PR_SET_NAME as u64)?]);
+    // A worker's queue and compress threads each add the queue filter on
+    // themselves ([`QueueFilter::enter`]): one more filter, on the calling
+    // thread only (flags 0: no TSYNC, no listener). A filter only ever
+    // takes calls away.
+    if role == Role::Worker {
+        r.allow_if(
+            SYS_seccomp,
+            vec![all_eq(&[(0, SECCOMP_SET_MODE_FILTER as u64), (1, 0)])?],
+        );
+    }
 
     // Signals: the shutdown sigwait, Rust's per-thread alternate stack for
     // stack-overflow reports, and abort() on our own process only. A timed
@@ -302,6 +314,163 @@ const ERRNO_CALLS: &[(libc::c_long, libc::c_int)] = &[
     (libc::SYS_getcwd, libc::EACCES),
 ];
 
+/// The queue filter's allow-list: what a worker's queue threads (the vhost
+/// crate's `vring_worker`s, which run the requests of one virtqueue) and
+/// its compress-pool threads call once they serve requests, measured with
+/// `strace -f` on workers under the blkio and raw-frontend tests, QEMU
+/// guests, tiering and migration. No sockets, no descriptors made or
+/// changed, no files but the backing file (`backing`, when the device has
+/// one), no threads started: those stay with the worker's other threads.
+fn queue_rules(backing: Option<RawFd>) -> Result<Rules, Error> {
+    use libc::*;
+    let mut r = Rules(BTreeMap::new());
+    // Memory: the allocator (a new arena on a thread's first allocation,
+    // then growing it), the pool arena (MADV_POPULATE_WRITE, DONTNEED),
+    // and the thread's own stack at its end. Never executable.
+    r.allow(&[SYS_munmap, SYS_madvise, SYS_mremap, SYS_brk]);
+    let no_exec = || masked(2, PROT_EXEC as u64, 0);
+    r.allow_if(SYS_mmap, vec![no_exec()?]);
+    r.allow_if(SYS_mprotect, vec![no_exec()?]);
+    // Locks, hash map keys, the poller's short sleeps, a new malloc arena
+    // sizing itself; the thread's end (its signal mask and alternate stack
+    // taken down) and a panic's exit.
+    r.allow(&[
+        SYS_futex,
+        SYS_getrandom,
+        SYS_clock_gettime,
+        SYS_clock_nanosleep,
+        SYS_nanosleep,
+        SYS_sched_yield,
+        SYS_sched_getaffinity,
+        SYS_gettid,
+        SYS_getpid,
+        SYS_rt_sigprocmask,
+        SYS_rt_sigreturn,
+        SYS_sigaltstack,
+        SYS_restart_syscall,
+        SYS_exit,
+        SYS_exit_group,
+    ]);
+    // As the process filter: SIGSEGV/SIGBUS put back to their default to
+    // die of them, abort() on this process only.
+    r.allow_if(
+        SYS_rt_sigaction,
+        [SIGSEGV, SIGBUS]
+            .iter()
+            .map(|&sig| eq(0, sig as u64))
+            .collect::<Result<_, _>>()?,
+    );
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { getpid() } as u64;
+    r.allow_if(SYS_tgkill, vec![eq(0, pid)?]);
+    // The ring: waiting for a kick (epoll_wait in the vhost crate's loop),
+    // reading the kick eventfd, writing the call eventfd; log lines on
+    // stderr. Closing: the thread's epoll descriptor when it ends, and a
+    // replaced guest memory table's files when a queue thread held the
+    // last reference (std checks a descriptor with F_GETFD as it drops it).
+    r.allow(&[SYS_read, SYS_write, SYS_writev, SYS_close, SYS_epoll_pwait]);
+    r.allow_if(SYS_fcntl, vec![eq(1, F_GETFD as u64)?]);
+    #[cfg(target_arch = "x86_64")]
+    r.allow(&[SYS_epoll_wait]);
+    // A state file's blocks allocated before a page is stored there
+    // (mmap.rs: FALLOC_FL_KEEP_SIZE only).
+    r.allow_if(
+        SYS_fallocate,
+        vec![all_eq(&[(1, FALLOC_FL_KEEP_SIZE as u64)])?],
+    );
+    // The backing file: a page read in, pages spilled to it when the
+    // device is over its memory limit, the cache dropped behind them. On
+    // its descriptor only.
+    if let Some(fd) = backing {
+        for nr in [SYS_pread64, SYS_pwrite64, SYS_fadvise64] {
+            r.allow_if(nr, vec![all_eq(&[(0, fd as u64)])?]);
+        }
+    }
+    // Through to the errno filters below, as in the process filter.
+    let errno_calls: Vec<_> = ERRNO_CALLS.iter().map(|&(nr, _)| nr).collect();
+    r.allow(&errno_calls);
+    Ok(r)
+}
+
+/// The narrower filter a worker's queue and compress-pool threads put on
+/// themselves, over the process filter ([`install_worker`]).
+///
+/// A filter installed without TSYNC applies to the calling thread (and
+/// threads it starts later) alone, and TSYNC fails once any thread has a
+/// filter of its own. So the process filter goes on first, on every
+/// thread, and each of these threads adds this one before it takes its
+/// first request ([`QueueFilter::enter`], run through
+/// `vzram_blk::ThreadHook`). A call it lacks is refused as the process
+/// filter refuses one: SIGSYS, named and fatal (`--seccomp on`), or logged
+/// by the kernel (`--seccomp log`).
+pub struct QueueFilter {
+    prog: BpfProgram,
+}
+
+/// Set once the worker's process filter is in: [`QueueFilter::enter`]
+/// waits for it (a filter of a thread's own would make TSYNC fail).
+static PROCESS_FILTER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl QueueFilter {
+    /// The filter for a worker whose device's backing file is `backing`;
+    /// None with `--seccomp off`.
+    pub fn new(mode: Mode, backing: Option<RawFd>) -> Result<Option<QueueFilter>, Error> {
+        let mismatch = match mode {
+            Mode::Off => return Ok(None),
+            Mode::Log => SeccompAction::Log,
+            Mode::On => SeccompAction::Trap,
+        };
+        let prog = SeccompFilter::new(
+            queue_rules(backing)?.0,
+            mismatch,
+            SeccompAction::Allow,
+            arch(),
+        )?
+        .try_into()?;
+        Ok(Some(QueueFilter { prog }))
+    }
+
+    /// Puts the filter on the calling thread. False while the process
+    /// filter is not in yet (ask again later); true once done, or once it
+    /// failed (logged: the thread goes on under the process filter).
+    pub fn enter(&self) -> bool {
+        if !PROCESS_FILTER_IN.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
+        if let Err(e) = apply_to_this_thread(&self.prog) {
+            tracing::error!(
+                "cannot narrow this thread's seccomp filter ({e}); it keeps the worker's"
+            );
+        }
+        true
+    }
+}
+
+/// seccomp(SECCOMP_SET_MODE_FILTER) with no flags: this thread only. Not
+/// seccompiler's `apply_filter`, which first sets no_new_privs with a
+/// prctl the process filter refuses; TSYNC already set it on every thread.
+fn apply_to_this_thread(prog: &BpfProgram) -> std::io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).map_err(std::io::Error::other)?,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points to `prog`'s instructions (seccompiler's
+    // sock_filter has the kernel's layout), alive for the call; the kernel
+    // copies them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The allow-list filter for this architecture.
 fn allow_list(mode: Mode, role: Role, socket_dirs: &[RawFd]) -> Result<BpfProgram, Error> {
     let mismatch = match mode {
@@ -366,16 +535,19 @@ pub fn install(mode: Mode, socket_dirs: &[RawFd]) -> Result<(), Error> {
 }
 
 /// The worker's filter: the supervisor's without making sockets or
-/// removing files.
+/// removing files. Its queue and compress threads then narrow theirs
+/// ([`QueueFilter`]).
 pub fn install_worker(mode: Mode) -> Result<(), Error> {
-    install_as(mode, Role::Worker, &[])
+    install_as(mode, Role::Worker, &[])?;
+    PROCESS_FILTER_IN.store(true, std::sync::atomic::Ordering::Release);
+    Ok(())
 }
 
 fn install_as(mode: Mode, role: Role, socket_dirs: &[RawFd]) -> Result<(), Error> {
     let allow = match mode {
         Mode::Off => return Ok(()),
         Mode::On => {
-            install_sigsys_handler()?;
+            report_sigsys()?;
             // The errno filters go first: installing the allow-list is
             // itself a seccomp() call, which only they are asked about.
             for f in errno_filters()? {
@@ -389,163 +561,6 @@ fn install_as(mode: Mode, role: Role, socket_dirs: &[RawFd]) -> Result<(), Error
     };
     seccompiler::apply_filter_all_threads(&allow)?;
     Ok(())
-}
-
-/// The part of `siginfo_t` a SIGSYS from seccomp fills in (`_sigsys`).
-#[repr(C)]
-struct SigsysInfo {
-    signo: libc::c_int,
-    errno: libc::c_int,
-    code: libc::c_int,
-    _pad: libc::c_int,
-    call_addr: *mut libc::c_void,
-    syscall: libc::c_int,
-    arch: libc::c_uint,
-}
-
-/// A line built on the stack and written with write(2): all a signal
-/// handler may do.
-struct Line {
-    buf: [u8; 256],
-    len: usize,
-}
-
-impl Line {
-    fn new() -> Line {
-        Line {
-            buf: [0; 256],
-            len: 0,
-        }
-    }
-
-    fn put(&mut self, b: &[u8]) -> &mut Line {
-        let n = b.len().min(self.buf.len() - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&b[..n]);
-        self.len += n;
-        self
-    }
-
-    fn num(&mut self, mut v: u64, radix: u64) -> &mut Line {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b"0123456789abcdef"[(v % radix) as usize];
-            v /= radix;
-            if v == 0 {
-                break;
-            }
-        }
-        self.put(&digits[i..])
-    }
-
-    fn write(&self) {
-        // SAFETY: write(2) on stderr from a buffer we own.
-        unsafe { libc::write(2, self.buf.as_ptr().cast(), self.len) };
-    }
-}
-
-/// Writes which call was refused, then dies of SIGSYS. Only
-/// async-signal-safe work here: formatting on the stack and write(2).
-extern "C" fn on_sigsys(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo_t, and for SIGSYS with
-    // SYS_SECCOMP its union holds the `_sigsys` fields laid out as above.
-    let nr = unsafe { (*(info as *const SigsysInfo)).syscall };
-    let mut line = Line::new();
-    line.put(b"vzram: seccomp: system call ");
-    if nr < 0 {
-        line.put(b"-");
-    }
-    line.num(u64::from(nr.unsigned_abs()), 10)
-        .put(b" is not allowed; exiting (--seccomp off or log to debug)\n")
-        .write();
-    // SA_RESETHAND made SIGSYS fatal again and SA_NODEFER left it unblocked:
-    // a second refused call (kexec_load is never on the list) kills us with
-    // SIGSYS and a core dump, without running anything.
-    // SAFETY: the filter refuses the call before the kernel looks at it.
-    unsafe { libc::syscall(libc::SYS_kexec_load, 0, 0, 0, 0) };
-    // Not reached with the filter in place; be sure anyway.
-    // SAFETY: _exit ends the process and is async-signal-safe.
-    unsafe { libc::_exit(128 + libc::SIGSYS) };
-}
-
-/// Names the cause of a SIGBUS, then lets it kill us: returning re-runs
-/// the faulting access with the default action back in place. A SIGBUS is a file mapping whose pages are gone: one of
-/// vzram's own state files (registered in [`super::fault`], named here;
-/// one registered as repairable gets a zero page and the process goes on),
-/// else a frontend's guest memory file.
-extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo_t; si_addr is set for SIGBUS.
-    let addr = unsafe { (*info).si_addr() } as u64;
-    let mut line = Line::new();
-    line.put(b"vzram: SIGBUS at 0x").num(addr, 16);
-    match super::fault::on_fault(addr as usize) {
-        super::fault::Fault::Unknown => {
-            line.put(b": a mapped file has no page there (a frontend's guest memory file was truncated, or its huge pages ran out); exiting\n");
-        }
-        super::fault::Fault::Named(path) => {
-            line.put(b" in ").put(path).put(
-                b": the file lost its pages (truncated, or its file system is full); exiting\n",
-            );
-        }
-        super::fault::Fault::Repaired(path) => {
-            line.put(b" in ")
-                .put(path)
-                .put(b": the file lost its pages (truncated?); reading zeros there, the device is marked damaged\n");
-            line.write();
-            return;
-        }
-    }
-    line.write();
-    // Fatal: the default action back, so the access, run again on return,
-    // kills us with SIGBUS. (The handler stays installed until then, so a
-    // repairable fault on another thread meanwhile is still repaired.)
-    // SAFETY: a zeroed sigaction is SIG_DFL with no flags; sigaction is
-    // async-signal-safe.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = libc::SIG_DFL;
-        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-    }
-}
-
-/// Reports a SIGBUS's cause before it kills the daemon (see [`on_sigbus`]).
-/// Installed whatever the seccomp mode: the cause matters either way.
-pub fn report_sigbus() -> Result<(), Error> {
-    // Not SA_RESETHAND: two threads may fault on one repairable page at
-    // once; the handler itself puts the default back when a fault is fatal.
-    set_handler_flags(
-        libc::SIGBUS,
-        on_sigbus as *const () as usize,
-        libc::SA_SIGINFO | libc::SA_NODEFER,
-    )
-}
-
-fn set_handler(sig: libc::c_int, handler: usize) -> Result<(), Error> {
-    set_handler_flags(
-        sig,
-        handler,
-        libc::SA_SIGINFO | libc::SA_RESETHAND | libc::SA_NODEFER,
-    )
-}
-
-fn set_handler_flags(sig: libc::c_int, handler: usize, flags: libc::c_int) -> Result<(), Error> {
-    // SAFETY: a zeroed sigaction is valid; we fill in a handler with the
-    // SA_SIGINFO signature and install it for `sig` only.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler;
-        sa.sa_flags = flags;
-        libc::sigemptyset(&mut sa.sa_mask);
-        if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
-            return Err(Error::Handler(std::io::Error::last_os_error()));
-        }
-    }
-    Ok(())
-}
-
-fn install_sigsys_handler() -> Result<(), Error> {
-    set_handler(libc::SIGSYS, on_sigsys as *const () as usize)
 }
 
 #[cfg(test)]
@@ -574,7 +589,7 @@ mod tests {
     /// Puts this process under the worker's filters (built before, so a
     /// forked child need not allocate); exits 99 if it cannot.
     fn enter(allow: &BpfProgram, errno: &[BpfProgram]) {
-        if install_sigsys_handler().is_err()
+        if report_sigsys().is_err()
             || errno
                 .iter()
                 .any(|f| seccompiler::apply_filter_all_threads(f).is_err())
@@ -588,6 +603,12 @@ mod tests {
     /// Runs `f` in a forked child under the filter; returns its wait status
     /// and what it wrote to stderr.
     fn in_child(f: fn()) -> (libc::c_int, String) {
+        in_child_with(None, f)
+    }
+
+    /// [`in_child`], with `queue` put on the child after the worker's
+    /// filter as a queue thread puts it on itself.
+    fn in_child_with(queue: Option<&QueueFilter>, f: fn()) -> (libc::c_int, String) {
         // Built before fork: the child must not allocate (another test
         // thread may hold the allocator's lock at fork time).
         let allow = allow_list(Mode::On, Role::Worker, &[]).unwrap();
@@ -602,6 +623,10 @@ mod tests {
             // SAFETY: the child's stderr becomes the pipe's write end.
             unsafe { libc::dup2(pipe[1], 2) };
             enter(&allow, &errno);
+            if queue.is_some_and(|q| apply_to_this_thread(&q.prog).is_err()) {
+                // SAFETY: ends the child.
+                unsafe { libc::_exit(98) };
+            }
             f();
             // SAFETY: ends the child.
             unsafe { libc::_exit(0) };
@@ -817,11 +842,22 @@ mod tests {
         }
     }
 
+    /// The descriptor the queue children below treat as the backing file.
+    static QUEUE_BACKING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+    /// An eventfd the queue children below inherit: a kick, or a call.
+    static KICK: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+    fn queue_filter(backing: Option<RawFd>) -> QueueFilter {
+        QueueFilter::new(Mode::On, backing).unwrap().unwrap()
+    }
+
+    fn kick() -> RawFd {
+        KICK.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     #[test]
-    fn a_truncated_file_under_a_repairable_mapping_reads_zeros() {
-        use std::os::fd::AsRawFd;
-        report_sigbus().unwrap();
-        let path = std::env::temp_dir().join(format!("vzram-fault-{}", std::process::id()));
+    fn queue_threads_keep_what_a_ring_needs_and_lose_the_rest() {
+        let path = std::env::temp_dir().join(format!("vzram-queue-{}", std::process::id()));
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -829,31 +865,101 @@ mod tests {
             .truncate(true)
             .open(&path)
             .unwrap();
-        f.set_len(8192).unwrap();
-        // SAFETY: a new shared mapping of a file we hold.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                8192,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let g = super::super::fault::register(p.cast(), 8192, &path, true).unwrap();
-        // SAFETY: inside the mapping.
-        unsafe { p.cast::<u8>().write_volatile(7) };
-        f.set_len(0).unwrap();
-        // SAFETY: inside the mapping; the page is gone from the file, so
-        // this faults and the handler puts a zero page in its place.
-        let v = unsafe { p.cast::<u8>().add(4096).read_volatile() };
-        assert_eq!(v, 0);
-        assert!(g.hit());
-        drop(g);
-        // SAFETY: the mapping made above.
-        unsafe { libc::munmap(p, 8192) };
-        std::fs::remove_file(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+        QUEUE_BACKING.store(fd, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: a new eventfd, kept open for the test's children.
+        let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(ev >= 0);
+        KICK.store(ev, std::sync::atomic::Ordering::Relaxed);
+        // A kick read and a call written on an eventfd, an allocation, a
+        // state file's blocks (fallocate KEEP_SIZE), a page spilled to
+        // and read back from the backing file; open fails (EACCES) as on
+        // every worker thread, for malloc's arena sizing.
+        let (st, err) = in_child_with(Some(&queue_filter(Some(fd))), || {
+            let b = QUEUE_BACKING.load(std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: plain calls on descriptors and memory the child owns.
+            unsafe {
+                let one = 1u64;
+                let mut v = 0u64;
+                let ok = libc::write(kick(), (&one as *const u64).cast(), 8) == 8
+                    && libc::read(kick(), (&mut v as *mut u64).cast(), 8) == 8;
+                if !ok {
+                    libc::_exit(10);
+                }
+                let ok = libc::pwrite(b, (&one as *const u64).cast(), 8, 4096) == 8
+                    && libc::pread(b, (&mut v as *mut u64).cast(), 8, 4096) == 8
+                    && v == 1;
+                if !ok {
+                    libc::_exit(11);
+                }
+                if libc::posix_fadvise(b, 0, 8192, libc::POSIX_FADV_DONTNEED) != 0 {
+                    libc::_exit(12);
+                }
+                let mut ok = libc::fallocate(b, libc::FALLOC_FL_KEEP_SIZE, 0, 8192) == 0;
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                ok &= p != libc::MAP_FAILED && libc::munmap(p, 4096) == 0;
+                ok &= libc::open(c"/etc/hostname".as_ptr(), libc::O_RDONLY) == -1
+                    && *libc::__errno_location() == libc::EACCES;
+                libc::_exit(if ok { 7 } else { 8 });
+            }
+        });
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 7,
+            "status {st:#x}: {err}"
+        );
+
+        // What the worker's other threads may do and a queue thread may
+        // not: accept a connection, receive descriptors, write a file
+        // that is not the backing file (here the eventfd), sync one, make
+        // an eventfd. The worker's filter alone lets each through (the
+        // calls fail on an eventfd, but run); the queue filter kills.
+        let calls: [(&str, fn()); 5] = [
+            ("accept4", || {
+                // SAFETY: on an eventfd: fails, or is refused before it runs.
+                unsafe { libc::accept4(kick(), std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+            }),
+            ("recvmsg", || {
+                // SAFETY: as above.
+                unsafe { libc::recvmsg(kick(), std::ptr::null_mut(), libc::MSG_DONTWAIT) };
+            }),
+            ("pwrite64", || {
+                let one = 1u64;
+                // SAFETY: as above.
+                unsafe { libc::pwrite(kick(), (&one as *const u64).cast(), 8, 0) };
+            }),
+            ("fdatasync", || {
+                // SAFETY: as above.
+                unsafe { libc::fdatasync(kick()) };
+            }),
+            ("eventfd2", || {
+                // SAFETY: a new eventfd, or refused.
+                unsafe { libc::eventfd(0, 0) };
+            }),
+        ];
+        for (what, f) in calls {
+            let (st, err) = in_child(f);
+            assert!(
+                libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+                "{what} under the worker's filter: status {st:#x}: {err}"
+            );
+            let (st, err) = in_child_with(Some(&queue_filter(Some(fd))), f);
+            assert!(killed_by_sigsys(st), "{what}: status {st:#x}: {err}");
+            assert!(
+                err.starts_with("vzram: seccomp: system call ") && err.contains("is not allowed"),
+                "{what}: {err:?}"
+            );
+            eprintln!("{what} on a queue thread: {}", err.trim());
+        }
+        // SAFETY: the eventfd made above.
+        unsafe { libc::close(ev) };
+        drop(f);
     }
 }

@@ -126,7 +126,7 @@ fn setup(what: &str) -> impl FnOnce(io::Error) -> WorkerError + '_ {
 }
 
 fn serve(spec: &Spec) -> Result<(), WorkerError> {
-    seccomp::report_sigbus().map_err(|e| WorkerError::Setup(e.to_string()))?;
+    crate::sys::fault::report_sigbus().map_err(|e| WorkerError::Setup(e.to_string()))?;
     let control = UnixStream::from(take(Fds::Control));
     let host = std::fs::File::from(take(Fds::Host));
     let files = StateFiles::from_files(
@@ -180,7 +180,18 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // One pool per process: this worker serves one device, so its threads
     // compress for this device's queues only.
     let threads = vzram_blk::pool::pool_threads(spec.compress_threads);
-    let compress = Some(CompressPool::new(threads, 0).map_err(setup("thread"))?);
+    let compress = CompressPool::new(threads, 0).map_err(setup("thread"))?;
+    // The queue and compress threads serve requests under a narrower
+    // filter than the rest, each put on itself before its first request
+    // (after the process filter, installed below).
+    let backing_fd = store.backing().map(|b| b.file().as_raw_fd());
+    let narrow = seccomp::QueueFilter::new(spec.seccomp, backing_fd)
+        .map_err(|e| WorkerError::Setup(e.to_string()))?
+        .map(|f| -> vzram_blk::ThreadHook { Arc::new(move || f.enter()) });
+    if let Some(h) = &narrow {
+        compress.set_thread_hook(h.clone());
+    }
+    let compress = Some(compress);
     // An incoming device serves nothing until its pages have arrived.
     let gated = store.cells().migration.incoming();
     if gated {
@@ -190,14 +201,16 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         vzram_blk::poll::DEFAULT_POLL,
         std::time::Duration::from_micros,
     );
-    let backend = Arc::new(
-        if gated {
-            BlkBackend::new_gated(blk, compress)
-        } else {
-            BlkBackend::with_pool(blk, compress)
-        }
-        .with_poll(poll),
-    );
+    let mut backend = if gated {
+        BlkBackend::new_gated(blk, compress)
+    } else {
+        BlkBackend::with_pool(blk, compress)
+    }
+    .with_poll(poll);
+    if let Some(h) = narrow {
+        backend = backend.with_thread_hook(h);
+    }
+    let backend = Arc::new(backend);
     let rings = Arc::new(Rings::default());
     let busy = Arc::new(std::sync::Mutex::new(()));
     // However this returns (set-up errors included), the order lock is

@@ -100,10 +100,17 @@ pub fn wait_migration(
     want: MigrationState,
     limit: Duration,
 ) -> MigrationStat {
-    let deadline = Instant::now() + limit;
+    let start = Instant::now();
+    let deadline = start + limit;
     loop {
         let m = d.stat_cli().dev_at(sock).migration.clone();
         if m.state == want {
+            // Where a slow run's time went, should a later step fail.
+            eprintln!(
+                "  {} {want:?} after {:.1}s",
+                sock.display(),
+                start.elapsed().as_secs_f64()
+            );
             return m;
         }
         ensure!(

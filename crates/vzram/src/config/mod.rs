@@ -20,12 +20,12 @@ mod state_dir;
 mod tests;
 
 pub use crate::proto::worker_spec::SeccompMode;
-pub use draft::{parse_device_spec, DeviceDraft};
+pub use draft::{parse_device_spec, DeviceDraft, SpecError};
 pub use file::{keys as file_keys, load_file, parse_file, FileDrafts};
 pub use parse::{
     default_recompress_algo, parse_bool, parse_codec, parse_duration, parse_metrics_addr,
-    parse_mode, parse_size, size_text, tiny_limit, ConfigError, DEFAULT_QUEUES,
-    DEFAULT_SOCKET_MODE, MAX_POLL_US, MIN_IDLE_AFTER,
+    parse_mode, parse_size, size_text, tiny_limit, AddrFault, ConfigError, ModeError, ValueError,
+    DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, MAX_POLL_US, MIN_IDLE_AFTER,
 };
 use state_dir::runtime_directory;
 pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
@@ -162,10 +162,10 @@ impl Devices {
         for n in names {
             if !devices.iter().any(|d| d.name == *n || d.state_key() == *n) {
                 let known: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
-                return Err(ConfigError(format!(
+                return err(format!(
                     "{flag} {n}: no device of that name (devices: {})",
                     known.join(", ")
-                )));
+                ));
             }
         }
         Ok(())
@@ -677,8 +677,10 @@ impl Reload {
 
     /// The configuration the file's `text` gives, and its TLS directory.
     pub fn build(&self, text: &str) -> Result<(DaemonConfig, Option<PathBuf>), ConfigError> {
-        let file = parse_file(text)
-            .map_err(|e| ConfigError(format!("{}: {}", self.path.display(), e.0)))?;
+        let file = parse_file(text).map_err(|e| ConfigError::File {
+            path: self.path.clone(),
+            source: Box::new(e),
+        })?;
         (self.rebuild)(file)
     }
 }

@@ -24,15 +24,20 @@ pub enum SeccompMode {
     Log,
 }
 
-impl FromStr for SeccompMode {
-    type Err = String;
+/// A `--seccomp` value that is none of the modes (as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad seccomp mode {0:?}: expected on, off or log")]
+pub struct ParseSeccompError(pub String);
 
-    fn from_str(s: &str) -> Result<SeccompMode, String> {
+impl FromStr for SeccompMode {
+    type Err = ParseSeccompError;
+
+    fn from_str(s: &str) -> Result<SeccompMode, ParseSeccompError> {
         match s {
             "on" | "true" | "yes" | "1" => Ok(SeccompMode::On),
             "off" | "false" | "no" | "0" => Ok(SeccompMode::Off),
             "log" => Ok(SeccompMode::Log),
-            _ => Err(format!("bad seccomp mode {s:?}: expected on, off or log")),
+            _ => Err(ParseSeccompError(s.to_string())),
         }
     }
 }

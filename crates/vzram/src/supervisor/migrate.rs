@@ -120,6 +120,7 @@ impl Supervisor {
                 None => fd,
                 Some(t) => {
                     let session = Tls::connect(fd, t).map_err(|e| {
+                        let e = e.to_string();
                         d.set_migration_error(Some(e.clone()));
                         failed(d, e)
                     })?;

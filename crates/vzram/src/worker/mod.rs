@@ -1,7 +1,7 @@
 //! A worker: the process that serves one frontend connection of one device.
 //!
 //! The supervisor accepts the connection and has the launcher start
-//! `vzram __worker SPEC` with these descriptors (see [`Fds`]): its control
+//! `vzram __worker SPEC` with these descriptors (see [`WorkerFds`]): its control
 //! channel, the host budget, the device's locked state files, the
 //! connection and, for a device with one, its backing file. Nothing is
 //! opened by path. The worker recovers the device
@@ -12,7 +12,7 @@
 //! reconnect, no one else.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -30,8 +30,8 @@ use crate::owner::autotier::AutoTier;
 use crate::owner::execute::{execute_migration, Migrating};
 use crate::owner::migration::Frontend;
 use crate::proto::order::Order;
-use crate::proto::wire::{self, FIRST_FD};
-use crate::proto::worker_spec::{Fds, Spec, EXIT_DONE, EXIT_SETUP, EXIT_STATE};
+use crate::proto::wire;
+use crate::proto::worker_spec::{Spec, WorkerFds, EXIT_DONE, EXIT_SETUP, EXIT_STATE};
 use crate::sys::{logging, seccomp};
 use relay::{guarded_recv, relay, InnerSocket, Rings};
 
@@ -48,12 +48,6 @@ pub const COMPACT_MIN_WASTE: u64 = 16 << 20;
 /// failure: the device's next frontend gets a new worker, after a backoff
 /// if it keeps failing.
 pub const EXIT_PANIC: i32 = 101;
-
-fn take(fd: Fds) -> OwnedFd {
-    // SAFETY: the launcher placed our descriptors at FIRST_FD.. in the
-    // order of `Fds`; each is taken once.
-    unsafe { OwnedFd::from_raw_fd(FIRST_FD + fd as RawFd) }
-}
 
 /// `vzram __worker SPEC`: returns the process exit code.
 pub fn main(spec_json: &str) -> i32 {
@@ -127,23 +121,22 @@ fn setup(what: &str) -> impl FnOnce(io::Error) -> WorkerError + '_ {
 
 fn serve(spec: &Spec) -> Result<(), WorkerError> {
     seccomp::report_sigbus().map_err(|e| WorkerError::Setup(e.to_string()))?;
-    let control = UnixStream::from(take(Fds::Control));
-    let host = std::fs::File::from(take(Fds::Host));
+    // SAFETY: this is the worker, and `serve` runs once: the launcher
+    // placed the list the supervisor sent for this spec.
+    let fds = unsafe { WorkerFds::inherited(spec.backing.is_some()) };
+    let control = UnixStream::from(fds.control);
+    let host = std::fs::File::from(fds.host);
     let files = StateFiles::from_files(
         spec.state_dir.clone(),
-        take(Fds::Lock).into(),
-        take(Fds::Table).into(),
-        take(Fds::Arena).into(),
-        take(Fds::Stats).into(),
+        fds.lock.into(),
+        fds.table.into(),
+        fds.arena.into(),
+        fds.stats.into(),
         spec.size,
     )?;
-    let backing = match &spec.backing {
-        Some(b) => Some(Backing::from_file(
-            take(Fds::Backing).into(),
-            b.path.clone(),
-            b.direct,
-        )?),
-        None => None,
+    let backing = match (&spec.backing, fds.backing) {
+        (Some(b), Some(fd)) => Some(Backing::from_file(fd.into(), b.path.clone(), b.direct)?),
+        _ => None,
     };
     let pool = Pool::with_host_file(PoolConfig::default(), &host)?;
     // The supervisor sized the state's arena for one allocator shard per
@@ -171,7 +164,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
             "recovered the device from its state"
         );
     }
-    let frontend = UnixStream::from(take(Fds::Frontend));
+    let frontend = UnixStream::from(fds.frontend);
 
     let blk = Arc::new(
         BlkDevice::new(store.clone(), spec.queues, spec.readonly, &spec.serial)

@@ -385,7 +385,11 @@ pub fn receive_from(
                 stage: Stage::Verdict { told: t },
                 ..
             }) => told = t,
-            _ => {
+            None
+            | Some(Resume {
+                stage: Stage::Records,
+                ..
+            }) => {
                 let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
                 let mut b = vec![u8::from(Reply::Prepared)];
                 b.extend_from_slice(&pages.to_le_bytes());

@@ -335,7 +335,9 @@ fn reply(r: &mut impl Read, want: Reply, extra: &mut [u8]) -> Result<(), Migrate
     match Reply::try_from(tag[0]) {
         Ok(Reply::Refuse) => return Err(MigrateError::Refused(message(r)?)),
         Ok(t) if t == want => {}
-        _ => return bad(format!("unexpected reply {:#04x}", tag[0])),
+        Ok(Reply::Accept | Reply::Prepared | Reply::Committed | Reply::Started) | Err(_) => {
+            return bad(format!("unexpected reply {:#04x}", tag[0]))
+        }
     }
     r.read_exact(extra)?;
     Ok(())

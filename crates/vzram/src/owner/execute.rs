@@ -91,7 +91,10 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                 }
             }
         }
-        o => execute(dev, o),
+        o @ (Order::Compact
+        | Order::MarkIdle
+        | Order::Recompress { .. }
+        | Order::Writeback { .. }) => execute(dev, o),
     };
     dev.stats();
     answer

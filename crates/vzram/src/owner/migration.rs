@@ -602,8 +602,22 @@ pub fn set_incoming(name: &str, dev: &Device) {
             device = %name,
             "it received its migration stream already: it serves (incoming= applies only until a stream is committed)"
         ),
-        _ if empty => m.begin(Phase::Incoming),
-        _ => tracing::warn!(
+        Phase::None
+        | Phase::Sending
+        | Phase::Sent
+        | Phase::SendFailed
+        | Phase::Copied
+        | Phase::Committing
+            if empty =>
+        {
+            m.begin(Phase::Incoming)
+        }
+        Phase::None
+        | Phase::Sending
+        | Phase::Sent
+        | Phase::SendFailed
+        | Phase::Copied
+        | Phase::Committing => tracing::warn!(
             device = %name,
             "incoming is set, but the device's state holds pages: it serves them (start with `--fresh {name}` to receive instead)"
         ),

@@ -236,7 +236,7 @@ impl Supervisor {
     /// thread waits for it, the launcher and the loop do not.
     fn connect(&self, to: &Addr, wait: Duration) -> Result<OwnedFd> {
         let fail = |error: String| Error::Connect {
-            to: to.to_string(),
+            to: to.clone(),
             error,
         };
         let (ours, theirs) = seqpacket_pair()?;

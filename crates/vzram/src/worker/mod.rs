@@ -70,13 +70,9 @@ pub fn main(spec_json: &str) -> i32 {
     }
     match serve(&spec) {
         Ok(()) => EXIT_DONE,
-        Err(WorkerError::State(e)) => {
+        Err(e) => {
             tracing::error!("{e}");
-            EXIT_STATE
-        }
-        Err(WorkerError::Setup(e)) => {
-            tracing::error!("{e}");
-            EXIT_SETUP
+            e.exit_code()
         }
     }
 }
@@ -99,28 +95,58 @@ fn exit_on_panic() {
     }));
 }
 
+/// Why a worker could not serve: its exit code tells the supervisor
+/// whether a retry can help.
+#[derive(Debug, thiserror::Error)]
 enum WorkerError {
-    State(String),
-    Setup(String),
+    /// The device's state is damaged or does not match ([`EXIT_STATE`]).
+    #[error(transparent)]
+    State(StoreError),
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::Error),
+    /// (The crate's error is no `std::error::Error`: kept, not chained.)
+    #[error("vhost-user daemon: {0}")]
+    Daemon(DaemonError),
+    #[error("vhost-user handler: {0}")]
+    Handler(DaemonError),
+}
+
+impl WorkerError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            WorkerError::State(_) => EXIT_STATE,
+            WorkerError::Store(_)
+            | WorkerError::Io { .. }
+            | WorkerError::Seccomp(_)
+            | WorkerError::Daemon(_)
+            | WorkerError::Handler(_) => EXIT_SETUP,
+        }
+    }
 }
 
 impl From<StoreError> for WorkerError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::State(_) | StoreError::InvalidConfig(_) => {
-                WorkerError::State(e.to_string())
-            }
-            e => WorkerError::Setup(e.to_string()),
+            StoreError::State(_) | StoreError::InvalidConfig(_) => WorkerError::State(e),
+            e => WorkerError::Store(e),
         }
     }
 }
 
-fn setup(what: &str) -> impl FnOnce(io::Error) -> WorkerError + '_ {
-    move |e| WorkerError::Setup(format!("{what}: {e}"))
+fn setup(what: &'static str) -> impl FnOnce(io::Error) -> WorkerError {
+    move |source| WorkerError::Io { what, source }
 }
 
 fn serve(spec: &Spec) -> Result<(), WorkerError> {
-    seccomp::report_sigbus().map_err(|e| WorkerError::Setup(e.to_string()))?;
+    seccomp::report_sigbus()?;
     // SAFETY: this is the worker, and `serve` runs once: the launcher
     // placed the list the supervisor sent for this spec.
     let fds = unsafe { WorkerFds::inherited(spec.backing.is_some()) };
@@ -201,14 +227,14 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     let quiesce = Quiesce(busy.clone());
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<vzram_blk::dirty::LogBitmap>::new());
     let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
-        .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
+        .map_err(WorkerError::Daemon)?;
     // The crate accepts from a listener; ours has no name anyone else can
     // reach, and we connect before it accepts, so it finds us waiting.
     let mut inner = InnerSocket::new().map_err(setup("private socket"))?;
     let to_crate = inner.connect().map_err(setup("private socket"))?;
     daemon
         .start(&mut inner.listener)
-        .map_err(|e| WorkerError::Setup(format!("vhost-user handler: {e}")))?;
+        .map_err(WorkerError::Handler)?;
     drop(inner);
     pool.spawn_auto_compaction(COMPACT_INTERVAL, COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE)
         .map_err(setup("thread"))?;
@@ -231,7 +257,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     }
 
     // Set-up done: nothing the frontend sends has been read yet.
-    seccomp::install_worker(spec.seccomp).map_err(|e| WorkerError::Setup(e.to_string()))?;
+    seccomp::install_worker(spec.seccomp)?;
 
     let mut guard = Guard::new(
         vzram_blk::config::virtio_features(spec.readonly),

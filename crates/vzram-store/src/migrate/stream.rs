@@ -609,3 +609,46 @@ pub fn empty(dev: &Device, cx: &mut Context) -> Result<(), StoreError> {
     dev.compact();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes are the wire format: pinned here, and read back only in
+    /// their own context (b'C' is a compressed record among the records,
+    /// a commit in the verdict, nothing from the destination).
+    #[test]
+    fn each_context_reads_its_own_tags() {
+        use RecordTag as T;
+        for (t, b) in [
+            (T::Empty, b'E'),
+            (T::Same, b'S'),
+            (T::Compressed, b'C'),
+            (T::Raw, b'R'),
+            (T::Pass, b'P'),
+            (T::Final, b'F'),
+            (T::Abort, b'B'),
+        ] {
+            assert_eq!((u8::from(t), T::try_from(b)), (b, Ok(t)));
+        }
+        for (t, b) in [
+            (VerdictTag::Wait, b'W'),
+            (VerdictTag::Commit, b'C'),
+            (VerdictTag::Abort, b'B'),
+        ] {
+            assert_eq!((u8::from(t), VerdictTag::try_from(b)), (b, Ok(t)));
+        }
+        for (t, b) in [
+            (Reply::Accept, b'A'),
+            (Reply::Prepared, b'K'),
+            (Reply::Committed, b'D'),
+            (Reply::Started, b'S'),
+            (Reply::Refuse, b'X'),
+        ] {
+            assert_eq!((u8::from(t), Reply::try_from(b)), (b, Ok(t)));
+        }
+        assert_eq!(VerdictTag::try_from(b'E'), Err(b'E'));
+        assert_eq!(Reply::try_from(b'C'), Err(b'C'));
+        assert_eq!(RecordTag::try_from(b'W'), Err(b'W'));
+    }
+}

@@ -516,3 +516,43 @@ fn an_unnamed_device_is_keyed_by_its_whole_socket_path() {
     let n = cfg("socket=/tmp/x/vm1.sock,size=1M,name=db");
     assert_eq!((n.state_key().as_str(), n.legacy_key()), ("db", None));
 }
+
+/// The typed errors print what the text errors printed, byte for byte.
+#[test]
+fn typed_errors_keep_their_text() {
+    assert_eq!(
+        parse_size("1.3M").unwrap_err().to_string(),
+        "bad size \"1.3M\": not a whole number of bytes (sizes are multiples of 4096)"
+    );
+    assert_eq!(
+        parse_size("12Q").unwrap_err().to_string(),
+        "bad size \"12Q\": unknown unit 'Q' (use K, M, G or T)"
+    );
+    assert_eq!(
+        parse_metrics_addr("foo:1").unwrap_err().to_string(),
+        "bad metrics address \"foo:1\": a host name other than localhost (give its IP address); expected IP:PORT, localhost:PORT or :PORT, such as 127.0.0.1:9100"
+    );
+    assert_eq!(
+        parse_file("\nsocket_mode = 400").unwrap_err().to_string(),
+        "line 2: socket_mode = 400 is a decimal number; write the mode in octal: socket_mode = 0o400 or socket_mode = \"0400\""
+    );
+    assert_eq!(
+        parse_file("host_mem_limit = \"lots\"")
+            .unwrap_err()
+            .to_string(),
+        "host_mem_limit: bad size \"lots\": unknown unit 's' (use K, M, G or T)"
+    );
+    let e = load_file(Path::new("/nonexistent/v.toml")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cannot read /nonexistent/v.toml: No such file or directory (os error 2)"
+    );
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the io error is its source"
+    );
+    assert_eq!(
+        parse_device_spec("socket").unwrap_err().to_string(),
+        "bad device option \"socket\": expected key=value"
+    );
+}

@@ -6,9 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::draft::DeviceDraft;
-use super::parse::{
-    parse_metrics_addr, parse_mode, parse_size, ConfigError, ModeError, MAX_POLL_US,
-};
+use super::error::{ConfigError, ModeError};
+use super::parse::{parse_metrics_addr, parse_mode, parse_size, MAX_POLL_US};
 use crate::proto::worker_spec::SeccompMode;
 
 /// A size in the config file: a number of bytes or a string like "8G".

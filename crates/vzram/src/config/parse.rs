@@ -1,17 +1,11 @@
 //! Values as a person types them: sizes, modes, codecs, durations,
 //! booleans, addresses. Every error is the user's input.
 
-use std::io;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use thiserror::Error;
 use vzram_store::{Codec, ParseCodecError, PAGE_SIZE};
-
-use crate::owner::tls::TlsError;
-use crate::proto::worker_spec::ParseSeccompError;
 
 pub const DEFAULT_QUEUES: u16 = 4;
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
@@ -55,112 +49,6 @@ pub enum AddrFault {
     NotAPort,
     #[error("a host name other than localhost (give its IP address)")]
     HostName,
-}
-
-/// A configuration that cannot be served: every one is the user's to fix.
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    /// A rule the values break together (a limit above the size, a name
-    /// used twice, a flag without the one it needs).
-    #[error("{0}")]
-    Invalid(String),
-    /// A value of the file, under its key.
-    #[error("{key}: {source}")]
-    Value {
-        key: &'static str,
-        #[source]
-        source: ValueError,
-    },
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    /// What is wrong inside the file at `path`.
-    #[error("{}: {source}", path.display())]
-    File {
-        path: PathBuf,
-        #[source]
-        source: Box<ConfigError>,
-    },
-    /// TOML that does not parse: toml's message, on one line.
-    #[error("{}{message}", at_line(*line))]
-    Syntax {
-        line: Option<usize>,
-        message: String,
-    },
-    #[error("line {line}: {source}")]
-    Mode {
-        line: usize,
-        #[source]
-        source: ModeError,
-    },
-    #[error(transparent)]
-    Seccomp(#[from] ParseSeccompError),
-    #[error("poll_us: {0} is more than {MAX_POLL_US} (1 s)")]
-    PollUs(u64),
-    /// `--fd N`: not a listening unix socket bound to a path.
-    #[error("--fd {fd}: {source}")]
-    Fd {
-        fd: RawFd,
-        #[source]
-        source: io::Error,
-    },
-    #[error("--tls-creds: {0}")]
-    TlsCreds(#[source] TlsError),
-    #[error("device {0}: --fresh and --adopt exclude each other")]
-    FreshAndAdopt(String),
-    #[error("--size, --queues, --algo, --mem-limit, --serial, --readonly, --name and the tiering flags (--backing-file, --idle-after, ...) need --socket")]
-    FlagsWithoutSocket,
-}
-
-fn at_line(line: Option<usize>) -> String {
-    line.map(|l| format!("line {l}: ")).unwrap_or_default()
-}
-
-/// A mode in the config file that is not one (`key = raw` as written).
-#[derive(Debug, Error)]
-pub enum ModeError {
-    #[error("{key}: {source}")]
-    Text {
-        key: &'static str,
-        #[source]
-        source: ValueError,
-    },
-    #[error(
-        "{key} = {raw} is not a mode; write it in octal: {}",
-        mode_example(key)
-    )]
-    NotANumber { key: &'static str, raw: String },
-    /// TOML reads `600` as six hundred: a mode in decimal is never meant.
-    #[error(
-        "{key} = {raw} is a decimal number; write the mode in octal: {}",
-        decimal_hint(key, raw)
-    )]
-    Decimal { key: &'static str, raw: String },
-    #[error("{key} = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {}", mode_example(key))]
-    Bits { key: &'static str, raw: String },
-}
-
-fn mode_example(key: &str) -> String {
-    format!("{key} = 0o600 or {key} = \"0600\"")
-}
-
-/// The octal a decimal mode was likely meant as, when it reads as one.
-fn decimal_hint(key: &str, raw: &str) -> String {
-    if (1..=4).contains(&raw.len())
-        && raw.bytes().all(|b| (b'0'..=b'7').contains(&b))
-        && u32::from_str_radix(raw, 8).is_ok_and(|m| m <= 0o777)
-    {
-        format!("{key} = 0o{raw} or {key} = \"{raw:0>4}\"")
-    } else {
-        mode_example(key)
-    }
-}
-
-pub(super) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError::Invalid(msg.into()))
 }
 
 /// Parses `512M`, `8G`, `8Gi`, `1.5G`, `1T`, `64K` (binary units, with an
@@ -342,6 +230,10 @@ pub fn parse_bool(s: &str) -> Result<bool, ValueError> {
         _ => Err(ValueError::Bool(s.to_string())),
     }
 }
+
+/// Most segments a discard or write-zeroes request may carry (the block
+/// layer's own limit, and the default offer).
+pub const MAX_DISCARD_SEGMENTS: u16 = vzram_blk::config::MAX_DISCARD_SEG as u16;
 
 /// The longest `poll_us` (`--poll-us`) taken: a second.
 pub const MAX_POLL_US: u64 = 1_000_000;

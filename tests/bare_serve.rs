@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use vzram_tests::cli::Vzram;
 use vzram_tests::client::Client;
 use vzram_tests::daemon::Daemon;
 use vzram_tests::data::pattern;
@@ -298,10 +299,7 @@ fn the_backend_program_convention_takes_its_size_from_the_flags_or_the_file() {
     let dir = TempDir::new("bare-prog");
     let sock = dir.join("q.sock");
     let control = dir.join("control.sock");
-    let o = Command::new(vzram_bin())
-        .args(["--socket-path", s(&sock), "--control", s(&control)])
-        .output()
-        .unwrap();
+    let o = Vzram::new(&["--socket-path", s(&sock), "--control", s(&control)]).output();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
@@ -528,14 +526,12 @@ fn with_no_daemon_forget_looks_in_the_state_dir_and_spares_a_served_state() {
     };
     assert_eq!(states(), 3);
     let forget = |args: &[&str]| {
-        let out = Command::new(vzram_bin())
+        let out = Vzram::new(&[])
             .arg("forget")
             .args(args)
             .args(["--control", s(&dir.join("nobody.sock"))])
             .env("VZRAM_STATE_DIR", &state)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+            .output();
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "vzram forget {args:?}: {text}");
@@ -564,10 +560,7 @@ fn with_no_daemon_forget_looks_in_the_state_dir_and_spares_a_served_state() {
         .map(|e| e.file_name().to_string_lossy().to_string())
         .find(|n| !n.starts_with('.'))
         .unwrap();
-    let out = Command::new(vzram_bin())
-        .args(["forget", &served, "--state-dir", s(&state)])
-        .output()
-        .unwrap();
+    let out = Vzram::new(&["forget", &served, "--state-dir", s(&state)]).output();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert_eq!(states(), 1);
     running.kill9();

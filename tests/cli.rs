@@ -9,34 +9,13 @@ use std::time::Duration;
 
 use vzram_tests::*;
 
+/// `vzram ARGS` in a state directory of its own, killed (and the test
+/// failed) after 10 s: a daemon that wrongly starts must not hang the test.
 fn vzram(args: &[&str]) -> Output {
-    // A daemon started here keeps its state, and its control socket when
-    // not given one, in a directory of its own.
-    let state = TempDir::new("clistate");
-    let mut cmd = Command::new(vzram_bin());
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .env("VZRAM_STATE_DIR", state.path())
-        .env("VZRAM_CONTROL", state.join("control.sock"));
-    // A daemon that wrongly starts must not hang the test.
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run vzram");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vzram {args:?} still running after 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    Vzram::new(args)
+        .state_apart()
+        .limit(Duration::from_secs(10))
+        .output()
 }
 
 #[test]
@@ -841,29 +820,23 @@ fn stat_has_a_default_control_socket() {
     let dir = TempDir::new("defctl");
     let a = dir.join("a.sock");
     let _d = Daemon::start(&dir, &["--socket", s(&a), "--size", "1M"], &[&a]);
-    let o = Command::new(vzram_bin())
-        .args(["stat", "--json"])
+    let o = Vzram::new(&["stat", "--json"])
         .env("RUNTIME_DIRECTORY", dir.path())
         .env_remove("VZRAM_CONTROL")
-        .output()
-        .unwrap();
+        .output();
     assert!(o.status.success(), "{}", stderr(&o));
     let v = Stats::parse(serde_json::from_slice(&o.stdout).unwrap());
     assert_eq!(v.devices()[0].socket, a);
-    let o = Command::new(vzram_bin())
-        .arg("compact")
+    let o = Vzram::new(&["compact"])
         .env("RUNTIME_DIRECTORY", dir.path())
         .env_remove("VZRAM_CONTROL")
-        .output()
-        .unwrap();
+        .output();
     assert!(o.status.success(), "{}", stderr(&o));
     if !Path::new("/run/vzram/control.sock").exists() {
-        let o = Command::new(vzram_bin())
-            .arg("stat")
+        let o = Vzram::new(&["stat"])
             .env_remove("RUNTIME_DIRECTORY")
             .env_remove("VZRAM_CONTROL")
-            .output()
-            .unwrap();
+            .output();
         assert_eq!(o.status.code(), Some(1));
         assert!(
             stderr(&o).contains("/run/vzram/control.sock"),

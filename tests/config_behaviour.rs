@@ -10,7 +10,6 @@
 //! writes, and SIGINT and SIGTERM each on their own.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -24,22 +23,10 @@ const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 
 /// `vzram stat --json --control PATH`, the way an operator reads it.
 fn stat_json(d: &Daemon) -> Stats {
-    let mut child = Command::new(vzram_bin())
-        .args(["stat", "--json", "--control", s(&d.control)])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run vzram stat");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vzram stat still running after 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = Vzram::new(&["stat", "--json"])
+        .control(&d.control)
+        .limit(Duration::from_secs(10))
+        .output();
     assert!(
         o.status.success(),
         "vzram stat: {}",

@@ -196,11 +196,7 @@ impl Env {
             if let Ok(Some(st)) = child.try_wait() {
                 panic!("{from}: `{cmd}` exited ({st}):\n{}", read_log(&log));
             }
-            let stat = Command::new(vzram_bin())
-                .args(["stat", "--control"])
-                .arg(&control)
-                .output()
-                .unwrap();
+            let stat = Vzram::new(&["stat", "--control"]).arg(&control).output();
             if stat.status.success() {
                 return child;
             }
@@ -304,17 +300,7 @@ fn dry(ex: &Example) {
 #[test]
 fn every_example_in_readme_and_the_manual_runs() {
     let t = TempDir::new("pages");
-    let out = Command::new(vzram_bin())
-        .arg("man")
-        .arg("--dir")
-        .arg(t.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    Vzram::new(&["man", "--dir"]).arg(t.path()).ok();
     let (man, toml) = man_examples(t.path());
     let mut all = readme_examples();
     all.extend(man);
@@ -478,10 +464,7 @@ fn bash_completes_codecs_sizes_and_the_daemons_devices() {
     let env = Env::new("");
     let d = env.serve(FIXTURE, "fixture");
     let script = env.dir.join("vzram.bash");
-    let out = Command::new(vzram_bin())
-        .args(["completions", "bash"])
-        .output()
-        .unwrap();
+    let out = Vzram::new(&["completions", "bash"]).output();
     std::fs::write(&script, &out.stdout).unwrap();
     let complete = |words: &str| {
         let n = words.split(' ').count() - 1;

@@ -7,50 +7,20 @@
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vzram_tests::*;
 
-/// Runs `vzram ARGS`; kills it and fails the test if it is still running
-/// after `limit`. Returns its output and how long it took.
-fn vzram(args: &[&str], limit: Duration) -> (Output, Duration) {
-    let start = Instant::now();
-    let mut child = Command::new(vzram_bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run vzram");
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "vzram {args:?} still running after {limit:?} (killed); stderr: {:?}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let took = start.elapsed();
-    (child.wait_with_output().unwrap(), took)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
 /// `vzram stat --json` on the daemon's control socket: the device entry
 /// named `name` (with `connected`, `connections` and `stats`).
 fn stat_device(d: &Daemon, name: &str) -> DeviceStat {
-    let (o, _) = vzram(
-        &["stat", "--json", "--control", s(&d.control)],
-        Duration::from_secs(20),
-    );
+    let o = Vzram::new(&["stat", "--json"])
+        .control(&d.control)
+        .limit(Duration::from_secs(20))
+        .output();
     assert!(o.status.success(), "vzram stat --json: {}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).expect("stat JSON");
     Stats::parse(v).dev(name).clone()
@@ -310,7 +280,9 @@ fn a_reconnect_that_beats_its_own_hang_up_is_served() {
 /// exit 1, well within 12 s (the client gives up after 10 s at most).
 /// Returns the error line.
 fn stat_on_device_socket(sock: &Path, what: &str) -> String {
-    let (o, took) = vzram(&["stat", "--control", s(sock)], Duration::from_secs(20));
+    let (o, took) = Vzram::new(&["stat", "--control", s(sock)])
+        .limit(Duration::from_secs(20))
+        .timed();
     let err = stderr(&o);
     eprintln!("{what}: vzram stat took {took:?}: {err:?}");
     assert_eq!(o.status.code(), Some(1), "{what}: {err:?}");
@@ -373,18 +345,10 @@ fn probes_of_a_served_socket_are_not_connections() {
 
     // A second daemon on the same socket checks it, finds it live, gives up.
     let ctl = dir.join("second-control.sock");
-    let (o, took) = vzram(
-        &[
-            "serve",
-            "--socket",
-            s(&sock),
-            "--size",
-            "1M",
-            "--control",
-            s(&ctl),
-        ],
-        Duration::from_secs(20),
-    );
+    let (o, took) = Vzram::new(&["serve", "--socket", s(&sock), "--size", "1M"])
+        .control(&ctl)
+        .limit(Duration::from_secs(20))
+        .timed();
     let err = stderr(&o);
     eprintln!("second serve: {:?} after {took:?}: {err:?}", o.status);
     assert_eq!(o.status.code(), Some(2), "{err:?}");

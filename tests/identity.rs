@@ -42,23 +42,6 @@ fn serve_at(dir: &TempDir, control: &str, args: &[&str], sockets: &[&Path]) -> D
     )
 }
 
-fn cli(d: &Daemon, args: &[&str]) -> std::process::Output {
-    Command::new(vzram_bin())
-        .args(args)
-        .arg("--control")
-        .arg(&d.control)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Writes `pages` pages of `seed`'s pattern at the start of the device.
 fn fill(sock: &Path, seed: u64, pages: usize) {
     let mut c = Client::connect(sock, 1).unwrap();
@@ -119,7 +102,7 @@ fn dev(sock: &Path, extra: &str) -> String {
 
 /// Exit 2 with one error line saying `what` (a daemon may log before it).
 fn refused_with(o: &std::process::Output, what: &str) {
-    let t = text(o);
+    let t = said(o);
     assert_eq!(o.status.code(), Some(2), "{t}");
     let errors: Vec<&str> = t.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "one error line: {t}");
@@ -202,15 +185,15 @@ fn a_runtime_add_never_recovers_another_tenants_pages() {
     );
     let da = dev(&a, "");
     let mut d = serve(&dir, &["--device", &da], &[&a]);
-    let o = cli(&d, &["add", "--device", &dev(&t1, "")]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = d.vzram(&["add", "--device", &dev(&t1, "")]);
+    assert!(o.status.success(), "{}", said(&o));
     fill(&t1, 7, 128);
     d.kill9();
     wait_unlocked(&dir, "tenant1-");
     let mut d = serve(&dir, &["--device", &da, "--metrics", "127.0.0.1:0"], &[&a]);
     // A new tenant gets a blank disk, whatever its place.
-    let o = cli(&d, &["add", "--device", &dev(&t2, "")]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = d.vzram(&["add", "--device", &dev(&t2, "")]);
+    assert!(o.status.success(), "{}", said(&o));
     assert!(is_blank(&t2, 128), "tenant2 reads another tenant's pages");
     // tenant1's state is listed, with what it holds, until someone acts.
     let l = leftovers(&d);
@@ -227,29 +210,26 @@ fn a_runtime_add_never_recovers_another_tenants_pages() {
     assert_eq!(l[0]["size_bytes"], 16 << 20);
     assert!(l[0]["state_bytes"].as_u64().unwrap() > 0, "{l:?}");
     assert_eq!(l[0]["socket"], json!(t1));
-    let m = cli(&d, &["stat"]);
-    assert!(text(&m).contains("left-over states"), "{}", text(&m));
+    let m = d.vzram(&["stat"]);
+    assert!(said(&m).contains("left-over states"), "{}", said(&m));
     // Naming the left-over state is refused unless it says what it wants.
-    let o = cli(
-        &d,
-        &[
-            "add",
-            "--device",
-            &format!("socket={},size=16M,name={key}", s(&dir.join("t3.sock"))),
-        ],
-    );
+    let o = d.vzram(&[
+        "add",
+        "--device",
+        &format!("socket={},size=16M,name={key}", s(&dir.join("t3.sock"))),
+    ]);
     refused_with(&o, "has state left in");
-    let o = cli(&d, &["add", "--device", &dev(&t1, "")]);
+    let o = d.vzram(&["add", "--device", &dev(&t1, "")]);
     refused_with(&o, "recover=true");
-    let o = cli(&d, &["add", "--device", &dev(&t1, ",recover=true")]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("serving the pages"), "{}", text(&o));
+    let o = d.vzram(&["add", "--device", &dev(&t1, ",recover=true")]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert!(said(&o).contains("serving the pages"), "{}", said(&o));
     assert!(holds(&t1, 7, 128), "recover=true serves tenant1's pages");
     assert!(leftovers(&d).is_empty());
     // Forgetting: refused for a served device, deletes a left-over one.
     d.kill9();
     let mut d = serve(&dir, &["--device", &da], &[&a]);
-    let o = cli(&d, &["forget", "a"]);
+    let o = d.vzram(&["forget", "a"]);
     refused_with(&o, "is served");
     let dir1 = PathBuf::from(
         leftovers(&d)
@@ -259,12 +239,12 @@ fn a_runtime_add_never_recovers_another_tenants_pages() {
             .as_str()
             .unwrap(),
     );
-    let o = cli(&d, &["forget", &key]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = d.vzram(&["forget", &key]);
+    assert!(o.status.success(), "{}", said(&o));
     assert!(!dir1.exists());
     assert!(leftovers(&d).iter().all(|l| l["name"] != key.as_str()));
-    let o = cli(&d, &["add", "--device", &dev(&t1, "")]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = d.vzram(&["add", "--device", &dev(&t1, "")]);
+    assert!(o.status.success(), "{}", said(&o));
     assert!(is_blank(&t1, 128));
     d.terminate_cleanly();
 }
@@ -290,14 +270,11 @@ fn paths_that_hold_someone_elses_data_are_refused() {
         (unrelated.clone(), "not a vzram backing file"),
     ] {
         let before = sha(&file);
-        let o = cli(
-            &d,
-            &[
-                "add",
-                "--device",
-                &dev(&b, &format!(",backing-file={}", s(&file))),
-            ],
-        );
+        let o = d.vzram(&[
+            "add",
+            "--device",
+            &dev(&b, &format!(",backing-file={}", s(&file))),
+        ]);
         refused_with(&o, why);
         assert!(sha(&file) == before, "{} was changed", file.display());
         assert!(!b.exists(), "a refused add leaves no socket");
@@ -317,24 +294,18 @@ fn paths_that_hold_someone_elses_data_are_refused() {
     let o = serve_refused(&dir, &["--device", &dev(&a, ""), "--device", &nested]);
     refused_with(&o, "inside the state of another device");
     let mut d = serve(&dir, &["--device", &dev(&a, "")], &[&a]);
-    let o = cli(&d, &["add", "--device", &nested]);
+    let o = d.vzram(&["add", "--device", &nested]);
     refused_with(&o, "inside the state of another device");
     assert!(holds(&a, 3, 32));
     // Given up on purpose, the file serves as a backing file.
-    let o = Command::new(vzram_bin())
-        .args(["backing", "init", s(&unrelated), "--force"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let o = cli(
-        &d,
-        &[
-            "add",
-            "--device",
-            &dev(&b, &format!(",backing-file={}", s(&unrelated))),
-        ],
-    );
-    assert!(o.status.success(), "{}", text(&o));
+    let o = vzram(&["backing", "init", s(&unrelated), "--force"]);
+    assert!(o.status.success(), "{}", said(&o));
+    let o = d.vzram(&[
+        "add",
+        "--device",
+        &dev(&b, &format!(",backing-file={}", s(&unrelated))),
+    ]);
+    assert!(o.status.success(), "{}", said(&o));
     d.terminate_cleanly();
 }
 
@@ -387,7 +358,7 @@ fn a_state_dir_that_changed_between_runs_is_noticed() {
     let mut d = serve(&dir, &["--device", &da], &[&a]);
     fill(&a, 4, 16);
     let old = d.stat().dev_at(&a).state.clone();
-    let shown = text(&cli(&d, &["stat"]));
+    let shown = said(&d.vzram(&["stat"]));
     d.terminate_cleanly();
     // A restart where the environment no longer names the state dir.
     let elsewhere = state_dir_for(&dir.join("elsewhere"));
@@ -465,25 +436,22 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
     let mut d = serve(&dir, &["--device", &da], &[&a]);
     let (mut removed, mut kept) = (0, 0);
     for round in 0..rounds {
-        let o = cli(
-            &d,
-            &[
-                "add",
-                "--device",
-                &format!("socket={},size=64M,queues=1,name=x", s(&x)),
-            ],
-        );
+        let o = d.vzram(&[
+            "add",
+            "--device",
+            &format!("socket={},size=64M,queues=1,name=x", s(&x)),
+        ]);
         assert!(
             o.status.success(),
             "round {round}: {}\n{}",
-            text(&o),
+            said(&o),
             d.log_text()
         );
         fill(&x, round, 256);
         let control = d.control.clone();
         let t = std::thread::spawn(move || {
-            let _ = Command::new(vzram_bin())
-                .args(["remove", "--device", "x", "--control", s(&control)])
+            let _ = Vzram::new(&["remove", "--device", "x"])
+                .control(&control)
                 .output();
         });
         std::thread::sleep(std::time::Duration::from_micros(rng.below(30_000)));
@@ -495,26 +463,23 @@ fn kill9_during_remove_never_leaves_a_half_deleted_state() {
         match leftovers(&d).iter().find(|l| l["name"] == "x") {
             // The removal never started: the whole state is there.
             Some(_) => {
-                let o = cli(
-                    &d,
-                    &[
-                        "add",
-                        "--device",
-                        &format!("socket={},size=64M,queues=1,name=x,recover=true", s(&x)),
-                    ],
-                );
+                let o = d.vzram(&[
+                    "add",
+                    "--device",
+                    &format!("socket={},size=64M,queues=1,name=x,recover=true", s(&x)),
+                ]);
                 assert!(
                     o.status.success(),
                     "round {round}: {}\n{}",
-                    text(&o),
+                    said(&o),
                     d.log_text()
                 );
                 assert!(
                     holds(&x, round, 256),
                     "round {round}: a kept state lost pages"
                 );
-                let o = cli(&d, &["remove", "--device", "x"]);
-                assert!(o.status.success(), "round {round}: {}", text(&o));
+                let o = d.vzram(&["remove", "--device", "x"]);
+                assert!(o.status.success(), "round {round}: {}", said(&o));
                 kept += 1;
             }
             None => removed += 1,
@@ -594,7 +559,7 @@ fn a_failed_start_gives_back_its_new_state_and_backing_file() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().to_string();
     let o = serve_refused(&dir, &["--device", &da, "--metrics", &port]);
-    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert_ne!(o.status.code(), Some(0), "{}", said(&o));
     assert!(
         std::fs::read(&file).unwrap()[..4096]
             .iter()
@@ -629,17 +594,14 @@ fn an_add_refused_for_its_backing_file_leaves_no_state() {
     // a is left over now; its file holds its header.
     let other = dir.join("o.sock");
     let mut d = serve(&dir, &["--device", &dev(&other, "")], &[&other]);
-    let o = cli(
-        &d,
-        &[
-            "add",
-            "--device",
-            &dev(&b, &format!(",backing-file={}", s(&file))),
-        ],
-    );
+    let o = d.vzram(&[
+        "add",
+        "--device",
+        &dev(&b, &format!(",backing-file={}", s(&file))),
+    ]);
     refused_with(&o, "another device's written-back pages");
-    let o = cli(&d, &["add", "--device", &dev(&b, "")]);
-    assert!(o.status.success(), "{}", text(&o));
+    let o = d.vzram(&["add", "--device", &dev(&b, "")]);
+    assert!(o.status.success(), "{}", said(&o));
     assert!(is_blank(&b, 4));
     d.terminate_cleanly();
 }

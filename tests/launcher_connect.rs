@@ -7,7 +7,6 @@ use std::net::TcpListener;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -94,40 +93,6 @@ fn full_tcp() -> (TcpListener, u16, Vec<OwnedFd>) {
     (l, port, held)
 }
 
-fn spawn_cli(d: &Daemon, args: &[&str]) -> Child {
-    Command::new(vzram_bin())
-        .args(args)
-        .arg("--control")
-        .arg(&d.control)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Waits up to `limit` for `c`; None (and `c` killed) if it is still running.
-fn finish(mut c: Child, limit: Duration) -> Option<Output> {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if c.try_wait().unwrap().is_some() {
-            return Some(c.wait_with_output().unwrap());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = c.kill();
-    let _ = c.wait();
-    None
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Connects to `sock`, writes a page and reads it back, on a thread; the
 /// time it took, or None if not done within `limit` (the thread is left
 /// to end with the daemon).
@@ -198,7 +163,9 @@ fn launcher_free_while_connecting(st: &mut Setup, to: &str) {
     let mut cb = Client::connect(&st.b, 1).unwrap();
     cb.q(0).write(0, &versioned_page_nonzero(0, 2)).unwrap();
     let t0 = Instant::now();
-    let m = spawn_cli(&st.d, &["migrate", "--device", "a", "--to", to]);
+    let m = Vzram::new(&["migrate", "--device", "a", "--to", to])
+        .control(&st.d.control)
+        .spawn();
     // Long enough for the connect to be under way, and for b's worker to
     // have been worth its start.
     std::thread::sleep(Duration::from_millis(1100));
@@ -214,31 +181,33 @@ fn launcher_free_while_connecting(st: &mut Setup, to: &str) {
 
     let c = st.dir.join("c.sock");
     let t = Instant::now();
-    let add = finish(
-        spawn_cli(&st.d, &["add", "--device", &dev(&c, "c")]),
-        Duration::from_secs(2),
-    )
-    .unwrap_or_else(|| {
-        panic!(
-            "vzram add did not finish within 2 s while the migration connects\n{}",
-            st.d.log_text()
-        )
-    });
-    assert!(add.status.success(), "vzram add: {}", text(&add));
+    let add = Vzram::new(&["add", "--device", &dev(&c, "c")])
+        .control(&st.d.control)
+        .spawn()
+        .finish(Duration::from_secs(2))
+        .unwrap_or_else(|| {
+            panic!(
+                "vzram add did not finish within 2 s while the migration connects\n{}",
+                st.d.log_text()
+            )
+        });
+    assert!(add.status.success(), "vzram add: {}", said(&add));
     eprintln!("vzram add took {:?}", t.elapsed());
     assert!(
         served_within(&c, 3, Duration::from_secs(2)).is_some(),
         "the added device is not served"
     );
 
-    let out = finish(m, Duration::from_secs(20)).expect("the migrate still runs after 20 s");
+    let out = m
+        .finish(Duration::from_secs(20))
+        .expect("the migrate still runs after 20 s");
     let waited = t0.elapsed();
-    eprintln!("migrate failed after {waited:?}: {}", text(&out));
-    assert!(!out.status.success(), "{}", text(&out));
+    eprintln!("migrate failed after {waited:?}: {}", said(&out));
+    assert!(!out.status.success(), "{}", said(&out));
     assert!(
-        text(&out).contains("cannot connect to") && text(&out).contains("no connection within"),
+        said(&out).contains("cannot connect to") && said(&out).contains("no connection within"),
         "{}",
-        text(&out)
+        said(&out)
     );
     assert!(
         waited >= Duration::from_secs(9) && waited < Duration::from_secs(14),

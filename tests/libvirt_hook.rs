@@ -350,12 +350,10 @@ fn a_stream_that_failed_leaves_nothing_behind_either() {
     let src_sock = src.join("src.sock");
     let spec = format!("socket={},size=32M,name=vm7", s(&src_sock));
     let a = Daemon::start(&src, &["--device", &spec], &[&src_sock]);
-    let out = Command::new(vzram_bin())
-        .args(["migrate", "--control", s(&a.control), "--device", "vm7"])
+    let out = Vzram::new(&["migrate", "--control", s(&a.control), "--device", "vm7"])
         .arg("--to")
         .arg(format!("unix:{}", h.incoming("vm7").display()))
-        .output()
-        .unwrap();
+        .output();
     assert!(!out.status.success(), "a size mismatch migrated: {out:?}");
     let st = h.stat();
     assert_eq!(
@@ -423,14 +421,10 @@ fn a_stop_after_a_completed_migration_keeps_the_pages() {
     let mut h = Host::new("hook-dst", &["other"]);
     h.vzram_domain("vm11");
     h.ok("vm11", "migrate", "begin");
-    let m = Command::new(vzram_bin())
-        .args(["migrate", "--control", s(&a.control), "--device", "vm11"])
+    let m = Vzram::new(&["migrate", "--control", s(&a.control), "--device", "vm11"])
         .arg("--to")
         .arg(format!("unix:{}", h.incoming("vm11").display()))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn();
     // No frontend on either side: the operator commits after the last
     // delta (nothing else says where the VM runs).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -438,13 +432,11 @@ fn a_stop_after_a_completed_migration_keeps_the_pages() {
         assert!(std::time::Instant::now() < deadline, "never committing");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let c = Command::new(vzram_bin())
-        .args(["migrate", "--control", s(&a.control), "--device", "vm11"])
+    let c = Vzram::new(&["migrate", "--control", s(&a.control), "--device", "vm11"])
         .arg("--commit")
-        .output()
-        .unwrap();
+        .output();
     assert!(c.status.success(), "{c:?}");
-    let out = m.wait_with_output().unwrap();
+    let out = m.output();
     assert!(
         out.status.success(),
         "migrate: {}{}",

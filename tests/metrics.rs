@@ -193,19 +193,17 @@ fn metrics_match_stat_and_bad_requests_do_no_harm() {
 fn bad_metrics_address_is_refused() {
     let dir = TempDir::new("metricsbad");
     let sock = dir.join("a.sock");
-    let o = std::process::Command::new(vzram_bin())
-        .args([
-            "serve",
-            "--size",
-            "1M",
-            "--metrics",
-            "localhost",
-            "--socket",
-        ])
-        .arg(&sock)
-        .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
-        .output()
-        .unwrap();
+    let o = Vzram::new(&[
+        "serve",
+        "--size",
+        "1M",
+        "--metrics",
+        "localhost",
+        "--socket",
+    ])
+    .arg(&sock)
+    .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
+    .output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");

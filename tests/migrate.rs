@@ -7,7 +7,6 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vzram_tests::migrating::*;
@@ -367,11 +366,9 @@ fn a_cancel_in_pre_copy_aborts_the_move_and_a_later_migrate_goes_through() {
     write_all(&e.sock_a, 1);
     let stored = e.a.stat().counters("vm").orig_data_size;
     let cancel = || {
-        Command::new(vzram_bin())
-            .args(["migrate", "--control", s(&e.a.control), "--device", "vm"])
+        Vzram::new(&["migrate", "--control", s(&e.a.control), "--device", "vm"])
             .arg("--cancel")
             .output()
-            .unwrap()
     };
     // Nothing to cancel yet: refused, exit 2.
     let out = cancel();

@@ -289,10 +289,7 @@ fn a_sender_started_before_the_destination_exists_connects_once_it_does() {
         s(&e.db.join("late-dev.sock")),
         s(&late)
     );
-    let out = std::process::Command::new(vzram_bin())
-        .args(["add", "--control", s(&e.b.control), "--device", &spec])
-        .output()
-        .unwrap();
+    let out = Vzram::new(&["add", "--control", s(&e.b.control), "--device", &spec]).output();
     assert!(out.status.success(), "{}", said(&out));
     wait_state(&e.a, MigrationState::Committing, Duration::from_secs(30));
     let c = ask(&e, "--commit");

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use vzram_tests::migrating::commit_when_ready;
 use vzram_tests::pki::pki;
 use vzram_tests::*;
 
@@ -58,38 +59,18 @@ fn destination(dir: &TempDir, creds: &Path, port: u16) -> (Daemon, PathBuf) {
     (d, sock)
 }
 
+fn migrate_to(a: &Daemon, to: &str) -> Vzram {
+    Vzram::new(&["migrate", "--device", "vm", "--to", to]).control(&a.control)
+}
+
 fn migrate(a: &Daemon, to: &str) -> Output {
-    Command::new(vzram_bin())
-        .args(["migrate", "--control", s(&a.control), "--device", "vm"])
-        .args(["--to", to])
-        .output()
-        .unwrap()
+    migrate_to(a, to).output()
 }
 
 /// [`migrate`] of a cold device (no frontend on either end): it waits
 /// after the last delta until the operator commits.
 fn migrate_committed(a: &Daemon, to: &str) -> Output {
-    let mut m = Command::new(vzram_bin())
-        .args(["migrate", "--control", s(&a.control), "--device", "vm"])
-        .args(["--to", to])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while migration(a).state != MigrationState::Committing {
-        if m.try_wait().unwrap().is_some() || Instant::now() > deadline {
-            return m.wait_with_output().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let c = Command::new(vzram_bin())
-        .args(["migrate", "--control", s(&a.control), "--device", "vm"])
-        .arg("--commit")
-        .output()
-        .unwrap();
-    assert!(c.status.success(), "{}", said(&c));
-    m.wait_with_output().unwrap()
+    commit_when_ready(a, migrate_to(a, to).spawn())
 }
 
 fn write_pages(sock: &Path) {

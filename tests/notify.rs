@@ -207,13 +207,7 @@ fn reloading_then_ready_around_a_reload() {
         &["--config", cfg.to_str().unwrap()],
     );
     let control = dir.join("control.sock");
-    let reload = || {
-        Command::new(vzram_bin())
-            .args(["reload", "--control"])
-            .arg(&control)
-            .output()
-            .unwrap()
-    };
+    let reload = || Vzram::new(&["reload", "--control"]).arg(&control).output();
     let before = monotonic_usec();
     let o = reload();
     let after = monotonic_usec();

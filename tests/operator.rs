@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use vzram_tests::metrics::{metric, scrape};
@@ -19,26 +19,14 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// `vzram ARGS` with `env` set, and VZRAM_CONTROL and RUNTIME_DIRECTORY
 /// unset unless `env` sets them; killed (and the test failed) after 10 s.
 fn vzram_env(args: &[&str], env: &[(&str, &Path)]) -> Output {
-    let mut cmd = Command::new(vzram_bin());
-    cmd.args(args)
+    let mut v = Vzram::new(args)
         .env_remove("VZRAM_CONTROL")
         .env_remove("RUNTIME_DIRECTORY")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
+        .limit(Duration::from_secs(10));
+    for (k, val) in env {
+        v = v.env(k, val);
     }
-    let mut child = cmd.spawn().expect("run vzram");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vzram {args:?} still running after 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
+    v.output()
 }
 
 /// A daemon of one 1 MiB device at `sock`, started with `env` and no

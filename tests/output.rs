@@ -5,21 +5,21 @@
 //! the usual slips (a negative size, `[device]` for `[[device]]`, a space
 //! after a comma in `--device`, `--metrics :PORT`, `serve --version`).
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
+use vzram_tests::cli::Vzram;
 use vzram_tests::client::Client;
 use vzram_tests::daemon::Daemon;
 use vzram_tests::data::pattern;
-use vzram_tests::paths::{s, vzram_bin, TempDir};
+use vzram_tests::paths::{s, TempDir};
 
+/// `vzram ARGS` with its state and default control socket in `state`,
+/// where no daemon runs.
 fn run(args: &[&str], state: &TempDir) -> Output {
-    Command::new(vzram_bin())
-        .args(args)
+    Vzram::new(args)
         .env("VZRAM_STATE_DIR", state.join("state"))
         .env("VZRAM_CONTROL", state.join("none.sock"))
-        .stdin(Stdio::null())
         .output()
-        .expect("run vzram")
 }
 
 fn text(o: &Output) -> (String, String) {

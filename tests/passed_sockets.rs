@@ -61,11 +61,7 @@ fn fd_convention_serves_the_passed_socket() {
     assert!(sock.exists());
 
     // Anything but a listening unix socket is refused, on one line.
-    let o = Command::new(vzram_bin())
-        .args(["serve", "--fd", "0", "--size", "16M"])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let o = Vzram::new(&["serve", "--fd", "0", "--size", "16M"]).output();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.starts_with("error: --fd 0:"), "{err}");

@@ -6,7 +6,6 @@
 //! read the same way.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use blkio::ReqFlags;
 use vzram_tests::*;
@@ -239,12 +238,9 @@ fn written_back_pages_read_through_the_pool() {
         .unwrap();
     let (_dir, d, mut c) = daemon("readsbk", "2", &["--backing-file", s(&backing)]);
     fill(c.q(0));
-    let o = Command::new(vzram_bin())
-        .args(["writeback", "--device", "vm1", "--control"])
+    let o = Vzram::new(&["writeback", "--device", "vm1", "--control"])
         .arg(&d.control)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+        .output();
     assert!(
         o.status.success(),
         "writeback: {}",

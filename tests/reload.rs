@@ -5,7 +5,6 @@
 //! with each other or with what a device holds: accepted, with a warning.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use vzram_tests::*;
@@ -61,17 +60,6 @@ fn names(st: &Stats) -> Vec<String> {
     let mut n: Vec<String> = st.devices().iter().map(|d| d.name.clone()).collect();
     n.sort();
     n
-}
-
-/// `vzram ARGS --control CTL`, as it came.
-fn vzram_cli(d: &Daemon, args: &[&str]) -> Output {
-    Command::new(vzram_bin())
-        .args(args)
-        .arg("--control")
-        .arg(&d.control)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
 }
 
 #[test]
@@ -296,7 +284,7 @@ fn limits_at_odds_are_set_with_a_warning() {
     assert_eq!(st.pool().mem_limit, 4 * MIB);
 
     // set-limit: the host limit below a device's limit.
-    let o = vzram_cli(&d, &["set-limit", "--host", "2M"]);
+    let o = d.vzram(&["set-limit", "--host", "2M"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{o:?}");
     assert!(
@@ -305,21 +293,21 @@ fn limits_at_odds_are_set_with_a_warning() {
     );
     assert_eq!(d.stat().pool().mem_limit, 2 * MIB);
     // A device limit above the host limit.
-    let o = vzram_cli(&d, &["set-limit", "--device", "a", "6M"]);
+    let o = d.vzram(&["set-limit", "--device", "a", "6M"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{o:?}");
     assert!(err.contains("is above the host limit"), "{err}");
     assert_eq!(d.stat().counters("a").mem_limit, 6 * MIB);
 
     // A device limit below what it holds now.
-    let o = vzram_cli(&d, &["set-limit", "--host", "0"]);
+    let o = d.vzram(&["set-limit", "--host", "0"]);
     assert!(o.status.success() && o.stderr.is_empty(), "{o:?}");
     let mut c = Client::connect(&a, 1).unwrap();
     let data = noise(8, 4 * MIB as usize);
     c.q(0).write(0, &data).unwrap();
     let used = d.stat().counters("a").mem_used_total;
     assert!(used > MIB, "{used}");
-    let o = vzram_cli(&d, &["set-limit", "--device", "a", "1M"]);
+    let o = d.vzram(&["set-limit", "--device", "a", "1M"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{o:?}");
     assert!(
@@ -330,14 +318,14 @@ fn limits_at_odds_are_set_with_a_warning() {
     // Nothing stored was dropped.
     assert_eq!(c.q(0).read(0, data.len()).unwrap(), data);
     // And the host limit below what the devices hold.
-    let o = vzram_cli(&d, &["set-limit", "--host", "1M"]);
+    let o = d.vzram(&["set-limit", "--host", "1M"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{o:?}");
     assert!(err.contains("the devices hold now"), "{err}");
     assert!(d.log_text().contains("the devices hold now"));
 
     // Still refused: a device limit above its size.
-    let o = vzram_cli(&d, &["set-limit", "--device", "a", "64M"]);
+    let o = d.vzram(&["set-limit", "--device", "a", "64M"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 
     // A reload applies the same rule: a host limit below the device's.
@@ -382,7 +370,7 @@ fn vzram_reload_says_what_changed_and_a_bad_file_exits_2() {
         ),
     )
     .unwrap();
-    let o = vzram_cli(&d, &["reload"]);
+    let o = d.vzram(&["reload"]);
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr),
@@ -410,7 +398,7 @@ fn vzram_reload_says_what_changed_and_a_bad_file_exits_2() {
     serves(&c, 11);
 
     // The same file again: nothing to do.
-    let o = vzram_cli(&d, &["reload"]);
+    let o = d.vzram(&["reload"]);
     assert!(o.status.success(), "{o:?}");
     assert!(
         String::from_utf8_lossy(&o.stdout).ends_with(": 0 changes\n"),
@@ -419,7 +407,7 @@ fn vzram_reload_says_what_changed_and_a_bad_file_exits_2() {
 
     // A file that does not parse: exit 2, one line, nothing changed.
     std::fs::write(&cfg, "[[device]\n").unwrap();
-    let o = vzram_cli(&d, &["reload"]);
+    let o = d.vzram(&["reload"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -443,7 +431,7 @@ fn vzram_reload_without_config_exits_2() {
         &["--device", &format!("socket={},size=16M,queues=1", s(&a))],
         &[&a],
     );
-    let o = vzram_cli(&d, &["reload"]);
+    let o = d.vzram(&["reload"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(
         String::from_utf8_lossy(&o.stderr)

@@ -29,15 +29,6 @@ fn verify(sock: &Path, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, D
     })
 }
 
-fn vzram_cli(d: &Daemon, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(vzram_bin())
-        .args(args)
-        .arg("--control")
-        .arg(&d.control)
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn add_use_and_remove_while_another_device_verifies() {
     let dir = TempDir::new("rt-add");
@@ -51,14 +42,11 @@ fn add_use_and_remove_while_another_device_verifies() {
     let stop = Arc::new(AtomicBool::new(false));
     let v = verify(&a, stop.clone());
 
-    let o = vzram_cli(
-        &d,
-        &[
-            "add",
-            "--device",
-            &format!("socket={},size=32M,queues=2,name=vmb,mem-limit=8M", s(&b)),
-        ],
-    );
+    let o = d.vzram(&[
+        "add",
+        "--device",
+        &format!("socket={},size=32M,queues=2,name=vmb,mem-limit=8M", s(&b)),
+    ]);
     assert!(o.status.success(), "{:?}", o);
     assert!(String::from_utf8_lossy(&o.stdout).contains("added device vmb"));
     let st = d.stat();
@@ -81,7 +69,7 @@ fn add_use_and_remove_while_another_device_verifies() {
         format!("socket={}/c.sock,size=1M,name=vmb", dir.path().display()),
         format!("socket={}/c.sock,size=1000", dir.path().display()),
     ] {
-        let o = vzram_cli(&d, &["add", "--device", &bad]);
+        let o = d.vzram(&["add", "--device", &bad]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
@@ -91,7 +79,7 @@ fn add_use_and_remove_while_another_device_verifies() {
     // tests/guarded.rs): the socket and the state are deleted, the pool
     // gets its memory back.
     drop(c);
-    let o = vzram_cli(&d, &["remove", "vmb"]);
+    let o = d.vzram(&["remove", "vmb"]);
     assert!(o.status.success(), "{o:?}\n{}", d.log_text());
     assert!(!b.exists(), "socket left behind");
     assert!(!state.exists(), "state left behind: {}", state.display());
@@ -112,19 +100,16 @@ fn add_use_and_remove_while_another_device_verifies() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let o = vzram_cli(&d, &["remove", "--device", "vmb"]);
+    let o = d.vzram(&["remove", "--device", "vmb"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("a (0)"));
 
     // Added again under the same name: a new, empty device.
-    let o = vzram_cli(
-        &d,
-        &[
-            "add",
-            "--device",
-            &format!("socket={},size=32M,name=vmb", s(&b)),
-        ],
-    );
+    let o = d.vzram(&[
+        "add",
+        "--device",
+        &format!("socket={},size=32M,name=vmb", s(&b)),
+    ]);
     assert!(o.status.success(), "{o:?}");
     let mut c = Client::connect(&b, 1).unwrap();
     assert_eq!(c.q(0).read(0, PAGE).unwrap(), vec![0; PAGE]);
@@ -199,7 +184,7 @@ fn reset_drops_the_data_and_is_refused_while_connected() {
     assert_eq!(c.q(0).read(0, 2 << 20).unwrap(), vec![0; 2 << 20]);
     drop(c);
 
-    let o = vzram_cli(&d, &["reset-max", "--device", "vm1"]);
+    let o = d.vzram(&["reset-max", "--device", "vm1"]);
     assert!(o.status.success(), "{o:?}");
     assert_eq!(d.stat().counters("vm1").mem_used_max, 0);
 }

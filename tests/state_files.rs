@@ -204,10 +204,7 @@ fn a_backing_file_that_links_into_a_state_is_refused() {
         std::os::unix::fs::symlink(&real, &link).unwrap();
         let before = std::fs::read(&real).unwrap();
         let spec = dev(&c, &format!(",backing-file={}", s(&link)));
-        let o = Command::new(vzram_bin())
-            .args(["add", "--device", &spec, "--control", s(&d.control)])
-            .output()
-            .unwrap();
+        let o = Vzram::new(&["add", "--device", &spec, "--control", s(&d.control)]).output();
         refused_with(&o, &["inside the state of a device"]);
         assert!(
             std::fs::read(&real).unwrap() == before,
@@ -257,10 +254,7 @@ fn kill9_in_the_middle_of_deleting_a_large_state() {
     let mut d = Daemon::start(&dir, &["--device", &da], &[&a]);
     let mut landed = 0;
     for round in 0..4u64 {
-        let o = Command::new(vzram_bin())
-            .args(["add", "--device", &dx, "--control", s(&d.control)])
-            .output()
-            .unwrap();
+        let o = Vzram::new(&["add", "--device", &dx, "--control", s(&d.control)]).output();
         assert!(o.status.success(), "round {round}: {}", said(&o));
         fill(&x, round, 64);
         let state = d.stat().dev("x").state.clone();
@@ -280,10 +274,7 @@ fn kill9_in_the_middle_of_deleting_a_large_state() {
         }
         let control = d.control.clone();
         let t = std::thread::spawn(move || {
-            Command::new(vzram_bin())
-                .args(["remove", "--device", "x", "--control", s(&control)])
-                .output()
-                .unwrap()
+            Vzram::new(&["remove", "--device", "x", "--control", s(&control)]).output()
         });
         // The removal shows as the state's directory gone (renamed to a
         // tombstone) or one of its four files gone.
@@ -314,11 +305,9 @@ fn kill9_in_the_middle_of_deleting_a_large_state() {
         let kept = now.iter().any(|n| n == "x");
         if kept {
             // Cut before it began: the whole state, served again.
-            let o = Command::new(vzram_bin())
-                .args(["add", "--device", &format!("{dx},recover=true")])
+            let o = Vzram::new(&["add", "--device", &format!("{dx},recover=true")])
                 .args(["--control", s(&d.control)])
-                .output()
-                .unwrap();
+                .output();
             assert!(
                 o.status.success(),
                 "round {round}: left after the kill {left:?}, after the start {now:?}: {}",
@@ -328,10 +317,7 @@ fn kill9_in_the_middle_of_deleting_a_large_state() {
                 holds(&x, round, 64),
                 "round {round}: a kept state lost pages"
             );
-            let o = Command::new(vzram_bin())
-                .args(["remove", "--device", "x", "--control", s(&d.control)])
-                .output()
-                .unwrap();
+            let o = Vzram::new(&["remove", "--device", "x", "--control", s(&d.control)]).output();
             assert!(o.status.success(), "{}", said(&o));
         }
         assert!(

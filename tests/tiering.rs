@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -136,32 +136,9 @@ fn check(c: &mut Client, n: u64, chunk: u64, want: impl Fn(u64) -> Vec<u8>, what
     }
 }
 
-/// `vzram ARGS --control <the daemon's>`.
-fn cli(d: &Daemon, args: &[&str]) -> Output {
-    Command::new(vzram_bin())
-        .args(args)
-        .arg("--control")
-        .arg(&d.control)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-/// `cli`, which must succeed; its stdout.
-fn cli_ok(d: &Daemon, args: &[&str]) -> String {
-    let o = cli(d, args);
-    assert!(
-        o.status.success(),
-        "vzram {args:?}: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        d.log_text()
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
 /// `vzram stat --json`: the device named `name`.
 fn stat_dev(d: &Daemon, name: &str) -> DeviceStat {
-    let v: Value = serde_json::from_str(&cli_ok(d, &["stat", "--json"])).unwrap();
+    let v: Value = serde_json::from_str(&d.cli_ok(&["stat", "--json"])).unwrap();
     Stats::parse(v).dev(name).clone()
 }
 
@@ -415,7 +392,7 @@ fn a_device_with_a_backing_file_takes_ten_times_its_limit() {
     assert!(after.stats.backed_reads > 0, "{after:?}");
     assert_eq!(after.stats.failed_reads, 0, "{after:?}");
 
-    let text = cli_ok(&d, &["stat"]);
+    let text = d.cli_ok(&["stat"]);
     assert!(text.contains("bd_stat"), "{text}");
     assert!(
         text.contains(&format!("backing file {}", backing.display())),
@@ -449,7 +426,7 @@ fn a_command_racing_a_leaving_frontend_is_carried_out() {
         write_verified(&mut c, 64, 64, round).unwrap();
         drop(c);
         // No wait for the worker to go: that is the race.
-        let out = cli_ok(&d, &["mark-idle", "--device", "vm1"]);
+        let out = d.cli_ok(&["mark-idle", "--device", "vm1"]);
         assert!(
             out.starts_with("device vm1: 64 pages marked idle; 64 pages idle in all"),
             "round {round}: {out}"
@@ -482,7 +459,7 @@ fn mark_idle_and_recompress_shrink_an_lz4_device() {
     assert_eq!(before.algo.to_string(), "lz4");
     assert_eq!(before.tier.recompress_algo.to_string(), "zstd:3");
 
-    let out = cli_ok(&d, &["mark-idle", "--device", "vm1"]);
+    let out = d.cli_ok(&["mark-idle", "--device", "vm1"]);
     // Every page is an object (none is same-filled).
     assert!(
         out.starts_with(&format!(
@@ -492,17 +469,14 @@ fn mark_idle_and_recompress_shrink_an_lz4_device() {
     );
     // The first 1024 are read again: no longer idle, they stay lz4.
     check(&mut c, 1024, 256, |i| page(i, 1), "after mark-idle");
-    let out = cli_ok(
-        &d,
-        &[
-            "recompress",
-            "--device",
-            "vm1",
-            "--idle",
-            "--algo",
-            "zstd:3",
-        ],
-    );
+    let out = d.cli_ok(&[
+        "recompress",
+        "--device",
+        "vm1",
+        "--idle",
+        "--algo",
+        "zstd:3",
+    ]);
     let after = stat_dev(&d, "vm1");
     let (mb, ma) = (before.stats.mem_used_total, after.stats.mem_used_total);
     eprintln!(
@@ -529,17 +503,17 @@ fn mark_idle_and_recompress_shrink_an_lz4_device() {
     check(&mut c, PAGES, 256, |i| page(i, 1), "after recompress");
 
     // A second run finds nothing left to try among the idle pages it did.
-    let out = cli_ok(&d, &["recompress", "--device", "vm1", "--idle"]);
+    let out = d.cli_ok(&["recompress", "--device", "vm1", "--idle"]);
     assert!(out.contains("recompressed 0 of 0 pages tried"), "{out}");
 
     // Refused: the device's own codec, an unknown codec, an unknown device.
-    let o = cli(&d, &["recompress", "--device", "vm1", "--algo", "lz4"]);
+    let o = d.vzram(&["recompress", "--device", "vm1", "--algo", "lz4"]);
     let e = one_line_exit_2(&o, "recompress with lz4");
     assert!(e.contains("another codec"), "{e}");
-    let o = cli(&d, &["recompress", "--device", "vm1", "--algo", "gzip"]);
+    let o = d.vzram(&["recompress", "--device", "vm1", "--algo", "gzip"]);
     let e = one_line_exit_2(&o, "recompress with gzip");
     assert!(e.contains("gzip"), "{e}");
-    let o = cli(&d, &["mark-idle", "--device", "vm9"]);
+    let o = d.vzram(&["mark-idle", "--device", "vm9"]);
     let e = one_line_exit_2(&o, "unknown device");
     assert!(
         e.contains("no device \"vm9\"") && e.contains("vm1 (0)"),
@@ -573,9 +547,9 @@ fn written_back_pages_survive_kill_9() {
     write_verified(&mut c, PAGES, 256, 1).unwrap();
 
     // Through the worker: idle pages only, and those read since are not.
-    cli_ok(&d, &["mark-idle", "--device", "vm1"]);
+    d.cli_ok(&["mark-idle", "--device", "vm1"]);
     check(&mut c, 100, 100, |i| page(i, 1), "after mark-idle");
-    let out = cli_ok(&d, &["writeback", "--device", "vm1", "--idle"]);
+    let out = d.cli_ok(&["writeback", "--device", "vm1", "--idle"]);
     assert!(
         out.starts_with(&format!("device vm1: wrote {} pages ", PAGES - 100)),
         "{out}"
@@ -612,7 +586,7 @@ fn written_back_pages_survive_kill_9() {
     c.q(0).write(200 * PAGE as u64, &fresh).unwrap();
     drop(c);
     wait_idle(&d, "vm1");
-    let out = cli_ok(&d, &["writeback", "--device", "vm1", "--max-pages", "50"]);
+    let out = d.cli_ok(&["writeback", "--device", "vm1", "--max-pages", "50"]);
     assert!(out.starts_with("device vm1: wrote 50 pages "), "{out}");
     let want = |i: u64| page(i, if (200..210).contains(&i) { 2 } else { 1 });
     let backed = stat_dev(&d, "vm1").stats.backed_pages;
@@ -732,25 +706,22 @@ fn an_added_device_gets_its_backing_file_and_remove_lets_go() {
         s(&b),
         s(&backing)
     );
-    let o = cli(&d, &["add", "--device", &spec]);
+    let o = d.vzram(&["add", "--device", &spec]);
     let e = one_line_exit_2(&o, "add with a taken file");
     assert!(
         e.contains(s(&backing)) && e.contains("in use by another device"),
         "{e}"
     );
     assert!(!b.exists(), "the refused device's socket stayed");
-    let o = cli(
-        &d,
-        &[
-            "add",
-            "--device",
-            &format!(
-                "socket={},size=16M,name=vmb,backing-file={}/nope.img",
-                s(&b),
-                disk.0.display()
-            ),
-        ],
-    );
+    let o = d.vzram(&[
+        "add",
+        "--device",
+        &format!(
+            "socket={},size=16M,name=vmb,backing-file={}/nope.img",
+            s(&b),
+            disk.0.display()
+        ),
+    ]);
     let e = one_line_exit_2(&o, "add with a missing file");
     assert!(
         e.contains("nope.img") && e.contains("does not exist"),
@@ -758,12 +729,12 @@ fn an_added_device_gets_its_backing_file_and_remove_lets_go() {
     );
 
     // Once vma is removed, its file is free: vmb takes it and uses it.
-    cli_ok(&d, &["remove", "--device", "vma"]);
+    d.cli_ok(&["remove", "--device", "vma"]);
     assert!(backing.exists(), "remove deleted the backing file");
-    cli_ok(&d, &["add", "--device", &spec]);
+    d.cli_ok(&["add", "--device", &spec]);
     let mut c = Client::connect(&b, 1).unwrap();
     write_verified(&mut c, 1024, 256, 3).unwrap();
-    let out = cli_ok(&d, &["writeback", "--device", "vmb"]);
+    let out = d.cli_ok(&["writeback", "--device", "vmb"]);
     assert!(out.starts_with("device vmb: wrote 1024 pages "), "{out}");
     check(&mut c, 1024, 256, |i| page(i, 3), "vmb after writeback");
     let st = stat_dev(&d, "vmb");
@@ -845,7 +816,7 @@ fn bad_backing_files_stop_the_start_with_one_line() {
     // A device without a backing file: writeback is refused, the daemon
     // stays up.
     let d = start(&dir, &[&sock], &base);
-    let o = cli(&d, &["writeback", "--device", "vm1"]);
+    let o = d.vzram(&["writeback", "--device", "vm1"]);
     let e = one_line_exit_2(&o, "writeback without a backing file");
     assert!(e.contains("vm1 has no backing file"), "{e}");
     assert_eq!(d.stat().devices()[0].tier.backing, None);
@@ -906,7 +877,7 @@ fn a_tmpfs_backing_file_works_with_or_without_direct_io() {
     );
     let mut c = Client::connect(&sock, 1).unwrap();
     write_verified(&mut c, 512, 128, 4).unwrap();
-    let out = cli_ok(&d, &["writeback", "--device", "vm1"]);
+    let out = d.cli_ok(&["writeback", "--device", "vm1"]);
     assert!(out.starts_with("device vm1: wrote 512 pages "), "{out}");
     check(&mut c, 512, 128, |i| page(i, 4), "from tmpfs");
     let st = stat_dev(&d, "vm1");
@@ -920,7 +891,7 @@ fn a_tmpfs_backing_file_works_with_or_without_direct_io() {
         "{}",
         d.log_text()
     );
-    let text = cli_ok(&d, &["stat"]);
+    let text = d.cli_ok(&["stat"]);
     let row = text
         .lines()
         .skip_while(|l| !l.starts_with("bd_stat"))

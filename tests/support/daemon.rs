@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ pub use vzram::proto::control::{
     Recompressed, Removed, ReplyError, Reset, WrittenBack,
 };
 
+use crate::cli::{said, Vzram};
 use crate::paths::{state_dir_for, vzram_bin, TempDir};
 use crate::stats::Stats;
 
@@ -239,44 +240,36 @@ impl Daemon {
     /// `vzram stat --json`, as an operator reads it, parsed; the daemon
     /// must be alive and the command succeed.
     pub fn stat_cli(&mut self) -> Stats {
-        self.assert_alive();
-        let out = Command::new(vzram_bin())
-            .args(["stat", "--json", "--control"])
-            .arg(&self.control)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run vzram stat");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "vzram stat --json failed ({}): {}{}",
-            out.status,
-            text,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = self.cli(&["stat", "--json"]);
         let json: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("vzram stat --json: bad JSON ({e}): {text}"));
         Stats::parse(json)
     }
 
-    /// `vzram ARGS --control CTL`, which must succeed; returns its output.
-    pub fn cli(&mut self, args: &[&str]) -> String {
-        self.assert_alive();
-        let out = Command::new(vzram_bin())
-            .args(args)
-            .arg("--control")
-            .arg(&self.control)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("run vzram {args:?}: {e}"));
-        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    /// `vzram ARGS --control CTL`, as it came.
+    pub fn vzram(&self, args: &[&str]) -> Output {
+        Vzram::new(args).control(&self.control).output()
+    }
+
+    /// `vzram ARGS --control CTL`, which must succeed (the failure shows
+    /// the daemon's log); its stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.vzram(args);
         assert!(
             out.status.success(),
-            "vzram {args:?} failed ({}): {text}{}",
+            "vzram {args:?} failed ({}): {}\nthe daemon's log:\n{}",
             out.status,
-            String::from_utf8_lossy(&out.stderr)
+            said(&out),
+            self.log_text()
         );
-        text
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// [`Daemon::cli_ok`] of a daemon that must be alive; its stdout
+    /// trimmed.
+    pub fn cli(&mut self, args: &[&str]) -> String {
+        self.assert_alive();
+        self.cli_ok(args).trim().to_string()
     }
 
     /// `vzram compact`; returns its output line.
@@ -408,30 +401,17 @@ impl Drop for Daemon {
     }
 }
 
-/// Runs `vzram serve ARGS`, which must refuse to start: its output, or a
-/// panic if it is still running after 10 s. Its control socket, unless
+/// Runs `vzram serve ARGS`, which must refuse to start: its output (the
+/// test fails if it is still running after 10 s). Its control socket, unless
 /// ARGS name one, is `DIR/refused.ctl` (`VZRAM_CONTROL`): not that of a
 /// [`Daemon`] running for `dir`, which would stop it first.
-pub fn serve_refused(dir: &TempDir, args: &[&str]) -> std::process::Output {
-    let mut child = Command::new(vzram_bin())
-        .arg("serve")
+pub fn serve_refused(dir: &TempDir, args: &[&str]) -> Output {
+    Vzram::new(&["serve"])
         .args(args)
         .env("VZRAM_STATE_DIR", state_dir_for(dir.path()))
         .env("VZRAM_CONTROL", dir.join("refused.ctl"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("vzram serve {args:?} started instead of refusing");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+        .limit(Duration::from_secs(10))
+        .output()
 }
 
 /// A reply line read into `T`; panics, naming the reply, when it is a

@@ -2,9 +2,9 @@
 //! in backticks that starts with `vzram ` is a command that must run.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-use crate::paths::vzram_bin;
+use crate::cli::Vzram;
 
 /// The `vzram ...` commands quoted in backticks in `msg`, in order.
 pub fn hints(msg: &str) -> Vec<String> {
@@ -33,12 +33,10 @@ pub fn flag_hints(msg: &str) -> Vec<String> {
 pub fn run_hint(control: &Path, line: &str) -> Output {
     let mut words = line.split_whitespace();
     assert_eq!(words.next(), Some("vzram"), "not a vzram command: {line}");
-    Command::new(vzram_bin())
+    Vzram::new(&[])
         .args(words)
         .env("VZRAM_CONTROL", control)
-        .stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|e| panic!("run {line}: {e}"))
 }
 
 /// [`run_hint`] for a command that must succeed; its stdout.

@@ -171,43 +171,46 @@ pub fn spawn_migrate(e: &Ends, to: &Path) -> std::process::Child {
 
 /// `vzram migrate --commit` (or `--cancel`) of A's device.
 pub fn ask(e: &Ends, what: &str) -> Output {
-    Command::new(vzram_bin())
-        .args([
-            "migrate",
-            "--control",
-            s(&e.a.control),
-            "--device",
-            "vm",
-            what,
-        ])
+    ask_at(&e.a, what)
+}
+
+/// `vzram migrate --commit` (or `--cancel`) of `vm` on `d`.
+pub fn ask_at(d: &Daemon, what: &str) -> Output {
+    Vzram::new(&["migrate", "--device", "vm", what])
+        .control(&d.control)
         .output()
-        .unwrap()
 }
 
 /// A migration with no frontend on either side (a cold move): it waits
 /// after the last delta for evidence that the VM runs on B; the operator
 /// gives it (`--commit`), and the migrate's output is returned.
 pub fn migrate_committed(e: &Ends, extra: &[&str]) -> Output {
-    let mut m = migrate_cmd(e, &e.incoming)
+    let m = Vzram::new(&["migrate", "--device", "vm", "--to"])
+        .arg(format!("unix:{}", e.incoming.display()))
+        .control(&e.a.control)
         .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn();
+    commit_when_ready(&e.a, m)
+}
+
+/// `m`, a `vzram migrate` of `vm` on `a`, once `a` waits for the commit:
+/// `--commit` given, its output. Returned at once, or after 60 s, if it
+/// exits before that.
+pub fn commit_when_ready(a: &Daemon, mut m: Running) -> Output {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let st = migration(&e.a).state;
+        let st = migration(a).state;
         if st == MigrationState::Committing {
             break;
         }
         // Failed before the last delta (a state left from an earlier send
         // is not this one's: its process tells).
-        if m.try_wait().unwrap().is_some() || Instant::now() > deadline {
-            return m.wait_with_output().unwrap();
+        if !m.running() || Instant::now() > deadline {
+            return m.output();
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let c = ask(e, "--commit");
+    let c = ask_at(a, "--commit");
     assert!(c.status.success(), "{}", said(&c));
-    m.wait_with_output().unwrap()
+    m.output()
 }

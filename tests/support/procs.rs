@@ -54,15 +54,6 @@ pub fn cpu_ticks(pid: u32) -> u64 {
         + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
 
-/// What a finished command printed, stdout then stderr, for messages.
-pub fn said(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use std::process::Command;

@@ -2,6 +2,9 @@
 //! uses some of them, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use vzram_store::{Page, PAGE_SIZE};
 
 pub mod stream;
@@ -60,4 +63,28 @@ pub fn mix(x: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// A backing file of its own for one device of one case, removed after.
+pub struct BackingFile(pub PathBuf);
+
+impl BackingFile {
+    pub fn new(blocks: u64) -> BackingFile {
+        static N: AtomicU64 = AtomicU64::new(0);
+        // Not tmpfs: the store opens it with O_DIRECT, which tmpfs refuses.
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model");
+        std::fs::create_dir_all(&dir).unwrap();
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("{}-{n}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        // A header block, then the page blocks.
+        f.set_len((blocks + 1) * PAGE_SIZE as u64).unwrap();
+        BackingFile(path)
+    }
+}
+
+impl Drop for BackingFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

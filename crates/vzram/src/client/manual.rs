@@ -275,6 +275,15 @@ pub fn page(name: &str) -> Page {
             ],
             ..DEFAULT
         },
+        "vzram-reload" => Page {
+            examples: &[(
+                "A daemon started from a file; after an edit of the file, apply it and \
+                 see what changed (systemctl reload vzram does the same for the packaged \
+                 unit):",
+                "vzram serve --config /etc/vzram/vzram.toml\nvzram reload",
+            )],
+            ..DEFAULT
+        },
         "vzram-reset" => Page {
             examples: &[("Drop a device's pages:", "vzram reset vm2")],
             ..DEFAULT

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::clients::FULL_PAUSE;
+use super::launch::{Health, Received};
 use super::served::{ended_cleanly, failed, Phase, Restart, Served};
 use super::{Supervisor, STOP_WAIT};
 use crate::proto::launch::{Report, Request};
@@ -98,33 +99,17 @@ impl Supervisor {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let Some(n) = n else { return };
-        let mut dog = self.dog.lock().unwrap_or_else(|e| e.into_inner());
-        let healthy = match dog.ping_sent {
-            None => true,
-            Some(at) => dog.pong_seen.is_some_and(|p| p >= at) || at.elapsed() < 2 * every,
-        };
-        if healthy {
-            if let Err(e) = n.send("WATCHDOG=1") {
-                tracing::debug!("cannot send WATCHDOG=1: {e}");
+        match self.launcher.watchdog(every) {
+            Health::Answering => {
+                if let Err(e) = n.send("WATCHDOG=1") {
+                    tracing::debug!("cannot send WATCHDOG=1: {e}");
+                }
             }
-        } else if !dog.warned {
-            tracing::error!(
+            Health::Silent { first: true } => tracing::error!(
                 "the launcher has not answered for {:?}: no WATCHDOG=1 until it does",
                 2 * every
-            );
-            dog.warned = true;
-        }
-        // One ping outstanding at most: a stuck launcher never fills the
-        // channel.
-        let answered = match dog.ping_sent {
-            None => true,
-            Some(at) => dog.pong_seen.is_some_and(|p| p >= at),
-        };
-        if answered {
-            let id = self.next_id.fetch_add(1, Relaxed);
-            if wire::send(&self.launcher, &Request::Ping { id }, &[]).is_ok() {
-                dog.ping_sent = Some(Instant::now());
-            }
+            ),
+            Health::Silent { first: false } => {}
         }
     }
 
@@ -139,7 +124,7 @@ impl Supervisor {
 
     fn run_loop(&self) -> io::Result<()> {
         let mut ep = Poller::new()?;
-        ep.add(self.launcher.as_raw_fd(), Token::Launcher, EventSet::IN)?;
+        ep.add(self.launcher.fd(), Token::Launcher, EventSet::IN)?;
         ep.add(self.wake.as_raw_fd(), Token::Wake, EventSet::IN)?;
         let mut watch = Watch::default();
         self.sync_devices(&ep, &mut watch)?;
@@ -514,7 +499,7 @@ impl Supervisor {
 
     /// Asks the launcher for a worker for `d`, serving `conn`.
     fn start_worker(&self, d: &Served, ph: &mut Phase, conn: UnixStream) {
-        let id = self.next_id.fetch_add(1, Relaxed);
+        let id = self.launcher.next_id();
         match self.spawn(d, id, &conn) {
             Ok(control) => {
                 *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(control));
@@ -584,36 +569,21 @@ impl Supervisor {
             "__worker".to_string(),
             serde_json::to_string(&spec).map_err(io::Error::other)?,
         ];
-        wire::send(
-            &self.launcher,
-            &Request::Spawn { id, args },
-            &fds.in_order(),
-        )?;
+        self.launcher
+            .send(&Request::Spawn { id, args }, &fds.in_order())?;
         Ok(UnixStream::from(ours))
     }
 
     fn on_report(&self, ep: &Poller, watch: &mut Watch) -> io::Result<()> {
-        let (report, fds) = match wire::recv::<Report>(&self.launcher)? {
-            Some(r) => r,
-            None => {
+        let (report, _fds) = match self.launcher.receive()? {
+            Received::Handled => return Ok(()),
+            Received::Worker(report, fds) => (report, fds),
+            Received::Gone => {
                 tracing::error!("the launcher is gone; no new workers can start");
                 return Err(io::Error::other("launcher gone"));
             }
         };
-        if let Report::Pong { .. } = report {
-            self.dog.lock().unwrap_or_else(|e| e.into_inner()).pong_seen = Some(Instant::now());
-            return Ok(());
-        }
         let id = report.id();
-        let waiting = self
-            .replies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-        if let Some(tx) = waiting {
-            let _ = tx.send((report, fds));
-            return Ok(());
-        }
         let Some((i, d)) = self
             .devices()
             .into_iter()

@@ -113,7 +113,8 @@ impl Control {
                 .collect(),
             leftovers: self
                 .sup
-                .leftovers_mut()
+                .registry
+                .leftovers()
                 .iter()
                 .map(|l| (l.name.clone(), l.bytes))
                 .collect(),
@@ -486,11 +487,7 @@ impl Control {
                 let migration = MigrationStat {
                     state: migration_state(m.phase()),
                     incoming: d.spec.incoming.as_ref().map(|a| a.to_string()),
-                    error: d
-                        .migration_error
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone(),
+                    error: d.migration.error(),
                     bytes: m.bytes.load(Ordering::Relaxed),
                     records: m.records.load(Ordering::Relaxed),
                     pass: m.pass.load(Ordering::Relaxed),
@@ -524,7 +521,13 @@ impl Control {
             devices,
             metrics: self.metrics.map(|a| a.to_string()),
             state_dir: self.sup.state_dir().to_path_buf(),
-            leftovers: self.sup.leftovers_mut().iter().map(Into::into).collect(),
+            leftovers: self
+                .sup
+                .registry
+                .leftovers()
+                .iter()
+                .map(Into::into)
+                .collect(),
         }
     }
 }

@@ -568,7 +568,7 @@ pub fn run(
         let served =
             Served::new(spec.clone(), listener, state_files, backing)?.with_incoming(incoming);
         if unreachable.is_some() {
-            served.set_migration_error(unreachable);
+            served.migration.set_error(unreachable);
         }
         devices.push(Arc::new(served));
     }
@@ -635,7 +635,7 @@ pub fn run(
         )
         .map_err(Error::Launcher)?,
     );
-    *sup.leftovers_mut() = leftovers;
+    *sup.registry.leftovers() = leftovers;
     // Limits at odds with each other or with what recovered states hold
     // are accepted, with a warning, as `set-limit` accepts them.
     for (_, d) in sup.devices() {

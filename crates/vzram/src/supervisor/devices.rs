@@ -20,7 +20,7 @@ impl Supervisor {
     /// Adds a device at run time; returns its index, and whether it
     /// recovered a state left under its name (`recover=true`).
     pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<(usize, bool)> {
-        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.registry.changing();
         if matches!(spec.incoming, Some(Addr::Tcp(_)))
             && self.env.tls.as_ref().is_none_or(|t| t.server.is_none())
         {
@@ -52,7 +52,7 @@ impl Supervisor {
             socket: Some(spec.socket_abs()),
             adopt: spec.adopt,
         };
-        let (report, fds) = self.ask(|id| Request::Prepare {
+        let (report, fds) = self.launcher.ask(|id| Request::Prepare {
             id,
             socket: spec.socket.clone(),
             mode: self.env.socket_mode,
@@ -94,7 +94,7 @@ impl Supervisor {
         };
         let socket = spec.socket.clone();
         let undo = |e: Error| {
-            let _ = self.ask(|id| Request::Remove {
+            let _ = self.launcher.ask(|id| Request::Remove {
                 id,
                 socket: Some(socket.clone()),
                 state: None,
@@ -134,18 +134,12 @@ impl Supervisor {
         }
         drop(dev);
         // Served now, so no longer left over.
-        self.leftovers_mut()
-            .retain(|l| l.dir != state.root.join(&state.name));
-        self.cut_off_mut().remove(&state.root.join(&state.name));
+        self.registry.served_again(&state.root.join(&state.name));
         let mut served = Served::new(spec, listener.into(), files, backing)
             .map_err(|e| undo(e.into()))?
             .with_incoming(incoming);
         served.added = true;
-        let i = {
-            let mut list = self.devices.write().unwrap_or_else(|e| e.into_inner());
-            list.push(Some(Arc::new(served)));
-            list.len() - 1
-        };
+        let i = self.registry.insert(served);
         self.wake();
         self.tell_status();
         if let Some(d) = self.device(i) {
@@ -197,7 +191,7 @@ impl Supervisor {
         let hint = recover_hint(&state_name(&dir, &name), &d.spec.socket_abs(), d.spec.size);
         drop(d);
         self.remove_with(i, true)?;
-        self.cut_off_mut().insert(dir);
+        self.registry.cut_off(dir);
         Ok(Some(hint))
     }
 
@@ -228,7 +222,7 @@ impl Supervisor {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        self.devices.write().unwrap_or_else(|e| e.into_inner())[i] = None;
+        self.registry.remove(i);
         d.cells.release(self.pool.host_cells());
         let socket = d.spec.socket.clone();
         let socket_path = d.spec.socket_abs();
@@ -262,7 +256,7 @@ impl Supervisor {
                 Err(_) => return Err(Error::InUse(name)),
             }
         }
-        let (report, _) = self.ask(|id| Request::Remove {
+        let (report, _) = self.launcher.ask(|id| Request::Remove {
             id,
             socket: Some(socket),
             state: (!keep_state).then_some(dir),
@@ -276,7 +270,7 @@ impl Supervisor {
                     left.size_bytes,
                 );
                 tracing::warn!(device = %name, "no longer served; its state is kept, left over (`{hint}` serves it again, `vzram forget {key}` deletes it)");
-                self.leftovers_mut().push(left);
+                self.registry.leftovers().push(left);
                 self.tell_status();
                 Ok(())
             }
@@ -311,7 +305,7 @@ impl Supervisor {
             return key;
         };
         let socket = spec.socket_abs();
-        let left = self.leftovers_mut();
+        let left = self.registry.leftovers();
         let new_there = left.iter().any(|l| l.dir == root.join(&key));
         let old_ours = left
             .iter()
@@ -342,7 +336,7 @@ impl Supervisor {
     /// Deletes a state no device serves (`vzram forget`): the launcher
     /// removes it only if it is a vzram state and no process holds it.
     pub fn forget(&self, name: &str) -> Result<vzram_store::Leftover> {
-        let _one = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.registry.changing();
         if let Some((_, d)) = self
             .devices()
             .into_iter()
@@ -361,14 +355,15 @@ impl Supervisor {
             });
         }
         let Some(l) = self
-            .leftovers_mut()
+            .registry
+            .leftovers()
             .iter()
             .find(|l| l.name == name)
             .cloned()
         else {
             return Err(Error::NoLeftover(name.to_string()));
         };
-        let (report, _) = self.ask(|id| Request::Remove {
+        let (report, _) = self.launcher.ask(|id| Request::Remove {
             id,
             socket: None,
             state: Some(l.dir.clone()),
@@ -376,8 +371,7 @@ impl Supervisor {
         })?;
         match report {
             Report::Removed { .. } => {
-                self.leftovers_mut().retain(|x| x.dir != l.dir);
-                self.cut_off_mut().remove(&l.dir);
+                self.registry.served_again(&l.dir);
                 tracing::warn!(state = %l.dir.display(), size = l.size_bytes, bytes_held = l.bytes, "forgotten: the left-over state is deleted, its pages with it");
                 Ok(l)
             }

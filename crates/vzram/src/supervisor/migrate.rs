@@ -55,16 +55,9 @@ impl Supervisor {
     ) -> Result<Answer> {
         // One at a time: a second sender would find nothing, or race the
         // first to the commit.
-        if d.migrating.swap(true, Relaxed) {
+        let Some(_sending) = d.migration.begin_send() else {
             return Err(Error::MigrationRunning(d.spec.name.clone()));
-        }
-        struct Done<'a>(&'a std::sync::atomic::AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Relaxed);
-            }
-        }
-        let _done = Done(&d.migrating);
+        };
         let tls = match to.host() {
             None => None,
             Some(host) => {
@@ -121,7 +114,7 @@ impl Supervisor {
                 Some(t) => {
                     let session = Tls::connect(fd, t).map_err(|e| {
                         let e = e.to_string();
-                        d.set_migration_error(Some(e.clone()));
+                        d.migration.set_error(Some(e.clone()));
                         failed(d, e)
                     })?;
                     relayed(session)?
@@ -131,11 +124,11 @@ impl Supervisor {
             let order = Order::Send { keep };
             match self.on_owner(d, &order, Some(fd), HOLD_WAIT) {
                 Ok((Answer::Failed { error }, _)) => {
-                    d.set_migration_error(Some(error.clone()));
+                    d.migration.set_error(Some(error.clone()));
                     return Err(failed(d, error));
                 }
                 Ok((a, _)) => {
-                    d.set_migration_error(None);
+                    d.migration.set_error(None);
                     return Ok(a);
                 }
                 // The channel broke: the worker is gone.
@@ -152,7 +145,7 @@ impl Supervisor {
                             "the device's worker ended mid-send ({e}): every page is kept here and it serves; the destination drops what it took (if its stat says received, it had taken the commit: `vzram reset` this one instead)"
                         );
                         tracing::error!(device = %d.spec.name, "{why}");
-                        d.set_migration_error(Some(why.clone()));
+                        d.migration.set_error(Some(why.clone()));
                         return Err(failed(d, why));
                     }
                     // It never began: nothing was sent, try again.
@@ -164,7 +157,7 @@ impl Supervisor {
             }
         }
         m.set(Phase::SendFailed);
-        d.set_migration_error(Some(last.clone()));
+        d.migration.set_error(Some(last.clone()));
         Err(failed(d, last))
     }
 
@@ -207,22 +200,12 @@ impl Supervisor {
     /// Cuts the stream arriving for `d`, if any, and waits for its receiver
     /// to give up (it empties the device): for `reset` and `remove`.
     pub fn cut_arriving(&self, d: &Served) -> Result<()> {
-        let arriving = d.arriving.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(fd) = arriving.as_ref() else {
+        if !d.migration.cut() {
             return Ok(());
-        };
-        // SAFETY: shutdown on a copy of the stream's socket that we own;
-        // the receiver's next read or write fails and it undoes the stream.
-        unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
-        drop(arriving);
+        }
         tracing::warn!(device = %d.spec.name, "the arriving migration stream is cut");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while d
-            .arriving
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
+        while d.migration.arriving() {
             if std::time::Instant::now() > deadline {
                 return Err(Error::Receiving(d.spec.name.clone()));
             }
@@ -240,13 +223,15 @@ impl Supervisor {
             error,
         };
         let (ours, theirs) = seqpacket_pair()?;
-        let id = self.next_id.fetch_add(1, Relaxed);
+        let id = self.launcher.next_id();
         let req = Request::Connect {
             id,
             addr: to.clone(),
             wait_ms: wait.as_millis() as u64,
         };
-        wire::send(&self.launcher, &req, &[theirs.as_raw_fd()]).map_err(Error::Launcher)?;
+        self.launcher
+            .send(&req, &[theirs.as_raw_fd()])
+            .map_err(Error::Launcher)?;
         drop(theirs);
         // The helper is killed a little after `wait`, which closes its end;
         // this is a last bound should even that not happen.
@@ -269,7 +254,7 @@ impl Supervisor {
     /// Accepts migration streams for incoming device `d` on its own thread
     /// until one has brought its pages.
     pub fn start_incoming(self: &Arc<Self>, d: Arc<Served>) -> io::Result<()> {
-        let Some(l) = d.incoming.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        let Some(l) = d.migration.take_listener() else {
             return Ok(());
         };
         let sup = self.clone();
@@ -369,7 +354,7 @@ impl Supervisor {
                 return;
             }
         };
-        *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
+        d.migration.set_arriving(Some(copy));
         let deadline = Instant::now() + self.env.incoming_timeout;
         let mut resume = None;
         let r = loop {
@@ -396,7 +381,7 @@ impl Supervisor {
             }
         };
         drop(fd);
-        *d.arriving.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        d.migration.set_arriving(None);
         match r {
             Ok((
                 Answer::Received {
@@ -407,7 +392,7 @@ impl Supervisor {
                 },
                 by_worker,
             )) => {
-                d.set_migration_error(None);
+                d.migration.set_error(None);
                 tracing::info!(
                     device = %d.spec.name,
                     pages,
@@ -445,6 +430,6 @@ impl Supervisor {
             &[Phase::Incoming, Phase::Receiving, Phase::Prepared],
             Phase::Failed,
         );
-        d.set_migration_error(Some(error));
+        d.migration.set_error(Some(error));
     }
 }

@@ -18,19 +18,18 @@
 //! launcher ([`launch`]), the control socket ([`control`]), `/metrics`
 //! ([`metrics`]) and start-up ([`daemon`]).
 
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vzram_store::Pool;
 
 use crate::proto::control::{WorkerState, WorkerStatus};
-use crate::proto::launch::{Report, Request};
+use crate::proto::launch::Request;
 use crate::proto::worker_spec::{LogFormat, LogLevel, SeccompMode};
 use crate::sys::notify::Notifier;
 use served::{Phase, Served};
@@ -48,6 +47,7 @@ mod migrate;
 mod orders;
 mod pidfile;
 mod procstat;
+mod registry;
 pub mod reload;
 pub mod served;
 
@@ -75,43 +75,21 @@ pub struct WorkerEnv {
     /// `--tls-creds`, read at start: the workers may open no files.
     pub tls: Option<Arc<crate::proto::tls::CredsDir>>,
 }
-/// A launcher's answer and the descriptors that came with it.
-type Reply = (Report, Vec<OwnedFd>);
 
 /// Supervisor state shared by its loop, the control server and `run`.
 pub struct Supervisor {
-    /// By index; a removed device leaves a hole, so indices stay put.
-    devices: RwLock<Vec<Option<Arc<Served>>>>,
+    /// The devices and the states no device serves.
+    registry: registry::Registry,
     pub pool: Arc<Pool>,
     host_file: std::fs::File,
-    launcher: OwnedFd,
+    launcher: launch::Launcher,
     wake: EventFd,
     env: WorkerEnv,
-    next_id: AtomicU64,
     stopping: AtomicBool,
     /// The service manager, told how many devices are connected.
     notifier: Mutex<Option<Arc<Notifier>>>,
-    /// One `add` at a time (names and sockets must stay unique).
-    adding: Mutex<()>,
-    /// Launcher requests waiting for their reply, by id.
-    replies: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
-    /// States in the state dirs that no device serves (found at start).
-    leftovers: Mutex<Vec<vzram_store::Leftover>>,
-    /// Left-over states of devices removed while connected (`remove
-    /// --force`): a reload never discards one (fresh=true in the file).
-    cut_off: Mutex<std::collections::HashSet<PathBuf>>,
     /// The loop ended with an error: the daemon exits non-zero.
     loop_failed: AtomicBool,
-    /// The watchdog's view of the launcher.
-    dog: Mutex<Dog>,
-}
-
-/// When the launcher was last pinged and last answered.
-#[derive(Default)]
-struct Dog {
-    ping_sent: Option<Instant>,
-    pong_seen: Option<Instant>,
-    warned: bool,
 }
 
 impl Supervisor {
@@ -123,37 +101,21 @@ impl Supervisor {
         env: WorkerEnv,
     ) -> io::Result<Supervisor> {
         Ok(Supervisor {
-            devices: RwLock::new(devices.into_iter().map(Some).collect()),
+            registry: registry::Registry::new(devices),
             pool,
             host_file,
-            launcher,
+            launcher: launch::Launcher::new(launcher),
             wake: EventFd::new(EFD_NONBLOCK)?,
             env,
-            next_id: AtomicU64::new(1),
             stopping: AtomicBool::new(false),
-            replies: Mutex::new(HashMap::new()),
-            adding: Mutex::new(()),
             notifier: Mutex::new(None),
-            leftovers: Mutex::new(Vec::new()),
-            cut_off: Mutex::new(Default::default()),
             loop_failed: AtomicBool::new(false),
-            dog: Mutex::new(Dog::default()),
         })
     }
 
     /// The loop failed (the launcher is gone, say): nothing is served.
     pub fn loop_failed(&self) -> bool {
         self.loop_failed.load(Relaxed)
-    }
-
-    /// The states no device serves.
-    pub fn leftovers_mut(&self) -> std::sync::MutexGuard<'_, Vec<vzram_store::Leftover>> {
-        self.leftovers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The left-over states of devices removed while connected.
-    pub fn cut_off_mut(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<PathBuf>> {
-        self.cut_off.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The daemon's own state dir (a device may name another).
@@ -163,17 +125,12 @@ impl Supervisor {
 
     /// Device `i`, if it exists (and was not removed).
     pub fn device(&self, i: usize) -> Option<Arc<Served>> {
-        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
-        list.get(i).cloned().flatten()
+        self.registry.get(i)
     }
 
     /// Every device, with its index.
     pub fn devices(&self) -> Vec<(usize, Arc<Served>)> {
-        let list = self.devices.read().unwrap_or_else(|e| e.into_inner());
-        list.iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.clone().map(|d| (i, d)))
-            .collect()
+        self.registry.all()
     }
 
     /// Status lines for the service manager from now on.
@@ -229,7 +186,7 @@ impl Supervisor {
         // it is still there to ask.
         for (_, d) in self.devices() {
             if d.added {
-                let _ = self.ask(|id| Request::Remove {
+                let _ = self.launcher.ask(|id| Request::Remove {
                     id,
                     socket: Some(d.spec.socket.clone()),
                     state: None,

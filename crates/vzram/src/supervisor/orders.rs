@@ -156,7 +156,7 @@ impl Supervisor {
             let (answer, _) = self.on_owner(d, &Order::ResetIncoming, None, HOLD_WAIT)?;
             return match answer {
                 Answer::IncomingReset { pages } => {
-                    d.set_migration_error(None);
+                    d.migration.set_error(None);
                     tracing::warn!(device = %d.spec.name, "incoming device reset: it serves, empty");
                     Ok(pages)
                 }
@@ -164,7 +164,7 @@ impl Supervisor {
                 a => Err(unexpected(a)),
             };
         }
-        if d.migrating.load(Relaxed) {
+        if d.migration.sending() {
             return Err(Error::MigrationRunning(d.spec.name.clone()));
         }
         let _cut = match d.frontend() {

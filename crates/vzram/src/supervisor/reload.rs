@@ -481,7 +481,7 @@ fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec, out: &mut Outcome) -> Option<bo
     let root = spec.state_dir.as_deref().unwrap_or(sup.state_dir());
     let key = sup.state_key(spec, root);
     let dir = root.join(&key);
-    if spec.on_state == OnState::Fresh && sup.cut_off_mut().contains(&dir) {
+    if spec.on_state == OnState::Fresh && sup.registry.was_cut_off(&dir) {
         let msg = format!(
             "in the file with fresh=true, but it was removed while connected and its state {} is kept: not added; `{}` serves its pages, `vzram forget {}` deletes them",
             dir.display(),
@@ -512,7 +512,7 @@ impl Supervisor {
     /// The configuration file's text, opened by the launcher (the filter
     /// lets this process open nothing) and read here.
     fn read_config(&self, path: &Path) -> Result<String> {
-        let (report, fds) = self.ask(|id| Request::Open {
+        let (report, fds) = self.launcher.ask(|id| Request::Open {
             id,
             path: path.to_path_buf(),
         })?;

@@ -2,6 +2,7 @@
 //! locked state and backing file, and what its worker is doing.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -122,15 +123,84 @@ pub struct Served {
     pub refused_clients: AtomicU64,
     /// When a restart was last logged, and how many were not since.
     restart_log: Mutex<(Option<Instant>, u64)>,
-    /// An incoming device's migration listener, until its thread takes it.
-    pub(super) incoming: Mutex<Option<Listener>>,
-    /// Why the last migration of the device failed, for `vzram stat`.
-    pub migration_error: Mutex<Option<String>>,
-    /// A `vzram migrate` of the device is under way: one at a time.
-    pub migrating: AtomicBool,
-    /// The stream arriving for an incoming device (a copy of its socket),
-    /// so that `reset` and `remove` can cut it.
-    pub arriving: Mutex<Option<std::os::fd::OwnedFd>>,
+    /// Its migrations, in and out.
+    pub migration: MigrationSlot,
+}
+
+/// A device's migrations as the supervisor tracks them: one `vzram
+/// migrate` at a time, the incoming listener until its thread takes it,
+/// the stream arriving, and why the last move failed.
+#[derive(Default)]
+pub struct MigrationSlot {
+    sending: AtomicBool,
+    listener: Mutex<Option<Listener>>,
+    /// A copy of the arriving stream's socket, so `reset` and `remove` can
+    /// cut it.
+    arriving: Mutex<Option<OwnedFd>>,
+    error: Mutex<Option<String>>,
+}
+
+/// A `vzram migrate` of the device under way; it ends when this drops.
+pub struct Sending<'a>(&'a AtomicBool);
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Relaxed);
+    }
+}
+
+impl MigrationSlot {
+    /// The device's send, unless one is under way already.
+    pub fn begin_send(&self) -> Option<Sending<'_>> {
+        (!self.sending.swap(true, Relaxed)).then_some(Sending(&self.sending))
+    }
+
+    pub fn sending(&self) -> bool {
+        self.sending.load(Relaxed)
+    }
+
+    pub fn set_listener(&self, l: Option<Listener>) {
+        *lock(&self.listener) = l;
+    }
+
+    /// The incoming listener, for the thread that accepts on it.
+    pub fn take_listener(&self) -> Option<Listener> {
+        lock(&self.listener).take()
+    }
+
+    /// A stream arrives (Some) or has ended (None).
+    pub fn set_arriving(&self, stream: Option<OwnedFd>) {
+        *lock(&self.arriving) = stream;
+    }
+
+    pub fn arriving(&self) -> bool {
+        lock(&self.arriving).is_some()
+    }
+
+    /// Shuts the arriving stream down, if there is one: its receiver's
+    /// next read or write fails and it undoes what it applied.
+    pub fn cut(&self) -> bool {
+        let arriving = lock(&self.arriving);
+        let Some(fd) = arriving.as_ref() else {
+            return false;
+        };
+        // SAFETY: shutdown of a socket we own a descriptor of.
+        unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+        true
+    }
+
+    /// Why the last move failed, for `vzram stat`.
+    pub fn error(&self) -> Option<String> {
+        lock(&self.error).clone()
+    }
+
+    pub fn set_error(&self, e: Option<String>) {
+        *lock(&self.error) = e;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(super) enum Phase {
@@ -193,25 +263,15 @@ impl Served {
             restart_log: Mutex::new((None, 0)),
             added: false,
             removing: AtomicBool::new(false),
-            incoming: Mutex::new(None),
-            migration_error: Mutex::new(None),
-            migrating: AtomicBool::new(false),
-            arriving: Mutex::new(None),
+            migration: MigrationSlot::default(),
         })
     }
 
     /// Gives an incoming device its listener (taken by
     /// [`Supervisor::start_incoming`]).
     pub fn with_incoming(self, l: Option<Listener>) -> Served {
-        *self.incoming.lock().unwrap_or_else(|e| e.into_inner()) = l;
+        self.migration.set_listener(l);
         self
-    }
-
-    pub(super) fn set_migration_error(&self, e: Option<String>) {
-        *self
-            .migration_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = e;
     }
 
     pub fn state_dir(&self) -> &std::path::Path {
@@ -407,4 +467,37 @@ pub fn failed(d: &Served, kind: Restart, why: String, ran: Duration) {
             "{why}; the device's state is kept; {n} failures in a row, next worker in {wait:?}"
         ),
     );
+}
+
+#[cfg(test)]
+mod migration_slot_tests {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    use super::MigrationSlot;
+
+    #[test]
+    fn one_send_at_a_time_until_the_first_ends() {
+        let m = MigrationSlot::default();
+        let first = m.begin_send().expect("the first send");
+        assert!(m.sending());
+        assert!(m.begin_send().is_none(), "a second send while one runs");
+        drop(first);
+        assert!(!m.sending());
+        assert!(m.begin_send().is_some());
+    }
+
+    #[test]
+    fn a_cut_ends_the_arriving_stream_for_its_sender() {
+        let m = MigrationSlot::default();
+        assert!(!m.cut(), "nothing arrives");
+        let (ours, mut sender) = UnixStream::pair().unwrap();
+        m.set_arriving(Some(ours.into()));
+        assert!(m.arriving());
+        assert!(m.cut());
+        let mut buf = [0u8; 1];
+        assert_eq!(sender.read(&mut buf).unwrap(), 0, "the sender sees the end");
+        m.set_arriving(None);
+        assert!(!m.arriving());
+    }
 }

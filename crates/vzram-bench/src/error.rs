@@ -37,6 +37,12 @@ impl From<serde_json::Error> for Error {
     }
 }
 
+impl From<vzram_store::ParseCodecError> for Error {
+    fn from(e: vzram_store::ParseCodecError) -> Self {
+        Error(e.to_string())
+    }
+}
+
 impl From<String> for Error {
     fn from(s: String) -> Self {
         Error(s)

@@ -134,11 +134,22 @@ impl fmt::Display for Codec {
     }
 }
 
+/// Why a codec name does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseCodecError {
+    #[error("bad zstd level {0:?}")]
+    Level(String),
+    #[error("zstd level {level} is outside {min}..={max} (0 excluded)")]
+    LevelRange { level: i32, min: i32, max: i32 },
+    #[error("unknown algorithm {0:?} (expected lz4, zstd or zstd:LEVEL)")]
+    Unknown(String),
+}
+
 impl FromStr for Codec {
-    type Err = String;
+    type Err = ParseCodecError;
 
     /// Accepts `lz4`, `zstd` and `zstd:LEVEL` (LEVEL in zstd's range).
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, ParseCodecError> {
         let (name, level) = match s.split_once(':') {
             Some((n, l)) => (n, Some(l)),
             None => (s, None),
@@ -149,20 +160,20 @@ impl FromStr for Codec {
                 level: Self::DEFAULT_ZSTD_LEVEL,
             }),
             ("zstd", Some(l)) => {
-                let level: i32 = l.parse().map_err(|_| format!("bad zstd level {l:?}"))?;
+                let level: i32 = l
+                    .parse()
+                    .map_err(|_| ParseCodecError::Level(l.to_string()))?;
                 let range = zstd::compression_level_range();
                 if !range.contains(&level) || level == 0 {
-                    return Err(format!(
-                        "zstd level {level} is outside {}..={} (0 excluded)",
-                        range.start(),
-                        range.end()
-                    ));
+                    return Err(ParseCodecError::LevelRange {
+                        level,
+                        min: *range.start(),
+                        max: *range.end(),
+                    });
                 }
                 Ok(Codec::Zstd { level })
             }
-            _ => Err(format!(
-                "unknown algorithm {s:?} (expected lz4, zstd or zstd:LEVEL)"
-            )),
+            _ => Err(ParseCodecError::Unknown(s.to_string())),
         }
     }
 }

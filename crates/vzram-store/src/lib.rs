@@ -24,7 +24,7 @@ pub(crate) mod table;
 
 pub use backing::{Backing, BackingSpec};
 pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, MigrationCells, Op};
-pub use codec::Codec;
+pub use codec::{Codec, ParseCodecError};
 pub use context::Context;
 pub use device::{
     Device, DeviceConfig, Filter, Prepared, RecompressReport, Recovery, WritebackReport,

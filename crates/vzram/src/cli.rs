@@ -71,8 +71,8 @@ pub fn as_backend_program(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStri
 
 /// Parses a command line as `main` does, QEMU's backend-program form
 /// included, without running it (the docs' examples are checked so).
-pub fn parse(args: Vec<std::ffi::OsString>) -> Result<Cli, String> {
-    Cli::try_parse_from(as_backend_program(args)).map_err(|e| e.to_string())
+pub fn parse(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(as_backend_program(args))
 }
 
 /// What `--print-capabilities` prints: the backend type QEMU's
@@ -311,7 +311,7 @@ impl ServeArgs {
         let fd_socket = match self.fd {
             Some(fd) => Some(
                 crate::sys::listen::bound_path(fd)
-                    .map_err(|e| ConfigError(format!("--fd {fd}: {e}")))?,
+                    .map_err(|source| ConfigError::Fd { fd, source })?,
             ),
             None => None,
         };
@@ -324,14 +324,10 @@ impl ServeArgs {
             .iter()
             .find(|d| cfg.fresh.covers_device(d) && cfg.adopt.covers_device(d))
         {
-            return Err(ConfigError(format!(
-                "device {}: --fresh and --adopt exclude each other",
-                d.name
-            )));
+            return Err(ConfigError::FreshAndAdopt(d.name.clone()));
         }
         if let Some(dir) = &tls_dir {
-            let creds = crate::owner::tls::load_dir(dir)
-                .map_err(|e| ConfigError(format!("--tls-creds: {e}")))?;
+            let creds = crate::owner::tls::load_dir(dir).map_err(ConfigError::TlsCreds)?;
             cfg.tls = Some(creds);
         }
         cfg.check_tls()?;
@@ -386,9 +382,7 @@ impl ServeArgs {
         } else if single.socket.is_some() {
             drafts.push(single);
         } else if single != DeviceDraft::default() {
-            return Err(ConfigError(
-                "--size, --queues, --algo, --mem-limit, --serial, --readonly, --name and the tiering flags (--backing-file, --idle-after, ...) need --socket".into(),
-            ));
+            return Err(ConfigError::FlagsWithoutSocket);
         }
         let mut cfg = DaemonConfig::build(
             self.host_mem_limit.or(file.host_mem_limit),
@@ -547,27 +541,38 @@ impl Column {
     }
 }
 
+/// `-o`'s value is not a list of columns; both say which there are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ColumnError {
+    #[error("unknown column {:?}; the columns: {}", .0, column_names())]
+    Unknown(String),
+    /// `-o help`.
+    #[error("the columns: {}", column_names())]
+    Help,
+}
+
+fn column_names() -> String {
+    let all: Vec<&str> = Column::ALL.iter().map(|c| c.header()).collect();
+    all.join(",")
+}
+
 /// Parses `-o`'s list: `NAME,ORIG_DATA,mem-used` (any case, `-` or `_`).
-fn parse_columns(s: &str) -> Result<Vec<Column>, String> {
+fn parse_columns(s: &str) -> Result<Vec<Column>, ColumnError> {
     s.split(',')
         .map(|w| {
             let want = w.trim().to_ascii_uppercase().replace('-', "_");
             Column::ALL
                 .into_iter()
                 .find(|c| c.header() == want)
-                .ok_or_else(|| {
-                    let all: Vec<&str> = Column::ALL.iter().map(|c| c.header()).collect();
-                    format!("unknown column {w:?}; the columns: {}", all.join(","))
-                })
+                .ok_or_else(|| ColumnError::Unknown(w.to_string()))
         })
         .collect()
 }
 
 /// `-o`'s value: the columns, or `help` for the list of them.
-fn parse_column_list(s: &str) -> Result<ColumnList, String> {
+fn parse_column_list(s: &str) -> Result<ColumnList, ColumnError> {
     if s.trim().eq_ignore_ascii_case("help") {
-        let all: Vec<&str> = Column::ALL.iter().map(|c| c.header()).collect();
-        return Err(format!("the columns: {}", all.join(",")));
+        return Err(ColumnError::Help);
     }
     parse_columns(s).map(ColumnList)
 }
@@ -600,6 +605,17 @@ pub struct SetLimitArgs {
     pub host: bool,
 }
 
+/// `set-limit`'s words that name no target and size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitArgsError {
+    #[error("set-limit needs a device (NAME SIZE, or --device NAME SIZE) or --host SIZE")]
+    NoTarget,
+    #[error("set-limit takes NAME SIZE, --device NAME SIZE or --host SIZE")]
+    Form,
+    #[error(transparent)]
+    Size(#[from] config::ValueError),
+}
+
 /// What `set-limit` sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LimitTarget {
@@ -610,18 +626,13 @@ pub enum LimitTarget {
 impl SetLimitArgs {
     /// The target and the size, from NAME SIZE, `--device NAME SIZE` or
     /// `--host SIZE`.
-    pub fn target(&self) -> Result<(LimitTarget, u64), String> {
+    pub fn target(&self) -> Result<(LimitTarget, u64), LimitArgsError> {
         let (target, size) = match (self.words.as_slice(), &self.device, self.host) {
             ([name, size], None, false) => (LimitTarget::Device(name.clone()), size),
             ([size], Some(d), false) => (LimitTarget::Device(d.clone()), size),
             ([size], None, true) => (LimitTarget::Host, size),
-            ([_], None, false) => {
-                return Err(
-                    "set-limit needs a device (NAME SIZE, or --device NAME SIZE) or --host SIZE"
-                        .into(),
-                )
-            }
-            _ => return Err("set-limit takes NAME SIZE, --device NAME SIZE or --host SIZE".into()),
+            ([_], None, false) => return Err(LimitArgsError::NoTarget),
+            _ => return Err(LimitArgsError::Form),
         };
         Ok((target, config::parse_size(size)?))
     }

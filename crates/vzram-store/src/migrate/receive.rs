@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 use super::empty;
 use super::record::Record;
 use super::stream::{
-    bad, message, poll_tag, refuse, MigrateError, StreamHeader, HEADER_LEN, MAX_CODEC_ID,
-    REPLY_ACCEPT, REPLY_COMMITTED, REPLY_PREPARED, REPLY_STARTED, SILENCE, TAG_ABORT, TAG_COMMIT,
-    TAG_COMPRESSED, TAG_EMPTY, TAG_FINAL, TAG_PASS, TAG_RAW, TAG_SAME, TAG_WAIT, VERDICT_POLL,
+    bad, message, poll_tag, refuse, MigrateError, RecordTag, Reply, StreamHeader, VerdictTag,
+    HEADER_LEN, MAX_CODEC_ID, SILENCE, VERDICT_POLL,
 };
 use crate::cells::Progress;
 use crate::context::Context;
@@ -94,13 +93,15 @@ impl<R: Read> In<R> {
     fn next(&mut self) -> Result<Item, MigrateError> {
         let mut tag = [0u8];
         self.get(&mut tag)?;
-        Ok(match tag[0] {
-            TAG_EMPTY => Item::Empty(self.slot()?),
-            TAG_SAME => {
+        let tag = RecordTag::try_from(tag[0])
+            .or_else(|t| bad(format!("unknown record type {t:#04x}")))?;
+        Ok(match tag {
+            RecordTag::Empty => Item::Empty(self.slot()?),
+            RecordTag::Same => {
                 let s = self.slot()?;
                 Item::Same(s, self.u64()?)
             }
-            TAG_COMPRESSED => {
+            RecordTag::Compressed => {
                 let slot = self.slot()?;
                 let mut h = [0u8; 3];
                 self.get(&mut h)?;
@@ -121,7 +122,7 @@ impl<R: Read> In<R> {
                 r?;
                 Item::Compressed { slot, codec, len }
             }
-            TAG_RAW => {
+            RecordTag::Raw => {
                 let slot = self.slot()?;
                 let mut data = std::mem::replace(&mut self.data, Box::new([0; PAGE_SIZE]));
                 let r = self.get(&mut data[..]);
@@ -129,18 +130,18 @@ impl<R: Read> In<R> {
                 r?;
                 Item::Raw(slot)
             }
-            TAG_PASS => {
+            RecordTag::Pass => {
                 let mut b = [0u8; 4];
                 self.get(&mut b)?;
                 Item::Pass(u32::from_le_bytes(b))
             }
             // Not checksummed: the source calls the move off mid-stream.
-            TAG_ABORT => {
+            RecordTag::Abort => {
                 let why =
                     message(&mut self.r).unwrap_or_else(|e| format!("(its reason was cut: {e})"));
                 return Err(MigrateError::Aborted(format!("by the source: {why}")));
             }
-            TAG_FINAL => {
+            RecordTag::Final => {
                 let records = self.u64()?;
                 let expect = self.crc.clone().finalize();
                 let mut b = [0u8; 4];
@@ -163,7 +164,6 @@ impl<R: Read> In<R> {
                 self.got_crc = expect;
                 Item::Final
             }
-            t => return bad(format!("unknown record type {t:#04x}")),
         })
     }
 }
@@ -312,7 +312,7 @@ pub fn receive_from(
             codec = %header.codec,
             "migration stream accepted"
         );
-        w.write_all(&[REPLY_ACCEPT])?;
+        w.write_all(&[Reply::Accept.into()])?;
         w.flush()?;
         empty(dev, cx)?;
     }
@@ -385,9 +385,13 @@ pub fn receive_from(
                 stage: Stage::Verdict { told: t },
                 ..
             }) => told = t,
-            _ => {
+            None
+            | Some(Resume {
+                stage: Stage::Records,
+                ..
+            }) => {
                 let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
-                let mut b = vec![REPLY_PREPARED];
+                let mut b = vec![u8::from(Reply::Prepared)];
                 b.extend_from_slice(&pages.to_le_bytes());
                 b.extend_from_slice(&inp.records.to_le_bytes());
                 b.extend_from_slice(&inp.got_crc.to_le_bytes());
@@ -412,7 +416,7 @@ pub fn receive_from(
     }
     (hooks.commit)();
     let pages = dev.stats().orig_data_size / PAGE_SIZE as u64;
-    let mut b = vec![REPLY_COMMITTED];
+    let mut b = vec![u8::from(Reply::Committed)];
     b.extend_from_slice(&pages.to_le_bytes());
     // The commit stands even if the source does not hear of it: it keeps
     // its copy then, and says so.
@@ -468,7 +472,7 @@ fn verdict<R: Read>(
     let mut heard = Instant::now();
     loop {
         if !told && started() {
-            w.write_all(&[REPLY_STARTED])?;
+            w.write_all(&[Reply::Started.into()])?;
             w.flush()?;
             told = true;
             tracing::info!("the VM runs here: the source is told");
@@ -491,14 +495,14 @@ fn verdict<R: Read>(
             }
         };
         heard = Instant::now();
-        match tag {
-            TAG_WAIT => {}
-            TAG_COMMIT => return Ok(None),
-            TAG_ABORT => {
+        match VerdictTag::try_from(tag) {
+            Ok(VerdictTag::Wait) => {}
+            Ok(VerdictTag::Commit) => return Ok(None),
+            Ok(VerdictTag::Abort) => {
                 let why = message(r).unwrap_or_else(|e| format!("(its reason was cut: {e})"));
                 return Err(MigrateError::Aborted(format!("by the source: {why}")));
             }
-            t => return bad(format!("unexpected {t:#04x} while waiting for the commit")),
+            Err(t) => return bad(format!("unexpected {t:#04x} while waiting for the commit")),
         }
     }
 }

@@ -21,22 +21,74 @@ pub const VERSION: u32 = 3;
 pub(super) const HEADER_LEN: usize = 48;
 const CODEC_NAME_LEN: usize = 15;
 
-pub(super) const TAG_EMPTY: u8 = b'E';
-pub(super) const TAG_SAME: u8 = b'S';
-pub(super) const TAG_COMPRESSED: u8 = b'C';
-pub(super) const TAG_RAW: u8 = b'R';
-pub(super) const TAG_PASS: u8 = b'P';
-pub(super) const TAG_FINAL: u8 = b'F';
-pub(super) const TAG_WAIT: u8 = b'W';
-pub(super) const TAG_COMMIT: u8 = b'C';
-pub(super) const TAG_ABORT: u8 = b'B';
-pub(super) const REPLY_ACCEPT: u8 = b'A';
-pub(super) const REPLY_PREPARED: u8 = b'K';
-pub(super) const REPLY_COMMITTED: u8 = b'D';
-/// The destination's frontend started its rings after the last delta:
-/// the VM runs there (the source's evidence for a commit).
-pub(super) const REPLY_STARTED: u8 = b'S';
-const REPLY_REFUSE: u8 = b'X';
+/// Defines a one-byte tag set: an enum whose values are the bytes on the
+/// wire, read back with `TryFrom<u8>` (the unknown byte as the error).
+macro_rules! tags {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $b:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(u8)]
+        pub(super) enum $name {
+            $($(#[$vm])* $v = $b,)*
+        }
+
+        impl TryFrom<u8> for $name {
+            type Error = u8;
+
+            fn try_from(b: u8) -> Result<$name, u8> {
+                match b {
+                    $($b => Ok($name::$v),)*
+                    other => Err(other),
+                }
+            }
+        }
+
+        impl From<$name> for u8 {
+            fn from(t: $name) -> u8 {
+                t as u8
+            }
+        }
+    };
+}
+
+tags! {
+    /// What the source sends before its final marker (checksummed), and
+    /// its abort in their place.
+    RecordTag {
+        Empty = b'E',
+        Same = b'S',
+        Compressed = b'C',
+        Raw = b'R',
+        Pass = b'P',
+        Final = b'F',
+        /// Not checksummed: the source calls the move off mid-stream.
+        Abort = b'B',
+    }
+}
+
+tags! {
+    /// What the source sends after the destination prepared: its verdict.
+    VerdictTag {
+        /// Still there, undecided.
+        Wait = b'W',
+        Commit = b'C',
+        Abort = b'B',
+    }
+}
+
+tags! {
+    /// What the destination sends back.
+    Reply {
+        Accept = b'A',
+        Prepared = b'K',
+        Committed = b'D',
+        /// The destination's frontend started its rings after the last
+        /// delta: the VM runs there (the source's evidence for a commit).
+        Started = b'S',
+        Refuse = b'X',
+    }
+}
+
 /// How often a source waiting for its verdict tells the destination it
 /// is still there (the destination gives up after [`SILENCE`]).
 const KEEPALIVE: Duration = Duration::from_secs(2);
@@ -209,23 +261,23 @@ impl<W: Write> Out<W> {
         let s = slot.to_le_bytes();
         match rec {
             Record::Empty => {
-                self.put(&[TAG_EMPTY])?;
+                self.put(&[RecordTag::Empty.into()])?;
                 self.put(&s)
             }
             Record::Same(v) => {
-                self.put(&[TAG_SAME])?;
+                self.put(&[RecordTag::Same.into()])?;
                 self.put(&s)?;
                 self.put(&v.to_le_bytes())
             }
             Record::Compressed { codec, data } => {
-                self.put(&[TAG_COMPRESSED])?;
+                self.put(&[RecordTag::Compressed.into()])?;
                 self.put(&s)?;
                 self.put(&[codec])?;
                 self.put(&(data.len() as u16).to_le_bytes())?;
                 self.put(data)
             }
             Record::Raw(page) => {
-                self.put(&[TAG_RAW])?;
+                self.put(&[RecordTag::Raw.into()])?;
                 self.put(&s)?;
                 self.put(page)
             }
@@ -233,12 +285,12 @@ impl<W: Write> Out<W> {
     }
 
     fn pass(&mut self, n: u32) -> io::Result<()> {
-        self.put(&[TAG_PASS])?;
+        self.put(&[RecordTag::Pass.into()])?;
         self.put(&n.to_le_bytes())
     }
 
     fn finish(&mut self) -> io::Result<()> {
-        self.put(&[TAG_FINAL])?;
+        self.put(&[RecordTag::Final.into()])?;
         let records = self.records;
         self.put(&records.to_le_bytes())?;
         let crc = self.crc.clone().finalize();
@@ -250,14 +302,14 @@ impl<W: Write> Out<W> {
 
     /// A control byte after the final marker (and what follows it): not
     /// part of the checksummed stream.
-    fn control(&mut self, b: &[u8]) -> io::Result<()> {
-        self.w.write_all(b)?;
+    fn control(&mut self, t: VerdictTag) -> io::Result<()> {
+        self.w.write_all(&[t.into()])?;
         self.w.flush()
     }
 }
 
 pub(super) fn refuse(w: &mut impl Write, msg: &str) {
-    say(w, REPLY_REFUSE, msg)
+    say(w, Reply::Refuse.into(), msg)
 }
 
 /// Sends `tag` with a message (a refusal, an abort), best effort.
@@ -272,7 +324,7 @@ fn say(w: &mut impl Write, tag: u8, msg: &str) {
 
 /// Reads the peer's reply: `want` and what follows it (`extra` bytes), or
 /// its refusal as an error.
-fn reply(r: &mut impl Read, want: u8, extra: &mut [u8]) -> Result<(), MigrateError> {
+fn reply(r: &mut impl Read, want: Reply, extra: &mut [u8]) -> Result<(), MigrateError> {
     let mut tag = [0u8];
     r.read_exact(&mut tag).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => {
@@ -280,11 +332,12 @@ fn reply(r: &mut impl Read, want: u8, extra: &mut [u8]) -> Result<(), MigrateErr
         }
         _ => MigrateError::Io(e),
     })?;
-    if tag[0] == REPLY_REFUSE {
-        return Err(MigrateError::Refused(message(r)?));
-    }
-    if tag[0] != want {
-        return bad(format!("unexpected reply {:#04x}", tag[0]));
+    match Reply::try_from(tag[0]) {
+        Ok(Reply::Refuse) => return Err(MigrateError::Refused(message(r)?)),
+        Ok(t) if t == want => {}
+        Ok(Reply::Accept | Reply::Prepared | Reply::Committed | Reply::Started) | Err(_) => {
+            return bad(format!("unexpected reply {:#04x}", tag[0]))
+        }
     }
     r.read_exact(extra)?;
     Ok(())
@@ -364,7 +417,7 @@ pub fn send(
     let header = StreamHeader::of(dev);
     out.put(&header.encode())?;
     out.w.flush()?;
-    reply(&mut r, REPLY_ACCEPT, &mut [])?;
+    reply(&mut r, Reply::Accept, &mut [])?;
     dev.dirty.start(dev.num_slots());
     let result = send_passes(dev, &mut out, h.quiet, h.cancelled, h.progress);
     dev.dirty.stop();
@@ -372,14 +425,14 @@ pub fn send(
         Err(MigrateError::Aborted(why)) => {
             // Mid-stream: the destination reads the tag where a record
             // would be, and drops what it took.
-            say(&mut out.w, TAG_ABORT, &why);
+            say(&mut out.w, RecordTag::Abort.into(), &why);
             return Err(MigrateError::Aborted(why));
         }
         r => r?,
     };
     out.finish()?;
     let mut b = [0u8; 20];
-    reply(&mut r, REPLY_PREPARED, &mut b)?;
+    reply(&mut r, Reply::Prepared, &mut b)?;
     let final_micros = quiet_at.elapsed().as_micros() as u64;
     let records = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
     let crc = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes"));
@@ -388,16 +441,16 @@ pub fn send(
             "the destination confirmed {records} records with checksum {crc:#010x}, but {} were sent with checksum {:#010x}",
             out.records, out.sent_crc
         );
-        say(&mut out.w, TAG_ABORT, &why);
+        say(&mut out.w, VerdictTag::Abort.into(), &why);
         return bad(why);
     }
     (h.patience)(Some(VERDICT_POLL));
     let waited = await_verdict(&mut r, &mut out, h.verdict);
     (h.patience)(None);
     waited?;
-    out.control(&[TAG_COMMIT])?;
+    out.control(VerdictTag::Commit)?;
     let mut pages = [0u8; 8];
-    reply(&mut r, REPLY_COMMITTED, &mut pages).map_err(|e| match e {
+    reply(&mut r, Reply::Committed, &mut pages).map_err(|e| match e {
         // A refusal is an answer: it did not commit.
         MigrateError::Refused(m) => MigrateError::Refused(m),
         e => MigrateError::Unconfirmed(e.to_string()),
@@ -427,22 +480,27 @@ fn await_verdict<W: Write>(
         match verdict(started_there) {
             Verdict::Commit => return Ok(()),
             Verdict::Abort(why) => {
-                say(&mut out.w, TAG_ABORT, &why);
+                say(&mut out.w, VerdictTag::Abort.into(), &why);
                 return Err(MigrateError::Aborted(why));
             }
             Verdict::Wait => {}
         }
         if told.elapsed() >= KEEPALIVE {
-            out.control(&[TAG_WAIT])?;
+            out.control(VerdictTag::Wait)?;
             told = Instant::now();
         }
-        match poll_tag(r)? {
+        match poll_tag(r)?.map(Reply::try_from) {
             None => {}
-            Some(REPLY_STARTED) => started_there = true,
-            Some(REPLY_REFUSE) => return Err(MigrateError::Refused(message(r)?)),
-            Some(t) => {
+            Some(Ok(Reply::Started)) => started_there = true,
+            Some(Ok(Reply::Refuse)) => return Err(MigrateError::Refused(message(r)?)),
+            Some(Ok(t @ (Reply::Accept | Reply::Prepared | Reply::Committed))) => {
+                let why = format!("unexpected {:#04x} while the verdict was open", u8::from(t));
+                say(&mut out.w, VerdictTag::Abort.into(), &why);
+                return bad(why);
+            }
+            Some(Err(t)) => {
                 let why = format!("unexpected {t:#04x} while the verdict was open");
-                say(&mut out.w, TAG_ABORT, &why);
+                say(&mut out.w, VerdictTag::Abort.into(), &why);
                 return bad(why);
             }
         }
@@ -550,4 +608,47 @@ pub fn empty(dev: &Device, cx: &mut Context) -> Result<(), StoreError> {
     dev.discard(cx, 0..dev.num_slots())?;
     dev.compact();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes are the wire format: pinned here, and read back only in
+    /// their own context (b'C' is a compressed record among the records,
+    /// a commit in the verdict, nothing from the destination).
+    #[test]
+    fn each_context_reads_its_own_tags() {
+        use RecordTag as T;
+        for (t, b) in [
+            (T::Empty, b'E'),
+            (T::Same, b'S'),
+            (T::Compressed, b'C'),
+            (T::Raw, b'R'),
+            (T::Pass, b'P'),
+            (T::Final, b'F'),
+            (T::Abort, b'B'),
+        ] {
+            assert_eq!((u8::from(t), T::try_from(b)), (b, Ok(t)));
+        }
+        for (t, b) in [
+            (VerdictTag::Wait, b'W'),
+            (VerdictTag::Commit, b'C'),
+            (VerdictTag::Abort, b'B'),
+        ] {
+            assert_eq!((u8::from(t), VerdictTag::try_from(b)), (b, Ok(t)));
+        }
+        for (t, b) in [
+            (Reply::Accept, b'A'),
+            (Reply::Prepared, b'K'),
+            (Reply::Committed, b'D'),
+            (Reply::Started, b'S'),
+            (Reply::Refuse, b'X'),
+        ] {
+            assert_eq!((u8::from(t), Reply::try_from(b)), (b, Ok(t)));
+        }
+        assert_eq!(VerdictTag::try_from(b'E'), Err(b'E'));
+        assert_eq!(Reply::try_from(b'C'), Err(b'C'));
+        assert_eq!(RecordTag::try_from(b'W'), Err(b'W'));
+    }
 }

@@ -3,13 +3,30 @@
 use super::*;
 use clap::CommandFactory;
 
-fn serve(args: &[&str]) -> Result<DaemonConfig, String> {
-    let cli =
-        Cli::try_parse_from(["vzram", "serve"].iter().chain(args)).map_err(|e| e.to_string())?;
+/// Why a command line was refused: clap's checks or ours.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Limit(#[from] LimitArgsError),
+}
+
+impl Refused {
+    /// Whether the message the user reads says `what`.
+    fn contains(&self, what: &str) -> bool {
+        self.to_string().contains(what)
+    }
+}
+
+fn serve(args: &[&str]) -> Result<DaemonConfig, Refused> {
+    let cli = Cli::try_parse_from(["vzram", "serve"].iter().chain(args))?;
     let Command::Serve(s) = cli.command else {
         unreachable!()
     };
-    s.resolve().map_err(|e| e.0)
+    Ok(s.resolve()?)
 }
 
 #[test]
@@ -233,22 +250,25 @@ fn print_capabilities() {
 
 #[test]
 fn set_limit_needs_a_target() {
-    let target = |a: &[&str]| {
+    let target = |a: &[&str]| -> Result<(LimitTarget, u64), Refused> {
         let argv = ["vzram", "set-limit", "--control", "/c"].iter().chain(a);
-        match Cli::try_parse_from(argv)
-            .map_err(|e| e.to_string())?
-            .command
-        {
-            Command::SetLimit(s) => s.target(),
+        match Cli::try_parse_from(argv)?.command {
+            Command::SetLimit(s) => Ok(s.target()?),
             _ => unreachable!(),
         }
     };
     let e = target(&["1G"]).unwrap_err();
     assert!(e.contains("--device") && e.contains("--host"), "{e}");
     let dev = |n: &str| LimitTarget::Device(n.into());
-    assert_eq!(target(&["--host", "1G"]), Ok((LimitTarget::Host, 1 << 30)));
-    assert_eq!(target(&["vm1", "1G"]), Ok((dev("vm1"), 1 << 30)));
-    assert_eq!(target(&["--device", "0", "1G"]), Ok((dev("0"), 1 << 30)));
+    assert_eq!(
+        target(&["--host", "1G"]).unwrap(),
+        (LimitTarget::Host, 1 << 30)
+    );
+    assert_eq!(target(&["vm1", "1G"]).unwrap(), (dev("vm1"), 1 << 30));
+    assert_eq!(
+        target(&["--device", "0", "1G"]).unwrap(),
+        (dev("0"), 1 << 30)
+    );
     assert!(target(&["--device", "0", "--host", "1G"]).is_err());
     assert!(target(&["vm1", "--host", "1G"]).is_err());
     assert!(target(&["vm1", "1Q"]).unwrap_err().contains("unknown unit"));

@@ -175,9 +175,10 @@ fn one_device(stat: &StatReply, asked: &str) -> Result<usize, ClientError> {
 }
 
 pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
-    let (target, bytes) = args
-        .target()
-        .map_err(|message| ClientError { message, code: 2 })?;
+    let (target, bytes) = args.target().map_err(|e| ClientError {
+        message: e.to_string(),
+        code: 2,
+    })?;
     let what = match &target {
         LimitTarget::Device(d) => format!("device {d}"),
         LimitTarget::Host => "host".to_string(),
@@ -267,8 +268,10 @@ pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
                 why_kept: kept_why(pattern),
             },
         };
-        out += &offline::forget(&root, which)
-            .map_err(|offline::Refused(message)| ClientError { message, code: 2 })?;
+        out += &offline::forget(&root, which).map_err(|e| ClientError {
+            message: e.to_string(),
+            code: 2,
+        })?;
         return Ok(out);
     }
     let Some(name) = args.name() else {
@@ -484,7 +487,7 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
         device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         huge: args.huge,
-        algo: args.algo.map(|a| a.to_string()),
+        algo: args.algo,
     };
     let r: Recompressed = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
     Ok(format!(

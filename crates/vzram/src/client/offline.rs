@@ -11,8 +11,24 @@ use vzram_store::Leftover;
 use super::render::human;
 
 /// Why nothing was deleted: the user's to fix (exit 2).
-#[derive(Debug)]
-pub struct Refused(pub String);
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("{}: a running vzram holds this state (its device); stop that daemon or forget it through its control socket", .0.display())]
+    Held(PathBuf),
+    #[error("no left-over state {name:?} in {}", root.display())]
+    NoSuch { name: String, root: PathBuf },
+    #[error(transparent)]
+    Delete(#[from] DeleteError),
+}
+
+/// Why a left-over listed was not deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error("{}: not the state that was listed (made again or gone since); left alone", .0.display())]
+    Changed(PathBuf),
+    #[error(transparent)]
+    Store(#[from] vzram_store::StoreError),
+}
 
 /// Whether nothing listens at `control` (no file, or nobody behind it):
 /// the state dir is then the only place to look.
@@ -34,7 +50,6 @@ pub enum Which<'a> {
 }
 
 pub fn forget(root: &Path, which: Which) -> Result<String, Refused> {
-    let refused = Refused;
     let mut out = String::new();
     match which {
         Which::Named(name) => {
@@ -43,15 +58,15 @@ pub fn forget(root: &Path, which: Which) -> Result<String, Refused> {
                 .into_iter()
                 .find(|l| l.dir == dir)
             else {
-                return Err(refused(match Leftover::read(&dir) {
-                    Some(_) => format!(
-                        "{}: a running vzram holds this state (its device); stop that daemon or forget it through its control socket",
-                        dir.display()
-                    ),
-                    None => format!("no left-over state {name:?} in {}", root.display()),
-                }));
+                return Err(match Leftover::read(&dir) {
+                    Some(_) => Refused::Held(dir),
+                    None => Refused::NoSuch {
+                        name: name.to_string(),
+                        root: root.to_path_buf(),
+                    },
+                });
             };
-            delete(&l).map_err(refused)?;
+            delete(&l)?;
             out += &said(&l);
         }
         Which::Many { chosen, why_kept } => {
@@ -82,14 +97,11 @@ pub fn forget(root: &Path, which: Which) -> Result<String, Refused> {
 }
 
 /// Deletes `l` if it is still the state that was listed.
-fn delete(l: &Leftover) -> Result<(), String> {
+fn delete(l: &Leftover) -> Result<(), DeleteError> {
     if Leftover::read(&l.dir).map(|x| x.creation_id) != Some(l.creation_id) {
-        return Err(format!(
-            "{}: not the state that was listed (made again or gone since); left alone",
-            l.dir.display()
-        ));
+        return Err(DeleteError::Changed(l.dir.clone()));
     }
-    vzram_store::state::remove(&l.dir).map_err(|e| e.to_string())?;
+    vzram_store::state::remove(&l.dir)?;
     // The marker beside its socket, if it still names this state (a
     // harness's /tmp would keep one per run otherwise).
     if let Some(s) = &l.socket {

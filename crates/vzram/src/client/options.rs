@@ -272,7 +272,8 @@ mod tests {
         }
         let e = crate::config::parse_device_spec("no_such_key=1")
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         let list = e.split("expected one of").nth(1).unwrap();
         let keys: Vec<String> = list
             .split(',')

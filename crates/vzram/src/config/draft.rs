@@ -124,26 +124,45 @@ pub struct DeviceDraft {
     pub incoming: Option<Addr>,
 }
 
+/// Why a `--device` value (`spec`, as given) is no device.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("bad device option {0:?}: expected key=value")]
+    NotKeyValue(String),
+    #[error("device spec {spec:?}: {key} is given twice (which one is meant?)")]
+    Twice { spec: String, key: String },
+    /// A key no device takes, or a value its key does not.
+    #[error("device spec {spec:?}: {source}")]
+    Keys {
+        spec: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Parses a `--device` value: `socket=PATH,size=8G,queues=4,...`, with the
 /// keys of a `[[device]]` table.
-pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, String> {
+pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, SpecError> {
     let mut map = serde_json::Map::new();
     // A space after a comma (`socket=P, size=8G`) is no part of the key.
     for part in s.split(',').map(str::trim_start).filter(|p| !p.is_empty()) {
         let (k, v) = part
             .split_once('=')
-            .ok_or_else(|| format!("bad device option {part:?}: expected key=value"))?;
+            .ok_or_else(|| SpecError::NotKeyValue(part.to_string()))?;
         let k = k.trim_end();
         // `_` and `-` name the same key: `mem-limit=1G,mem_limit=2G` too.
         let dup = map
             .keys()
             .any(|o| o.replace('_', "-") == k.replace('_', "-"));
         if dup || map.insert(k.to_string(), v.to_string().into()).is_some() {
-            return Err(format!(
-                "device spec {s:?}: {k} is given twice (which one is meant?)"
-            ));
+            return Err(SpecError::Twice {
+                spec: s.to_string(),
+                key: k.to_string(),
+            });
         }
     }
-    DeviceDraft::deserialize(serde_json::Value::Object(map))
-        .map_err(|e| format!("device spec {s:?}: {e}"))
+    DeviceDraft::deserialize(serde_json::Value::Object(map)).map_err(|source| SpecError::Keys {
+        spec: s.to_string(),
+        source,
+    })
 }

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::draft::DeviceDraft;
-use super::parse::{parse_metrics_addr, parse_mode, parse_size, ConfigError, MAX_POLL_US};
+use super::error::{ConfigError, ModeError};
+use super::parse::{parse_metrics_addr, parse_mode, parse_size, MAX_POLL_US};
 use crate::proto::worker_spec::SeccompMode;
 
 /// A size in the config file: a number of bytes or a string like "8G".
@@ -18,10 +19,12 @@ enum SizeValue {
 }
 
 impl SizeValue {
-    fn bytes(&self, what: &str) -> Result<u64, ConfigError> {
+    fn bytes(&self, key: &'static str) -> Result<u64, ConfigError> {
         match self {
             SizeValue::Bytes(n) => Ok(*n),
-            SizeValue::Text(s) => parse_size(s).map_err(|e| ConfigError(format!("{what}: {e}"))),
+            SizeValue::Text(s) => {
+                parse_size(s).map_err(|source| ConfigError::Value { key, source })
+            }
         }
     }
 }
@@ -39,15 +42,18 @@ enum ModeValue {
 
 impl ModeValue {
     /// The mode of setting `key`; `raw` is the value as written in the file.
-    fn mode(&self, key: &str, raw: &str) -> Result<u32, String> {
-        let example = format!("{key} = 0o600 or {key} = \"0600\"");
+    fn mode(&self, key: &'static str, raw: &str) -> Result<u32, ModeError> {
+        let raw_text = || raw.to_string();
         let n = match self {
-            ModeValue::Text(s) => return parse_mode(s).map_err(|e| format!("{key}: {e}")),
+            ModeValue::Text(s) => {
+                return parse_mode(s).map_err(|source| ModeError::Text { key, source })
+            }
             ModeValue::Number(n) => *n,
             ModeValue::Other(_) => {
-                return Err(format!(
-                    "{key} = {raw} is not a mode; write it in octal: {example}"
-                ))
+                return Err(ModeError::NotANumber {
+                    key,
+                    raw: raw_text(),
+                })
             }
         };
         // TOML reads `600` as six hundred, which as a mode is 0o1130, and
@@ -56,23 +62,17 @@ impl ModeValue {
         // integers are taken, as the value they are.
         let decimal = !["0o", "0x", "0b"].iter().any(|p| raw.starts_with(p));
         if decimal {
-            let hint = if (1..=4).contains(&raw.len())
-                && raw.bytes().all(|b| (b'0'..=b'7').contains(&b))
-                && u32::from_str_radix(raw, 8).is_ok_and(|m| m <= 0o777)
-            {
-                format!("{key} = 0o{raw} or {key} = \"{raw:0>4}\"")
-            } else {
-                example
-            };
-            return Err(format!(
-                "{key} = {raw} is a decimal number; write the mode in octal: {hint}"
-            ));
+            return Err(ModeError::Decimal {
+                key,
+                raw: raw_text(),
+            });
         }
         match u32::try_from(n) {
             Ok(m) if m <= 0o777 => Ok(m),
-            _ => Err(format!(
-                "{key} = {raw} is not a mode: only the permission bits 0o000 to 0o777 can be set; for example {example}"
-            )),
+            _ => Err(ModeError::Bits {
+                key,
+                raw: raw_text(),
+            }),
         }
     }
 }
@@ -140,7 +140,9 @@ pub struct FileDrafts {
 /// The top-level keys the file takes (snake_case), as its parser lists
 /// them: for checking that `--help` names them all.
 pub fn keys() -> Vec<String> {
-    let e = parse_file("a_key_no_file_has = 1").err().map(|e| e.0);
+    let e = parse_file("a_key_no_file_has = 1")
+        .err()
+        .map(|e| e.to_string());
     let e = e.unwrap_or_default();
     let list = e.split("expected one of").nth(1).unwrap_or_default();
     let mut keys: Vec<String> = list
@@ -153,9 +155,14 @@ pub fn keys() -> Vec<String> {
 }
 
 pub fn load_file(path: &Path) -> Result<FileDrafts, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
-    parse_file(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_file(&text).map_err(|e| ConfigError::File {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })
 }
 
 pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
@@ -175,15 +182,14 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         } else {
             msg
         };
-        match e
-            .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
-        {
-            Some(line) => ConfigError(format!("line {line}: {msg}")),
-            None => ConfigError(msg),
+        ConfigError::Syntax {
+            line: e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1),
+            message: msg,
         }
     })?;
-    let mode = |key: &str, m: Option<toml::Spanned<ModeValue>>| match m {
+    let mode = |key: &'static str, m: Option<toml::Spanned<ModeValue>>| match m {
         None => Ok(None),
         Some(m) => {
             let span = m.span();
@@ -192,7 +198,7 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
             m.get_ref()
                 .mode(key, raw)
                 .map(Some)
-                .map_err(|e| ConfigError(format!("line {line}: {e}")))
+                .map_err(|source| ConfigError::Mode { line, source })
         }
     };
     let socket_mode = mode("socket_mode", f.socket_mode)?;
@@ -202,12 +208,10 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         None => None,
         Some(SeccompValue::Bool(true)) => Some(SeccompMode::On),
         Some(SeccompValue::Bool(false)) => Some(SeccompMode::Off),
-        Some(SeccompValue::Text(s)) => Some(s.parse().map_err(ConfigError)?),
+        Some(SeccompValue::Text(s)) => Some(s.parse()?),
     };
     if let Some(us) = f.poll_us.filter(|&us| us > MAX_POLL_US) {
-        return Err(ConfigError(format!(
-            "poll_us: {us} is more than {MAX_POLL_US} (1 s)"
-        )));
+        return Err(ConfigError::PollUs(us));
     }
     let devices = f.device;
     Ok(FileDrafts {
@@ -218,7 +222,12 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         control: f.control,
         metrics: f
             .metrics
-            .map(|m| parse_metrics_addr(&m).map_err(|e| ConfigError(format!("metrics: {e}"))))
+            .map(|m| {
+                parse_metrics_addr(&m).map_err(|source| ConfigError::Value {
+                    key: "metrics",
+                    source,
+                })
+            })
             .transpose()?,
         state_dir: f.state_dir,
         socket_mode,

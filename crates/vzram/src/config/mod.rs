@@ -13,25 +13,32 @@ use vzram_store::{Codec, PAGE_SIZE};
 
 mod de;
 mod draft;
+mod error;
 mod file;
 mod parse;
+mod refusal;
 mod state_dir;
 #[cfg(test)]
 mod tests;
 
 pub use crate::proto::worker_spec::SeccompMode;
-pub use draft::{parse_device_spec, DeviceDraft};
+pub use draft::{parse_device_spec, DeviceDraft, SpecError};
 pub use file::{keys as file_keys, load_file, parse_file, FileDrafts};
 pub use parse::{
     default_recompress_algo, parse_bool, parse_codec, parse_duration, parse_metrics_addr,
-    parse_mode, parse_size, size_text, tiny_limit, ConfigError, DEFAULT_QUEUES,
+    parse_mode, parse_size, size_text, tiny_limit, AddrFault, ValueError, DEFAULT_QUEUES,
     DEFAULT_SOCKET_MODE, MAX_POLL_US, MIN_IDLE_AFTER,
 };
 use state_dir::runtime_directory;
 pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
 
 use crate::proto::addr::Addr;
-use parse::err;
+pub use error::{ConfigError, ModeError};
+pub use refusal::Refusal;
+
+fn err<T>(r: Refusal) -> Result<T, ConfigError> {
+    Err(ConfigError::Rule(r))
+}
 
 /// One device, checked and with defaults filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,17 +162,17 @@ impl Devices {
 
     /// Every name given is a device of `cfg` (a typo must not leave the
     /// state the operator meant to discard, or take, as it is).
-    pub fn check(&self, flag: &str, devices: &[DeviceSpec]) -> Result<(), ConfigError> {
+    pub fn check(&self, flag: &'static str, devices: &[DeviceSpec]) -> Result<(), ConfigError> {
         let Devices::Named(names) = self else {
             return Ok(());
         };
         for n in names {
             if !devices.iter().any(|d| d.name == *n || d.state_key() == *n) {
-                let known: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
-                return Err(ConfigError(format!(
-                    "{flag} {n}: no device of that name (devices: {})",
-                    known.join(", ")
-                )));
+                return err(Refusal::NoSuchDevice {
+                    flag,
+                    name: n.clone(),
+                    known: devices.iter().map(|d| d.name.clone()).collect(),
+                });
             }
         }
         Ok(())
@@ -251,9 +258,7 @@ fn path_hash(p: &std::path::Path) -> u32 {
 /// rotational. A guest sees the serial as `/sys/block/vdX/serial` and
 /// `/dev/disk/by-id/virtio-<serial>`.
 pub const SERIAL_PREFIX: &str = "vzram-";
-/// Most segments a discard or write-zeroes request may carry (the block
-/// layer's own limit, and the default offer).
-pub const MAX_DISCARD_SEGMENTS: u16 = vzram_blk::config::MAX_DISCARD_SEG as u16;
+pub use parse::MAX_DISCARD_SEGMENTS;
 /// How long an incoming stream may take by default: a 64 GiB device at
 /// about 20 MiB/s.
 pub const INCOMING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -387,12 +392,10 @@ impl DaemonConfig {
         for d in &self.devices {
             if let Some(a @ Addr::Tcp(_)) = &d.incoming {
                 if !server {
-                    return err(format!(
-                        "device {}: incoming {a} needs --tls-creds with {} and {} (a stream on plain TCP is refused)",
-                        d.name,
-                        crate::proto::tls::SERVER_CERT,
-                        crate::proto::tls::SERVER_KEY
-                    ));
+                    return err(Refusal::IncomingNeedsTls {
+                        name: d.name.clone(),
+                        addr: a.clone(),
+                    });
                 }
             }
         }
@@ -408,7 +411,7 @@ impl DaemonConfig {
         drafts: Vec<DeviceDraft>,
     ) -> Result<DaemonConfig, ConfigError> {
         if drafts.is_empty() {
-            return err("no device to serve: give --socket and --size, --device socket=...,size=..., or --config FILE");
+            return err(Refusal::NoDevice);
         }
         let mut devices = Vec::with_capacity(drafts.len());
         let mut sockets = HashSet::new();
@@ -423,11 +426,11 @@ impl DaemonConfig {
                 .or_else(|| d.socket.as_deref().and_then(name_from_socket))
             else {
                 return err(match &d.socket {
-                    None => format!("device {i}: no socket path"),
-                    Some(s) => format!(
-                        "device {i}: socket {} gives no name; give it a name=",
-                        s.display()
-                    ),
+                    None => Refusal::NoSocketAt { index: i },
+                    Some(s) => Refusal::NoNameFrom {
+                        index: i,
+                        socket: s.clone(),
+                    },
                 });
             };
             // The name is also the state directory's name.
@@ -437,74 +440,51 @@ impl DaemonConfig {
                 || name.contains('/')
                 || name.chars().any(|c| c.is_whitespace() || c.is_control())
             {
-                return err(format!(
-                    "device {i}: bad name {name:?} (1 to 64 bytes, no spaces or '/', not starting with '.')"
-                ));
+                return err(Refusal::BadName { index: i, name });
             }
             let algo = d.algo.unwrap_or(Codec::Lz4);
             let tier = tier_spec(&name, algo, &d, &mut backing)?;
             let Some(socket) = d.socket else {
-                return err(format!("device {name}: no socket path"));
+                return err(Refusal::NoSocket { name });
             };
             if socket.as_os_str().is_empty() {
-                return err(format!("device {name}: empty socket path"));
+                return err(Refusal::EmptySocket { name });
             }
             let Some(size) = d.size else {
-                return err(format!(
-                    "device {name}: no size: give --size N (QEMU's backend convention passes only --socket-path or --fd), size= in its --device spec, or a [[device]] with a size and no socket in --config"
-                ));
+                return err(Refusal::NoSize { name });
             };
             if size == 0 || size % PAGE_SIZE as u64 != 0 {
-                return err(format!(
-                    "device {name}: size {} is not a positive multiple of {PAGE_SIZE} bytes (sizes are whole pages)", parse::size_text(size)
-                ));
+                return err(Refusal::SizeNotPages { name, size });
             }
             if size > parse::MAX_DEVICE_SIZE {
-                return err(format!(
-                    "device {name}: size {} is over the largest device, {}T",
-                    parse::size_text(size),
-                    parse::MAX_DEVICE_SIZE >> 40
-                ));
+                return err(Refusal::SizeTooLarge { name, size });
             }
             let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
             if !(1..=MAX_QUEUES).contains(&usize::from(queues)) {
-                return err(format!(
-                    "device {name}: queues must be 1..={MAX_QUEUES}, not {queues}"
-                ));
+                return err(Refusal::Queues { name, queues });
             }
             let discard_segments = d.discard_segments.unwrap_or(MAX_DISCARD_SEGMENTS);
             if !(1..=MAX_DISCARD_SEGMENTS).contains(&discard_segments) {
-                return err(format!(
-                    "device {name}: discard-segments must be 1..={MAX_DISCARD_SEGMENTS}, not {discard_segments}"
-                ));
+                return err(Refusal::DiscardSegments {
+                    name,
+                    segments: discard_segments,
+                });
             }
             let serial = d.serial.unwrap_or_else(|| default_serial(&name));
             if serial.len() > SERIAL_LEN {
-                return err(format!(
-                    "device {name}: serial {serial:?} is longer than {SERIAL_LEN} bytes"
-                ));
+                return err(Refusal::SerialTooLong { name, serial });
             }
             if !sockets.insert(socket.clone()) {
-                return err(format!(
-                    "socket {} is used by two devices",
-                    socket.display()
-                ));
+                return err(Refusal::SocketTwice(socket));
             }
             if !names.insert(name.clone()) {
-                if derived {
-                    return err(format!(
-                        "device name {name:?} is used twice (the socket {} gives the same name as another device's); give each a name=",
-                        socket.display()
-                    ));
-                }
-                return err(format!("device name {name:?} is used twice"));
+                return err(Refusal::NameTwice {
+                    name,
+                    from: derived.then_some(socket),
+                });
             }
             let on_state = match (d.recover, d.fresh) {
-                (Some(true), Some(true)) => {
-                    return err(format!(
-                        "device {name}: recover=true and fresh=true exclude each other"
-                    ))
-                }
+                (Some(true), Some(true)) => return err(Refusal::RecoverAndFresh { name }),
                 (_, Some(true)) => OnState::Fresh,
                 (Some(true), _) => OnState::Recover,
                 (Some(false), _) => OnState::Refuse,
@@ -512,20 +492,21 @@ impl DaemonConfig {
             };
             if let Some(a) = &d.incoming {
                 if !incoming.insert(a.clone()) {
-                    return err(format!(
-                        "device {name}: incoming {a} is another device's too"
-                    ));
+                    return err(Refusal::IncomingTwice {
+                        name,
+                        addr: a.clone(),
+                    });
                 }
             }
             let mem_limit = d.mem_limit.unwrap_or(0);
             if mem_limit > size {
                 // Compressed pages take at most a page each: a limit above
                 // the size is a typo, or meant for another device.
-                return err(format!(
-                    "device {name}: mem-limit {} is above its size {} (0 means no limit)",
-                    parse::size_text(mem_limit),
-                    parse::size_text(size)
-                ));
+                return err(Refusal::MemLimitAboveSize {
+                    name,
+                    mem_limit,
+                    size,
+                });
             }
             // One above the host limit is accepted, with a warning when
             // the daemon starts (the host limit caps it first).
@@ -553,19 +534,15 @@ impl DaemonConfig {
         for d in &devices {
             if let Some(Addr::Unix(p)) = &d.incoming {
                 if sockets.contains(p) || control == *p {
-                    return err(format!(
-                        "device {}: incoming socket {} is also a device or control socket",
-                        d.name,
-                        p.display()
-                    ));
+                    return err(Refusal::IncomingIsSocket {
+                        name: d.name.clone(),
+                        socket: p.clone(),
+                    });
                 }
             }
         }
         if sockets.contains(&control) {
-            return err(format!(
-                "control socket {} is also a device socket",
-                control.display()
-            ));
+            return err(Refusal::ControlIsDevice(control));
         }
         let default_state = default_state_dir();
         Ok(DaemonConfig {
@@ -602,13 +579,14 @@ fn tier_spec(
     let backing_file = d.backing_file.clone();
     if let Some(p) = &backing_file {
         if p.as_os_str().is_empty() {
-            return err(format!("device {name}: empty backing-file path"));
+            return err(Refusal::EmptyBacking { name: name.into() });
         }
         if let Some((_, other)) = taken.iter().find(|(q, _)| q == p) {
-            return err(format!(
-                "backing file {} is given to devices {other} and {name}; each device needs its own",
-                p.display()
-            ));
+            return err(Refusal::BackingShared {
+                path: p.clone(),
+                other: other.clone(),
+                name: name.into(),
+            });
         }
         taken.push((p.clone(), name.to_string()));
     }
@@ -616,35 +594,30 @@ fn tier_spec(
         .recompress_algo
         .unwrap_or_else(|| default_recompress_algo(algo));
     if d.recompress_algo == Some(algo) {
-        return err(format!(
-            "device {name}: recompress-algo {recompress_algo} is the device's own algo; recompression needs another (such as zstd:3 for lz4)"
-        ));
+        return err(Refusal::RecompressOwnAlgo {
+            name: name.into(),
+            algo: recompress_algo,
+        });
     }
     if let Some(t) = d.idle_after {
         if t < MIN_IDLE_AFTER {
-            return err(format!(
-                "device {name}: idle-after {}s is below the least, {}s",
-                t.as_secs(),
-                MIN_IDLE_AFTER.as_secs()
-            ));
+            return err(Refusal::IdleAfterShort {
+                name: name.into(),
+                idle_after: t,
+                least: MIN_IDLE_AFTER,
+            });
         }
     }
     let auto_writeback = d.auto_writeback.unwrap_or(false);
     let auto_recompress = d.auto_recompress.unwrap_or(false);
     if auto_writeback && backing_file.is_none() {
-        return err(format!(
-            "device {name}: auto-writeback needs a backing-file to write to"
-        ));
+        return err(Refusal::WritebackWithoutBacking { name: name.into() });
     }
     if (auto_writeback || auto_recompress) && d.idle_after.is_none() {
-        let which = if auto_writeback {
-            "auto-writeback"
-        } else {
-            "auto-recompress"
-        };
-        return err(format!(
-            "device {name}: {which} needs idle-after (how long a page must go unread before it counts as cold)"
-        ));
+        return err(Refusal::AutoWithoutIdle {
+            name: name.into(),
+            writeback: auto_writeback,
+        });
     }
     Ok(TierSpec {
         backing_file,
@@ -677,8 +650,10 @@ impl Reload {
 
     /// The configuration the file's `text` gives, and its TLS directory.
     pub fn build(&self, text: &str) -> Result<(DaemonConfig, Option<PathBuf>), ConfigError> {
-        let file = parse_file(text)
-            .map_err(|e| ConfigError(format!("{}: {}", self.path.display(), e.0)))?;
+        let file = parse_file(text).map_err(|e| ConfigError::File {
+            path: self.path.clone(),
+            source: Box::new(e),
+        })?;
         (self.rebuild)(file)
     }
 }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use thiserror::Error;
-use vzram_store::{Codec, PAGE_SIZE};
+use vzram_store::{Codec, ParseCodecError, PAGE_SIZE};
 
 pub const DEFAULT_QUEUES: u16 = 4;
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
@@ -13,23 +13,51 @@ pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 /// slot table more than once a second for little gain.
 pub const MIN_IDLE_AFTER: Duration = Duration::from_secs(3);
 
-#[derive(Debug, Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+/// A value as a person typed it (the text, as typed) that does not parse.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum ValueError {
+    #[error("bad size {0:?}: a size cannot be negative (0 means none where a limit is meant)")]
+    NegativeSize(String),
+    #[error("bad size {text:?}: unknown unit {unit:?} (use K, M, G or T)")]
+    SizeUnit { text: String, unit: char },
+    #[error("bad size {0:?}: expected a number with an optional K, M, G or T")]
+    SizeSyntax(String),
+    #[error("bad size {0:?}: too large")]
+    SizeTooLarge(String),
+    #[error("bad size {0:?}: not a whole number of bytes (sizes are multiples of {PAGE_SIZE})")]
+    SizeFraction(String),
+    #[error("bad socket mode {0:?}: expected octal permissions like 0600")]
+    Mode(String),
+    #[error("bad metrics address {text:?}: {fault}; expected IP:PORT, localhost:PORT or :PORT, such as 127.0.0.1:9100")]
+    MetricsAddr { text: String, fault: AddrFault },
+    #[error(transparent)]
+    Codec(#[from] ParseCodecError),
+    #[error("bad duration {0:?}: expected whole numbers with d, h, m or s, such as 10m or 1h30m")]
+    Duration(String),
+    #[error("bad duration {0:?}: too long")]
+    DurationTooLong(String),
+    #[error("bad boolean {0:?}: expected true or false")]
+    Bool(String),
+}
 
-pub(super) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
+/// What is wrong with a metrics address.
+#[derive(Debug, Clone, Copy, Error, PartialEq, Eq)]
+pub enum AddrFault {
+    #[error("no port")]
+    NoPort,
+    #[error("not a port")]
+    NotAPort,
+    #[error("a host name other than localhost (give its IP address)")]
+    HostName,
 }
 
 /// Parses `512M`, `8G`, `8Gi`, `1.5G`, `1T`, `64K` (binary units, with an
 /// optional `i`, `B` or `iB`) or plain bytes. A fraction must come to a
 /// whole number of bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, ValueError> {
     let t = s.trim();
     if t.starts_with('-') {
-        return Err(format!(
-            "bad size {s:?}: a size cannot be negative (0 means none where a limit is meant)"
-        ));
+        return Err(ValueError::NegativeSize(s.to_string()));
     }
     let t = t
         .strip_suffix("iB")
@@ -45,9 +73,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'G' => 30,
                 'T' => 40,
                 _ => {
-                    return Err(format!(
-                        "bad size {s:?}: unknown unit {c:?} (use K, M, G or T)"
-                    ))
+                    return Err(ValueError::SizeUnit {
+                        text: s.to_string(),
+                        unit: c,
+                    })
                 }
             };
             (&t[..i], shift)
@@ -57,11 +86,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
     let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
     if whole.is_empty() || !digits(whole) || !digits(frac) || number.ends_with('.') {
-        return Err(format!(
-            "bad size {s:?}: expected a number with an optional K, M, G or T"
-        ));
+        return Err(ValueError::SizeSyntax(s.to_string()));
     }
-    let too_large = || format!("bad size {s:?}: too large");
+    let too_large = || ValueError::SizeTooLarge(s.to_string());
     // Exact: (whole.frac * 10^k) << shift, then / 10^k, all in integers.
     let scale = 10u128
         .checked_pow(frac.len() as u32)
@@ -69,21 +96,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: u128 = format!("{whole}{frac}").parse().map_err(|_| too_large())?;
     let bytes = n.checked_mul(1u128 << shift).ok_or_else(too_large)?;
     if bytes % scale != 0 {
-        return Err(format!(
-            "bad size {s:?}: not a whole number of bytes (sizes are multiples of {PAGE_SIZE})"
-        ));
+        return Err(ValueError::SizeFraction(s.to_string()));
     }
     u64::try_from(bytes / scale).map_err(|_| too_large())
 }
 
 /// Parses an octal file mode such as `0600` or `660`.
-pub fn parse_mode(s: &str) -> Result<u32, String> {
+pub fn parse_mode(s: &str) -> Result<u32, ValueError> {
     let t = s.strip_prefix("0o").unwrap_or(s);
     match u32::from_str_radix(t, 8) {
         Ok(m) if m <= 0o777 && !t.is_empty() => Ok(m),
-        _ => Err(format!(
-            "bad socket mode {s:?}: expected octal permissions like 0600"
-        )),
+        _ => Err(ValueError::Mode(s.to_string())),
     }
 }
 
@@ -124,25 +147,24 @@ pub fn tiny_limit(what: &str, bytes: u64) -> Option<String> {
 /// interface, as Prometheus exporters take it); port 0: any free one,
 /// reported by `vzram stat`. Other host names are not looked up: a reload
 /// reads the file again under the seccomp filter, where no lookup may run.
-pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
-    let bad = |why: &str| {
-        format!("bad metrics address {s:?}: {why}; expected IP:PORT, localhost:PORT or :PORT, such as 127.0.0.1:9100")
+pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, ValueError> {
+    let bad = |fault| ValueError::MetricsAddr {
+        text: s.to_string(),
+        fault,
     };
     if let Ok(a) = s.parse() {
         return Ok(a);
     }
-    let (host, port) = s.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-    let port: u16 = port.parse().map_err(|_| bad("not a port"))?;
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| bad(AddrFault::NoPort))?;
+    let port: u16 = port.parse().map_err(|_| bad(AddrFault::NotAPort))?;
     match host {
         "" => Ok(SocketAddr::from(([0, 0, 0, 0], port))),
         h if h.eq_ignore_ascii_case("localhost") => Ok(SocketAddr::from(([127, 0, 0, 1], port))),
-        _ => Err(bad(
-            "a host name other than localhost (give its IP address)",
-        )),
+        _ => Err(bad(AddrFault::HostName)),
     }
 }
 
-pub fn parse_codec(s: &str) -> Result<Codec, String> {
+pub fn parse_codec(s: &str) -> Result<Codec, ParseCodecError> {
     s.parse::<Codec>()
 }
 
@@ -152,14 +174,10 @@ pub const MAX_DEVICE_SIZE: u64 = 64 << 40;
 
 /// Parses a duration: whole numbers each with `s`, `m`, `h` or `d`, largest
 /// unit first (`90s`, `10m`, `1h30m`, `2d`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
     let t = s.trim();
-    let bad = || {
-        format!(
-            "bad duration {s:?}: expected whole numbers with d, h, m or s, such as 10m or 1h30m"
-        )
-    };
-    let too_long = || format!("bad duration {s:?}: too long");
+    let bad = || ValueError::Duration(s.to_string());
+    let too_long = || ValueError::DurationTooLong(s.to_string());
     let mut total: u64 = 0;
     let mut last_unit = u64::MAX;
     let mut rest = t;
@@ -205,13 +223,17 @@ pub fn default_recompress_algo(algo: Codec) -> Codec {
     }
 }
 
-pub fn parse_bool(s: &str) -> Result<bool, String> {
+pub fn parse_bool(s: &str) -> Result<bool, ValueError> {
     match s {
         "true" | "yes" | "on" | "1" => Ok(true),
         "false" | "no" | "off" | "0" => Ok(false),
-        _ => Err(format!("bad boolean {s:?}: expected true or false")),
+        _ => Err(ValueError::Bool(s.to_string())),
     }
 }
+
+/// Most segments a discard or write-zeroes request may carry (the block
+/// layer's own limit, and the default offer).
+pub const MAX_DISCARD_SEGMENTS: u16 = vzram_blk::config::MAX_DISCARD_SEG as u16;
 
 /// The longest `poll_us` (`--poll-us`) taken: a second.
 pub const MAX_POLL_US: u64 = 1_000_000;

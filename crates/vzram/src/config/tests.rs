@@ -17,6 +17,7 @@ fn sizes() {
     assert_eq!(parse_size("1.25GiB"), Ok(5 << 28));
     assert!(parse_size("1.3M")
         .unwrap_err()
+        .to_string()
         .contains("multiples of 4096"));
     for bad in [
         "",
@@ -65,7 +66,7 @@ fn device_spec() {
         "socket=/a,size=1G,size=2G",
         "socket=/a,size=1G,mem-limit=1G,mem_limit=2G",
     ] {
-        let e = parse_device_spec(twice).unwrap_err();
+        let e = parse_device_spec(twice).unwrap_err().to_string();
         assert!(e.contains("given twice"), "{twice}: {e}");
     }
     assert!(parse_device_spec("socket").is_err());
@@ -153,7 +154,7 @@ fn build_checks() {
         size: Some(1 << 20),
         ..limited.clone()
     }]);
-    assert!(e.0.contains("above its size"), "{e}");
+    assert!(e.to_string().contains("above its size"), "{e}");
     let e = DaemonConfig::build(
         Some(8 << 20),
         None,
@@ -164,7 +165,7 @@ fn build_checks() {
         }],
     )
     .unwrap_err();
-    assert!(e.0.contains("above its size"), "{e}");
+    assert!(e.to_string().contains("above its size"), "{e}");
     // Equal to the size is allowed.
     assert!(DaemonConfig::build(
         None,
@@ -238,8 +239,11 @@ fn tiering_keys() {
         Codec::Zstd { level: 15 }
     );
 
-    let bad =
-        |drafts: Vec<DeviceDraft>| DaemonConfig::build(None, None, None, drafts).unwrap_err().0;
+    let bad = |drafts: Vec<DeviceDraft>| {
+        DaemonConfig::build(None, None, None, drafts)
+            .unwrap_err()
+            .to_string()
+    };
     let with = |f: fn(&mut DeviceDraft)| {
         let mut d = draft("/a", 4096);
         d.name = Some("vm1".into());
@@ -293,7 +297,9 @@ fn tiering_keys() {
     assert_eq!(d.backing_file, Some(PathBuf::from("/b")));
     assert_eq!(d.idle_after, Some(Duration::from_secs(3600)));
     assert_eq!(d.auto_writeback, Some(true));
-    let e = parse_file("[[device]]\nidle_after = 600\n").unwrap_err().0;
+    let e = parse_file("[[device]]\nidle_after = 600\n")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("duration"), "{e}");
 }
 
@@ -327,11 +333,18 @@ fn toml_file() {
     assert_eq!(f.devices[0].mem_limit, Some(1 << 30));
     assert_eq!(f.devices[1].readonly, Some(true));
     let e = parse_file("[[device]]\nsocket = \"/a\"\nsise = \"1G\"\n").unwrap_err();
-    assert!(e.0.contains("sise") && e.0.starts_with("line 3"), "{e}");
-    assert!(!e.0.contains('\n'));
+    assert!(
+        e.to_string().contains("sise") && e.to_string().starts_with("line 3"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains('\n'));
     assert!(parse_file("host_mem_limit = \"lots\"").is_err());
     assert!(parse_file("[[device]]\nsize = \"8X\"").is_err());
-    let mode = |text: &str| parse_file(text).map(|f| f.socket_mode.unwrap());
+    let mode = |text: &str| {
+        parse_file(text)
+            .map(|f| f.socket_mode.unwrap())
+            .map_err(|e| e.to_string())
+    };
     // A TOML integer is the mode as written, in octal; a string is
     // octal text.
     assert_eq!(mode("socket_mode = 0o600"), Ok(0o600));
@@ -343,13 +356,13 @@ fn toml_file() {
     assert_eq!(mode("socket_mode = \"0o660\""), Ok(0o660));
     assert_eq!(mode("socket-mode = '0640'"), Ok(0o640));
     // Neither 0o1130 nor a guess at 0o600: refused, with a hint.
-    let e = mode("\n\nsocket_mode = 600").unwrap_err().0;
+    let e = mode("\n\nsocket_mode = 600").unwrap_err().to_string();
     assert!(e.starts_with("line 3: socket_mode = 600 "), "{e}");
     assert!(e.contains("0o600") && e.contains("\"0600\""), "{e}");
     // 400 would be 0o620 (the group may connect): refused too.
-    let e = mode("socket_mode = 400").unwrap_err().0;
+    let e = mode("socket_mode = 400").unwrap_err().to_string();
     assert!(e.contains("0o400") && e.contains("\"0400\""), "{e}");
-    let e = mode("socket_mode = 384").unwrap_err().0;
+    let e = mode("socket_mode = 384").unwrap_err().to_string();
     assert!(e.contains("decimal") && e.contains("0o600"), "{e}");
     for bad in [
         "socket_mode = 0",
@@ -363,7 +376,7 @@ fn toml_file() {
         "socket_mode = \"\"",
         "socket_mode = true",
     ] {
-        let e = mode(bad).unwrap_err().0;
+        let e = mode(bad).unwrap_err().to_string();
         assert!(
             e.contains("socket_mode") || e.contains("socket mode"),
             "{bad}: {e}"
@@ -382,7 +395,7 @@ fn toml_file() {
     assert_eq!(parse_file("poll_us = 50").unwrap().poll_us, Some(50));
     assert_eq!(parse_file("poll-us = 0").unwrap().poll_us, Some(0));
     assert_eq!(parse_file("").unwrap().poll_us, None);
-    let e = parse_file("poll_us = 1000001").unwrap_err().0;
+    let e = parse_file("poll_us = 1000001").unwrap_err().to_string();
     assert!(e.contains("poll_us") && !e.contains('\n'), "{e}");
     assert!(parse_file("seccomp = \"sometimes\"").is_err());
     assert_eq!(
@@ -391,11 +404,11 @@ fn toml_file() {
     );
     assert!(parse_file("metrics = \"localhost\"")
         .unwrap_err()
-        .0
+        .to_string()
         .contains("metrics"));
     let f = parse_file("socket_mode = 0o660\ncontrol_mode = \"0640\"").unwrap();
     assert_eq!((f.socket_mode, f.control_mode), (Some(0o660), Some(0o640)));
-    let e = parse_file("control_mode = 600").unwrap_err().0;
+    let e = parse_file("control_mode = 600").unwrap_err().to_string();
     assert!(e.contains("control_mode = 0o600"), "{e}");
 }
 
@@ -502,4 +515,44 @@ fn an_unnamed_device_is_keyed_by_its_whole_socket_path() {
     // A given name is the key, whatever the socket.
     let n = cfg("socket=/tmp/x/vm1.sock,size=1M,name=db");
     assert_eq!((n.state_key().as_str(), n.legacy_key()), ("db", None));
+}
+
+/// The typed errors print what the text errors printed, byte for byte.
+#[test]
+fn typed_errors_keep_their_text() {
+    assert_eq!(
+        parse_size("1.3M").unwrap_err().to_string(),
+        "bad size \"1.3M\": not a whole number of bytes (sizes are multiples of 4096)"
+    );
+    assert_eq!(
+        parse_size("12Q").unwrap_err().to_string(),
+        "bad size \"12Q\": unknown unit 'Q' (use K, M, G or T)"
+    );
+    assert_eq!(
+        parse_metrics_addr("foo:1").unwrap_err().to_string(),
+        "bad metrics address \"foo:1\": a host name other than localhost (give its IP address); expected IP:PORT, localhost:PORT or :PORT, such as 127.0.0.1:9100"
+    );
+    assert_eq!(
+        parse_file("\nsocket_mode = 400").unwrap_err().to_string(),
+        "line 2: socket_mode = 400 is a decimal number; write the mode in octal: socket_mode = 0o400 or socket_mode = \"0400\""
+    );
+    assert_eq!(
+        parse_file("host_mem_limit = \"lots\"")
+            .unwrap_err()
+            .to_string(),
+        "host_mem_limit: bad size \"lots\": unknown unit 's' (use K, M, G or T)"
+    );
+    let e = load_file(Path::new("/nonexistent/v.toml")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cannot read /nonexistent/v.toml: No such file or directory (os error 2)"
+    );
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the io error is its source"
+    );
+    assert_eq!(
+        parse_device_spec("socket").unwrap_err().to_string(),
+        "bad device option \"socket\": expected key=value"
+    );
 }

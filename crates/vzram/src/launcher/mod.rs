@@ -262,7 +262,8 @@ fn prepare(
         &state.root.join(&state.name),
         state.existing == Existing::Discard,
         state.adopt,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let listener = socket::bind_socket(path, mode).map_err(|e| e.to_string())?;
     // Before the state: a missing or locked backing file leaves nothing
     // made behind but the socket, removed below.

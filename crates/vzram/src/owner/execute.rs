@@ -57,7 +57,7 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                     passes: r.passes,
                     micros: r.micros,
                 },
-                Err(e) => failed(e),
+                Err(e) => failed(e.to_string()),
             }
         }
         Order::Send { keep } => {
@@ -72,7 +72,7 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                     final_micros: r.final_micros,
                     total_micros: r.total_micros,
                 },
-                Err(e) => failed(e),
+                Err(e) => failed(e.to_string()),
             }
         }
         Order::ResetIncoming => {
@@ -91,7 +91,10 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                 }
             }
         }
-        o => execute(dev, o),
+        o @ (Order::Compact
+        | Order::MarkIdle
+        | Order::Recompress { .. }
+        | Order::Writeback { .. }) => execute(dev, o),
     };
     dev.stats();
     answer

@@ -157,6 +157,45 @@ impl Link {
     }
 }
 
+/// Why a TLS session on a migration connection did not come up.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Credentials(#[from] tls::TlsError),
+    #[error("TLS: {0}")]
+    Tls(#[source] rustls::Error),
+    #[error("TLS handshake with the source failed: {0}")]
+    SourceHandshake(#[source] io::Error),
+    #[error("TLS handshake with the destination {server_name} failed: {source}")]
+    DestinationHandshake {
+        server_name: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Why a send ended without the destination serving the pages, or
+/// dropping them here failed after it did.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The commit was sent but not confirmed: the destination may serve.
+    #[error("{0}: every page is kept here; if the destination serves the device (its stat says received), `vzram reset` this one")]
+    Unconfirmed(#[source] MigrateError),
+    #[error("{0}; every page is kept here")]
+    Stream(#[source] MigrateError),
+    #[error("the destination serves the pages, but dropping them here failed: {0}")]
+    Drop(#[source] vzram_store::StoreError),
+}
+
+/// Why a receive did not take the device's pages.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    #[error("the device is not waiting for a migration (it is {})", .0.name())]
+    NotWaiting(Phase),
+    #[error(transparent)]
+    Stream(#[from] MigrateError),
+}
+
 /// How long a TLS handshake may take: a peer that has not shown a valid
 /// certificate by then is cut, and holds nothing meanwhile (the
 /// handshake runs before any order reaches the device's owner).
@@ -173,13 +212,12 @@ pub struct Tls {
 impl Tls {
     /// The destination's end: the source must show a certificate from
     /// the CA within [`HANDSHAKE`].
-    pub fn accept(fd: OwnedFd, creds: &Credentials) -> Result<Tls, String> {
-        let cfg = tls::server_config(creds).map_err(|e| e.to_string())?;
+    pub fn accept(fd: OwnedFd, creds: &Credentials) -> Result<Tls, SessionError> {
+        let cfg = tls::server_config(creds)?;
         let conn = Arc::new(Conn::new(fd));
         conn.set_deadline(Some(Instant::now() + HANDSHAKE));
-        let mut tls = ServerConnection::new(cfg).map_err(|e| format!("TLS: {e}"))?;
-        handshake(&mut tls, &mut Sock(conn.clone()))
-            .map_err(|e| format!("TLS handshake with the source failed: {e}"))?;
+        let mut tls = ServerConnection::new(cfg).map_err(SessionError::Tls)?;
+        handshake(&mut tls, &mut Sock(conn.clone())).map_err(SessionError::SourceHandshake)?;
         conn.set_deadline(None);
         Ok(Tls {
             conn,
@@ -189,17 +227,17 @@ impl Tls {
 
     /// The source's end: the destination must show a certificate from the
     /// CA for the name it was reached by, within [`HANDSHAKE`].
-    pub fn connect(fd: OwnedFd, t: &ClientTls) -> Result<Tls, String> {
-        let cfg = tls::client_config(&t.creds).map_err(|e| e.to_string())?;
-        let name = tls::server_name(&t.server_name).map_err(|e| e.to_string())?;
+    pub fn connect(fd: OwnedFd, t: &ClientTls) -> Result<Tls, SessionError> {
+        let cfg = tls::client_config(&t.creds)?;
+        let name = tls::server_name(&t.server_name)?;
         let conn = Arc::new(Conn::new(fd));
         conn.set_deadline(Some(Instant::now() + HANDSHAKE));
-        let mut tls = ClientConnection::new(cfg, name).map_err(|e| format!("TLS: {e}"))?;
-        handshake(&mut tls, &mut Sock(conn.clone())).map_err(|e| {
-            format!(
-                "TLS handshake with the destination {} failed: {e}",
-                t.server_name
-            )
+        let mut tls = ClientConnection::new(cfg, name).map_err(SessionError::Tls)?;
+        handshake(&mut tls, &mut Sock(conn.clone())).map_err(|source| {
+            SessionError::DestinationHandshake {
+                server_name: t.server_name.clone(),
+                source,
+            }
         })?;
         conn.set_deadline(None);
         Ok(Tls {
@@ -358,7 +396,7 @@ pub fn send(
     conn: &Link,
     fe: &Frontend<'_>,
     keep: bool,
-) -> Result<SendReport, String> {
+) -> Result<SendReport, SendError> {
     let cells = dev.cells();
     let m = &cells.migration;
     cells.set_ask(Ask::None);
@@ -407,13 +445,10 @@ pub fn send(
         Ok(rep) => rep,
         Err(e) => {
             m.set(Phase::SendFailed);
-            let why = match e {
-                MigrateError::Unconfirmed(_) => format!(
-                    "{e}: every page is kept here; if the destination serves the device (its stat says received), `vzram reset` this one"
-                ),
-                e => format!("{e}; every page is kept here"),
-            };
-            return Err(why);
+            return Err(match e {
+                MigrateError::Unconfirmed(_) => SendError::Unconfirmed(e),
+                e => SendError::Stream(e),
+            });
         }
     };
     m.final_micros.store(rep.final_micros, Relaxed);
@@ -423,9 +458,7 @@ pub fn send(
         m.set(Phase::Copied);
     } else {
         m.set(Phase::Sent);
-        migrate::empty(dev, &mut Context::new(0)).map_err(|e| {
-            format!("the destination serves the pages, but dropping them here failed: {e}")
-        })?;
+        migrate::empty(dev, &mut Context::new(0)).map_err(SendError::Drop)?;
     }
     dev.stats();
     Ok(rep)
@@ -453,7 +486,7 @@ pub fn receive(
     hand_on: Option<&dyn Fn() -> bool>,
     from: Option<Resume>,
     on_commit: &dyn Fn(),
-) -> Result<Received, String> {
+) -> Result<Received, ReceiveError> {
     let m = &dev.cells().migration;
     let taken = match from {
         None => m.shift(&[Phase::Incoming, Phase::Failed], Phase::Receiving),
@@ -461,12 +494,9 @@ pub fn receive(
         Some(_) => matches!(m.phase(), Phase::Receiving | Phase::Prepared),
     };
     if !taken {
-        let why = format!(
-            "the device is not waiting for a migration (it is {})",
-            m.state_name()
-        );
-        refuse(conn, &why);
-        return Err(why);
+        let e = ReceiveError::NotWaiting(m.phase());
+        refuse(conn, &e.to_string());
+        return Err(e);
     }
     if from.is_none() {
         m.begin(Phase::Receiving);
@@ -492,7 +522,7 @@ pub fn receive(
     dev.stats();
     r.map_err(|e| {
         m.set(Phase::Failed);
-        e.to_string()
+        e.into()
     })
 }
 
@@ -572,8 +602,22 @@ pub fn set_incoming(name: &str, dev: &Device) {
             device = %name,
             "it received its migration stream already: it serves (incoming= applies only until a stream is committed)"
         ),
-        _ if empty => m.begin(Phase::Incoming),
-        _ => tracing::warn!(
+        Phase::None
+        | Phase::Sending
+        | Phase::Sent
+        | Phase::SendFailed
+        | Phase::Copied
+        | Phase::Committing
+            if empty =>
+        {
+            m.begin(Phase::Incoming)
+        }
+        Phase::None
+        | Phase::Sending
+        | Phase::Sent
+        | Phase::SendFailed
+        | Phase::Copied
+        | Phase::Committing => tracing::warn!(
             device = %name,
             "incoming is set, but the device's state holds pages: it serves them (start with `--fresh {name}` to receive instead)"
         ),

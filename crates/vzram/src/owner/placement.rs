@@ -32,7 +32,7 @@ pub fn recorded(socket: &Path) -> Option<PathBuf> {
 /// `--fresh` (`discard`), and serves a state `dir` holds with `--adopt`
 /// (`adopt`): after a start in the wrong state dir, the right one's pages
 /// must have a way back that deletes nothing.
-pub fn check(socket: &Path, dir: &Path, discard: bool, adopt: bool) -> Result<(), String> {
+pub fn check(socket: &Path, dir: &Path, discard: bool, adopt: bool) -> Result<(), PlacementError> {
     let Some(was) = recorded(socket) else {
         return Ok(());
     };
@@ -45,39 +45,69 @@ pub fn check(socket: &Path, dir: &Path, discard: bool, adopt: bool) -> Result<()
     {
         return Ok(());
     }
-    let name = now.file_name().unwrap_or_default().to_string_lossy();
-    // A state here too: which of the two is the disk is the operator's
-    // call, and either way keeps the other.
-    let adopt_hint = if here {
-        format!(
-            ", `--adopt {name}` to serve the state {} instead (the marker then records it)",
-            now.display()
-        )
-    } else {
-        String::new()
-    };
     let root = was.parent().unwrap_or(&was);
-    if now
+    let renamed = now
         .parent()
-        .is_some_and(|n| vzram_store::state::same_path(n, root))
-    {
-        let old = was.file_name().unwrap_or_default().to_string_lossy();
-        return Err(format!(
-            "socket {} was last served from the state {} (device name {old}), and it is still there, but this run names the device otherwise: \
-             give it name={old} to keep serving those pages{adopt_hint}, or start with `--fresh {name}` to start it empty",
+        .is_some_and(|n| vzram_store::state::same_path(n, root));
+    Err(PlacementError {
+        socket: socket.to_path_buf(),
+        was,
+        now,
+        state_here: here,
+        renamed,
+    })
+}
+
+/// A socket last served from a state that is still there, elsewhere than
+/// this run would serve it from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct PlacementError {
+    pub socket: PathBuf,
+    /// The state the marker names.
+    pub was: PathBuf,
+    /// The state this run would serve (absolute).
+    pub now: PathBuf,
+    /// `now` holds a state too: which of the two is the disk is the
+    /// operator's call, and either way keeps the other.
+    pub state_here: bool,
+    /// Same state dir, another name (rather than another state dir).
+    pub renamed: bool,
+}
+
+impl std::fmt::Display for PlacementError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (socket, was, now) = (&self.socket, &self.was, &self.now);
+        let name = now.file_name().unwrap_or_default().to_string_lossy();
+        let adopt_hint = if self.state_here {
+            format!(
+                ", `--adopt {name}` to serve the state {} instead (the marker then records it)",
+                now.display()
+            )
+        } else {
+            String::new()
+        };
+        if self.renamed {
+            let old = was.file_name().unwrap_or_default().to_string_lossy();
+            return write!(
+                f,
+                "socket {} was last served from the state {} (device name {old}), and it is still there, but this run names the device otherwise: \
+                 give it name={old} to keep serving those pages{adopt_hint}, or start with `--fresh {name}` to start it empty",
+                socket.display(),
+                was.display(),
+            );
+        }
+        let root = was.parent().unwrap_or(was);
+        write!(
+            f,
+            "socket {} was last served from the state {}, and it is still there, but this run's state dir would give {}: \
+             start with `--state-dir {}` (or state-dir= on the device) to serve it{adopt_hint}, or `--fresh {name}` to start empty (the marker {} says where it was)",
             socket.display(),
             was.display(),
-        ));
+            now.display(),
+            root.display(),
+            marker_path(socket).unwrap_or_default().display()
+        )
     }
-    Err(format!(
-        "socket {} was last served from the state {}, and it is still there, but this run's state dir would give {}: \
-         start with `--state-dir {}` (or state-dir= on the device) to serve it{adopt_hint}, or `--fresh {name}` to start empty (the marker {} says where it was)",
-        socket.display(),
-        was.display(),
-        now.display(),
-        root.display(),
-        marker_path(socket).unwrap_or_default().display()
-    ))
 }
 
 /// Records that `socket` is served from the state `dir` (written to a
@@ -159,13 +189,17 @@ mod tests {
         // The old place holds no state: moving is harmless.
         check(&sock, &d.join("new/vm"), false, false).unwrap();
         std::fs::write(d.join("old/vm/header"), b"VZRAMST\0rest").unwrap();
-        let e = check(&sock, &d.join("new/vm"), false, false).unwrap_err();
+        let e = check(&sock, &d.join("new/vm"), false, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--state-dir") && e.contains("old"), "{e}");
         // --adopt serves only a state that is there.
         check(&sock, &d.join("new/vm"), false, true).unwrap_err();
         std::fs::create_dir_all(d.join("new/vm")).unwrap();
         std::fs::write(d.join("new/vm/header"), b"VZRAMST\0rest").unwrap();
-        let e = check(&sock, &d.join("new/vm"), false, false).unwrap_err();
+        let e = check(&sock, &d.join("new/vm"), false, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`--adopt vm`"), "{e}");
         check(&sock, &d.join("new/vm"), false, true).unwrap();
         check(&sock, &d.join("new/vm"), true, false).unwrap();

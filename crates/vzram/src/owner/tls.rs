@@ -3,7 +3,7 @@
 //! of a stream builds from the PEM text it was sent.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
@@ -18,18 +18,18 @@ use crate::proto::tls::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("{path}: {source}")]
-    Read { path: String, source: io::Error },
+    #[error("{}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
     #[error("{what}: {why}")]
     Pem { what: &'static str, why: String },
-    #[error("{dir}: {file} without {other}")]
+    #[error("{}: {file} without {other}", dir.display())]
     HalfPair {
-        dir: String,
+        dir: PathBuf,
         file: &'static str,
         other: &'static str,
     },
-    #[error("{dir}: neither {SERVER_CERT} (to receive) nor {CLIENT_CERT} (to send)")]
-    NoPair { dir: String },
+    #[error("{}: neither {SERVER_CERT} (to receive) nor {CLIENT_CERT} (to send)", dir.display())]
+    NoPair { dir: PathBuf },
     #[error("the {what} credentials: {why}")]
     Config { what: &'static str, why: String },
     #[error("{0:?} is not a name a certificate can carry")]
@@ -123,10 +123,7 @@ fn read(dir: &Path, file: &str) -> Result<Option<String>, TlsError> {
     match std::fs::read_to_string(&path) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(TlsError::Read {
-            path: path.display().to_string(),
-            source,
-        }),
+        Err(source) => Err(TlsError::Read { path, source }),
     }
 }
 
@@ -134,9 +131,9 @@ fn read(dir: &Path, file: &str) -> Result<Option<String>, TlsError> {
 /// working configuration, so that a bad file stops the start rather than
 /// the first migration.
 pub fn load_dir(dir: &Path) -> Result<CredsDir, TlsError> {
-    let d = dir.display().to_string();
+    let d = dir.to_path_buf();
     let ca = read(dir, CA_CERT)?.ok_or_else(|| TlsError::Read {
-        path: dir.join(CA_CERT).display().to_string(),
+        path: dir.join(CA_CERT),
         source: io::Error::from(io::ErrorKind::NotFound),
     })?;
     let pair = |cert: &'static str, key: &'static str| -> Result<Option<Credentials>, TlsError> {

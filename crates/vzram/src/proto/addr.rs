@@ -32,11 +32,16 @@ impl Addr {
     }
 }
 
-impl FromStr for Addr {
-    type Err = String;
+/// A migration address that is neither form (as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad migration address {0:?}: expected unix:PATH or tcp:HOST:PORT")]
+pub struct ParseAddrError(pub String);
 
-    fn from_str(s: &str) -> Result<Addr, String> {
-        let bad = || format!("bad migration address {s:?}: expected unix:PATH or tcp:HOST:PORT");
+impl FromStr for Addr {
+    type Err = ParseAddrError;
+
+    fn from_str(s: &str) -> Result<Addr, ParseAddrError> {
+        let bad = || ParseAddrError(s.to_string());
         if let Some(p) = s.strip_prefix("unix:") {
             if p.is_empty() {
                 return Err(bad());
@@ -76,7 +81,7 @@ impl<'de> Deserialize<'de> for Addr {
     }
 }
 
-pub fn parse_addr(s: &str) -> Result<Addr, String> {
+pub fn parse_addr(s: &str) -> Result<Addr, ParseAddrError> {
     s.parse()
 }
 
@@ -110,7 +115,10 @@ mod tests {
             "udp:h:1",
         ] {
             let e = bad.parse::<Addr>().unwrap_err();
-            assert!(e.contains("unix:PATH or tcp:HOST:PORT"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("unix:PATH or tcp:HOST:PORT"),
+                "{bad}: {e}"
+            );
         }
         let a: Addr = "unix:/x".parse().unwrap();
         assert_eq!(a.to_string(), "unix:/x");

@@ -12,3 +12,21 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Codec, D::Error> {
     let text = String::deserialize(d)?;
     text.parse().map_err(serde::de::Error::custom)
 }
+
+/// An optional [`Codec`], as its text or absent.
+pub mod optional {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(c: &Option<Codec>, s: S) -> Result<S::Ok, S::Error> {
+        match c {
+            Some(c) => s.collect_str(c),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Codec>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}

@@ -95,8 +95,12 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         huge: bool,
         /// `zstd:LEVEL`; the device's recompress-algo when absent.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        algo: Option<String>,
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "codec::optional"
+        )]
+        algo: Option<Codec>,
     },
     Writeback {
         device: DeviceRef,

@@ -3,6 +3,7 @@
 //! the supervisor tells apart. Values travel typed (serde), as text where
 //! a person may read them in `ps`.
 
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -24,15 +25,20 @@ pub enum SeccompMode {
     Log,
 }
 
-impl FromStr for SeccompMode {
-    type Err = String;
+/// A `--seccomp` value that is none of the modes (as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad seccomp mode {0:?}: expected on, off or log")]
+pub struct ParseSeccompError(pub String);
 
-    fn from_str(s: &str) -> Result<SeccompMode, String> {
+impl FromStr for SeccompMode {
+    type Err = ParseSeccompError;
+
+    fn from_str(s: &str) -> Result<SeccompMode, ParseSeccompError> {
         match s {
             "on" | "true" | "yes" | "1" => Ok(SeccompMode::On),
             "off" | "false" | "no" | "0" => Ok(SeccompMode::Off),
             "log" => Ok(SeccompMode::Log),
-            _ => Err(format!("bad seccomp mode {s:?}: expected on, off or log")),
+            _ => Err(ParseSeccompError(s.to_string())),
         }
     }
 }
@@ -115,7 +121,7 @@ pub struct Spec {
     /// Longest poll of a ring that ran dry, in µs; None: the default.
     #[serde(default)]
     pub poll_us: Option<u64>,
-    /// The backing file comes as descriptor [`Fds::Backing`] when set.
+    /// The backing file comes as [`WorkerFds::backing`] when set.
     pub backing: Option<BackingSpec>,
     pub tier: TierSettings,
 }
@@ -144,15 +150,67 @@ pub struct TierSettings {
     pub recompress_algo: Codec,
 }
 
-/// The order of the inherited descriptors, from [`super::wire::FIRST_FD`].
-pub enum Fds {
-    Control = 0,
-    Host,
-    Lock,
-    Table,
-    Arena,
-    Stats,
-    Frontend,
+/// The descriptors a worker inherits, by name. They travel as a list
+/// placed from [`super::wire::FIRST_FD`] on; [`WorkerFds::in_order`] and
+/// [`WorkerFds::inherited`] are the one place that knows its order.
+#[derive(Debug)]
+pub struct WorkerFds<F> {
+    /// The worker's end of its channel to the supervisor.
+    pub control: F,
+    /// The pool's host-wide accounting file.
+    pub host: F,
+    pub lock: F,
+    pub table: F,
+    pub arena: F,
+    pub stats: F,
+    /// The frontend's vhost-user connection.
+    pub frontend: F,
     /// Only when the spec names a backing file.
-    Backing,
+    pub backing: Option<F>,
+}
+
+impl<F: Copy> WorkerFds<F> {
+    /// The list as it is sent.
+    pub fn in_order(&self) -> Vec<F> {
+        let mut v = vec![
+            self.control,
+            self.host,
+            self.lock,
+            self.table,
+            self.arena,
+            self.stats,
+            self.frontend,
+        ];
+        v.extend(self.backing);
+        v
+    }
+}
+
+impl WorkerFds<OwnedFd> {
+    /// Takes the descriptors the launcher placed for this worker.
+    ///
+    /// # Safety
+    /// Only in a worker process, and once: the descriptors from
+    /// [`super::wire::FIRST_FD`] on must be the list [`WorkerFds::in_order`]
+    /// made (with a backing file when `backing`), owned by nothing else.
+    pub unsafe fn inherited(backing: bool) -> WorkerFds<OwnedFd> {
+        let mut next = super::wire::FIRST_FD;
+        let mut take = || {
+            // SAFETY: the caller's promise: each number is an open
+            // descriptor of ours, taken once.
+            let fd = unsafe { OwnedFd::from_raw_fd(next) };
+            next += 1;
+            fd
+        };
+        WorkerFds {
+            control: take(),
+            host: take(),
+            lock: take(),
+            table: take(),
+            arena: take(),
+            stats: take(),
+            frontend: take(),
+            backing: backing.then(take),
+        }
+    }
 }

@@ -555,24 +555,22 @@ impl Supervisor {
             },
         };
         let (ours, theirs) = wire::seqpacket_pair()?;
-        // In the order of `spec::Fds`.
-        let mut fds: Vec<RawFd> = vec![
-            theirs.as_raw_fd(),
-            self.host_file.as_raw_fd(),
-            d.files.lock.as_raw_fd(),
-            d.files.table.as_raw_fd(),
-            d.files.arena.as_raw_fd(),
-            d.files.stats.as_raw_fd(),
-            conn.as_raw_fd(),
-        ];
-        if let Some(b) = &d.backing {
-            fds.push(b.file.as_raw_fd());
-        }
+        let fds: spec::WorkerFds<RawFd> = spec::WorkerFds {
+            control: theirs.as_raw_fd(),
+            host: self.host_file.as_raw_fd(),
+            lock: d.files.lock.as_raw_fd(),
+            table: d.files.table.as_raw_fd(),
+            arena: d.files.arena.as_raw_fd(),
+            stats: d.files.stats.as_raw_fd(),
+            frontend: conn.as_raw_fd(),
+            backing: d.backing.as_ref().map(|b| b.file.as_raw_fd()),
+        };
         let args = vec![
             "__worker".to_string(),
             serde_json::to_string(&spec).map_err(io::Error::other)?,
         ];
-        self.launcher.send(&Request::Spawn { id, args }, &fds)?;
+        self.launcher
+            .send(&Request::Spawn { id, args }, &fds.in_order())?;
         Ok(UnixStream::from(ours))
     }
 

@@ -340,10 +340,7 @@ impl Control {
                 algo,
             } => {
                 let (_, d) = self.find(&device)?;
-                let codec = match algo {
-                    Some(a) => crate::config::parse_codec(&a).map_err(Error::Invalid)?,
-                    None => d.spec.tier.recompress_algo,
-                };
+                let codec = algo.unwrap_or(d.spec.tier.recompress_algo);
                 if codec == d.spec.algo {
                     return Err(Error::Invalid(format!(
                         "device {} already stores with {codec}; recompression needs another codec (such as zstd:3)",
@@ -455,7 +452,8 @@ impl Control {
     /// A device for `add`, from `--device` syntax, checked as the command
     /// line checks it (a name is made up if none is given).
     fn new_device(&self, text: &str) -> Result<DeviceSpec> {
-        let draft = crate::config::parse_device_spec(text).map_err(Error::Invalid)?;
+        let draft =
+            crate::config::parse_device_spec(text).map_err(|e| Error::Invalid(e.to_string()))?;
         let host = self.sup.pool.host_mem_limit();
         let cfg = crate::config::DaemonConfig::build(Some(host), None, None, vec![draft])
             .map_err(|e| Error::Invalid(e.to_string()))?;
@@ -811,7 +809,7 @@ mod tests {
                     device: DeviceRef::named("vm1"),
                     idle: true,
                     huge: false,
-                    algo: Some("zstd:3".into()),
+                    algo: Some(Codec::Zstd { level: 3 }),
                 },
                 r#"{"cmd":"recompress","device":"vm1","idle":true,"algo":"zstd:3"}"#,
             ),

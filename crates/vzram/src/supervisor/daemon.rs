@@ -19,6 +19,7 @@ use vzram_store::{BackingSpec, Existing, Leftover, Pool, PoolConfig, StateSpec, 
 use super::control::{self, Control};
 use super::launch;
 use super::metrics;
+use super::pidfile::{PidFile, PidFileError};
 use super::reload::Reloads;
 use super::served::{BackingFile, Served};
 use super::{Supervisor, WorkerEnv};
@@ -58,9 +59,25 @@ pub enum Error {
     Launcher(io::Error),
     #[error("metrics address {addr}: {source}")]
     Metrics { addr: SocketAddr, source: io::Error },
+    /// A device's socket was last served from a state elsewhere (worded
+    /// as the store words a configuration it refuses).
+    #[error("device {name}: invalid configuration: {source}")]
+    Placement {
+        name: String,
+        #[source]
+        source: placement::PlacementError,
+    },
+    #[error("device {name}: invalid configuration: {source}")]
+    LegacyState {
+        name: String,
+        #[source]
+        source: LegacyState,
+    },
     /// `--pidfile`: its path, or another daemon holds it.
-    #[error("{0}")]
-    Pidfile(String),
+    #[error(transparent)]
+    Pidfile(#[from] PidFileError),
+    #[error("--pidfile: cannot write it: {0}")]
+    PidfileWrite(#[source] io::Error),
     #[error(
         "the supervisor's loop failed (see the log); exiting so that the daemon is started again"
     )]
@@ -103,7 +120,10 @@ impl Error {
         let store = match self {
             Error::Store(s) | Error::Device { source: s, .. } => s,
             Error::Socket(e) => return e.is_config(),
-            Error::Pidfile(_) => return true,
+            Error::Pidfile(_)
+            | Error::PidfileWrite(_)
+            | Error::Placement { .. }
+            | Error::LegacyState { .. } => return true,
             Error::Metrics { source, .. } => {
                 return matches!(
                     source.kind(),
@@ -307,10 +327,7 @@ pub fn run(
         launch::start(reload.as_ref().map(|r| r.path.as_path())).map_err(Error::Launcher)?;
     // Taken before anything is bound: a second daemon on the same pid
     // file leaves the first one's sockets alone.
-    let pidfile = pidfile
-        .map(super::pidfile::PidFile::take)
-        .transpose()
-        .map_err(Error::Pidfile)?;
+    let pidfile = pidfile.map(PidFile::take).transpose()?;
     crate::sys::fault::report_sigbus()?;
     raise_fd_limit(fds_needed(&cfg.devices));
     // Connected now: the seccomp filter allows sending, not connecting.
@@ -419,8 +436,7 @@ pub fn run(
         None => None,
     };
     if let Some(p) = &pidfile {
-        p.write()
-            .map_err(|e| Error::Pidfile(format!("--pidfile: cannot write it: {e}")))?;
+        p.write().map_err(Error::PidfileWrite)?;
     }
 
     // Every device's state is opened, locked and recovered here, once: a
@@ -481,10 +497,17 @@ pub fn run(
             state_spec.existing == Existing::Discard,
             state_spec.adopt,
         )
-        .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
+        .map_err(|source| Error::Placement {
+            name: spec.name.clone(),
+            source,
+        })?;
         if state_spec.existing != Existing::Discard {
-            legacy_name(&cfg, spec, &state_spec.root, &key)
-                .map_err(|m| device_error(StoreError::InvalidConfig(m)))?;
+            legacy_name(&cfg, spec, &state_spec.root, &key).map_err(|source| {
+                Error::LegacyState {
+                    name: spec.name.clone(),
+                    source,
+                }
+            })?;
         }
         dc.state = Some(state_spec);
         // Opened (and locked) here, before the filter, with the state: a
@@ -718,7 +741,7 @@ fn legacy_name(
     spec: &DeviceSpec,
     root: &Path,
     key: &str,
-) -> Result<(), String> {
+) -> Result<(), LegacyState> {
     let Some(i) = cfg.devices.iter().position(|d| d.name == spec.name) else {
         return Ok(());
     };
@@ -734,14 +757,27 @@ fn legacy_name(
         return Ok(());
     }
     match vzram_store::Leftover::read(&root.join(&old)) {
-        Some(l) if l.socket.is_none() => Err(format!(
-            "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
-             give this device name={old} to keep serving those pages, or start with `--fresh {}` to start it empty (once it serves, `vzram forget {old}` deletes the old state)",
-            l.dir.display(),
-            spec.name
-        )),
+        Some(l) if l.socket.is_none() => Err(LegacyState {
+            dir: l.dir,
+            old,
+            name: spec.name.clone(),
+        }),
         _ => Ok(()),
     }
+}
+
+/// A device named after its socket that has no state yet, while the state
+/// an older vzram made for its place (`old`, in `dir`) is there.
+#[derive(Debug, Error)]
+#[error(
+    "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
+     give this device name={old} to keep serving those pages, or start with `--fresh {name}` to start it empty (once it serves, `vzram forget {old}` deletes the old state)",
+    dir.display()
+)]
+pub struct LegacyState {
+    dir: PathBuf,
+    old: String,
+    name: String,
 }
 
 /// The states a start made; deleted on drop unless the start got through

@@ -35,7 +35,7 @@ impl Supervisor {
             }
             if d.spec.socket == spec.socket {
                 return Err(Error::SocketTaken {
-                    socket: spec.socket.display().to_string(),
+                    socket: spec.socket.clone(),
                     device: d.spec.name.clone(),
                 });
             }

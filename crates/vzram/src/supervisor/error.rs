@@ -2,10 +2,13 @@
 //! socket turns it into the reply's text, and nothing below it does.
 
 use std::io;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use thiserror::Error;
 use vzram_store::StoreError;
+
+use crate::proto::addr::Addr;
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -18,8 +21,8 @@ pub enum Error {
     Invalid(String),
     #[error("a device named {0:?} exists")]
     NameTaken(String),
-    #[error("socket {socket} is device {device}'s")]
-    SocketTaken { socket: String, device: String },
+    #[error("socket {} is device {device}'s", socket.display())]
+    SocketTaken { socket: PathBuf, device: String },
     #[error(
         "device {0} is busy (a frontend is connecting, or another command holds it); try again"
     )]
@@ -81,7 +84,7 @@ pub enum Error {
     #[error("{0}")]
     LauncherRefused(String),
     #[error("cannot connect to {to}: {error}")]
-    Connect { to: String, error: String },
+    Connect { to: Addr, error: String },
     #[error("unexpected answer from the launcher: {0}")]
     LauncherAnswer(String),
     #[error("the launcher sent the wrong descriptors")]

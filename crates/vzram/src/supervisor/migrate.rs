@@ -113,6 +113,7 @@ impl Supervisor {
                 None => fd,
                 Some(t) => {
                     let session = Tls::connect(fd, t).map_err(|e| {
+                        let e = e.to_string();
                         d.migration.set_error(Some(e.clone()));
                         failed(d, e)
                     })?;
@@ -218,7 +219,7 @@ impl Supervisor {
     /// thread waits for it, the launcher and the loop do not.
     fn connect(&self, to: &Addr, wait: Duration) -> Result<OwnedFd> {
         let fail = |error: String| Error::Connect {
-            to: to.to_string(),
+            to: to.clone(),
             error,
         };
         let (ours, theirs) = seqpacket_pair()?;

@@ -16,6 +16,62 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+/// Why `--pidfile PATH` cannot be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum PidFileError {
+    #[error("--pidfile {}: not a file name", .0.display())]
+    NoName(PathBuf),
+    #[error("--pidfile {}: {source}", path.display())]
+    NulInName {
+        path: PathBuf,
+        #[source]
+        source: std::ffi::NulError,
+    },
+    #[error("--pidfile {}: its directory: {source}", path.display())]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--pidfile {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Another live process holds its lock.
+    #[error("--pidfile {}: {holder}", path.display())]
+    Held { path: PathBuf, holder: Holder },
+    #[error("--pidfile {}: it keeps being replaced; is another daemon starting?", .0.display())]
+    Replaced(PathBuf),
+}
+
+/// Who holds a locked pid file, by the pid it holds (if it reads as one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    Vzram(u32),
+    Other(u32),
+    Unknown,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Vzram(pid) => write!(
+                f,
+                "another vzram (pid {pid}) holds it; stop that one first, or give another path"
+            ),
+            Holder::Other(pid) => write!(
+                f,
+                "another process (pid {pid}) holds it; stop that one first, or give another path"
+            ),
+            Holder::Unknown => f.write_str(
+                "another process holds it (locked); stop that one first, or give another path",
+            ),
+        }
+    }
+}
+
 /// A pid file this daemon holds (locked), removed when dropped.
 pub struct PidFile {
     path: PathBuf,
@@ -27,21 +83,24 @@ pub struct PidFile {
 impl PidFile {
     /// Opens (or makes) `path` and locks it; refused when another live
     /// process holds it. Nothing is written yet ([`PidFile::write`]).
-    pub fn take(path: &Path) -> Result<PidFile, String> {
-        let fail = |e: &dyn std::fmt::Display| format!("--pidfile {}: {e}", path.display());
+    pub fn take(path: &Path) -> Result<PidFile, PidFileError> {
+        let at = || path.to_path_buf();
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
         let name = path
             .file_name()
-            .ok_or_else(|| fail(&"not a file name"))
-            .and_then(|n| CString::new(n.as_bytes()).map_err(|e| fail(&e)))?;
+            .ok_or_else(|| PidFileError::NoName(at()))
+            .and_then(|n| {
+                CString::new(n.as_bytes())
+                    .map_err(|source| PidFileError::NulInName { path: at(), source })
+            })?;
         let dir_fd: OwnedFd = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
             .open(dir)
-            .map_err(|e| fail(&format!("its directory: {e}")))?
+            .map_err(|source| PidFileError::Dir { path: at(), source })?
             .into();
         // Twice at most: a daemon exiting removes the file between our
         // open and our lock, and the lock taken is on a file nobody sees.
@@ -53,14 +112,20 @@ impl PidFile {
                 .mode(0o644)
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(path)
-                .map_err(|e| fail(&e))?;
+                .map_err(|source| PidFileError::Open { path: at(), source })?;
             // SAFETY: flock on a descriptor we own; no memory involved.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::WouldBlock {
-                    return Err(fail(&e));
+                    return Err(PidFileError::Open {
+                        path: at(),
+                        source: e,
+                    });
                 }
-                return Err(fail(&held_by(file)));
+                return Err(PidFileError::Held {
+                    path: at(),
+                    holder: held_by(file),
+                });
             }
             let same = match (file.metadata(), std::fs::symlink_metadata(path)) {
                 (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
@@ -75,9 +140,7 @@ impl PidFile {
                 });
             }
         }
-        Err(fail(
-            &"it keeps being replaced; is another daemon starting?",
-        ))
+        Err(PidFileError::Replaced(at()))
     }
 
     /// Writes this process's id (and a newline), replacing what was there.
@@ -94,22 +157,20 @@ impl PidFile {
     }
 }
 
-/// Who holds a locked pid file, as a refusal says it.
-fn held_by(mut file: File) -> String {
+/// Who holds a locked pid file.
+fn held_by(mut file: File) -> Holder {
     let mut text = String::new();
     let _ = file.read_to_string(&mut text);
     match text.trim().parse::<u32>() {
         Ok(pid) => {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            let who = if comm.trim() == "vzram" {
-                "another vzram"
+            if comm.trim() == "vzram" {
+                Holder::Vzram(pid)
             } else {
-                "another process"
-            };
-            format!("{who} (pid {pid}) holds it; stop that one first, or give another path")
+                Holder::Other(pid)
+            }
         }
-        Err(_) => "another process holds it (locked); stop that one first, or give another path"
-            .to_string(),
+        Err(_) => Holder::Unknown,
     }
 }
 

@@ -1,7 +1,7 @@
 //! A worker: the process that serves one frontend connection of one device.
 //!
 //! The supervisor accepts the connection and has the launcher start
-//! `vzram __worker SPEC` with these descriptors (see [`Fds`]): its control
+//! `vzram __worker SPEC` with these descriptors (see [`WorkerFds`]): its control
 //! channel, the host budget, the device's locked state files, the
 //! connection and, for a device with one, its backing file. Nothing is
 //! opened by path. The worker recovers the device
@@ -12,7 +12,7 @@
 //! reconnect, no one else.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -30,8 +30,8 @@ use crate::owner::autotier::AutoTier;
 use crate::owner::execute::{execute_migration, Migrating};
 use crate::owner::migration::Frontend;
 use crate::proto::order::Order;
-use crate::proto::wire::{self, FIRST_FD};
-use crate::proto::worker_spec::{Fds, Spec, EXIT_DONE, EXIT_SETUP, EXIT_STATE};
+use crate::proto::wire;
+use crate::proto::worker_spec::{Spec, WorkerFds, EXIT_DONE, EXIT_SETUP, EXIT_STATE};
 use crate::sys::{logging, seccomp};
 use relay::{guarded_recv, relay, InnerSocket, Rings};
 
@@ -48,12 +48,6 @@ pub const COMPACT_MIN_WASTE: u64 = 16 << 20;
 /// failure: the device's next frontend gets a new worker, after a backoff
 /// if it keeps failing.
 pub const EXIT_PANIC: i32 = 101;
-
-fn take(fd: Fds) -> OwnedFd {
-    // SAFETY: the launcher placed our descriptors at FIRST_FD.. in the
-    // order of `Fds`; each is taken once.
-    unsafe { OwnedFd::from_raw_fd(FIRST_FD + fd as RawFd) }
-}
 
 /// `vzram __worker SPEC`: returns the process exit code.
 pub fn main(spec_json: &str) -> i32 {
@@ -76,13 +70,9 @@ pub fn main(spec_json: &str) -> i32 {
     }
     match serve(&spec) {
         Ok(()) => EXIT_DONE,
-        Err(WorkerError::State(e)) => {
+        Err(e) => {
             tracing::error!("{e}");
-            EXIT_STATE
-        }
-        Err(WorkerError::Setup(e)) => {
-            tracing::error!("{e}");
-            EXIT_SETUP
+            e.exit_code()
         }
     }
 }
@@ -105,45 +95,77 @@ fn exit_on_panic() {
     }));
 }
 
+/// Why a worker could not serve: its exit code tells the supervisor
+/// whether a retry can help.
+#[derive(Debug, thiserror::Error)]
 enum WorkerError {
-    State(String),
-    Setup(String),
+    /// The device's state is damaged or does not match ([`EXIT_STATE`]).
+    #[error(transparent)]
+    State(StoreError),
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::Error),
+    #[error(transparent)]
+    Signals(#[from] crate::sys::signals::HandlerError),
+    /// (The crate's error is no `std::error::Error`: kept, not chained.)
+    #[error("vhost-user daemon: {0}")]
+    Daemon(DaemonError),
+    #[error("vhost-user handler: {0}")]
+    Handler(DaemonError),
+}
+
+impl WorkerError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            WorkerError::State(_) => EXIT_STATE,
+            WorkerError::Store(_)
+            | WorkerError::Io { .. }
+            | WorkerError::Seccomp(_)
+            | WorkerError::Signals(_)
+            | WorkerError::Daemon(_)
+            | WorkerError::Handler(_) => EXIT_SETUP,
+        }
+    }
 }
 
 impl From<StoreError> for WorkerError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::State(_) | StoreError::InvalidConfig(_) => {
-                WorkerError::State(e.to_string())
-            }
-            e => WorkerError::Setup(e.to_string()),
+            StoreError::State(_) | StoreError::InvalidConfig(_) => WorkerError::State(e),
+            e => WorkerError::Store(e),
         }
     }
 }
 
-fn setup(what: &str) -> impl FnOnce(io::Error) -> WorkerError + '_ {
-    move |e| WorkerError::Setup(format!("{what}: {e}"))
+fn setup(what: &'static str) -> impl FnOnce(io::Error) -> WorkerError {
+    move |source| WorkerError::Io { what, source }
 }
 
 fn serve(spec: &Spec) -> Result<(), WorkerError> {
-    crate::sys::fault::report_sigbus().map_err(|e| WorkerError::Setup(e.to_string()))?;
-    let control = UnixStream::from(take(Fds::Control));
-    let host = std::fs::File::from(take(Fds::Host));
+    crate::sys::fault::report_sigbus()?;
+    // SAFETY: this is the worker, and `serve` runs once: the launcher
+    // placed the list the supervisor sent for this spec.
+    let fds = unsafe { WorkerFds::inherited(spec.backing.is_some()) };
+    let control = UnixStream::from(fds.control);
+    let host = std::fs::File::from(fds.host);
     let files = StateFiles::from_files(
         spec.state_dir.clone(),
-        take(Fds::Lock).into(),
-        take(Fds::Table).into(),
-        take(Fds::Arena).into(),
-        take(Fds::Stats).into(),
+        fds.lock.into(),
+        fds.table.into(),
+        fds.arena.into(),
+        fds.stats.into(),
         spec.size,
     )?;
-    let backing = match &spec.backing {
-        Some(b) => Some(Backing::from_file(
-            take(Fds::Backing).into(),
-            b.path.clone(),
-            b.direct,
-        )?),
-        None => None,
+    let backing = match (&spec.backing, fds.backing) {
+        (Some(b), Some(fd)) => Some(Backing::from_file(fd.into(), b.path.clone(), b.direct)?),
+        _ => None,
     };
     let pool = Pool::with_host_file(PoolConfig::default(), &host)?;
     // The supervisor sized the state's arena for one allocator shard per
@@ -171,7 +193,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
             "recovered the device from its state"
         );
     }
-    let frontend = UnixStream::from(take(Fds::Frontend));
+    let frontend = UnixStream::from(fds.frontend);
 
     let blk = Arc::new(
         BlkDevice::new(store.clone(), spec.queues, spec.readonly, &spec.serial)
@@ -185,8 +207,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // filter than the rest, each put on itself before its first request
     // (after the process filter, installed below).
     let backing_fd = store.backing().map(|b| b.file().as_raw_fd());
-    let narrow = seccomp::QueueFilter::new(spec.seccomp, backing_fd)
-        .map_err(|e| WorkerError::Setup(e.to_string()))?
+    let narrow = seccomp::QueueFilter::new(spec.seccomp, backing_fd)?
         .map(|f| -> vzram_blk::ThreadHook { Arc::new(move || f.enter()) });
     if let Some(h) = &narrow {
         compress.set_thread_hook(h.clone());
@@ -221,14 +242,14 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     let quiesce = Quiesce(busy.clone());
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<vzram_blk::dirty::LogBitmap>::new());
     let mut daemon = VhostUserDaemon::new(format!("vhost-{}", spec.name), backend.clone(), mem)
-        .map_err(|e| WorkerError::Setup(format!("vhost-user daemon: {e}")))?;
+        .map_err(WorkerError::Daemon)?;
     // The crate accepts from a listener; ours has no name anyone else can
     // reach, and we connect before it accepts, so it finds us waiting.
     let mut inner = InnerSocket::new().map_err(setup("private socket"))?;
     let to_crate = inner.connect().map_err(setup("private socket"))?;
     daemon
         .start(&mut inner.listener)
-        .map_err(|e| WorkerError::Setup(format!("vhost-user handler: {e}")))?;
+        .map_err(WorkerError::Handler)?;
     drop(inner);
     pool.spawn_auto_compaction(COMPACT_INTERVAL, COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE)
         .map_err(setup("thread"))?;
@@ -251,7 +272,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     }
 
     // Set-up done: nothing the frontend sends has been read yet.
-    seccomp::install_worker(spec.seccomp).map_err(|e| WorkerError::Setup(e.to_string()))?;
+    seccomp::install_worker(spec.seccomp)?;
 
     let mut guard = Guard::new(
         vzram_blk::config::virtio_features(spec.readonly),

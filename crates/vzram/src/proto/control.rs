@@ -43,96 +43,221 @@ pub enum DeviceRef {
 }
 
 /// A control request: what the client sends and the daemon parses, one
-/// JSON line each (`{"cmd":"set-limit",...}`).
+/// JSON line each (`{"cmd":"set-limit",...}`): the `cmd` tag, then the
+/// fields of its [`cmd`] struct. Each of those names its reply
+/// ([`Command::Reply`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
 pub enum Request {
-    Stat {},
-    SetLimit {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
+    Stat(cmd::Stat),
+    SetLimit(cmd::SetLimit),
+    Compact(cmd::Compact),
+    Add(cmd::Add),
+    Remove(cmd::Remove),
+    Forget(cmd::Forget),
+    Reset(cmd::Reset),
+    ResetMax(cmd::ResetMax),
+    MarkIdle(cmd::MarkIdle),
+    Recompress(cmd::Recompress),
+    Writeback(cmd::Writeback),
+    Migrate(cmd::Migrate),
+    CommitMigration(cmd::CommitMigration),
+    CancelMigration(cmd::CancelMigration),
+    Reload(cmd::Reload),
+}
+
+/// A request that names its reply: what [`Client::call`] sends, and what
+/// the daemon's handler of it must return.
+pub trait Command: Clone + Into<Request> {
+    type Reply: Serialize + DeserializeOwned;
+    /// How long the client waits for the reply.
+    const WAIT: Duration = CLIENT_TIMEOUT;
+}
+
+/// The requests, one struct each (the fields of its line).
+pub mod cmd {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::{
+        Added, Command, Committed, Compacted, DeviceRef, Done, Forgotten, LimitSet, MarkedIdle,
+        Migrated, Recompressed, Reloaded, Removed, Request, StatReply, WrittenBack, CLIENT_TIMEOUT,
+        MIGRATE_WAIT, TIER_WAIT,
+    };
+    use crate::proto::addr::Addr;
+
+    /// How long the tiering commands wait: as long as the daemon lets an
+    /// order run, and a little more for the reply.
+    const TIER_CLIENT_WAIT: Duration = TIER_WAIT.saturating_add(CLIENT_TIMEOUT);
+
+    /// Each request struct: its `Request` variant, and its reply.
+    macro_rules! command {
+        ($($name:ident => $reply:ty $(, wait $wait:expr)?;)*) => {$(
+            impl From<$name> for Request {
+                fn from(c: $name) -> Request {
+                    Request::$name(c)
+                }
+            }
+            impl Command for $name {
+                type Reply = $reply;
+                $(const WAIT: Duration = $wait;)?
+            }
+        )*};
+    }
+
+    command! {
+        Stat => StatReply;
+        SetLimit => LimitSet;
+        Compact => Compacted;
+        Add => Added;
+        Remove => Removed;
+        Forget => Forgotten;
+        Reset => super::Reset;
+        ResetMax => Done;
+        MarkIdle => MarkedIdle, wait TIER_CLIENT_WAIT;
+        Recompress => Recompressed, wait TIER_CLIENT_WAIT;
+        Writeback => WrittenBack, wait TIER_CLIENT_WAIT;
+        Migrate => Migrated, wait MIGRATE_WAIT.saturating_add(CLIENT_TIMEOUT);
+        CommitMigration => Committed;
+        CancelMigration => Committed;
+        // Behind a reload already running, and devices added or removed.
+        Reload => Reloaded, wait Duration::from_secs(120);
+    }
+
+    #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Stat {}
+
+    /// A device's memory limit (`device`), or the host's (`host`); 0 is
+    /// no limit.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct SetLimit {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub device: Option<DeviceRef>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        host: bool,
-        bytes: u64,
-    },
-    Compact {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-    },
+        pub host: bool,
+        pub bytes: u64,
+    }
+
+    /// One device, or all of them.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Compact {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub device: Option<DeviceRef>,
+    }
+
     /// A new device, in `--device` syntax (`socket=...,size=...`).
-    Add {
-        device: String,
-    },
-    Remove {
-        device: DeviceRef,
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Add {
+        pub device: String,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Remove {
+        pub device: DeviceRef,
         /// Also a device a frontend is connected to: it is cut off, and
         /// its state kept as a left-over (refused without it).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        force: bool,
-    },
+        pub force: bool,
+    }
+
     /// Delete a left-over state (one no device serves) by its name.
-    Forget {
-        name: String,
-    },
-    Reset {
-        device: DeviceRef,
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Forget {
+        pub name: String,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Reset {
+        pub device: DeviceRef,
         /// Also a device a frontend is connected to: it is cut off first
         /// (refused without it).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        force: bool,
-    },
-    ResetMax {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-    },
-    MarkIdle {
-        device: DeviceRef,
-    },
-    Recompress {
-        device: DeviceRef,
+        pub force: bool,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ResetMax {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub device: Option<DeviceRef>,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct MarkIdle {
+        pub device: DeviceRef,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Recompress {
+        pub device: DeviceRef,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        idle: bool,
+        pub idle: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        huge: bool,
+        pub huge: bool,
         /// `zstd:LEVEL`; the device's recompress-algo when absent.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        algo: Option<String>,
-    },
-    Writeback {
-        device: DeviceRef,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub algo: Option<String>,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Writeback {
+        pub device: DeviceRef,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        idle: bool,
+        pub idle: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        cold: bool,
+        pub cold: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        huge: bool,
+        pub huge: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        incompressible: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        max_pages: Option<u64>,
-    },
+        pub incompressible: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_pages: Option<u64>,
+    }
+
     /// Send the device's pages to another vzram's incoming device.
-    Migrate {
-        device: DeviceRef,
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Migrate {
+        pub device: DeviceRef,
         /// `unix:PATH` or `tcp:HOST:PORT` (a malformed one is refused
         /// when the request is read).
-        to: crate::proto::addr::Addr,
+        pub to: Addr,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        keep: bool,
-    },
+        pub keep: bool,
+    }
+
     /// The VM of a device being sent has moved (its VMM keeps the source
     /// process): commit now.
-    CommitMigration {
-        device: DeviceRef,
-    },
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct CommitMigration {
+        pub device: DeviceRef,
+    }
+
     /// The VMM's migration of a device being sent was called off (the
     /// guest runs here): abort, the destination drops its copy.
-    CancelMigration {
-        device: DeviceRef,
-    },
-    /// Read the `--config` file again and apply it, as SIGHUP does; the
-    /// reply is [`Reloaded`], a file that does not parse a refusal.
-    Reload {},
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct CancelMigration {
+        pub device: DeviceRef,
+    }
+
+    /// Read the `--config` file again and apply it, as SIGHUP does; a
+    /// file that does not parse is a refusal.
+    #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Reload {}
 }
 
 /// The command that serves a left-over state again (the daemon's refusals
@@ -317,6 +442,24 @@ pub struct MigrationStat {
     pub total_ms: f64,
 }
 
+/// The reply to `set-limit`: a device's limit, or the host's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LimitSet {
+    Device(DeviceLimitSet),
+    Host(HostLimitSet),
+}
+
+impl LimitSet {
+    /// What the limit is at odds with (set all the same).
+    pub fn warnings(&self) -> &[String] {
+        match self {
+            LimitSet::Device(d) => &d.warnings,
+            LimitSet::Host(h) => &h.warnings,
+        }
+    }
+}
+
 /// The reply to `set-limit` of a device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceLimitSet {
@@ -468,14 +611,57 @@ pub enum ReloadChange {
     },
 }
 
+/// What kind of refusal a reply is, beside its text: what the client
+/// branches on (its exit code), never the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// The request itself is wrong: a line that does not parse, a value
+    /// out of range, a codec the device already uses.
+    BadRequest,
+    /// It names a device or a left-over state the daemon does not have.
+    NotFound,
+    /// The device's state refuses it: a name or socket taken, no backing
+    /// file, a migration in the wrong phase.
+    Conflict,
+    /// A frontend is connected; `--force` cuts it off.
+    InUse,
+    /// Another command or a connecting frontend holds the device: try again.
+    Busy,
+    /// Carried out as far as it went and failed there (a full backing
+    /// file, an unreachable destination, a state the store refused).
+    Failed,
+    /// The daemon itself failed (a worker or the launcher did not answer):
+    /// nothing in the request to fix.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The client's exit status for it: 2 for what the user is to fix (a
+    /// request the daemon refused), 1 for a failure at run time.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            ErrorKind::BadRequest
+            | ErrorKind::NotFound
+            | ErrorKind::Conflict
+            | ErrorKind::InUse
+            | ErrorKind::Busy
+            | ErrorKind::Failed => 2,
+            ErrorKind::Internal => 1,
+        }
+    }
+}
+
 /// What every reply line carries beside its result: whether it worked,
-/// the daemon's version, and a refusal's reason.
+/// the daemon's version, and a refusal's kind and reason.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Head {
     pub ok: bool,
     /// The daemon's [`super::VERSION`]; None from a daemon older than it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ErrorKind>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -486,15 +672,17 @@ impl Head {
         Head {
             ok: true,
             version: Some(super::VERSION.to_string()),
+            kind: None,
             error: None,
         }
     }
 
     /// A refusal, from this daemon.
-    pub fn refused(error: impl Into<String>) -> Head {
+    pub fn refused(kind: ErrorKind, error: impl Into<String>) -> Head {
         Head {
             ok: false,
             version: Some(super::VERSION.to_string()),
+            kind: Some(kind),
             error: Some(error.into()),
         }
     }
@@ -520,26 +708,95 @@ pub struct ReplyLine<T: Serialize> {
 pub fn parse_reply<T: DeserializeOwned>(reply: Value) -> Result<T, ReplyError> {
     match reply.get("ok") {
         Some(Value::Bool(true)) => serde_json::from_value(reply).map_err(ReplyError::Malformed),
-        Some(Value::Bool(false)) => Err(ReplyError::Refused(
-            reply
+        Some(Value::Bool(false)) => Err(ReplyError::Refused(Refusal {
+            // A daemon older than kinds sends none (nor one this client
+            // does not know).
+            kind: reply
+                .get("kind")
+                .and_then(|k| ErrorKind::deserialize(k).ok()),
+            message: reply
                 .get("error")
                 .and_then(Value::as_str)
                 .unwrap_or("no reason given")
                 .to_string(),
-        )),
+        })),
         _ => Err(ReplyError::Malformed(serde::de::Error::custom(
             "no \"ok\" in the reply",
         ))),
     }
 }
 
+/// A refusal read back: its kind (None from an older daemon) and text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub kind: Option<ErrorKind>,
+    pub message: String,
+}
+
 /// Why a reply carries no result.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplyError {
     #[error("daemon refused: {0}")]
-    Refused(String),
+    Refused(Refusal),
     #[error("bad reply: {0}")]
     Malformed(serde_json::Error),
+}
+
+/// Why [`Client::call`] got no result.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("cannot encode the request: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("cannot talk to the daemon at {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Reply(#[from] ReplyError),
+}
+
+impl ControlError {
+    /// The client's exit status: a refusal's by its kind (2 from a daemon
+    /// that gives none, as all its refusals were), 1 for the rest.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ControlError::Reply(ReplyError::Refused(r)) => r.kind.map_or(2, ErrorKind::exit_code),
+            ControlError::Reply(ReplyError::Malformed(_))
+            | ControlError::Encode(_)
+            | ControlError::Io { .. } => 1,
+        }
+    }
+}
+
+/// The client's end of a control socket.
+pub struct Client {
+    path: PathBuf,
+}
+
+impl Client {
+    pub fn new(path: &std::path::Path) -> Client {
+        Client {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// Sends `c` and reads its reply, waiting up to [`Command::WAIT`].
+    pub fn call<C: Command>(&self, c: &C) -> Result<C::Reply, ControlError> {
+        Ok(parse_reply(self.call_raw(c)?)?)
+    }
+
+    /// [`Client::call`], the reply line as it came (for `--json`).
+    pub fn call_raw<C: Command>(&self, c: &C) -> Result<Value, ControlError> {
+        let req: Request = c.clone().into();
+        let req = serde_json::to_value(req).map_err(ControlError::Encode)?;
+        request_waiting(&self.path, &req, C::WAIT).map_err(|source| ControlError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
 }
 
 /// How long `vzram stat` and friends wait for the daemon.

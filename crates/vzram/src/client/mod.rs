@@ -473,11 +473,10 @@ pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
         } else {
             (client.call(&cmd::CommitMigration { device })?, "commit")
         };
-        let st = serde_json::to_value(r.state).unwrap_or_default();
         return Ok(format!(
             "device {}: {what} asked; migration {}\n",
             r.device,
-            st.as_str().unwrap_or("?")
+            r.state.name()
         ));
     };
     let req = cmd::Migrate {

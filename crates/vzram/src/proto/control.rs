@@ -345,6 +345,57 @@ pub struct DeviceStat {
     pub migration: MigrationStat,
 }
 
+#[cfg(test)]
+impl DeviceStat {
+    /// A device as `stat` reports it, idle and empty (for tests).
+    pub fn example(name: &str, socket: &str) -> DeviceStat {
+        DeviceStat {
+            index: 0,
+            name: name.into(),
+            socket: socket.into(),
+            size_bytes: 0,
+            queues: 1,
+            algo: Codec::Lz4,
+            readonly: false,
+            serial: format!("vzram-{name}"),
+            connected: false,
+            state: "/dev/shm/vzram/x".into(),
+            state_bytes: 0,
+            state_damaged: false,
+            connections: 0,
+            worker: WorkerStatus {
+                state: WorkerState::Idle,
+                pid: None,
+                started: 0,
+                failures: 0,
+                failing: 0,
+                last_failure: None,
+                short_lived: 0,
+                refused_clients: 0,
+            },
+            stats: Default::default(),
+            tier: TierStat {
+                backing: None,
+                recompress_algo: Codec::Zstd { level: 3 },
+                idle_after_secs: None,
+                auto_writeback: false,
+                auto_recompress: false,
+            },
+            migration: MigrationStat {
+                state: MigrationState::None,
+                incoming: None,
+                error: None,
+                bytes: 0,
+                records: 0,
+                pass: 0,
+                dirty_slots: 0,
+                final_ms: 0.0,
+                total_ms: 0.0,
+            },
+        }
+    }
+}
+
 /// What serves a device, as `vzram stat` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -358,6 +409,19 @@ pub enum WorkerState {
     Busy,
     /// Workers keep failing; the next waits out a backoff.
     Failing,
+}
+
+impl WorkerState {
+    /// As `vzram stat` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerState::Idle => "idle",
+            WorkerState::Starting => "starting",
+            WorkerState::Running => "running",
+            WorkerState::Busy => "busy",
+            WorkerState::Failing => "failing",
+        }
+    }
 }
 
 /// A device's worker: its state and its record.
@@ -425,6 +489,25 @@ pub enum MigrationState {
     /// The destination holds every page; waiting for the VM to move (its
     /// frontend here to go, or `vzram migrate --commit`).
     Committing,
+}
+
+impl MigrationState {
+    /// As `vzram stat` and `/metrics` name it (its JSON).
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationState::None => "none",
+            MigrationState::Incoming => "incoming",
+            MigrationState::Receiving => "receiving",
+            MigrationState::Failed => "failed",
+            MigrationState::Sending => "sending",
+            MigrationState::Sent => "sent",
+            MigrationState::SendFailed => "send-failed",
+            MigrationState::Received => "received",
+            MigrationState::Prepared => "prepared",
+            MigrationState::Copied => "copied",
+            MigrationState::Committing => "committing",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -845,4 +928,48 @@ fn exchange(path: &std::path::Path, req: &Value, wait: Duration) -> io::Result<V
             format!("bad reply ({e}): is this a vzram control socket?"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `stat`'s table and `/metrics` name a state as its JSON does.
+    #[test]
+    fn state_names_are_their_json() {
+        use MigrationState as M;
+        for m in [
+            M::None,
+            M::Incoming,
+            M::Receiving,
+            M::Failed,
+            M::Sending,
+            M::Sent,
+            M::SendFailed,
+            M::Received,
+            M::Prepared,
+            M::Copied,
+            M::Committing,
+        ] {
+            assert_eq!(serde_json::to_value(m).unwrap(), m.name());
+        }
+        use WorkerState as W;
+        for w in [W::Idle, W::Starting, W::Running, W::Busy, W::Failing] {
+            assert_eq!(serde_json::to_value(w).unwrap(), w.name());
+        }
+    }
+
+    /// A refusal's kind decides the exit status; an older daemon's
+    /// refusal, without one, is 2 as all were.
+    #[test]
+    fn refusals_read_back_with_their_kind() {
+        let line =
+            serde_json::to_value(Head::refused(ErrorKind::Internal, "worker: gone")).unwrap();
+        let e = ControlError::from(parse_reply::<Done>(line).unwrap_err());
+        assert_eq!(e.to_string(), "daemon refused: worker: gone");
+        assert_eq!(e.exit_code(), 1);
+        let old = serde_json::json!({"ok": false, "error": "no device 7"});
+        let e = ControlError::from(parse_reply::<Done>(old).unwrap_err());
+        assert_eq!(e.exit_code(), 2);
+    }
 }

@@ -18,7 +18,7 @@ type Reply<C> = Result<<C as Command>::Reply>;
 
 impl Control {
     pub(super) fn stat(&self, _: cmd::Stat) -> Reply<cmd::Stat> {
-        Ok(self.stat_reply())
+        Ok(self.snapshot().stat)
     }
 
     pub(super) fn reload(&self, _: cmd::Reload) -> Reply<cmd::Reload> {

@@ -18,6 +18,10 @@ use crate::proto::control::{Command, DeviceRef, ErrorKind, Head, ReplyLine, Requ
 mod handle;
 mod snapshot;
 
+#[cfg(test)]
+pub use snapshot::DeviceExtra;
+pub use snapshot::Snapshot;
+
 /// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: usize = 64 * 1024;
 /// Control clients at once; past it the longest idle one gives way.

@@ -1,76 +1,70 @@
-//! What `stat` and `/metrics` report, read from the shared counters (no
-//! worker is asked).
+//! What `stat` and `/metrics` report, read once from the shared counters
+//! (no worker is asked) into one [`Snapshot`]: the stat reply is its
+//! `stat`, and the Prometheus text is rendered from the whole of it.
 
 use std::sync::atomic::Ordering;
 
 use vzram_store::cells::Phase;
-use vzram_store::PoolStats;
+use vzram_store::{LatencySnapshot, Op, PoolStats};
 
 use super::Control;
 use crate::proto::control::{
     BackingStat, DeviceStat, MigrationStat, MigrationState, StatReply, TierStat,
 };
-use crate::supervisor::metrics::{DeviceSample, MigrationSample, Sample};
+use crate::supervisor::metrics::Sample;
+use crate::supervisor::served::Restart;
+
+/// The daemon's numbers at one moment: what `stat` replies, and beside
+/// each of its devices what only `/metrics` shows.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub stat: StatReply,
+    /// `extra[i]` is `stat.devices[i]`'s.
+    pub extra: Vec<DeviceExtra>,
+}
+
+/// What `/metrics` shows of a device beyond its [`DeviceStat`].
+#[derive(Debug, Clone, Default)]
+pub struct DeviceExtra {
+    /// Request latencies by operation.
+    pub latency: Vec<(Op, LatencySnapshot)>,
+    /// Worker restarts by reason (`Restart::name`).
+    pub restarts: Vec<(&'static str, u64)>,
+}
 
 impl Control {
-    /// Whole-pool numbers: every device's, read from the shared counters
-    /// (no worker is asked), with the host budget.
-    fn pool_stats(&self) -> PoolStats {
-        let mut s = PoolStats::default();
-        for (_, d) in self.devices() {
-            s.add(&d.cells.stats(d.spec.size));
+    /// The one place the counters are read, for `stat` and `/metrics`.
+    pub fn snapshot(&self) -> Snapshot {
+        let devices = self.devices();
+        let extra = devices
+            .iter()
+            .map(|(_, d)| DeviceExtra {
+                latency: d.cells.latencies(),
+                restarts: Restart::ALL
+                    .iter()
+                    .map(|r| (r.name(), d.restarts[*r as usize].load(Ordering::Relaxed)))
+                    .collect(),
+            })
+            .collect();
+        Snapshot {
+            stat: self.stat_of(&devices),
+            extra,
         }
-        let host = self.sup.pool.host_cells().budget();
-        s.mem_used_total = host.used();
-        s.mem_used_max = host.max();
-        s.mem_limit = host.limit();
-        s
     }
 
-    /// The numbers `stat` reports, for `/metrics`.
+    /// The numbers for `/metrics` (its thread adds the process's own).
     pub fn sample(&self) -> Sample {
         Sample {
-            pool: self.pool_stats(),
-            devices: self
-                .devices()
-                .iter()
-                .map(|(_, d)| DeviceSample {
-                    name: d.spec.name.clone(),
-                    connected: d.connected.load(Ordering::Relaxed),
-                    stats: d.cells.stats(d.spec.size),
-                    latency: d.cells.latencies(),
-                    backing_blocks: d.backing.as_ref().map_or(0, |b| b.blocks),
-                    restarts: crate::supervisor::served::Restart::ALL
-                        .iter()
-                        .map(|r| (r.name(), d.restarts[*r as usize].load(Ordering::Relaxed)))
-                        .collect(),
-                    refused_clients: d.refused_clients.load(Ordering::Relaxed),
-                    migration: {
-                        let m = &d.cells.migration;
-                        MigrationSample {
-                            state: m.state_name(),
-                            bytes: m.bytes.load(Ordering::Relaxed),
-                            records: m.records.load(Ordering::Relaxed),
-                            pass: m.pass.load(Ordering::Relaxed),
-                            dirty: m.dirty.load(Ordering::Relaxed),
-                        }
-                    },
-                })
-                .collect(),
-            leftovers: self
-                .sup
-                .leftovers_mut()
-                .iter()
-                .map(|l| (l.name.clone(), l.bytes))
-                .collect(),
-            // The metrics thread fills it in (procstat).
+            snapshot: self.snapshot(),
             process: Default::default(),
         }
     }
 
-    pub(super) fn stat_reply(&self) -> StatReply {
-        let devices = self
-            .devices()
+    fn stat_of(
+        &self,
+        devices: &[(usize, std::sync::Arc<crate::supervisor::served::Served>)],
+    ) -> StatReply {
+        let devices: Vec<DeviceStat> = devices
             .iter()
             .map(|(i, d)| {
                 let stats = d.cells.stats(d.spec.size);
@@ -125,8 +119,18 @@ impl Control {
                 }
             })
             .collect();
+        // The pool's totals are the devices' numbers read above, with the
+        // host budget.
+        let mut pool = PoolStats::default();
+        for d in &devices {
+            pool.add(&d.stats);
+        }
+        let host = self.sup.pool.host_cells().budget();
+        pool.mem_used_total = host.used();
+        pool.mem_used_max = host.max();
+        pool.mem_limit = host.limit();
         StatReply {
-            pool: self.pool_stats(),
+            pool,
             devices,
             metrics: self.metrics.map(|a| a.to_string()),
             state_dir: self.sup.state_dir().to_path_buf(),

@@ -8,9 +8,8 @@ use crate::proto::control::{
     cmd, Added, Command, Committed, Compacted, DeviceLimitSet, Done, Forgotten, HostLimitSet,
     LimitSet, MarkedIdle, Migrated, Recompressed, Removed, Reset, WrittenBack,
 };
-use crate::proto::order::{Answer, Order, TierFilter};
+use crate::proto::order::{self, TierFilter};
 use crate::supervisor::error::{Error, Result};
-use crate::supervisor::orders::unexpected;
 use crate::supervisor::reload::Cause;
 
 /// What `C` replies, from its handler.
@@ -173,10 +172,7 @@ impl Control {
 
     pub(super) fn mark_idle(&self, c: cmd::MarkIdle) -> Reply<cmd::MarkIdle> {
         let (_, d) = self.find(&c.device)?;
-        let (pages, idle) = match self.sup.tier(&d, &Order::MarkIdle)? {
-            Answer::MarkedIdle { pages, idle } => (pages, idle),
-            a => return Err(unexpected(a)),
-        };
+        let order::MarkedIdle { pages, idle } = self.sup.tier(&d, &order::MarkIdle)?;
         tracing::info!(device = %d.spec.name, pages, idle, "marked idle");
         Ok(MarkedIdle {
             device: d.spec.name.clone(),
@@ -202,19 +198,16 @@ impl Control {
             huge: c.huge,
             ..TierFilter::default()
         };
-        let order = Order::Recompress {
+        let order = order::Recompress {
             filter,
             algo: codec,
         };
-        let Answer::Recompressed {
+        let order::Recompressed {
             tried,
             pages,
             saved_bytes,
             freed_bytes,
-        } = self.sup.tier(&d, &order)?
-        else {
-            return Err(Error::WorkerAnswer("not the one asked for".into()));
-        };
+        } = self.sup.tier(&d, &order)?;
         tracing::info!(device = %d.spec.name, algo = %codec, tried, pages, saved_bytes, freed_bytes, "recompressed");
         Ok(Recompressed {
             device: d.spec.name.clone(),
@@ -234,13 +227,11 @@ impl Control {
             huge: c.huge,
             incompressible: c.incompressible,
         };
-        let order = Order::Writeback {
+        let order = order::Writeback {
             filter,
             max_pages: c.max_pages,
         };
-        let Answer::WrittenBack { pages, freed_bytes } = self.sup.tier(&d, &order)? else {
-            return Err(Error::WorkerAnswer("not the one asked for".into()));
-        };
+        let order::WrittenBack { pages, freed_bytes } = self.sup.tier(&d, &order)?;
         tracing::info!(device = %d.spec.name, pages, freed_bytes, "wrote pages back");
         Ok(WrittenBack {
             device: d.spec.name.clone(),
@@ -261,7 +252,7 @@ impl Control {
         if d.cells.migration.incoming() {
             return Err(Error::Incoming(d.spec.name.clone()));
         }
-        let Answer::Sent {
+        let order::Sent {
             pages,
             bytes,
             records,
@@ -269,10 +260,7 @@ impl Control {
             final_records,
             final_micros,
             total_micros,
-        } = self.sup.migrate(&d, to, keep, client_gone)?
-        else {
-            return Err(Error::WorkerAnswer("not the one asked for".into()));
-        };
+        } = self.sup.migrate(&d, to, keep, client_gone)?;
         let secs = total_micros as f64 / 1e6;
         tracing::info!(device = %d.spec.name, to = %to, pages, bytes, passes, final_ms = final_micros as f64 / 1000.0, secs, "migrated");
         Ok(Migrated {

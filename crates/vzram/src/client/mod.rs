@@ -181,8 +181,11 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
 }
 
 pub fn add(args: &AddArgs) -> Result<String, ClientError> {
+    // Parsed here, once: a bad spec is refused before any daemon is asked.
+    let draft = crate::config::parse_device_spec(&args.device)
+        .map_err(|message| ClientError { message, code: 2 })?;
     let reply = Client::new(&args.control).call(&cmd::Add {
-        device: args.device.clone(),
+        device: draft.into(),
     })?;
     let state = if reply.recovered {
         format!("serving the pages its state {} held", reply.state.display())

@@ -149,11 +149,11 @@ pub mod cmd {
         pub device: Option<DeviceRef>,
     }
 
-    /// A new device, in `--device` syntax (`socket=...,size=...`).
+    /// A new device, as `--device` gives one, parsed by the client.
     #[derive(Debug, Clone, Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]
     pub struct Add {
-        pub device: String,
+        pub device: super::NewDevice,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -258,6 +258,72 @@ pub mod cmd {
     #[derive(Debug, Clone, Default, Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]
     pub struct Reload {}
+}
+
+/// A device `vzram add` asks for: the keys of a `--device` spec (the
+/// config's `DeviceDraft`, which converts to and from it), typed: the
+/// client parsed the text, the daemon checks the values. Absent keys take
+/// their defaults, as on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewDevice {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "codec_opt")]
+    pub algo: Option<Codec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_segments: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recover: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "codec_opt")]
+    pub recompress_algo: Option<Codec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_after: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_writeback: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_recompress: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<super::addr::Addr>,
+}
+
+/// An optional [`Codec`] as [`codec`] writes one.
+mod codec_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use vzram_store::Codec;
+
+    pub fn serialize<S: Serializer>(c: &Option<Codec>, s: S) -> Result<S::Ok, S::Error> {
+        match c {
+            Some(c) => s.collect_str(c),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Codec>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 /// The command that serves a left-over state again (the daemon's refusals

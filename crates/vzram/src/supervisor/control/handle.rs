@@ -6,7 +6,7 @@ use super::Control;
 use crate::config::DeviceSpec;
 use crate::proto::control::{
     cmd, Added, Command, Committed, Compacted, DeviceLimitSet, Done, Forgotten, HostLimitSet,
-    LimitSet, MarkedIdle, Migrated, Recompressed, Removed, Reset, WrittenBack,
+    LimitSet, MarkedIdle, Migrated, NewDevice, Recompressed, Removed, Reset, WrittenBack,
 };
 use crate::proto::order::{self, TierFilter};
 use crate::supervisor::error::{Error, Result};
@@ -90,7 +90,7 @@ impl Control {
     }
 
     pub(super) fn add(&self, c: cmd::Add) -> Reply<cmd::Add> {
-        let spec = self.new_device(&c.device)?;
+        let spec = self.new_device(c.device)?;
         let name = spec.name.clone();
         let (index, recovered) = self.sup.add(spec)?;
         let state = self
@@ -282,10 +282,10 @@ impl Control {
         })
     }
 
-    /// A device for `add`, from `--device` syntax, checked as the command
-    /// line checks it (a name is made up if none is given).
-    fn new_device(&self, text: &str) -> Result<DeviceSpec> {
-        let draft = crate::config::parse_device_spec(text).map_err(Error::Invalid)?;
+    /// A device for `add`, checked as the command line checks it (a name
+    /// is made up if none is given).
+    fn new_device(&self, device: NewDevice) -> Result<DeviceSpec> {
+        let draft = crate::config::DeviceDraft::from(device);
         let host = self.sup.pool.host_mem_limit();
         let cfg = crate::config::DaemonConfig::build(Some(host), None, None, vec![draft])
             .map_err(|e| Error::Invalid(e.to_string()))?;

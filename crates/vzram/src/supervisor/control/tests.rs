@@ -130,10 +130,15 @@ fn typed_requests_round_trip() {
         ),
         (
             cmd::Add {
-                device: "socket=/a,size=1M".into(),
+                device: crate::proto::control::NewDevice {
+                    socket: Some("/a".into()),
+                    size: Some(1 << 20),
+                    algo: Some(Codec::Zstd { level: 3 }),
+                    ..Default::default()
+                },
             }
             .into(),
-            r#"{"cmd":"add","device":"socket=/a,size=1M"}"#,
+            r#"{"cmd":"add","device":{"socket":"/a","size":1048576,"algo":"zstd:3"}}"#,
         ),
         (
             cmd::MarkIdle {

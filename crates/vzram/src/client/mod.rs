@@ -185,7 +185,7 @@ pub fn add(args: &AddArgs) -> Result<String, ClientError> {
     let draft = crate::config::parse_device_spec(&args.device)
         .map_err(|message| ClientError { message, code: 2 })?;
     let reply = Client::new(&args.control).call(&cmd::Add {
-        device: draft.into(),
+        device: Box::new(draft.into()),
     })?;
     let state = if reply.recovered {
         format!("serving the pages its state {} held", reply.state.display())
@@ -434,7 +434,7 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
         device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         huge: args.huge,
-        algo: args.algo.map(|a| a.to_string()),
+        algo: args.algo,
     };
     let r = Client::new(&args.target.control).call(&req)?;
     Ok(format!(

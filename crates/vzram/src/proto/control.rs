@@ -153,7 +153,8 @@ pub mod cmd {
     #[derive(Debug, Clone, Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]
     pub struct Add {
-        pub device: super::NewDevice,
+        /// Boxed: the largest request by far.
+        pub device: Box<super::NewDevice>,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -205,8 +206,12 @@ pub mod cmd {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pub huge: bool,
         /// `zstd:LEVEL`; the device's recompress-algo when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub algo: Option<String>,
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            with = "super::codec_opt"
+        )]
+        pub algo: Option<vzram_store::Codec>,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -90,7 +90,7 @@ impl Control {
     }
 
     pub(super) fn add(&self, c: cmd::Add) -> Reply<cmd::Add> {
-        let spec = self.new_device(c.device)?;
+        let spec = self.new_device(*c.device)?;
         let name = spec.name.clone();
         let (index, recovered) = self.sup.add(spec)?;
         let state = self
@@ -183,10 +183,7 @@ impl Control {
 
     pub(super) fn recompress(&self, c: cmd::Recompress) -> Reply<cmd::Recompress> {
         let (_, d) = self.find(&c.device)?;
-        let codec = match c.algo {
-            Some(a) => crate::config::parse_codec(&a).map_err(Error::Invalid)?,
-            None => d.spec.tier.recompress_algo,
-        };
+        let codec = c.algo.unwrap_or(d.spec.tier.recompress_algo);
         if codec == d.spec.algo {
             return Err(Error::Invalid(format!(
                 "device {} already stores with {codec}; recompression needs another codec (such as zstd:3)",

@@ -130,12 +130,12 @@ fn typed_requests_round_trip() {
         ),
         (
             cmd::Add {
-                device: crate::proto::control::NewDevice {
+                device: Box::new(crate::proto::control::NewDevice {
                     socket: Some("/a".into()),
                     size: Some(1 << 20),
                     algo: Some(Codec::Zstd { level: 3 }),
                     ..Default::default()
-                },
+                }),
             }
             .into(),
             r#"{"cmd":"add","device":{"socket":"/a","size":1048576,"algo":"zstd:3"}}"#,
@@ -152,7 +152,7 @@ fn typed_requests_round_trip() {
                 device: DeviceRef::named("vm1"),
                 idle: true,
                 huge: false,
-                algo: Some("zstd:3".into()),
+                algo: Some(Codec::Zstd { level: 3 }),
             }
             .into(),
             r#"{"cmd":"recompress","device":"vm1","idle":true,"algo":"zstd:3"}"#,

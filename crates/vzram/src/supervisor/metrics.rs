@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use vzram_store::{LatencySnapshot, PoolStats};
 
 use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
-pub use super::control::Snapshot;
+pub use super::control::Sample;
 pub use super::procstat::{ProcFiles, ProcessSample};
 use crate::proto::control::{DeviceStat, MigrationStat};
 
@@ -30,14 +30,6 @@ const MAX_REQUEST: usize = 8 * 1024;
 const REQUEST_WAIT: Duration = Duration::from_secs(2);
 /// Scrapes at once; past it the longest idle client gives way.
 const MAX_CLIENTS: usize = 64;
-
-/// Everything one scrape reports: the numbers `stat` reports, and the
-/// supervisor's own `process_*` numbers.
-#[derive(Debug)]
-pub struct Sample {
-    pub snapshot: Snapshot,
-    pub process: ProcessSample,
-}
 
 type DevField = fn(&DeviceStat) -> u64;
 
@@ -552,7 +544,7 @@ fn route(head: &str, metrics: impl FnOnce() -> String) -> (&'static str, &'stati
 
 #[cfg(test)]
 mod tests {
-    use super::super::control::DeviceExtra;
+    use super::super::control::{DeviceExtra, Snapshot};
     use super::*;
 
     fn sample() -> Sample {

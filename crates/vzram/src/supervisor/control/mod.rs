@@ -18,9 +18,9 @@ use crate::proto::control::{Command, DeviceRef, ErrorKind, Head, ReplyLine, Requ
 mod handle;
 mod snapshot;
 
+pub use snapshot::Sample;
 #[cfg(test)]
-pub use snapshot::DeviceExtra;
-pub use snapshot::Snapshot;
+pub use snapshot::{DeviceExtra, Snapshot};
 
 /// Longest request line accepted; anything longer closes the connection.
 const MAX_LINE: usize = 64 * 1024;

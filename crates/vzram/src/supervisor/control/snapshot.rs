@@ -11,7 +11,7 @@ use super::Control;
 use crate::proto::control::{
     BackingStat, DeviceStat, MigrationStat, MigrationState, StatReply, TierStat,
 };
-use crate::supervisor::metrics::Sample;
+use crate::supervisor::procstat::ProcessSample;
 use crate::supervisor::served::Restart;
 
 /// The daemon's numbers at one moment: what `stat` replies, and beside
@@ -21,6 +21,14 @@ pub struct Snapshot {
     pub stat: StatReply,
     /// `extra[i]` is `stat.devices[i]`'s.
     pub extra: Vec<DeviceExtra>,
+}
+
+/// Everything one scrape of `/metrics` reports: the numbers `stat`
+/// reports, and the supervisor's own `process_*` numbers.
+#[derive(Debug)]
+pub struct Sample {
+    pub snapshot: Snapshot,
+    pub process: ProcessSample,
 }
 
 /// What `/metrics` shows of a device beyond its [`DeviceStat`].

@@ -1,52 +1,117 @@
 //! The requests, one struct each (the fields of its line).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use vzram_store::Codec;
 
-use super::{
-    Added, Command, Committed, Compacted, DeviceRef, Done, Forgotten, LimitSet, MarkedIdle,
-    Migrated, Recompressed, Reloaded, Removed, Request, StatReply, WrittenBack, CLIENT_TIMEOUT,
-    MIGRATE_WAIT, TIER_WAIT,
-};
 use crate::proto::addr::Addr;
 
-/// How long the tiering commands wait: as long as the daemon lets an
-/// order run, and a little more for the reply.
-const TIER_CLIENT_WAIT: Duration = TIER_WAIT.saturating_add(CLIENT_TIMEOUT);
-
-/// Each request struct: its `Request` variant, and its reply.
-macro_rules! command {
-    ($($name:ident => $reply:ty $(, wait $wait:expr)?;)*) => {$(
-        impl From<$name> for Request {
-            fn from(c: $name) -> Request {
-                Request::$name(c)
-            }
-        }
-        impl Command for $name {
-            type Reply = $reply;
-            $(const WAIT: Duration = $wait;)?
-        }
-    )*};
+/// A device named in a request: its name, or its index as a number or string.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DeviceRef {
+    Index(u64),
+    Name(String),
 }
 
-command! {
-    Stat => StatReply;
-    SetLimit => LimitSet;
-    Compact => Compacted;
-    Add => Added;
-    Remove => Removed;
-    Forget => Forgotten;
-    Reset => super::Reset;
-    ResetMax => Done;
-    MarkIdle => MarkedIdle, wait TIER_CLIENT_WAIT;
-    Recompress => Recompressed, wait TIER_CLIENT_WAIT;
-    Writeback => WrittenBack, wait TIER_CLIENT_WAIT;
-    Migrate => Migrated, wait MIGRATE_WAIT.saturating_add(CLIENT_TIMEOUT);
-    CommitMigration => Committed;
-    CancelMigration => Committed;
-    // Behind a reload already running, and devices added or removed.
-    Reload => Reloaded, wait Duration::from_secs(120);
+impl DeviceRef {
+    /// As the command line gives it: a name (a number is taken as an index
+    /// by the daemon if no device has that name).
+    pub fn named(s: &str) -> DeviceRef {
+        DeviceRef::Name(s.to_string())
+    }
+}
+
+/// A control request: what the client sends and the daemon parses, one
+/// JSON line each (`{"cmd":"set-limit",...}`): the `cmd` tag, then the
+/// fields of its struct here. Each of those names its reply
+/// (`control::Command::Reply`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    Stat(Stat),
+    SetLimit(SetLimit),
+    Compact(Compact),
+    Add(Add),
+    Remove(Remove),
+    Forget(Forget),
+    Reset(Reset),
+    ResetMax(ResetMax),
+    MarkIdle(MarkIdle),
+    Recompress(Recompress),
+    Writeback(Writeback),
+    Migrate(Migrate),
+    CommitMigration(CommitMigration),
+    CancelMigration(CancelMigration),
+    Reload(Reload),
+}
+
+/// A device `vzram add` asks for: the keys of a `--device` spec (the
+/// config's `DeviceDraft`, which converts to and from it), typed: the
+/// client parsed the text, the daemon checks the values. Absent keys take
+/// their defaults, as on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewDevice {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "codec_opt")]
+    pub algo: Option<Codec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_segments: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recover: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "codec_opt")]
+    pub recompress_algo: Option<Codec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_after: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_writeback: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_recompress: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming: Option<Addr>,
+}
+
+/// An optional [`Codec`] as [`codec`] writes one.
+mod codec_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use vzram_store::Codec;
+
+    pub fn serialize<S: Serializer>(c: &Option<Codec>, s: S) -> Result<S::Ok, S::Error> {
+        match c {
+            Some(c) => s.collect_str(c),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Codec>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -78,7 +143,7 @@ pub struct Compact {
 #[serde(deny_unknown_fields)]
 pub struct Add {
     /// Boxed: the largest request by far.
-    pub device: Box<super::NewDevice>,
+    pub device: Box<NewDevice>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -130,12 +195,8 @@ pub struct Recompress {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub huge: bool,
     /// `zstd:LEVEL`; the device's recompress-algo when absent.
-    #[serde(
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "super::codec_opt"
-    )]
-    pub algo: Option<vzram_store::Codec>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "codec_opt")]
+    pub algo: Option<Codec>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

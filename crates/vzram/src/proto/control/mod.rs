@@ -34,38 +34,6 @@ pub const TIER_WAIT: Duration = Duration::from_secs(1800);
 /// frontend stops, which its operator decides.
 pub const MIGRATE_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-/// A device named in a request: its name, or its index as a number or string.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum DeviceRef {
-    Index(u64),
-    Name(String),
-}
-
-/// A control request: what the client sends and the daemon parses, one
-/// JSON line each (`{"cmd":"set-limit",...}`): the `cmd` tag, then the
-/// fields of its [`cmd`] struct. Each of those names its reply
-/// ([`Command::Reply`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case")]
-pub enum Request {
-    Stat(cmd::Stat),
-    SetLimit(cmd::SetLimit),
-    Compact(cmd::Compact),
-    Add(cmd::Add),
-    Remove(cmd::Remove),
-    Forget(cmd::Forget),
-    Reset(cmd::Reset),
-    ResetMax(cmd::ResetMax),
-    MarkIdle(cmd::MarkIdle),
-    Recompress(cmd::Recompress),
-    Writeback(cmd::Writeback),
-    Migrate(cmd::Migrate),
-    CommitMigration(cmd::CommitMigration),
-    CancelMigration(cmd::CancelMigration),
-    Reload(cmd::Reload),
-}
-
 /// A request that names its reply: what [`Client::call`] sends, and what
 /// the daemon's handler of it must return.
 pub trait Command: Clone + Into<Request> {
@@ -76,70 +44,44 @@ pub trait Command: Clone + Into<Request> {
 
 pub mod cmd;
 
-/// A device `vzram add` asks for: the keys of a `--device` spec (the
-/// config's `DeviceDraft`, which converts to and from it), typed: the
-/// client parsed the text, the daemon checks the values. Absent keys take
-/// their defaults, as on the command line.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewDevice {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub socket: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queues: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "codec_opt")]
-    pub algo: Option<Codec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mem_limit: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discard_segments: Option<u16>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub readonly: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state_dir: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recover: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fresh: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adopt: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backing_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "codec_opt")]
-    pub recompress_algo: Option<Codec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_after: Option<Duration>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auto_writeback: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auto_recompress: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub incoming: Option<super::addr::Addr>,
+pub use cmd::{DeviceRef, NewDevice, Request};
+
+/// How long the tiering commands wait: as long as the daemon lets an
+/// order run, and a little more for the reply.
+const TIER_CLIENT_WAIT: Duration = TIER_WAIT.saturating_add(CLIENT_TIMEOUT);
+
+/// Each request struct: its `Request` variant, and its reply.
+macro_rules! command {
+    ($($name:ident => $reply:ty $(, wait $wait:expr)?;)*) => {$(
+        impl From<cmd::$name> for Request {
+            fn from(c: cmd::$name) -> Request {
+                Request::$name(c)
+            }
+        }
+        impl Command for cmd::$name {
+            type Reply = $reply;
+            $(const WAIT: Duration = $wait;)?
+        }
+    )*};
 }
 
-/// An optional [`Codec`] as [`codec`] writes one.
-mod codec_opt {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use vzram_store::Codec;
-
-    pub fn serialize<S: Serializer>(c: &Option<Codec>, s: S) -> Result<S::Ok, S::Error> {
-        match c {
-            Some(c) => s.collect_str(c),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Codec>, D::Error> {
-        Option::<String>::deserialize(d)?
-            .map(|t| t.parse().map_err(serde::de::Error::custom))
-            .transpose()
-    }
+command! {
+    Stat => StatReply;
+    SetLimit => LimitSet;
+    Compact => Compacted;
+    Add => Added;
+    Remove => Removed;
+    Forget => Forgotten;
+    Reset => Reset;
+    ResetMax => Done;
+    MarkIdle => MarkedIdle, wait TIER_CLIENT_WAIT;
+    Recompress => Recompressed, wait TIER_CLIENT_WAIT;
+    Writeback => WrittenBack, wait TIER_CLIENT_WAIT;
+    Migrate => Migrated, wait MIGRATE_WAIT.saturating_add(CLIENT_TIMEOUT);
+    CommitMigration => Committed;
+    CancelMigration => Committed;
+    // Behind a reload already running, and devices added or removed.
+    Reload => Reloaded, wait Duration::from_secs(120);
 }
 
 /// The command that serves a left-over state again (the daemon's refusals
@@ -149,14 +91,6 @@ pub fn recover_command(name: &str, socket: &std::path::Path, size: u64) -> Strin
         "vzram add --device socket={},size={size},name={name},recover=true",
         socket.display()
     )
-}
-
-impl DeviceRef {
-    /// As the command line gives it: a name (a number is taken as an index
-    /// by the daemon if no device has that name).
-    pub fn named(s: &str) -> DeviceRef {
-        DeviceRef::Name(s.to_string())
-    }
 }
 
 /// The reply to `stat`: the whole pool, then each device.

@@ -253,6 +253,32 @@ fn the_version_is_logged_replied_and_scraped() {
         let r = d.control(req.clone());
         assert_eq!(r["version"], VERSION, "{req} → {r}");
     }
+    // A refusal says its kind beside its text: what the client's exit
+    // status follows, and a script may branch on.
+    for (req, kind) in [
+        (json!({"cmd": "remove", "device": "nosuch"}), "not-found"),
+        (json!({"cmd": "forget", "name": "nosuch"}), "not-found"),
+        (json!({"cmd": "frobnicate"}), "bad-request"),
+        (
+            json!({"cmd": "set-limit", "device": "a", "bytes": 1 << 30}),
+            "bad-request",
+        ),
+        (
+            json!({"cmd": "writeback", "device": "a", "idle": true}),
+            "conflict",
+        ),
+        (
+            json!({"cmd": "commit-migration", "device": "a"}),
+            "conflict",
+        ),
+    ] {
+        let r = d.control(req.clone());
+        assert_eq!(
+            (&r["ok"], &r["kind"]),
+            (&json!(false), &json!(kind)),
+            "{req} → {r}"
+        );
+    }
 
     let addr: SocketAddr = d
         .stat()

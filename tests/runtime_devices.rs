@@ -188,3 +188,70 @@ fn reset_drops_the_data_and_is_refused_while_connected() {
     assert!(o.status.success(), "{o:?}");
     assert_eq!(d.stat().counters("vm1").mem_used_max, 0);
 }
+
+/// `add` carries the device typed (the client parsed `--device` once): a
+/// raw request gives numbers and names, not spec text; the daemon checks
+/// the values. A bad spec is the client's to refuse, daemon or none.
+#[test]
+fn add_carries_a_typed_device() {
+    let dir = TempDir::new("rt-typed");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let d = Daemon::start(
+        &dir,
+        &["--device", &format!("socket={},size=16M,queues=1", s(&a))],
+        &[&a],
+    );
+    let r: Added = d.request(json!({"cmd": "add", "device": {
+        "socket": b, "size": 8 << 20, "name": "raw", "algo": "zstd:3", "idle_after": {"secs": 60, "nanos": 0},
+    }}));
+    assert_eq!((r.device.as_str(), r.recovered), ("raw", false), "{r:?}");
+    let st = d.stat();
+    let raw = st.dev("raw");
+    assert_eq!(
+        (raw.size_bytes, raw.algo.to_string()),
+        (8 << 20, "zstd:3".into())
+    );
+    assert_eq!(raw.tier.idle_after_secs, Some(60));
+    // The values are checked there as on the command line; spec text is
+    // no device.
+    for (bad, kind) in [
+        (
+            json!({"socket": dir.join("c.sock"), "size": 1000}),
+            "bad-request",
+        ),
+        (
+            json!({"socket": b, "size": 1 << 20, "name": "other"}),
+            "conflict",
+        ),
+        (
+            json!(format!("socket={},size=1M", s(&dir.join("c.sock")))),
+            "bad-request",
+        ),
+        (
+            json!({"socket": dir.join("c.sock"), "size": "1M"}),
+            "bad-request",
+        ),
+    ] {
+        let r = d.control(json!({"cmd": "add", "device": bad}));
+        assert_eq!(
+            (&r["ok"], &r["kind"]),
+            (&json!(false), &json!(kind)),
+            "{bad} → {r}"
+        );
+    }
+    // A spec that does not parse never reaches a daemon: exit 2, one line.
+    let o = std::process::Command::new(vzram_bin())
+        .args([
+            "add",
+            "--device",
+            "socket=/x.sock,size=1M,colour=red",
+            "--control",
+        ])
+        .arg(dir.join("nothing.sock"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("colour"), "{err}");
+}

@@ -1,13 +1,12 @@
 //! Client commands that talk to a running daemon over its control socket:
 //! `vzram stat`, `set-limit`, `compact`, `add`, `remove`, `reset`,
-//! `reset-max`, `mark-idle`, `recompress`, `writeback`. Requests are
-//! [`control::Request`], the type the daemon parses. And two that need no
+//! `reset-max`, `mark-idle`, `recompress`, `writeback`. Each request is
+//! a [`crate::proto::control::Command`], which names its reply. And two that need no
 //! daemon: `backing init`, and the packagers' `man` and `completions`
 //! (`docs`).
 
 use std::path::Path;
 
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::cli::{
@@ -15,9 +14,8 @@ use crate::cli::{
     LimitTarget, MigrateArgs, NameList, RecompressArgs, SetLimitArgs, StatArgs, WritebackArgs,
 };
 use crate::proto::control::{
-    self, Added, Committed, Compacted, DeviceLimitSet, DeviceRef, Done, Forgotten, Head,
-    HostLimitSet, LeftoverStat, MarkedIdle, Migrated, Recompressed, ReloadChange, Reloaded,
-    Removed, ReplyError, Request, Reset, StatReply, WrittenBack, MIGRATE_WAIT, TIER_WAIT,
+    cmd, parse_reply, Client, ControlError, DeviceRef, Forgotten, Head, LeftoverStat, ReloadChange,
+    StatReply,
 };
 use render::{human, render, render_columns, Style};
 
@@ -64,45 +62,20 @@ pub fn run(cmd: Command) -> Result<String, ClientError> {
     }
 }
 
-fn call<T: DeserializeOwned>(path: &Path, req: Request) -> Result<T, ClientError> {
-    call_waiting(path, req, control::CLIENT_TIMEOUT)
-}
-
-/// [`call`] for a request that may take up to `wait`.
-fn call_waiting<T: DeserializeOwned>(
-    path: &Path,
-    req: Request,
-    wait: std::time::Duration,
-) -> Result<T, ClientError> {
-    typed(exchange(path, req, wait)?)
-}
-
-/// The reply line as it came, for `--json`.
-fn exchange(path: &Path, req: Request, wait: std::time::Duration) -> Result<Value, ClientError> {
-    let req = serde_json::to_value(&req).map_err(|e| ClientError {
-        message: format!("cannot encode the request: {e}"),
-        code: 1,
-    })?;
-    control::request_waiting(path, &req, wait).map_err(|e| ClientError {
-        message: format!("cannot talk to the daemon at {}: {e}", path.display()),
-        code: 1,
-    })
-}
-
-/// A refusal is the user's to fix (exit 2); a reply we cannot read is not.
-fn typed<T: DeserializeOwned>(reply: Value) -> Result<T, ClientError> {
-    control::parse_reply(reply).map_err(|e| ClientError {
-        code: match e {
-            ReplyError::Refused(_) => 2,
-            ReplyError::Malformed(_) => 1,
-        },
-        message: e.to_string(),
-    })
+impl From<ControlError> for ClientError {
+    /// A refusal's exit status is its kind's; a reply we cannot read, or
+    /// no daemon, is 1.
+    fn from(e: ControlError) -> ClientError {
+        ClientError {
+            code: e.exit_code(),
+            message: e.to_string(),
+        }
+    }
 }
 
 pub fn stat(args: &StatArgs) -> Result<String, ClientError> {
-    let mut reply = exchange(&args.control, Request::Stat {}, control::CLIENT_TIMEOUT)?;
-    let mut stat: StatReply = typed(reply.clone())?;
+    let mut reply = Client::new(&args.control).call_raw(&cmd::Stat {})?;
+    let mut stat: StatReply = parse_reply(reply.clone()).map_err(ControlError::from)?;
     if let Some(asked) = args.target.device() {
         let i = one_device(&stat, asked)?;
         stat.devices = vec![stat.devices.swap_remove(i)];
@@ -183,26 +156,21 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
         LimitTarget::Device(d) => format!("device {d}"),
         LimitTarget::Host => "host".to_string(),
     };
-    let warnings = match target {
-        LimitTarget::Device(d) => {
-            let req = Request::SetLimit {
-                device: Some(DeviceRef::named(&d)),
-                host: false,
-                bytes,
-            };
-            call::<DeviceLimitSet>(&args.control, req)?.warnings
-        }
-        LimitTarget::Host => {
-            let req = Request::SetLimit {
-                device: None,
-                host: true,
-                bytes,
-            };
-            call::<HostLimitSet>(&args.control, req)?.warnings
-        }
+    let req = match target {
+        LimitTarget::Device(d) => cmd::SetLimit {
+            device: Some(DeviceRef::named(&d)),
+            host: false,
+            bytes,
+        },
+        LimitTarget::Host => cmd::SetLimit {
+            device: None,
+            host: true,
+            bytes,
+        },
     };
+    let set = Client::new(&args.control).call(&req)?;
     // Set all the same; what it is at odds with goes to stderr.
-    for w in warnings {
+    for w in set.warnings() {
         eprintln!("warning: {w}");
     }
     let limit = if bytes == 0 {
@@ -214,12 +182,14 @@ pub fn set_limit(args: &SetLimitArgs) -> Result<String, ClientError> {
 }
 
 pub fn add(args: &AddArgs) -> Result<String, ClientError> {
-    let reply: Added = call(
-        &args.control,
-        Request::Add {
-            device: args.device.clone(),
-        },
-    )?;
+    // Parsed here, once: a bad spec is refused before any daemon is asked.
+    let draft = crate::config::parse_device_spec(&args.device).map_err(|e| ClientError {
+        message: e.to_string(),
+        code: 2,
+    })?;
+    let reply = Client::new(&args.control).call(&cmd::Add {
+        device: Box::new(draft.into()),
+    })?;
     let state = if reply.recovered {
         format!("serving the pages its state {} held", reply.state.display())
     } else {
@@ -277,12 +247,9 @@ pub fn forget(args: &ForgetArgs) -> Result<String, ClientError> {
     let Some(name) = args.name() else {
         return forget_many(&args.control, args.socket.as_deref());
     };
-    let reply: Forgotten = call(
-        &args.control,
-        Request::Forget {
-            name: name.to_string(),
-        },
-    )?;
+    let reply = Client::new(&args.control).call(&cmd::Forget {
+        name: name.to_string(),
+    })?;
     Ok(forgotten(&reply))
 }
 
@@ -302,7 +269,8 @@ fn forgotten(reply: &Forgotten) -> String {
 /// kept, and with `--gone` one whose directory is there: its command could
 /// serve it again.
 fn forget_many(control: &Path, pattern: Option<&str>) -> Result<String, ClientError> {
-    let stat: StatReply = call(control, Request::Stat {})?;
+    let client = Client::new(control);
+    let stat = client.call(&cmd::Stat {})?;
     let chosen = |l: &LeftoverStat| {
         let Some(socket) = l.socket.as_deref() else {
             return false;
@@ -316,12 +284,9 @@ fn forget_many(control: &Path, pattern: Option<&str>) -> Result<String, ClientEr
     let mut out = String::new();
     let mut freed = 0;
     for l in &doomed {
-        let reply: Forgotten = call(
-            control,
-            Request::Forget {
-                name: l.name.clone(),
-            },
-        )?;
+        let reply = client.call(&cmd::Forget {
+            name: l.name.clone(),
+        })?;
         freed += l.state_bytes;
         out += &forgotten(&reply);
     }
@@ -372,13 +337,10 @@ fn matches_pattern(pattern: &str, text: &str) -> bool {
 
 pub fn remove(args: &DestroyArgs) -> Result<String, ClientError> {
     let t = &args.target;
-    let r: Removed = call(
-        &t.control,
-        Request::Remove {
-            device: DeviceRef::named(t.device()),
-            force: args.force,
-        },
-    )?;
+    let r = Client::new(&t.control).call(&cmd::Remove {
+        device: DeviceRef::named(t.device()),
+        force: args.force,
+    })?;
     Ok(match r.kept {
         Some(hint) => format!(
             "removed device {}, cut off its frontend; its state is kept, left over: `{hint}` serves it again, `vzram forget {}` deletes it\n",
@@ -390,13 +352,10 @@ pub fn remove(args: &DestroyArgs) -> Result<String, ClientError> {
 
 pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
     let t = &args.target;
-    let reply: Reset = call(
-        &t.control,
-        Request::Reset {
-            device: DeviceRef::named(t.device()),
-            force: args.force,
-        },
-    )?;
+    let reply = Client::new(&t.control).call(&cmd::Reset {
+        device: DeviceRef::named(t.device()),
+        force: args.force,
+    })?;
     Ok(format!(
         "reset device {}: {} pages dropped\n",
         reply.device, reply.pages_dropped
@@ -406,9 +365,7 @@ pub fn reset(args: &DestroyArgs) -> Result<String, ClientError> {
 /// `vzram reload`: what the reload applied on stdout, what it left (needs
 /// a restart, a device still connected) on stderr.
 pub fn reload(args: &crate::cli::ReloadArgs) -> Result<String, ClientError> {
-    // Behind a reload already running, and devices added or removed.
-    let wait = std::time::Duration::from_secs(120);
-    let r: Reloaded = call_waiting(&args.control, Request::Reload {}, wait)?;
+    let r = Client::new(&args.control).call(&cmd::Reload {})?;
     for w in &r.not_applied {
         eprintln!("warning: {w}");
     }
@@ -445,18 +402,18 @@ pub fn reload(args: &crate::cli::ReloadArgs) -> Result<String, ClientError> {
 }
 
 pub fn reset_max(args: &CompactArgs) -> Result<String, ClientError> {
-    let req = Request::ResetMax {
+    let req = cmd::ResetMax {
         device: args.target.device().map(DeviceRef::named),
     };
-    call::<Done>(&args.control, req)?;
+    Client::new(&args.control).call(&req)?;
     Ok("mem_used_max reset\n".to_string())
 }
 
 pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
-    let req = Request::Compact {
+    let req = cmd::Compact {
         device: args.target.device().map(DeviceRef::named),
     };
-    let reply: Compacted = call(&args.control, req)?;
+    let reply = Client::new(&args.control).call(&req)?;
     let pages = reply.pages_compacted;
     Ok(format!(
         "compacted: {pages} pages ({}) given back\n",
@@ -464,16 +421,11 @@ pub fn compact(args: &CompactArgs) -> Result<String, ClientError> {
     ))
 }
 
-/// How long the tiering commands wait for the daemon: as long as the
-/// daemon lets an order run, and a little more for the reply.
-const TIER_CLIENT_WAIT: std::time::Duration =
-    TIER_WAIT.saturating_add(std::time::Duration::from_secs(10));
-
 pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
-    let req = Request::MarkIdle {
+    let req = cmd::MarkIdle {
         device: DeviceRef::named(args.device()),
     };
-    let reply: MarkedIdle = call_waiting(&args.control, req, TIER_CLIENT_WAIT)?;
+    let reply = Client::new(&args.control).call(&req)?;
     Ok(format!(
         "device {}: {} pages marked idle; {} pages idle in all (marked before and not used since included: what writeback --idle takes)\n",
         reply.device,
@@ -483,13 +435,13 @@ pub fn mark_idle(args: &DeviceArgs) -> Result<String, ClientError> {
 }
 
 pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
-    let req = Request::Recompress {
+    let req = cmd::Recompress {
         device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         huge: args.huge,
         algo: args.algo,
     };
-    let r: Recompressed = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
+    let r = Client::new(&args.target.control).call(&req)?;
     Ok(format!(
         "device {}: recompressed {} of {} pages tried with {}, {} smaller; {} of memory given back\n",
         args.target.device(),
@@ -502,7 +454,7 @@ pub fn recompress(args: &RecompressArgs) -> Result<String, ClientError> {
 }
 
 pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
-    let req = Request::Writeback {
+    let req = cmd::Writeback {
         device: DeviceRef::named(args.target.device()),
         idle: args.idle,
         cold: args.cold,
@@ -510,7 +462,7 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
         incompressible: args.incompressible,
         max_pages: args.max_pages,
     };
-    let r: WrittenBack = call_waiting(&args.target.control, req, TIER_CLIENT_WAIT)?;
+    let r = Client::new(&args.target.control).call(&req)?;
     let pages = r.pages_written;
     Ok(format!(
         "device {}: wrote {pages} pages ({}) to the backing file; {} of memory given back\n",
@@ -523,26 +475,24 @@ pub fn writeback(args: &WritebackArgs) -> Result<String, ClientError> {
 pub fn migrate(args: &MigrateArgs) -> Result<String, ClientError> {
     let Some(to) = &args.to else {
         let device = DeviceRef::named(args.target.device());
-        let (req, what) = if args.cancel {
-            (Request::CancelMigration { device }, "cancel")
+        let client = Client::new(&args.target.control);
+        let (r, what) = if args.cancel {
+            (client.call(&cmd::CancelMigration { device })?, "cancel")
         } else {
-            (Request::CommitMigration { device }, "commit")
+            (client.call(&cmd::CommitMigration { device })?, "commit")
         };
-        let r: Committed = call(&args.target.control, req)?;
-        let st = serde_json::to_value(r.state).unwrap_or_default();
         return Ok(format!(
             "device {}: {what} asked; migration {}\n",
             r.device,
-            st.as_str().unwrap_or("?")
+            r.state.name()
         ));
     };
-    let req = Request::Migrate {
+    let req = cmd::Migrate {
         device: DeviceRef::named(args.target.device()),
         to: to.clone(),
         keep: args.keep,
     };
-    let wait = MIGRATE_WAIT.saturating_add(std::time::Duration::from_secs(10));
-    let r: Migrated = call_waiting(&args.target.control, req, wait)?;
+    let r = Client::new(&args.target.control).call(&req)?;
     Ok(format!(
         "device {}: migrated to {}: {} pages, {} in {} passes, {:.1} s ({:.1} MiB/s); last delta {} pages in {:.1} ms; {}\n",
         args.target.device(),

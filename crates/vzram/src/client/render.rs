@@ -318,8 +318,7 @@ pub fn render(reply: &StatReply, style: Style) -> String {
             out += ", STATE DAMAGED (a state file lost its pages; restart the daemon)";
         }
         let w = &d.worker;
-        let state = serde_json::to_value(w.state).unwrap_or_default();
-        let _ = write!(out, ", worker {}", state.as_str().unwrap_or("?"));
+        let _ = write!(out, ", worker {}", w.state.name());
         if let Some(pid) = w.pid {
             let _ = write!(out, " (pid {pid})");
         }
@@ -328,8 +327,7 @@ pub fn render(reply: &StatReply, style: Style) -> String {
         }
         let m = &d.migration;
         if m.state != MigrationState::None {
-            let st = serde_json::to_value(m.state).unwrap_or_default();
-            let st = st.as_str().unwrap_or("?");
+            let st = m.state.name();
             let _ = write!(
                 out,
                 ", migration {st}: pass {}, {} in {} records",
@@ -392,7 +390,6 @@ pub fn render(reply: &StatReply, style: Style) -> String {
 /// Device `d`'s cell in column `col`.
 fn cell(col: Column, d: &DeviceStat, style: Style) -> String {
     let s = &d.stats;
-    let text = |v: serde_json::Value| v.as_str().unwrap_or("?").to_string();
     match col {
         Column::Name => d.name.clone(),
         Column::Size => style.size(d.size_bytes),
@@ -421,8 +418,8 @@ fn cell(col: Column, d: &DeviceStat, style: Style) -> String {
         Column::LimitHits => s.limit_hits.to_string(),
         Column::Socket => d.socket.display().to_string(),
         Column::State => d.state.display().to_string(),
-        Column::Worker => text(serde_json::to_value(d.worker.state).unwrap_or_default()),
-        Column::Migration => text(serde_json::to_value(d.migration.state).unwrap_or_default()),
+        Column::Worker => d.worker.state.name().into(),
+        Column::Migration => d.migration.state.name().into(),
     }
 }
 
@@ -451,52 +448,7 @@ mod tests {
 
     /// A device as `stat` reports it, idle and empty.
     fn device(name: &str, socket: &str) -> DeviceStat {
-        use crate::proto::control::{MigrationStat, TierStat, WorkerState, WorkerStatus};
-        use vzram_store::Codec;
-        DeviceStat {
-            index: 0,
-            name: name.into(),
-            socket: socket.into(),
-            size_bytes: 0,
-            queues: 1,
-            algo: Codec::Lz4,
-            readonly: false,
-            serial: format!("vzram-{name}"),
-            connected: false,
-            state: "/dev/shm/vzram/x".into(),
-            state_bytes: 0,
-            state_damaged: false,
-            connections: 0,
-            worker: WorkerStatus {
-                state: WorkerState::Idle,
-                pid: None,
-                started: 0,
-                failures: 0,
-                failing: 0,
-                last_failure: None,
-                short_lived: 0,
-                refused_clients: 0,
-            },
-            stats: Default::default(),
-            tier: TierStat {
-                backing: None,
-                recompress_algo: Codec::Zstd { level: 3 },
-                idle_after_secs: None,
-                auto_writeback: false,
-                auto_recompress: false,
-            },
-            migration: MigrationStat {
-                state: MigrationState::None,
-                incoming: None,
-                error: None,
-                bytes: 0,
-                records: 0,
-                pass: 0,
-                dirty_slots: 0,
-                final_ms: 0.0,
-                total_ms: 0.0,
-            },
-        }
+        DeviceStat::example(name, socket)
     }
 
     #[test]

@@ -10,6 +10,7 @@ use vzram_store::Codec;
 use super::de;
 use super::parse::{parse_bool, parse_codec, parse_duration, parse_size};
 use crate::proto::addr::Addr;
+use crate::proto::control::NewDevice;
 
 /// One device as given, before defaults and checks. The one form of all
 /// three ways to give a device: the single-device flags of `vzram serve`
@@ -165,4 +166,102 @@ pub fn parse_device_spec(s: &str) -> Result<DeviceDraft, SpecError> {
         spec: s.to_string(),
         source,
     })
+}
+
+/// What `vzram add` sends: the draft, typed (its keys are the same).
+impl From<DeviceDraft> for NewDevice {
+    fn from(d: DeviceDraft) -> NewDevice {
+        // Every field named: a key added to one and not the other does
+        // not compile.
+        let DeviceDraft {
+            name,
+            socket,
+            size,
+            queues,
+            algo,
+            mem_limit,
+            serial,
+            discard_segments,
+            readonly,
+            state_dir,
+            recover,
+            fresh,
+            adopt,
+            backing_file,
+            recompress_algo,
+            idle_after,
+            auto_writeback,
+            auto_recompress,
+            incoming,
+        } = d;
+        NewDevice {
+            name,
+            socket,
+            size,
+            queues,
+            algo,
+            mem_limit,
+            serial,
+            discard_segments,
+            readonly,
+            state_dir,
+            recover,
+            fresh,
+            adopt,
+            backing_file,
+            recompress_algo,
+            idle_after,
+            auto_writeback,
+            auto_recompress,
+            incoming,
+        }
+    }
+}
+
+/// What the daemon checks of an `add`.
+impl From<NewDevice> for DeviceDraft {
+    fn from(d: NewDevice) -> DeviceDraft {
+        let NewDevice {
+            name,
+            socket,
+            size,
+            queues,
+            algo,
+            mem_limit,
+            serial,
+            discard_segments,
+            readonly,
+            state_dir,
+            recover,
+            fresh,
+            adopt,
+            backing_file,
+            recompress_algo,
+            idle_after,
+            auto_writeback,
+            auto_recompress,
+            incoming,
+        } = d;
+        DeviceDraft {
+            name,
+            socket,
+            size,
+            queues,
+            algo,
+            mem_limit,
+            serial,
+            discard_segments,
+            readonly,
+            state_dir,
+            recover,
+            fresh,
+            adopt,
+            backing_file,
+            recompress_algo,
+            idle_after,
+            auto_writeback,
+            auto_recompress,
+            incoming,
+        }
+    }
 }

@@ -9,7 +9,10 @@ use vzram_store::migrate::Received;
 use vzram_store::Device;
 
 use super::migration::{self, Frontend, Link};
-use crate::proto::order::{Answer, Order};
+use crate::proto::order::{
+    Answer, Compacted, HandedOn, IncomingReset, MarkedIdle, Order, Receive, Recompress,
+    Recompressed, Sent, Writeback, WrittenBack,
+};
 
 /// What the migration orders need besides the device: the connection
 /// that came with the order, what the frontend is doing, the gate to
@@ -26,13 +29,13 @@ pub struct Migrating<'a> {
 pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answer {
     let failed = |error: String| Answer::Failed { error };
     let answer = match order {
-        Order::Receive { .. } | Order::Send { .. } if m.conn.is_none() => {
+        Order::Receive(_) | Order::Send(_) if m.conn.is_none() => {
             failed("no migration connection came with the order".into())
         }
-        Order::Receive {
+        Order::Receive(Receive {
             within_secs,
             resume,
-        } => {
+        }) => {
             let link = Link::plain(m.conn.expect("checked"));
             let deadline = Instant::now() + Duration::from_secs(*within_secs);
             let r = migration::receive(
@@ -49,21 +52,21 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                 (m.open_gate)();
             }
             match r {
-                Ok(Received::HandedOn(resume)) => Answer::HandedOn { resume },
-                Ok(Received::Done(r)) => Answer::Received {
+                Ok(Received::HandedOn(resume)) => Answer::HandedOn(HandedOn { resume }),
+                Ok(Received::Done(r)) => Answer::Received(crate::proto::order::Received {
                     pages: r.pages,
                     bytes: r.bytes,
                     records: r.records,
                     passes: r.passes,
                     micros: r.micros,
-                },
+                }),
                 Err(e) => failed(e.to_string()),
             }
         }
-        Order::Send { keep } => {
+        Order::Send(crate::proto::order::Send { keep }) => {
             let link = Link::plain(m.conn.expect("checked"));
             match migration::send(dev, &link, &m.frontend, *keep) {
-                Ok(r) => Answer::Sent {
+                Ok(r) => Answer::Sent(Sent {
                     pages: r.pages,
                     bytes: r.bytes,
                     records: r.records,
@@ -71,7 +74,7 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                     final_records: r.final_records,
                     final_micros: r.final_micros,
                     total_micros: r.total_micros,
-                },
+                }),
                 Err(e) => failed(e.to_string()),
             }
         }
@@ -85,7 +88,7 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
                     Ok(()) => {
                         mig.set(Phase::None);
                         (m.open_gate)();
-                        Answer::IncomingReset { pages }
+                        Answer::IncomingReset(IncomingReset { pages })
                     }
                     Err(e) => failed(e.to_string()),
                 }
@@ -103,36 +106,38 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
 /// Carries out an order on `dev`, here.
 pub fn execute(dev: &Device, order: &Order) -> Answer {
     let answer = match order {
-        Order::Compact => Answer::Compacted {
+        Order::Compact => Answer::Compacted(Compacted {
             pages: dev.compact(),
-        },
+        }),
         Order::MarkIdle => {
             let (pages, idle) = dev.mark_idle_counted();
-            Answer::MarkedIdle { pages, idle }
+            Answer::MarkedIdle(MarkedIdle { pages, idle })
         }
-        Order::Recompress { filter, algo } => match dev.recompress((*filter).into(), *algo) {
-            Ok(r) => Answer::Recompressed {
-                tried: r.tried,
-                pages: r.pages,
-                saved_bytes: r.saved_bytes,
-                freed_bytes: r.freed_bytes,
-            },
-            Err(e) => Answer::Failed {
-                error: e.to_string(),
-            },
-        },
-        Order::Writeback { filter, max_pages } => {
-            match dev.writeback((*filter).into(), *max_pages) {
-                Ok(r) => Answer::WrittenBack {
+        Order::Recompress(Recompress { filter, algo }) => {
+            match dev.recompress((*filter).into(), *algo) {
+                Ok(r) => Answer::Recompressed(Recompressed {
+                    tried: r.tried,
                     pages: r.pages,
+                    saved_bytes: r.saved_bytes,
                     freed_bytes: r.freed_bytes,
-                },
+                }),
                 Err(e) => Answer::Failed {
                     error: e.to_string(),
                 },
             }
         }
-        Order::Receive { .. } | Order::Send { .. } | Order::ResetIncoming => {
+        Order::Writeback(Writeback { filter, max_pages }) => {
+            match dev.writeback((*filter).into(), *max_pages) {
+                Ok(r) => Answer::WrittenBack(WrittenBack {
+                    pages: r.pages,
+                    freed_bytes: r.freed_bytes,
+                }),
+                Err(e) => Answer::Failed {
+                    error: e.to_string(),
+                },
+            }
+        }
+        Order::Receive(_) | Order::Send(_) | Order::ResetIncoming => {
             return execute_migration(
                 dev,
                 order,

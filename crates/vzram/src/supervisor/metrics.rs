@@ -17,10 +17,12 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{prometheus_text, DescriptorEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use vzram_store::{DeviceStats, LatencySnapshot, Op, PoolStats};
+use vzram_store::{LatencySnapshot, PoolStats};
 
 use super::clients::{self, Frame, Limits, Protocol, Reply, Timeout};
+pub use super::control::Sample;
 pub use super::procstat::{ProcFiles, ProcessSample};
+use crate::proto::control::{DeviceStat, MigrationStat};
 
 /// Longest request head accepted (request line and headers).
 const MAX_REQUEST: usize = 8 * 1024;
@@ -29,35 +31,7 @@ const REQUEST_WAIT: Duration = Duration::from_secs(2);
 /// Scrapes at once; past it the longest idle client gives way.
 const MAX_CLIENTS: usize = 64;
 
-/// One device's numbers at scrape time.
-#[derive(Debug)]
-pub struct DeviceSample {
-    pub name: String,
-    pub connected: bool,
-    pub stats: DeviceStats,
-    /// Request latencies by operation.
-    pub latency: Vec<(Op, LatencySnapshot)>,
-    /// Page blocks in its backing file (0: none).
-    pub backing_blocks: u64,
-    /// Worker restarts by reason (`Restart::name`).
-    pub restarts: Vec<(&'static str, u64)>,
-    /// Clients closed before a worker: their first message was not vhost-user.
-    pub refused_clients: u64,
-    pub migration: MigrationSample,
-}
-
-/// Everything one scrape reports.
-#[derive(Debug)]
-pub struct Sample {
-    pub pool: PoolStats,
-    pub devices: Vec<DeviceSample>,
-    /// States no device serves: name, memory their files hold.
-    pub leftovers: Vec<(String, u64)>,
-    /// The supervisor's own `process_*` numbers.
-    pub process: ProcessSample,
-}
-
-type DevField = fn(&DeviceSample) -> u64;
+type DevField = fn(&DeviceStat) -> u64;
 
 /// Bytes in a page: traffic counters are exported in bytes, not pages.
 const PAGE: u64 = vzram_store::PAGE_SIZE as u64;
@@ -72,19 +46,6 @@ const DEVICE: &str = "vzram_device";
 /// page a disk read, and a starved machine milliseconds. 11 buckets where
 /// the store keeps 24.
 const LATENCY_BOUNDS_US: [u64; 10] = [8, 16, 32, 64, 128, 256, 1 << 10, 1 << 12, 1 << 14, 1 << 17];
-
-/// Where a device's migration stands.
-#[derive(Debug, Default)]
-pub struct MigrationSample {
-    /// As `vzram stat` names it (`none`, `sending`, `received`, ...).
-    pub state: &'static str,
-    /// The current or last stream: bytes, records, pass, and the slots
-    /// written since that pass began (a sender's).
-    pub bytes: u64,
-    pub records: u64,
-    pub pass: u64,
-    pub dirty: u64,
-}
 
 /// The store's histogram folded into [`LATENCY_BOUNDS_US`] (and +Inf):
 /// each store bucket goes to the first exported bound at or above its own.
@@ -214,7 +175,7 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         "vzram_backing_blocks",
         "Page blocks in the device's backing file (0 = no backing file)",
         MetricType::Gauge,
-        |d| d.backing_blocks,
+        |d| d.tier.backing.as_ref().map_or(0, |b| b.blocks),
     ),
     (
         "vzram_backed_pages",
@@ -256,7 +217,7 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         "vzram_refused_clients",
         "Clients closed before any worker was started, because their first message was not a vhost-user request",
         MetricType::Counter,
-        |d| d.refused_clients,
+        |d| d.worker.refused_clients,
     ),
     (
         "vzram_recompress_saved_bytes",
@@ -324,9 +285,11 @@ impl Collector for Sample {
         )?
         .encode_family(&[("version", crate::proto::VERSION)])?
         .encode_gauge(&1u64)?;
+        let stat = &self.snapshot.stat;
+        let devices = || stat.devices.iter().zip(&self.snapshot.extra);
         for (name, help, ty, value) in DEVICE_METRICS {
             let mut m = enc.encode_descriptor(name, help, None, *ty)?;
-            for d in &self.devices {
+            for d in &stat.devices {
                 let labels = [(DEVICE, d.name.as_str())];
                 let mut series = m.encode_family(&labels)?;
                 match ty {
@@ -345,8 +308,8 @@ impl Collector for Sample {
             None,
             MetricType::Histogram,
         )?;
-        for d in &self.devices {
-            for (op, h) in &d.latency {
+        for (d, x) in devices() {
+            for (op, h) in &x.latency {
                 let labels = [(DEVICE, d.name.as_str()), ("op", op.name())];
                 m.encode_family(&labels)?
                     .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
@@ -363,8 +326,8 @@ impl Collector for Sample {
             None,
             MetricType::Counter,
         )?;
-        for d in &self.devices {
-            for (reason, n) in &d.restarts {
+        for (d, x) in devices() {
+            for (reason, n) in &x.restarts {
                 m.encode_family(&[(DEVICE, d.name.as_str()), ("reason", reason)])?
                     .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(n, None)?;
             }
@@ -375,11 +338,14 @@ impl Collector for Sample {
             None,
             MetricType::Gauge,
         )?;
-        for d in &self.devices {
-            m.encode_family(&[(DEVICE, d.name.as_str()), ("state", d.migration.state)])?
-                .encode_gauge(&1u64)?;
+        for d in &stat.devices {
+            m.encode_family(&[
+                (DEVICE, d.name.as_str()),
+                ("state", d.migration.state.name()),
+            ])?
+            .encode_gauge(&1u64)?;
         }
-        type MigField = fn(&MigrationSample) -> u64;
+        type MigField = fn(&MigrationStat) -> u64;
         const MIGRATION: [(&str, &str, MigField); 4] = [
             (
                 "vzram_migration_stream_bytes",
@@ -399,19 +365,19 @@ impl Collector for Sample {
             (
                 "vzram_migration_dirty_pages",
                 "Pages written on the source since its current pass began (what the next delta sends)",
-                |m| m.dirty,
+                |m| m.dirty_slots,
             ),
         ];
         for (name, help, value) in MIGRATION {
             let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for d in &self.devices {
+            for d in &stat.devices {
                 m.encode_family(&[(DEVICE, d.name.as_str())])?
                     .encode_gauge(&value(&d.migration))?;
             }
         }
         for (name, help, ty, value) in POOL_METRICS {
             let mut m = enc.encode_descriptor(name, help, None, *ty)?;
-            m.encode_gauge(&value(&self.pool))?;
+            m.encode_gauge(&value(&stat.pool))?;
         }
         encode_process(&self.process, &mut enc)?;
         let mut m = enc.encode_descriptor(
@@ -420,9 +386,9 @@ impl Collector for Sample {
             None,
             MetricType::Gauge,
         )?;
-        for (name, bytes) in &self.leftovers {
-            m.encode_family(&[("name", name.as_str())])?
-                .encode_gauge(bytes)?;
+        for l in &stat.leftovers {
+            m.encode_family(&[("name", l.name.as_str())])?
+                .encode_gauge(&l.state_bytes)?;
         }
         Ok(())
     }
@@ -578,16 +544,74 @@ fn route(head: &str, metrics: impl FnOnce() -> String) -> (&'static str, &'stati
 
 #[cfg(test)]
 mod tests {
+    use super::super::control::{DeviceExtra, Snapshot};
     use super::*;
 
     fn sample() -> Sample {
-        Sample {
+        let mut d = DeviceStat::example("vm1", "/vm1.sock");
+        d.connected = true;
+        d.stats = vzram_store::DeviceStats {
+            orig_data_size: 12288,
+            reads: 7,
+            writes: 3,
+            backed_pages: 4,
+            spills: 2,
+            pages_recompressed: 9,
+            pool_pages: 11,
+            ..Default::default()
+        };
+        d.tier.backing = Some(crate::proto::control::BackingStat {
+            path: "/vm1.img".into(),
+            blocks: 100,
+            used_blocks: 4,
+            direct_io: true,
+        });
+        d.worker.refused_clients = 3;
+        d.migration.state = crate::proto::control::MigrationState::Sending;
+        d.migration.bytes = 4096;
+        d.migration.records = 9;
+        d.migration.pass = 2;
+        d.migration.dirty_slots = 3;
+        let stat = crate::proto::control::StatReply {
             pool: PoolStats {
                 devices: 1,
                 mem_used_total: 8192,
                 ..PoolStats::default()
             },
-            leftovers: vec![("old-vm".into(), 65536)],
+            devices: vec![d],
+            metrics: None,
+            state_dir: "/state".into(),
+            leftovers: vec![crate::proto::control::LeftoverStat {
+                name: "old-vm".into(),
+                dir: "/state/old-vm".into(),
+                size_bytes: 1 << 20,
+                state_bytes: 65536,
+                socket: None,
+            }],
+        };
+        let extra = DeviceExtra {
+            restarts: vec![("short", 5), ("signal", 1)],
+            latency: vec![(
+                vzram_store::Op::Read,
+                LatencySnapshot {
+                    buckets: vec![
+                        (1e-6, 2),
+                        (2e-6, 3),
+                        (16e-6, 4),
+                        (32e-6, 1),
+                        (512e-6, 7),
+                        (f64::INFINITY, 1),
+                    ],
+                    count: 18,
+                    sum_seconds: 0.5,
+                },
+            )],
+        };
+        Sample {
+            snapshot: Snapshot {
+                stat,
+                extra: vec![extra],
+            },
             process: ProcessSample {
                 resident_bytes: Some(5 << 20),
                 virtual_bytes: Some(64 << 20),
@@ -596,45 +620,6 @@ mod tests {
                 start_time_seconds: Some(1_700_000_000.5),
                 cpu_seconds: Some(0.25),
             },
-            devices: vec![DeviceSample {
-                name: "vm1".into(),
-                connected: true,
-                stats: DeviceStats {
-                    orig_data_size: 12288,
-                    reads: 7,
-                    writes: 3,
-                    backed_pages: 4,
-                    spills: 2,
-                    pages_recompressed: 9,
-                    pool_pages: 11,
-                    ..DeviceStats::default()
-                },
-                backing_blocks: 100,
-                restarts: vec![("short", 5), ("signal", 1)],
-                refused_clients: 3,
-                latency: vec![(
-                    Op::Read,
-                    LatencySnapshot {
-                        buckets: vec![
-                            (1e-6, 2),
-                            (2e-6, 3),
-                            (16e-6, 4),
-                            (32e-6, 1),
-                            (512e-6, 7),
-                            (f64::INFINITY, 1),
-                        ],
-                        count: 18,
-                        sum_seconds: 0.5,
-                    },
-                )],
-                migration: MigrationSample {
-                    state: "sending",
-                    bytes: 4096,
-                    records: 9,
-                    pass: 2,
-                    dirty: 3,
-                },
-            }],
         }
     }
 
@@ -687,6 +672,7 @@ mod tests {
             "process_start_time_seconds 1700000000.5",
             "# TYPE process_cpu_seconds_total counter",
             "process_cpu_seconds_total 0.25",
+            "vzram_leftover_state_bytes{name=\"old-vm\"} 65536",
             build.as_str(),
         ] {
             assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use vzram_store::cells::{Ask, Phase};
 
 use super::error::{Error, Result};
-use super::orders::{failed, unexpected, HOLD_WAIT};
+use super::orders::{failed, HOLD_WAIT};
 use super::served::{Phase as Held, Served};
 use super::Supervisor;
 use crate::owner::migration::{refuse, Link, Listener, Tls};
 use crate::proto::addr::Addr;
 use crate::proto::control::MIGRATE_WAIT;
 use crate::proto::launch::{ConnectReply, Request, CONNECT_WAIT};
-use crate::proto::order::{Answer, Order};
+use crate::proto::order::{self, Arrival};
 use crate::proto::tls::ClientTls;
 use crate::proto::wire::{self, seqpacket_pair};
 use crate::sys::socket::readable;
@@ -52,7 +52,7 @@ impl Supervisor {
         to: &Addr,
         keep: bool,
         client_gone: &(dyn Fn() -> bool + Sync),
-    ) -> Result<Answer> {
+    ) -> Result<order::Sent> {
         // One at a time: a second sender would find nothing, or race the
         // first to the commit.
         let Some(_sending) = d.migration.begin_send() else {
@@ -101,7 +101,7 @@ impl Supervisor {
         to: &Addr,
         keep: bool,
         tls: Option<ClientTls>,
-    ) -> Result<Answer> {
+    ) -> Result<order::Sent> {
         let m = &d.cells.migration;
         const ATTEMPTS: usize = 3;
         let mut last = String::new();
@@ -121,15 +121,15 @@ impl Supervisor {
                 }
             };
             tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
-            let order = Order::Send { keep };
+            let order = order::Send { keep };
             match self.on_owner(d, &order, Some(fd), HOLD_WAIT) {
-                Ok((Answer::Failed { error }, _)) => {
+                Ok((Err(error), _)) => {
                     d.migration.set_error(Some(error.clone()));
                     return Err(failed(d, error));
                 }
-                Ok((a, _)) => {
+                Ok((Ok(sent), _)) => {
                     d.migration.set_error(None);
-                    return Ok(a);
+                    return Ok(sent);
                 }
                 // The channel broke: the worker is gone.
                 Err(e) => match m.phase() {
@@ -364,7 +364,7 @@ impl Supervisor {
                 Ok(c) => c,
                 Err(e) => break Err(Error::from(e)),
             };
-            let order = Order::Receive {
+            let order = order::Receive {
                 within_secs: deadline
                     .saturating_duration_since(Instant::now())
                     .as_secs()
@@ -372,24 +372,26 @@ impl Supervisor {
                 resume,
             };
             match self.on_owner(d, &order, Some(conn), MIGRATE_WAIT) {
-                Ok((Answer::HandedOn { resume: r }, _)) => {
+                Ok((Ok(Arrival::HandedOn(h)), _)) => {
                     tracing::info!(device = %d.spec.name, "a frontend connected while the migration stream arrived: its worker takes the stream on");
-                    resume = Some(r);
+                    resume = Some(h.resume);
                     self.await_frontend(d);
                 }
-                r => break r,
+                Ok((Ok(Arrival::Received(r)), by_worker)) => break Ok((Ok(r), by_worker)),
+                Ok((Err(error), by_worker)) => break Ok((Err(error), by_worker)),
+                Err(e) => break Err(e),
             }
         };
         drop(fd);
         d.migration.set_arriving(None);
         match r {
             Ok((
-                Answer::Received {
+                Ok(order::Received {
                     pages,
                     bytes,
                     micros,
                     ..
-                },
+                }),
                 by_worker,
             )) => {
                 d.migration.set_error(None);
@@ -402,9 +404,8 @@ impl Supervisor {
                     "migration received: the device serves"
                 );
             }
-            Ok((Answer::Failed { error }, _)) => self.incoming_failed(d, error),
+            Ok((Err(error), _)) => self.incoming_failed(d, error),
             Err(e) => self.incoming_failed(d, e.to_string()),
-            Ok((a, _)) => tracing::error!(device = %d.spec.name, "{}", unexpected(a)),
         }
     }
 

@@ -15,7 +15,7 @@ use super::Supervisor;
 use crate::owner::attach::{attach, device_config};
 use crate::owner::execute::{execute, execute_migration, Migrating};
 use crate::proto::control::{MIGRATE_WAIT, TIER_WAIT};
-use crate::proto::order::{Answer, Order};
+use crate::proto::order::{self, Answer, Command, Order};
 use crate::proto::wire;
 use crate::sys::socket::readable;
 
@@ -41,9 +41,8 @@ impl Supervisor {
     pub fn compact(&self, d: &Served) -> Result<u64> {
         let counted = || d.cells.stats(d.spec.size).pages_compacted;
         let before = counted();
-        match self.carry_out(d, &Order::Compact, COMPACT_WAIT, COMPACT_PATIENCE)? {
-            Some(Answer::Compacted { pages }) => Ok(pages.max(counted().saturating_sub(before))),
-            Some(a) => Err(unexpected(a)),
+        match self.carry_out(d, &order::Compact, COMPACT_WAIT, COMPACT_PATIENCE)? {
+            Some(order::Compacted { pages }) => Ok(pages.max(counted().saturating_sub(before))),
             None => {
                 tracing::info!(device = %d.spec.name, "busy; not compacted");
                 Ok(0)
@@ -54,8 +53,8 @@ impl Supervisor {
     /// Carries out a tiering order on device `d`: through its worker when
     /// it has one, else here, holding the device. A failure the order met
     /// (a full backing file) is an error, with what was done kept.
-    pub fn tier(&self, d: &Served, order: &Order) -> Result<Answer> {
-        let needs_backing = matches!(order, Order::Writeback { .. });
+    pub fn tier<C: Command>(&self, d: &Served, order: &C) -> Result<C::Reply> {
+        let needs_backing = matches!(order.clone().into(), Order::Writeback(_));
         if needs_backing && d.backing.is_none() {
             return Err(Error::NoBackingFile(d.spec.name.clone()));
         }
@@ -68,13 +67,14 @@ impl Supervisor {
     /// just left) or starting is asked again, never skipped: an order that
     /// met a device in transition used to report nothing done. None if
     /// the device was neither served nor free to hold for `patience`.
-    pub(super) fn carry_out(
+    pub(super) fn carry_out<C: Command>(
         &self,
         d: &Served,
-        order: &Order,
+        order: &C,
         wait: Duration,
         patience: Duration,
-    ) -> Result<Option<Answer>> {
+    ) -> Result<Option<C::Reply>> {
+        let order = &order.clone().into();
         let deadline = Instant::now() + patience;
         let answer = loop {
             match self.order_worker(d, order, wait) {
@@ -97,9 +97,9 @@ impl Supervisor {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        match answer {
-            Answer::Failed { error } => Err(failed(d, error)),
-            a => Ok(Some(a)),
+        match answer.reply::<C>().map_err(unexpected)? {
+            Ok(r) => Ok(Some(r)),
+            Err(error) => Err(failed(d, error)),
         }
     }
 
@@ -153,15 +153,14 @@ impl Supervisor {
         if m.incoming() {
             // A stream under way is cut first: it empties the device.
             self.cut_arriving(d)?;
-            let (answer, _) = self.on_owner(d, &Order::ResetIncoming, None, HOLD_WAIT)?;
+            let (answer, _) = self.on_owner(d, &order::ResetIncoming, None, HOLD_WAIT)?;
             return match answer {
-                Answer::IncomingReset { pages } => {
+                Ok(order::IncomingReset { pages }) => {
                     d.migration.set_error(None);
                     tracing::warn!(device = %d.spec.name, "incoming device reset: it serves, empty");
                     Ok(pages)
                 }
-                Answer::Failed { error } => Err(failed(d, error)),
-                a => Err(unexpected(a)),
+                Err(error) => Err(failed(d, error)),
             };
         }
         if d.migration.sending() {
@@ -237,8 +236,21 @@ impl Supervisor {
     /// Carries out a migration order where the device's allocator is: its
     /// worker, or here (holding the device) when it has none. `fd` goes
     /// with the order. Waits up to `hold_wait` for a worker that is just
-    /// starting or going. Also says whether a worker took the order.
-    pub(super) fn on_owner(
+    /// starting or going. Gives its reply, or the failure it met (Err);
+    /// also says whether a worker took the order.
+    pub(super) fn on_owner<C: Command>(
+        &self,
+        d: &Served,
+        order: &C,
+        fd: Option<OwnedFd>,
+        hold_wait: Duration,
+    ) -> Result<(Result<C::Reply, String>, bool)> {
+        let (answer, by_worker) = self.on_owner_answer(d, &order.clone().into(), fd, hold_wait)?;
+        Ok((answer.reply::<C>().map_err(unexpected)?, by_worker))
+    }
+
+    /// [`Supervisor::on_owner`], the answer as it came.
+    fn on_owner_answer(
         &self,
         d: &Served,
         order: &Order,
@@ -359,7 +371,8 @@ fn ask_worker(
     }
 }
 
-pub(super) fn unexpected(a: Answer) -> Error {
+/// An answer to another order than the one asked.
+fn unexpected(a: Answer) -> Error {
     Error::WorkerAnswer(format!("{a:?}"))
 }
 

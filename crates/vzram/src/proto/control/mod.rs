@@ -34,109 +34,54 @@ pub const TIER_WAIT: Duration = Duration::from_secs(1800);
 /// frontend stops, which its operator decides.
 pub const MIGRATE_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-/// A device named in a request: its name, or its index as a number or string.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum DeviceRef {
-    Index(u64),
-    Name(String),
+/// A request that names its reply: what [`Client::call`] sends, and what
+/// the daemon's handler of it must return.
+pub trait Command: Clone + Into<Request> {
+    type Reply: Serialize + DeserializeOwned;
+    /// How long the client waits for the reply.
+    const WAIT: Duration = CLIENT_TIMEOUT;
 }
 
-/// A control request: what the client sends and the daemon parses, one
-/// JSON line each (`{"cmd":"set-limit",...}`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Request {
-    Stat {},
-    SetLimit {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        host: bool,
-        bytes: u64,
-    },
-    Compact {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-    },
-    /// A new device, in `--device` syntax (`socket=...,size=...`).
-    Add {
-        device: String,
-    },
-    Remove {
-        device: DeviceRef,
-        /// Also a device a frontend is connected to: it is cut off, and
-        /// its state kept as a left-over (refused without it).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        force: bool,
-    },
-    /// Delete a left-over state (one no device serves) by its name.
-    Forget {
-        name: String,
-    },
-    Reset {
-        device: DeviceRef,
-        /// Also a device a frontend is connected to: it is cut off first
-        /// (refused without it).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        force: bool,
-    },
-    ResetMax {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        device: Option<DeviceRef>,
-    },
-    MarkIdle {
-        device: DeviceRef,
-    },
-    Recompress {
-        device: DeviceRef,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        idle: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        huge: bool,
-        /// `zstd:LEVEL`; the device's recompress-algo when absent.
-        #[serde(
-            default,
-            skip_serializing_if = "Option::is_none",
-            with = "codec::optional"
-        )]
-        algo: Option<Codec>,
-    },
-    Writeback {
-        device: DeviceRef,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        idle: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        cold: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        huge: bool,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        incompressible: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        max_pages: Option<u64>,
-    },
-    /// Send the device's pages to another vzram's incoming device.
-    Migrate {
-        device: DeviceRef,
-        /// `unix:PATH` or `tcp:HOST:PORT` (a malformed one is refused
-        /// when the request is read).
-        to: crate::proto::addr::Addr,
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        keep: bool,
-    },
-    /// The VM of a device being sent has moved (its VMM keeps the source
-    /// process): commit now.
-    CommitMigration {
-        device: DeviceRef,
-    },
-    /// The VMM's migration of a device being sent was called off (the
-    /// guest runs here): abort, the destination drops its copy.
-    CancelMigration {
-        device: DeviceRef,
-    },
-    /// Read the `--config` file again and apply it, as SIGHUP does; the
-    /// reply is [`Reloaded`], a file that does not parse a refusal.
-    Reload {},
+pub mod cmd;
+
+pub use cmd::{DeviceRef, NewDevice, Request};
+
+/// How long the tiering commands wait: as long as the daemon lets an
+/// order run, and a little more for the reply.
+const TIER_CLIENT_WAIT: Duration = TIER_WAIT.saturating_add(CLIENT_TIMEOUT);
+
+/// Each request struct: its `Request` variant, and its reply.
+macro_rules! command {
+    ($($name:ident => $reply:ty $(, wait $wait:expr)?;)*) => {$(
+        impl From<cmd::$name> for Request {
+            fn from(c: cmd::$name) -> Request {
+                Request::$name(c)
+            }
+        }
+        impl Command for cmd::$name {
+            type Reply = $reply;
+            $(const WAIT: Duration = $wait;)?
+        }
+    )*};
+}
+
+command! {
+    Stat => StatReply;
+    SetLimit => LimitSet;
+    Compact => Compacted;
+    Add => Added;
+    Remove => Removed;
+    Forget => Forgotten;
+    Reset => Reset;
+    ResetMax => Done;
+    MarkIdle => MarkedIdle, wait TIER_CLIENT_WAIT;
+    Recompress => Recompressed, wait TIER_CLIENT_WAIT;
+    Writeback => WrittenBack, wait TIER_CLIENT_WAIT;
+    Migrate => Migrated, wait MIGRATE_WAIT.saturating_add(CLIENT_TIMEOUT);
+    CommitMigration => Committed;
+    CancelMigration => Committed;
+    // Behind a reload already running, and devices added or removed.
+    Reload => Reloaded, wait Duration::from_secs(120);
 }
 
 /// The command that serves a left-over state again (the daemon's refusals
@@ -146,14 +91,6 @@ pub fn recover_command(name: &str, socket: &std::path::Path, size: u64) -> Strin
         "vzram add --device socket={},size={size},name={name},recover=true",
         socket.display()
     )
-}
-
-impl DeviceRef {
-    /// As the command line gives it: a name (a number is taken as an index
-    /// by the daemon if no device has that name).
-    pub fn named(s: &str) -> DeviceRef {
-        DeviceRef::Name(s.to_string())
-    }
 }
 
 /// The reply to `stat`: the whole pool, then each device.
@@ -224,6 +161,57 @@ pub struct DeviceStat {
     pub migration: MigrationStat,
 }
 
+#[cfg(test)]
+impl DeviceStat {
+    /// A device as `stat` reports it, idle and empty (for tests).
+    pub fn example(name: &str, socket: &str) -> DeviceStat {
+        DeviceStat {
+            index: 0,
+            name: name.into(),
+            socket: socket.into(),
+            size_bytes: 0,
+            queues: 1,
+            algo: Codec::Lz4,
+            readonly: false,
+            serial: format!("vzram-{name}"),
+            connected: false,
+            state: "/dev/shm/vzram/x".into(),
+            state_bytes: 0,
+            state_damaged: false,
+            connections: 0,
+            worker: WorkerStatus {
+                state: WorkerState::Idle,
+                pid: None,
+                started: 0,
+                failures: 0,
+                failing: 0,
+                last_failure: None,
+                short_lived: 0,
+                refused_clients: 0,
+            },
+            stats: Default::default(),
+            tier: TierStat {
+                backing: None,
+                recompress_algo: Codec::Zstd { level: 3 },
+                idle_after_secs: None,
+                auto_writeback: false,
+                auto_recompress: false,
+            },
+            migration: MigrationStat {
+                state: MigrationState::None,
+                incoming: None,
+                error: None,
+                bytes: 0,
+                records: 0,
+                pass: 0,
+                dirty_slots: 0,
+                final_ms: 0.0,
+                total_ms: 0.0,
+            },
+        }
+    }
+}
+
 /// What serves a device, as `vzram stat` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -237,6 +225,19 @@ pub enum WorkerState {
     Busy,
     /// Workers keep failing; the next waits out a backoff.
     Failing,
+}
+
+impl WorkerState {
+    /// As `vzram stat` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerState::Idle => "idle",
+            WorkerState::Starting => "starting",
+            WorkerState::Running => "running",
+            WorkerState::Busy => "busy",
+            WorkerState::Failing => "failing",
+        }
+    }
 }
 
 /// A device's worker: its state and its record.
@@ -306,6 +307,25 @@ pub enum MigrationState {
     Committing,
 }
 
+impl MigrationState {
+    /// As `vzram stat` and `/metrics` name it (its JSON).
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationState::None => "none",
+            MigrationState::Incoming => "incoming",
+            MigrationState::Receiving => "receiving",
+            MigrationState::Failed => "failed",
+            MigrationState::Sending => "sending",
+            MigrationState::Sent => "sent",
+            MigrationState::SendFailed => "send-failed",
+            MigrationState::Received => "received",
+            MigrationState::Prepared => "prepared",
+            MigrationState::Copied => "copied",
+            MigrationState::Committing => "committing",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MigrationStat {
     pub state: MigrationState,
@@ -319,6 +339,24 @@ pub struct MigrationStat {
     pub dirty_slots: u64,
     pub final_ms: f64,
     pub total_ms: f64,
+}
+
+/// The reply to `set-limit`: a device's limit, or the host's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LimitSet {
+    Device(DeviceLimitSet),
+    Host(HostLimitSet),
+}
+
+impl LimitSet {
+    /// What the limit is at odds with (set all the same).
+    pub fn warnings(&self) -> &[String] {
+        match self {
+            LimitSet::Device(d) => &d.warnings,
+            LimitSet::Host(h) => &h.warnings,
+        }
+    }
 }
 
 /// The reply to `set-limit` of a device.
@@ -472,14 +510,57 @@ pub enum ReloadChange {
     },
 }
 
+/// What kind of refusal a reply is, beside its text: what the client
+/// branches on (its exit code), never the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// The request itself is wrong: a line that does not parse, a value
+    /// out of range, a codec the device already uses.
+    BadRequest,
+    /// It names a device or a left-over state the daemon does not have.
+    NotFound,
+    /// The device's state refuses it: a name or socket taken, no backing
+    /// file, a migration in the wrong phase.
+    Conflict,
+    /// A frontend is connected; `--force` cuts it off.
+    InUse,
+    /// Another command or a connecting frontend holds the device: try again.
+    Busy,
+    /// Carried out as far as it went and failed there (a full backing
+    /// file, an unreachable destination, a state the store refused).
+    Failed,
+    /// The daemon itself failed (a worker or the launcher did not answer):
+    /// nothing in the request to fix.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The client's exit status for it: 2 for what the user is to fix (a
+    /// request the daemon refused), 1 for a failure at run time.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            ErrorKind::BadRequest
+            | ErrorKind::NotFound
+            | ErrorKind::Conflict
+            | ErrorKind::InUse
+            | ErrorKind::Busy
+            | ErrorKind::Failed => 2,
+            ErrorKind::Internal => 1,
+        }
+    }
+}
+
 /// What every reply line carries beside its result: whether it worked,
-/// the daemon's version, and a refusal's reason.
+/// the daemon's version, and a refusal's kind and reason.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Head {
     pub ok: bool,
     /// The daemon's [`super::VERSION`]; None from a daemon older than it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ErrorKind>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -490,15 +571,17 @@ impl Head {
         Head {
             ok: true,
             version: Some(super::VERSION.to_string()),
+            kind: None,
             error: None,
         }
     }
 
     /// A refusal, from this daemon.
-    pub fn refused(error: impl Into<String>) -> Head {
+    pub fn refused(kind: ErrorKind, error: impl Into<String>) -> Head {
         Head {
             ok: false,
             version: Some(super::VERSION.to_string()),
+            kind: Some(kind),
             error: Some(error.into()),
         }
     }
@@ -524,26 +607,95 @@ pub struct ReplyLine<T: Serialize> {
 pub fn parse_reply<T: DeserializeOwned>(reply: Value) -> Result<T, ReplyError> {
     match reply.get("ok") {
         Some(Value::Bool(true)) => serde_json::from_value(reply).map_err(ReplyError::Malformed),
-        Some(Value::Bool(false)) => Err(ReplyError::Refused(
-            reply
+        Some(Value::Bool(false)) => Err(ReplyError::Refused(Refusal {
+            // A daemon older than kinds sends none (nor one this client
+            // does not know).
+            kind: reply
+                .get("kind")
+                .and_then(|k| ErrorKind::deserialize(k).ok()),
+            message: reply
                 .get("error")
                 .and_then(Value::as_str)
                 .unwrap_or("no reason given")
                 .to_string(),
-        )),
+        })),
         _ => Err(ReplyError::Malformed(serde::de::Error::custom(
             "no \"ok\" in the reply",
         ))),
     }
 }
 
+/// A refusal read back: its kind (None from an older daemon) and text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub kind: Option<ErrorKind>,
+    pub message: String,
+}
+
 /// Why a reply carries no result.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplyError {
     #[error("daemon refused: {0}")]
-    Refused(String),
+    Refused(Refusal),
     #[error("bad reply: {0}")]
     Malformed(serde_json::Error),
+}
+
+/// Why [`Client::call`] got no result.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("cannot encode the request: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("cannot talk to the daemon at {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Reply(#[from] ReplyError),
+}
+
+impl ControlError {
+    /// The client's exit status: a refusal's by its kind (2 from a daemon
+    /// that gives none, as all its refusals were), 1 for the rest.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ControlError::Reply(ReplyError::Refused(r)) => r.kind.map_or(2, ErrorKind::exit_code),
+            ControlError::Reply(ReplyError::Malformed(_))
+            | ControlError::Encode(_)
+            | ControlError::Io { .. } => 1,
+        }
+    }
+}
+
+/// The client's end of a control socket.
+pub struct Client {
+    path: PathBuf,
+}
+
+impl Client {
+    pub fn new(path: &std::path::Path) -> Client {
+        Client {
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// Sends `c` and reads its reply, waiting up to [`Command::WAIT`].
+    pub fn call<C: Command>(&self, c: &C) -> Result<C::Reply, ControlError> {
+        Ok(parse_reply(self.call_raw(c)?)?)
+    }
+
+    /// [`Client::call`], the reply line as it came (for `--json`).
+    pub fn call_raw<C: Command>(&self, c: &C) -> Result<Value, ControlError> {
+        let req: Request = c.clone().into();
+        let req = serde_json::to_value(req).map_err(ControlError::Encode)?;
+        request_waiting(&self.path, &req, C::WAIT).map_err(|source| ControlError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
 }
 
 /// How long `vzram stat` and friends wait for the daemon.
@@ -592,4 +744,48 @@ fn exchange(path: &std::path::Path, req: &Value, wait: Duration) -> io::Result<V
             format!("bad reply ({e}): is this a vzram control socket?"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `stat`'s table and `/metrics` name a state as its JSON does.
+    #[test]
+    fn state_names_are_their_json() {
+        use MigrationState as M;
+        for m in [
+            M::None,
+            M::Incoming,
+            M::Receiving,
+            M::Failed,
+            M::Sending,
+            M::Sent,
+            M::SendFailed,
+            M::Received,
+            M::Prepared,
+            M::Copied,
+            M::Committing,
+        ] {
+            assert_eq!(serde_json::to_value(m).unwrap(), m.name());
+        }
+        use WorkerState as W;
+        for w in [W::Idle, W::Starting, W::Running, W::Busy, W::Failing] {
+            assert_eq!(serde_json::to_value(w).unwrap(), w.name());
+        }
+    }
+
+    /// A refusal's kind decides the exit status; an older daemon's
+    /// refusal, without one, is 2 as all were.
+    #[test]
+    fn refusals_read_back_with_their_kind() {
+        let line =
+            serde_json::to_value(Head::refused(ErrorKind::Internal, "worker: gone")).unwrap();
+        let e = ControlError::from(parse_reply::<Done>(line).unwrap_err());
+        assert_eq!(e.to_string(), "daemon refused: worker: gone");
+        assert_eq!(e.exit_code(), 1);
+        let old = serde_json::json!({"ok": false, "error": "no device 7"});
+        let e = ControlError::from(parse_reply::<Done>(old).unwrap_err());
+        assert_eq!(e.exit_code(), 2);
+    }
 }

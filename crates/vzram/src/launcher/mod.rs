@@ -124,7 +124,7 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                             Err(e) => {
                                 drop(p);
                                 let _ = std::fs::remove_file(&path);
-                                Err(e.to_string())
+                                Err(e.into())
                             }
                         },
                     }
@@ -151,7 +151,14 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                         };
                         send(&sock, &r, &fds)?;
                     }
-                    Err(error) => send(&sock, &Report::Failed { id, error }, &[])?,
+                    Err(e) => send(
+                        &sock,
+                        &Report::Failed {
+                            id,
+                            error: e.to_string(),
+                        },
+                        &[],
+                    )?,
                 },
                 Some((Request::Connect { id, addr, wait_ms }, fds)) => {
                     // The answer goes on the socket sent along, not ours;
@@ -184,7 +191,10 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                 )) => {
                     let r = match remove(socket.as_deref(), state.as_deref(), expect) {
                         Ok(()) => Report::Removed { id },
-                        Err(error) => Report::Failed { id, error },
+                        Err(e) => Report::Failed {
+                            id,
+                            error: e.to_string(),
+                        },
                     };
                     send(&sock, &r, &[])?;
                 }
@@ -242,6 +252,30 @@ fn open_regular(path: &Path) -> io::Result<std::fs::File> {
     Ok(f)
 }
 
+/// Why the launcher could not carry out a `Prepare` or a `Remove`; its
+/// text goes back to the supervisor in `Report::Failed`.
+#[derive(Debug, thiserror::Error)]
+enum OrderError {
+    #[error(transparent)]
+    Placement(#[from] placement::PlacementError),
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
+    #[error(transparent)]
+    Store(#[from] vzram_store::StoreError),
+    #[error("{0} queues")]
+    Queues(usize),
+    #[error("{}: not the state that was listed (made again or gone since); left alone", .0.display())]
+    NotListed(PathBuf),
+    #[error("{} is not a socket; left alone", .0.display())]
+    NotASocket(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
 type Prepared = (
     std::os::unix::net::UnixListener,
     vzram_store::StateFiles,
@@ -256,15 +290,14 @@ fn prepare(
     algo: Codec,
     shards: usize,
     backing: Option<PathBuf>,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, OrderError> {
     placement::check(
         path,
         &state.root.join(&state.name),
         state.existing == Existing::Discard,
         state.adopt,
-    )
-    .map_err(|e| e.to_string())?;
-    let listener = socket::bind_socket(path, mode).map_err(|e| e.to_string())?;
+    )?;
+    let listener = socket::bind_socket(path, mode)?;
     // Before the state: a missing or locked backing file leaves nothing
     // made behind but the socket, removed below.
     let backing = match backing {
@@ -274,11 +307,11 @@ fn prepare(
             Err(e) => {
                 drop(listener);
                 let _ = std::fs::remove_file(path);
-                return Err(e.to_string());
+                return Err(e.into());
             }
         },
     };
-    let queues = u16::try_from(shards).map_err(|_| format!("{shards} queues"))?;
+    let queues = u16::try_from(shards).map_err(|_| OrderError::Queues(shards))?;
     let mut dc = device_config(size, algo, queues, 0);
     dc.state = Some(state);
     let opened = vzram_store::device::open_state(&dc).and_then(|st| {
@@ -297,34 +330,37 @@ fn prepare(
         Err(e) => {
             drop(listener);
             let _ = std::fs::remove_file(path);
-            Err(e.to_string())
+            Err(e.into())
         }
     }
 }
 
-fn remove(socket: Option<&Path>, state: Option<&Path>, expect: Option<u64>) -> Result<(), String> {
+fn remove(
+    socket: Option<&Path>,
+    state: Option<&Path>,
+    expect: Option<u64>,
+) -> Result<(), OrderError> {
     if let (Some(dir), Some(id)) = (state, expect) {
         if vzram_store::Leftover::read(dir).map(|l| l.creation_id) != Some(id) {
-            return Err(format!(
-                "{}: not the state that was listed (made again or gone since); left alone",
-                dir.display()
-            ));
+            return Err(OrderError::NotListed(dir.to_path_buf()));
         }
     }
+    let io = |p: &Path| {
+        let path = p.to_path_buf();
+        move |source| OrderError::Io { path, source }
+    };
     use std::os::unix::fs::FileTypeExt;
     if let Some(p) = socket {
         match std::fs::symlink_metadata(p) {
-            Ok(m) if m.file_type().is_socket() => {
-                std::fs::remove_file(p).map_err(|e| format!("{}: {e}", p.display()))?
-            }
-            Ok(_) => return Err(format!("{} is not a socket; left alone", p.display())),
+            Ok(m) if m.file_type().is_socket() => std::fs::remove_file(p).map_err(io(p))?,
+            Ok(_) => return Err(OrderError::NotASocket(p.to_path_buf())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", p.display())),
+            Err(e) => return Err(io(p)(e)),
         }
     }
     if let Some(dir) = state {
         let made_for = vzram_store::Leftover::read(dir).and_then(|l| l.socket);
-        vzram_store::state::remove(dir).map_err(|e| e.to_string())?;
+        vzram_store::state::remove(dir)?;
         if let Some(p) = socket {
             placement::forget(p);
         }

@@ -115,12 +115,18 @@ pub enum Answer {
     },
 }
 
+/// An order that failed where it was carried out, in the owner's words
+/// (they crossed a process boundary as text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OrderFailed(pub String);
+
 impl Answer {
     /// The reply order `C` names, or the failure it met; the answer itself
     /// if it is neither (one to another order).
-    pub fn reply<C: Command>(self) -> Result<Result<C::Reply, String>, Answer> {
+    pub fn reply<C: Command>(self) -> Result<Result<C::Reply, OrderFailed>, Answer> {
         if let Answer::Failed { error } = self {
-            return Ok(Err(error));
+            return Ok(Err(OrderFailed(error)));
         }
         C::Reply::try_from(self).map(Ok)
     }
@@ -323,6 +329,9 @@ mod tests {
         let f = Answer::Failed {
             error: "full".into(),
         };
-        assert_eq!(f.reply::<Writeback>(), Ok(Err("full".to_string())));
+        assert_eq!(
+            f.reply::<Writeback>(),
+            Ok(Err(OrderFailed("full".to_string())))
+        );
     }
 }

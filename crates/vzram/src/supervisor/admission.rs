@@ -616,7 +616,7 @@ impl Supervisor {
                         served_before,
                         ..
                     } => (started.elapsed(), *served_before),
-                    _ => (Duration::ZERO, 0),
+                    Phase::Idle | Phase::Pending { .. } | Phase::Busy => (Duration::ZERO, 0),
                 };
                 let served = d.requests_served().saturating_sub(before);
                 self.ended(ep, i, &d, watch);

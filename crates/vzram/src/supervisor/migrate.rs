@@ -124,7 +124,7 @@ impl Supervisor {
             let order = order::Send { keep };
             match self.on_owner(d, &order, Some(fd), HOLD_WAIT) {
                 Ok((Err(error), _)) => {
-                    d.migration.set_error(Some(error.clone()));
+                    d.migration.set_error(Some(error.to_string()));
                     return Err(failed(d, error));
                 }
                 Ok((Ok(sent), _)) => {
@@ -171,7 +171,15 @@ impl Supervisor {
         match m.phase() {
             Phase::Committing => {}
             Phase::Sending => return Err(Error::CommitTooEarly(d.spec.name.clone())),
-            _ => return Err(Error::NotCommitting(d.spec.name.clone())),
+            Phase::None
+            | Phase::Incoming
+            | Phase::Receiving
+            | Phase::Failed
+            | Phase::Sent
+            | Phase::SendFailed
+            | Phase::Received
+            | Phase::Prepared
+            | Phase::Copied => return Err(Error::NotCommitting(d.spec.name.clone())),
         }
         self.ask_sender(d, Ask::Commit);
         Ok(m.state_name())
@@ -404,7 +412,7 @@ impl Supervisor {
                     "migration received: the device serves"
                 );
             }
-            Ok((Err(error), _)) => self.incoming_failed(d, error),
+            Ok((Err(error), _)) => self.incoming_failed(d, error.0),
             Err(e) => self.incoming_failed(d, e.to_string()),
         }
     }

@@ -15,7 +15,7 @@ use super::Supervisor;
 use crate::owner::attach::{attach, device_config};
 use crate::owner::execute::{execute, execute_migration, Migrating};
 use crate::proto::control::{MIGRATE_WAIT, TIER_WAIT};
-use crate::proto::order::{self, Answer, Command, Order};
+use crate::proto::order::{self, Answer, Command, Order, OrderFailed};
 use crate::proto::wire;
 use crate::sys::socket::readable;
 
@@ -244,7 +244,7 @@ impl Supervisor {
         order: &C,
         fd: Option<OwnedFd>,
         hold_wait: Duration,
-    ) -> Result<(Result<C::Reply, String>, bool)> {
+    ) -> Result<(Result<C::Reply, OrderFailed>, bool)> {
         let (answer, by_worker) = self.on_owner_answer(d, &order.clone().into(), fd, hold_wait)?;
         Ok((answer.reply::<C>().map_err(unexpected)?, by_worker))
     }
@@ -297,7 +297,7 @@ impl Supervisor {
             let mut ph = d.phase();
             match *ph {
                 Phase::Idle => *ph = Phase::Busy,
-                _ => return Ok(None),
+                Phase::Pending { .. } | Phase::Running { .. } | Phase::Busy => return Ok(None),
             }
         }
         let r = self.attach(d).map(|dev| {
@@ -377,9 +377,9 @@ fn unexpected(a: Answer) -> Error {
 }
 
 /// The worker (or this process) carried the order out as far as it went.
-pub(super) fn failed(d: &Served, error: String) -> Error {
+pub(super) fn failed(d: &Served, error: impl std::fmt::Display) -> Error {
     Error::Failed {
         device: d.spec.name.clone(),
-        error,
+        error: error.to_string(),
     }
 }

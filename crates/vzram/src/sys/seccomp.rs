@@ -475,7 +475,7 @@ fn apply_to_this_thread(prog: &BpfProgram) -> std::io::Result<()> {
 fn allow_list(mode: Mode, role: Role, socket_dirs: &[RawFd]) -> Result<BpfProgram, Error> {
     let mismatch = match mode {
         Mode::Log => SeccompAction::Log,
-        _ => SeccompAction::Trap,
+        Mode::On | Mode::Off => SeccompAction::Trap,
     };
     Ok(SeccompFilter::new(
         rules(role, socket_dirs)?.0,

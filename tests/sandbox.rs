@@ -124,7 +124,15 @@ fn filter_is_on_by_default_on_every_thread_and_io_works() {
     // launcher alone runs without one: it starts workers (exec), and reads
     // nothing but the supervisor's requests (SECURITY.md).
     let _connected = Client::connect(&sock, 2).unwrap_or_else(|e| panic!("connect: {e}"));
-    let threads = thread_modes(pid);
+    // The worker starts its threads as it sets up: on a busy machine the
+    // last may come a moment after the connection.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut threads = thread_modes(pid);
+    while !threads.iter().any(|(n, _)| n == "vzram-compact") && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        threads = thread_modes(pid);
+    }
     eprintln!("threads: {threads:?}");
     assert!(threads.len() >= 6, "{threads:?}");
     assert!(
@@ -139,7 +147,10 @@ fn filter_is_on_by_default_on_every_thread_and_io_works() {
         1,
         "{threads:?}"
     );
-    assert!(threads.iter().any(|(n, _)| n == "vzram-compact"));
+    assert!(
+        threads.iter().any(|(n, _)| n == "vzram-compact"),
+        "no compaction thread within 20 s: {threads:?}"
+    );
     let worker = d.stat().sole().worker.pid.expect("a worker pid");
     assert_ne!(worker, pid);
     assert_eq!(seccomp_of(worker).0, "2");
@@ -260,6 +271,7 @@ fn seccomp_off_and_log_modes() {
     // The command line wins over the file.
     let args = [&base[..], &["--config", s(&cfg), "--seccomp", "on"]].concat();
     let mut d = Daemon::start(&dir, &args, &[&sock]);
+    assert!(d.wait_log("seccomp filter active"), "{}", d.log_text());
     assert_eq!(seccomp_of(d.pid()).0, "2");
     assert!(d.terminate().success());
 
@@ -541,6 +553,8 @@ fn runs_as_an_unprivileged_user_with_sockets_in_its_own_directory() {
         Daemon::start_command(cmd, &control, &dir.join("daemon.log"), &[&sock])
     };
     let pid = d.pid();
+    // The control socket answers before the filter is in place.
+    assert!(d.wait_log("seccomp filter active"), "{}", d.log_text());
     let owner = std::fs::metadata(&sock).unwrap().uid();
     let mode = std::fs::metadata(&sock).unwrap().mode() & 0o777;
     eprintln!(

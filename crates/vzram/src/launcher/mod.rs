@@ -29,7 +29,7 @@ use vzram_store::{Codec, Existing, StateSpec};
 
 use crate::owner::attach::device_config;
 use crate::owner::placement;
-use crate::proto::launch::{PreparedBacking, Report, Request};
+use crate::proto::launch::{PreparedBacking, PreparedFds, Report, Request};
 use crate::proto::wire::{recv, send, FIRST_FD};
 use crate::sys::signals::ChildSignals;
 use crate::sys::socket;
@@ -130,15 +130,16 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                     }
                 }) {
                     Ok(((listener, st, backing), incoming)) => {
-                        let mut fds = vec![
-                            listener.as_raw_fd(),
-                            st.lock.as_raw_fd(),
-                            st.table.as_raw_fd(),
-                            st.arena.as_raw_fd(),
-                            st.stats.as_raw_fd(),
-                        ];
-                        fds.extend(backing.as_ref().map(|b| b.file().as_raw_fd()));
-                        fds.extend(incoming.as_ref().map(|l| l.as_raw_fd()));
+                        let fds = PreparedFds {
+                            listener: listener.as_raw_fd(),
+                            lock: st.lock.as_raw_fd(),
+                            table: st.table.as_raw_fd(),
+                            arena: st.arena.as_raw_fd(),
+                            stats: st.stats.as_raw_fd(),
+                            backing: backing.as_ref().map(|b| b.file().as_raw_fd()),
+                            incoming: incoming.as_ref().map(|l| l.as_raw_fd()),
+                        }
+                        .in_order();
                         let r = Report::Prepared {
                             id,
                             dir: st.dir.clone(),

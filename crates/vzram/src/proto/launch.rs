@@ -180,3 +180,87 @@ impl Report {
         }
     }
 }
+
+/// The descriptors a [`Report::Prepared`] carries, by name: the launcher
+/// sends [`PreparedFds::in_order`], the supervisor takes them with
+/// [`PreparedFds::received`]; nothing else knows their order.
+#[derive(Debug)]
+pub struct PreparedFds<F> {
+    /// The device's listening vhost-user socket.
+    pub listener: F,
+    pub lock: F,
+    pub table: F,
+    pub arena: F,
+    pub stats: F,
+    /// When the device has a backing file.
+    pub backing: Option<F>,
+    /// When the device waits for an incoming migration.
+    pub incoming: Option<F>,
+}
+
+impl<F: Copy> PreparedFds<F> {
+    /// The list as it is sent.
+    pub fn in_order(&self) -> Vec<F> {
+        let mut v = vec![self.listener, self.lock, self.table, self.arena, self.stats];
+        v.extend(self.backing);
+        v.extend(self.incoming);
+        v
+    }
+}
+
+impl PreparedFds<std::os::fd::OwnedFd> {
+    /// The list as it came, for a device with (or without) a backing file
+    /// and an incoming listener; None if it is not that list's length.
+    pub fn received(
+        fds: Vec<std::os::fd::OwnedFd>,
+        backing: bool,
+        incoming: bool,
+    ) -> Option<PreparedFds<std::os::fd::OwnedFd>> {
+        if fds.len() != 5 + usize::from(backing) + usize::from(incoming) {
+            return None;
+        }
+        let mut fds = fds.into_iter();
+        let mut next = || fds.next();
+        Some(PreparedFds {
+            listener: next()?,
+            lock: next()?,
+            table: next()?,
+            arena: next()?,
+            stats: next()?,
+            backing: if backing { Some(next()?) } else { None },
+            incoming: if incoming { Some(next()?) } else { None },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PreparedFds;
+
+    fn fds(n: usize) -> Vec<std::os::fd::OwnedFd> {
+        (0..n)
+            .map(|_| std::fs::File::open("/dev/null").unwrap().into())
+            .collect()
+    }
+
+    #[test]
+    fn prepared_descriptors_are_taken_by_name_and_counted() {
+        let sent = PreparedFds {
+            listener: 0,
+            lock: 1,
+            table: 2,
+            arena: 3,
+            stats: 4,
+            backing: None,
+            incoming: Some(5),
+        };
+        assert_eq!(sent.in_order(), [0, 1, 2, 3, 4, 5]);
+        let got = PreparedFds::received(fds(6), false, true).expect("six for an incoming device");
+        assert!(got.backing.is_none() && got.incoming.is_some());
+        let got = PreparedFds::received(fds(7), true, true).expect("seven with a backing file");
+        assert!(got.backing.is_some() && got.incoming.is_some());
+        // One short, or one more than the device needs: refused.
+        assert!(PreparedFds::received(fds(5), true, false).is_none());
+        assert!(PreparedFds::received(fds(6), false, false).is_none());
+    }
+}

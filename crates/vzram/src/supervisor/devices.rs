@@ -14,7 +14,7 @@ use crate::config::DeviceSpec;
 use crate::owner::attach::{attach, device_config};
 use crate::owner::migration::{set_incoming, settle_send, Listener};
 use crate::proto::addr::Addr;
-use crate::proto::launch::{Report, Request};
+use crate::proto::launch::{PreparedFds, Report, Request};
 
 impl Supervisor {
     /// Adds a device at run time; returns its index, and whether it
@@ -75,22 +75,30 @@ impl Supervisor {
             Report::Failed { error, .. } => return Err(Error::LauncherRefused(error)),
             r => return Err(Error::LauncherAnswer(format!("{r:?}"))),
         };
-        let mut fds = fds.into_iter();
-        let mut next = || fds.next().ok_or(Error::LauncherFds);
-        let (listener, lock, table, arena, stats) = (next()?, next()?, next()?, next()?, next()?);
-        let backing = match (spec.tier.backing_file.clone(), prepared_backing) {
-            (Some(path), Some(b)) => Some(BackingFile {
-                file: next()?.into(),
+        let PreparedFds {
+            listener,
+            lock,
+            table,
+            arena,
+            stats,
+            backing,
+            incoming,
+        } = PreparedFds::received(fds, prepared_backing.is_some(), spec.incoming.is_some())
+            .ok_or(Error::LauncherFds)?;
+        let backing = match (spec.tier.backing_file.clone(), prepared_backing, backing) {
+            (Some(path), Some(b), Some(file)) => Some(BackingFile {
+                file: file.into(),
                 path,
                 direct: b.direct,
                 blocks: b.blocks,
             }),
-            (None, None) => None,
+            (None, None, None) => None,
             _ => return Err(Error::LauncherFds),
         };
-        let incoming = match &spec.incoming {
-            Some(a) => Some(Listener::new(a, next()?)),
-            None => None,
+        let incoming = match (&spec.incoming, incoming) {
+            (Some(a), Some(fd)) => Some(Listener::new(a, fd)),
+            (None, None) => None,
+            _ => return Err(Error::LauncherFds),
         };
         let socket = spec.socket.clone();
         let undo = |e: Error| {

@@ -98,8 +98,8 @@ fn a_guest_saved_restored_and_paused_beside_forgotten_senders_keeps_every_page()
     );
     // SAFETY: signalling our own child, not yet reaped.
     unsafe { libc::kill(sender.id() as libc::pid_t, libc::SIGINT) };
-    // Twice in loaded CI runs this step took 65-74 s, every migration
-    // state coming at once: the client outlived its Ctrl-C. Say how.
+    // A client that outlives its Ctrl-C (as when it inherited SIGINT
+    // ignored: see `Hosts::migrate`) fails here, saying how.
     let mut sender = sender;
     let deadline = Instant::now() + Duration::from_secs(30);
     while sender.try_wait().expect("try_wait").is_none() {

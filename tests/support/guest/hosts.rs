@@ -3,6 +3,7 @@
 //! A swapping guest's options, `vzram migrate` of A's device, and the
 //! waits on a device's migration state.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
@@ -50,7 +51,10 @@ impl Hosts {
     }
 
     /// `vzram migrate` of A's device with `extra` (`--to ...`, `--commit`),
-    /// its output piped.
+    /// its output piped, and SIGINT at its default as an operator's
+    /// terminal would start it: a suite run in the background (`cmd &` in a
+    /// script) inherits SIGINT ignored, and a Ctrl-C test would then wait
+    /// for the move to fail on its own.
     pub fn migrate(&self, ctx: &Ctx, extra: &[&str]) -> Command {
         let mut c = Command::new(&ctx.bin);
         c.args([
@@ -63,6 +67,18 @@ impl Hosts {
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+        // SAFETY: between fork and exec only async-signal-safe calls:
+        // signal(2) and sigprocmask(2) on this process's own state.
+        unsafe {
+            c.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGINT);
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                Ok(())
+            });
+        }
         c
     }
 

@@ -414,134 +414,17 @@ impl DaemonConfig {
             return err(Refusal::NoDevice);
         }
         let mut devices = Vec::with_capacity(drafts.len());
-        let mut sockets = HashSet::new();
-        let mut names = HashSet::new();
-        let mut backing: Vec<(PathBuf, String)> = Vec::new();
-        let mut incoming = HashSet::new();
+        let mut taken = Taken::default();
         for (i, d) in drafts.into_iter().enumerate() {
-            let derived = d.name.is_none();
-            let Some(name) = d
-                .name
-                .clone()
-                .or_else(|| d.socket.as_deref().and_then(name_from_socket))
-            else {
-                return err(match &d.socket {
-                    None => Refusal::NoSocketAt { index: i },
-                    Some(s) => Refusal::NoNameFrom {
-                        index: i,
-                        socket: s.clone(),
-                    },
-                });
-            };
-            // The name is also the state directory's name.
-            if name.is_empty()
-                || name.len() > 64
-                || name.starts_with('.')
-                || name.contains('/')
-                || name.chars().any(|c| c.is_whitespace() || c.is_control())
-            {
-                return err(Refusal::BadName { index: i, name });
-            }
-            let algo = d.algo.unwrap_or(Codec::Lz4);
-            let tier = tier_spec(&name, algo, &d, &mut backing)?;
-            let Some(socket) = d.socket else {
-                return err(Refusal::NoSocket { name });
-            };
-            if socket.as_os_str().is_empty() {
-                return err(Refusal::EmptySocket { name });
-            }
-            let Some(size) = d.size else {
-                return err(Refusal::NoSize { name });
-            };
-            if size == 0 || size % PAGE_SIZE as u64 != 0 {
-                return err(Refusal::SizeNotPages { name, size });
-            }
-            if size > parse::MAX_DEVICE_SIZE {
-                return err(Refusal::SizeTooLarge { name, size });
-            }
-            let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
-            if !(1..=MAX_QUEUES).contains(&usize::from(queues)) {
-                return err(Refusal::Queues { name, queues });
-            }
-            let discard_segments = d.discard_segments.unwrap_or(MAX_DISCARD_SEGMENTS);
-            if !(1..=MAX_DISCARD_SEGMENTS).contains(&discard_segments) {
-                return err(Refusal::DiscardSegments {
-                    name,
-                    segments: discard_segments,
-                });
-            }
-            let serial = d.serial.unwrap_or_else(|| default_serial(&name));
-            if serial.len() > SERIAL_LEN {
-                return err(Refusal::SerialTooLong { name, serial });
-            }
-            if !sockets.insert(socket.clone()) {
-                return err(Refusal::SocketTwice(socket));
-            }
-            if !names.insert(name.clone()) {
-                return err(Refusal::NameTwice {
-                    name,
-                    from: derived.then_some(socket),
-                });
-            }
-            let on_state = match (d.recover, d.fresh) {
-                (Some(true), Some(true)) => return err(Refusal::RecoverAndFresh { name }),
-                (_, Some(true)) => OnState::Fresh,
-                (Some(true), _) => OnState::Recover,
-                (Some(false), _) => OnState::Refuse,
-                (None, _) => OnState::Unsaid,
-            };
-            if let Some(a) = &d.incoming {
-                if !incoming.insert(a.clone()) {
-                    return err(Refusal::IncomingTwice {
-                        name,
-                        addr: a.clone(),
-                    });
-                }
-            }
-            let mem_limit = d.mem_limit.unwrap_or(0);
-            if mem_limit > size {
-                // Compressed pages take at most a page each: a limit above
-                // the size is a typo, or meant for another device.
-                return err(Refusal::MemLimitAboveSize {
-                    name,
-                    mem_limit,
-                    size,
-                });
-            }
-            // One above the host limit is accepted, with a warning when
-            // the daemon starts (the host limit caps it first).
-            devices.push(DeviceSpec {
-                name,
-                named: !derived,
-                socket,
-                size,
-                queues,
-                algo,
-                mem_limit,
-                serial,
-                readonly: d.readonly.unwrap_or(false),
-                discard_segments,
-                state_dir: d.state_dir,
-                on_state,
-                adopt: d.adopt.unwrap_or(false),
-                tier,
-                incoming: d.incoming,
-            });
+            devices.push(DeviceSpec::check(i, d, &mut taken)?);
         }
         let control_defaulted =
             control.is_none() && std::env::var_os("VZRAM_CONTROL").is_none_or(|c| c.is_empty());
         let control = control.unwrap_or_else(default_control);
         for d in &devices {
-            if let Some(Addr::Unix(p)) = &d.incoming {
-                if sockets.contains(p) || control == *p {
-                    return err(Refusal::IncomingIsSocket {
-                        name: d.name.clone(),
-                        socket: p.clone(),
-                    });
-                }
-            }
+            d.incoming_apart(|p| taken.sockets.contains(p) || control == *p)?;
         }
-        if sockets.contains(&control) {
+        if taken.sockets.contains(&control) {
             return err(Refusal::ControlIsDevice(control));
         }
         let default_state = default_state_dir();
@@ -565,6 +448,162 @@ impl DaemonConfig {
             tls: None,
             devices,
         })
+    }
+}
+
+/// What the devices checked so far hold that the next may not share.
+#[derive(Debug, Default)]
+pub struct Taken {
+    sockets: HashSet<PathBuf>,
+    names: HashSet<String>,
+    /// Backing files, with their devices.
+    backing: Vec<(PathBuf, String)>,
+    incoming: HashSet<Addr>,
+}
+
+impl DeviceSpec {
+    /// The device `d` (the `index`th given) with its defaults filled in,
+    /// checked on its own and against the devices before it (`taken`,
+    /// which it joins).
+    pub fn check(
+        index: usize,
+        d: DeviceDraft,
+        taken: &mut Taken,
+    ) -> Result<DeviceSpec, ConfigError> {
+        let derived = d.name.is_none();
+        let Some(name) = d
+            .name
+            .clone()
+            .or_else(|| d.socket.as_deref().and_then(name_from_socket))
+        else {
+            return err(match &d.socket {
+                None => Refusal::NoSocketAt { index },
+                Some(s) => Refusal::NoNameFrom {
+                    index,
+                    socket: s.clone(),
+                },
+            });
+        };
+        // The name is also the state directory's name.
+        if name.is_empty()
+            || name.len() > 64
+            || name.starts_with('.')
+            || name.contains('/')
+            || name.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return err(Refusal::BadName { index, name });
+        }
+        let algo = d.algo.unwrap_or(Codec::Lz4);
+        let tier = tier_spec(&name, algo, &d, &mut taken.backing)?;
+        let Some(socket) = d.socket else {
+            return err(Refusal::NoSocket { name });
+        };
+        if socket.as_os_str().is_empty() {
+            return err(Refusal::EmptySocket { name });
+        }
+        let Some(size) = d.size else {
+            return err(Refusal::NoSize { name });
+        };
+        if size == 0 || size % PAGE_SIZE as u64 != 0 {
+            return err(Refusal::SizeNotPages { name, size });
+        }
+        if size > parse::MAX_DEVICE_SIZE {
+            return err(Refusal::SizeTooLarge { name, size });
+        }
+        let queues = d.queues.unwrap_or(DEFAULT_QUEUES);
+        if !(1..=MAX_QUEUES).contains(&usize::from(queues)) {
+            return err(Refusal::Queues { name, queues });
+        }
+        let discard_segments = d.discard_segments.unwrap_or(MAX_DISCARD_SEGMENTS);
+        if !(1..=MAX_DISCARD_SEGMENTS).contains(&discard_segments) {
+            return err(Refusal::DiscardSegments {
+                name,
+                segments: discard_segments,
+            });
+        }
+        let serial = d.serial.unwrap_or_else(|| default_serial(&name));
+        if serial.len() > SERIAL_LEN {
+            return err(Refusal::SerialTooLong { name, serial });
+        }
+        if !taken.sockets.insert(socket.clone()) {
+            return err(Refusal::SocketTwice(socket));
+        }
+        if !taken.names.insert(name.clone()) {
+            return err(Refusal::NameTwice {
+                name,
+                from: derived.then_some(socket),
+            });
+        }
+        let on_state = match (d.recover, d.fresh) {
+            (Some(true), Some(true)) => return err(Refusal::RecoverAndFresh { name }),
+            (_, Some(true)) => OnState::Fresh,
+            (Some(true), _) => OnState::Recover,
+            (Some(false), _) => OnState::Refuse,
+            (None, _) => OnState::Unsaid,
+        };
+        if let Some(a) = &d.incoming {
+            if !taken.incoming.insert(a.clone()) {
+                return err(Refusal::IncomingTwice {
+                    name,
+                    addr: a.clone(),
+                });
+            }
+        }
+        let mem_limit = d.mem_limit.unwrap_or(0);
+        if mem_limit > size {
+            // Compressed pages take at most a page each: a limit above
+            // the size is a typo, or meant for another device.
+            return err(Refusal::MemLimitAboveSize {
+                name,
+                mem_limit,
+                size,
+            });
+        }
+        // One above the host limit is accepted, with a warning when
+        // the daemon starts (the host limit caps it first).
+        Ok(DeviceSpec {
+            name,
+            named: !derived,
+            socket,
+            size,
+            queues,
+            algo,
+            mem_limit,
+            serial,
+            readonly: d.readonly.unwrap_or(false),
+            discard_segments,
+            state_dir: d.state_dir,
+            on_state,
+            adopt: d.adopt.unwrap_or(false),
+            tier,
+            incoming: d.incoming,
+        })
+    }
+
+    /// The checks [`DaemonConfig::build`] makes of its sockets, for a
+    /// device added to a daemon whose control socket is `control` (its
+    /// name and socket against the other devices' are the daemon's to
+    /// check).
+    pub fn check_beside(&self, control: &std::path::Path) -> Result<(), ConfigError> {
+        self.incoming_apart(|p| *p == self.socket || p == control)?;
+        if self.socket == control {
+            return err(Refusal::ControlIsDevice(control.to_path_buf()));
+        }
+        Ok(())
+    }
+
+    /// An incoming unix socket that is not a socket of the daemon's
+    /// (`is_socket`: a device's or the control socket).
+    pub fn incoming_apart(&self, is_socket: impl Fn(&PathBuf) -> bool) -> Result<(), ConfigError> {
+        if let Some(Addr::Unix(p)) = &self.incoming {
+            if is_socket(p) {
+                return err(Refusal::IncomingIsSocket {
+                    name: self.name.clone(),
+                    socket: p.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

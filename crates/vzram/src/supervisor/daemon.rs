@@ -14,18 +14,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use thiserror::Error;
-use vzram_store::{BackingSpec, Existing, Leftover, Pool, PoolConfig, StateSpec, StoreError};
+use vzram_store::{Pool, PoolConfig, StoreError};
 
 use super::control::{self, Control};
+use super::error::StartError;
 use super::launch;
 use super::metrics;
+use super::opening::{Adding, Configured, LegacyState, NewStates};
 use super::pidfile::{PidFile, PidFileError};
 use super::reload::Reloads;
-use super::served::{BackingFile, Served};
 use super::{Supervisor, WorkerEnv};
 use crate::config::{DaemonConfig, DeviceSpec, Reload, SeccompMode};
-use crate::owner::attach::device_config;
-use crate::owner::migration::{set_incoming, settle_send, Listener};
+use crate::owner::migration::Listener;
 use crate::owner::placement;
 use crate::proto::addr::Addr;
 use crate::proto::worker_spec::{LogFormat, LogLevel};
@@ -82,6 +82,37 @@ pub enum Error {
         "the supervisor's loop failed (see the log); exiting so that the daemon is started again"
     )]
     LoopFailed,
+    /// A configured device refused as `vzram add` refuses one (a name
+    /// or socket taken, an incoming address without TLS): the
+    /// configuration's checks leave none of these.
+    #[error(transparent)]
+    Add(super::error::Error),
+}
+
+/// A configured device that [`Supervisor::add`] could not add, worded as
+/// start-up words it.
+impl From<super::error::Error> for Error {
+    fn from(e: super::error::Error) -> Error {
+        use super::error::Error as Add;
+        match e {
+            Add::Start { device, source } => match source {
+                StartError::Store(source) => Error::Device {
+                    name: device,
+                    source,
+                },
+                StartError::Placement(source) => Error::Placement {
+                    name: device,
+                    source,
+                },
+                StartError::Legacy(source) => Error::LegacyState {
+                    name: device,
+                    source,
+                },
+            },
+            Add::Store(s) => Error::Store(s),
+            e => Error::Add(e),
+        }
+    }
 }
 
 /// A control socket passed in (systemd's `SocketMode=` is one mode for
@@ -120,6 +151,14 @@ impl Error {
         let store = match self {
             Error::Store(s) | Error::Device { source: s, .. } => s,
             Error::Socket(e) => return e.is_config(),
+            Error::Add(e) => {
+                return matches!(
+                    e,
+                    super::error::Error::NameTaken(_)
+                        | super::error::Error::SocketTaken { .. }
+                        | super::error::Error::NoTls { .. }
+                )
+            }
             Error::Pidfile(_)
             | Error::PidfileWrite(_)
             | Error::Placement { .. }
@@ -374,7 +413,6 @@ pub fn run(
     // manager's sandbox) stops only its device's migration: the device
     // waits, says why in its stat, and the others start.
     let mut incoming = Vec::with_capacity(cfg.devices.len());
-    let mut unreachable = Vec::with_capacity(cfg.devices.len());
     for spec in &cfg.devices {
         let bound = match &spec.incoming {
             None => Ok(None),
@@ -387,23 +425,16 @@ pub fn run(
                 .map(|fd| Some(Listener::new(a, fd)))
                 .map_err(|e| e.to_string()),
         };
-        match bound {
-            Ok(l) => {
-                incoming.push(l);
-                unreachable.push(None);
-            }
-            Err(e) => {
-                let a = spec
-                    .incoming
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
-                let why = format!("cannot listen for its migration on {a}: {e}; its requests wait (fix the address and restart, or vzram reset serves it empty)");
-                tracing::error!(device = %spec.name, "{why}");
-                incoming.push(None);
-                unreachable.push(Some(why));
-            }
-        }
+        incoming.push(bound.map_err(|e| {
+            let a = spec
+                .incoming
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let why = format!("cannot listen for its migration on {a}: {e}; its requests wait (fix the address and restart, or vzram reset serves it empty)");
+            tracing::error!(device = %spec.name, "{why}");
+            why
+        }));
     }
 
     // The default control socket taken by another daemon: the one this
@@ -439,10 +470,6 @@ pub fn run(
         p.write().map_err(Error::PidfileWrite)?;
     }
 
-    // Every device's state is opened, locked and recovered here, once: a
-    // damaged or mismatched one stops the start, and the numbers `stat`
-    // shows are exact from the first moment. Then the mapping goes; the
-    // locked files stay, for the workers.
     // Logged once the sockets and ports are ours: a start refused for
     // them says so in its one error line, nothing else.
     tracing::info!(
@@ -460,123 +487,67 @@ pub fn run(
     }
 
     // States (and state dirs) made by this start are deleted again if it
-    // fails: declared before `devices`, so dropped after them (their locks
-    // released).
+    // fails: declared before the supervisor, so dropped after its devices
+    // (their locks released).
     let mut made = NewStates::default();
     let roots = state_roots(&cfg, &mut made.roots)?;
-    // Markers beside the sockets are written once nothing can fail the
-    // start for the configuration's sake.
-    let mut markers = Vec::with_capacity(cfg.devices.len());
-    let mut devices = Vec::with_capacity(cfg.devices.len());
-    let mut keys = Vec::with_capacity(cfg.devices.len());
-    for (((spec, listener), incoming), unreachable) in cfg
-        .devices
-        .iter()
-        .zip(listeners)
-        .zip(incoming)
-        .zip(unreachable)
-    {
-        let mut dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
-        let root = spec.state_root(&cfg).to_path_buf();
-        let key = state_key(spec, &root);
-        keys.push((root.clone(), key.clone()));
-        let state_spec = StateSpec {
-            root,
-            name: key.clone(),
-            existing: spec.on_state.existing(false, cfg.fresh.covers_device(spec)),
-            socket: Some(spec.socket_abs()),
-            adopt: cfg.adopt.covers_device(spec) || spec.adopt,
-        };
-        let device_error = |source| Error::Device {
-            name: spec.name.clone(),
-            source,
-        };
-        placement::check(
-            &spec.socket,
-            &state_spec.root.join(&key),
-            state_spec.existing == Existing::Discard,
-            state_spec.adopt,
+    let sup = Arc::new(
+        Supervisor::new(
+            Vec::new(),
+            pool,
+            host_file,
+            launcher,
+            WorkerEnv {
+                seccomp: cfg.seccomp,
+                log_level,
+                log_format,
+                socket_mode: cfg.socket_mode,
+                state_dir: cfg.state_dir.clone(),
+                control: cfg.control.clone(),
+                compress_threads: cfg.compress_threads,
+                incoming_timeout: cfg.incoming_timeout,
+                incoming_mode: cfg.incoming_mode,
+                tls: cfg.tls.clone().map(Arc::new),
+                poll_us: cfg.poll_us,
+            },
         )
-        .map_err(|source| Error::Placement {
-            name: spec.name.clone(),
-            source,
-        })?;
-        if state_spec.existing != Existing::Discard {
-            legacy_name(&cfg, spec, &state_spec.root, &key).map_err(|source| {
-                Error::LegacyState {
-                    name: spec.name.clone(),
-                    source,
-                }
-            })?;
-        }
-        dc.state = Some(state_spec);
-        // Opened (and locked) here, before the filter, with the state: a
-        // missing, small or taken file stops the start.
-        dc.backing = spec
-            .tier
-            .backing_file
-            .clone()
-            .map(|path| BackingSpec { path });
-        let store = pool.create_device(dc).map_err(device_error)?;
-        store.stats();
-        let Some(state) = store.state_files() else {
-            unreachable!("a daemon's device always has state");
+        .map_err(Error::Launcher)?,
+    );
+    // Every state there is left over until its device is added: what
+    // finds a state made under a device's name alone (`state_key`).
+    *sup.registry.leftovers() = roots
+        .iter()
+        .flat_map(|r| vzram_store::state::leftovers(r, &[]))
+        .collect();
+    // Every device's state is opened, locked and recovered here, once, as
+    // `vzram add` adds a device: a damaged or mismatched one stops the
+    // start, and the numbers `stat` shows are exact from the first moment.
+    for ((spec, listener), incoming) in cfg.devices.iter().zip(listeners).zip(incoming) {
+        let how = Configured {
+            listener,
+            incoming,
+            fresh: cfg.fresh.covers_device(spec),
+            adopt: cfg.adopt.covers_device(spec),
+            older_name: older_name(&cfg, spec),
+            made: &mut made,
         };
-        let state_files = state.try_clone().map_err(device_error)?;
-        let backing = match store.backing() {
-            Some(b) => {
-                let kept = BackingFile::of(b)
-                    .map_err(|e| device_error(StoreError::backing(b.path().display(), e)))?;
-                tracing::info!(
-                    device = %spec.name,
-                    backing = %kept.path.display(),
-                    blocks = kept.blocks,
-                    used = b.used(),
-                    direct_io = kept.direct,
-                    "backing file ready"
-                );
-                Some(kept)
-            }
-            None => None,
-        };
-        let dir = state_files.dir.display().to_string();
-        match store.recovery() {
-            Some(r) => tracing::info!(
-                device = %spec.name,
-                state = %dir,
-                pages = r.slots,
-                spans = r.spans,
-                cut_short = r.unlocked,
-                ms = r.micros as f64 / 1000.0,
-                "recovered the device from its state"
-            ),
-            None => {
-                tracing::info!(device = %spec.name, state = %dir, "new device state");
-                let claimed = backing.as_ref().and_then(|b| b.open().ok());
-                made.states.push((state_files.dir.clone(), claimed));
-            }
-        }
-        markers.push((
-            spec.name.clone(),
-            spec.socket.clone(),
-            state_files.dir.clone(),
-        ));
-        settle_send(&spec.name, &store);
-        if spec.incoming.is_some() {
-            set_incoming(&spec.name, &store);
-        } else if store.cells().migration.incoming() {
-            tracing::warn!(device = %spec.name, "the device waits for its pages from a migration but has no incoming address: its requests wait; vzram reset serves it empty");
-        }
-        drop(store);
-        let served =
-            Served::new(spec.clone(), listener, state_files, backing)?.with_incoming(incoming);
-        if unreachable.is_some() {
-            served.migration.set_error(unreachable);
-        }
-        devices.push(Arc::new(served));
+        sup.add(spec.clone(), Adding::Configured(how))?;
     }
-
-    let leftovers = leftovers(&keys, &roots);
+    for l in sup.registry.leftovers().iter() {
+        tracing::warn!(
+            state = %l.dir.display(),
+            size = l.size_bytes,
+            mib_held = l.bytes >> 20,
+            made_for = %l.socket.as_deref().map_or("an unrecorded socket".into(), |s| s.display().to_string()),
+            "a device state no device serves is left over: `{}` serves it, `vzram forget {}` deletes it",
+            super::devices::recover_hint(
+                &l.name,
+                l.socket.as_deref().unwrap_or(Path::new("PATH")),
+                l.size_bytes
+            ),
+            l.name
+        );
+    }
 
     // glibc installs its thread-signal handlers (rt_sigaction) when the
     // first thread starts; let that happen before the filter forbids it.
@@ -584,9 +555,11 @@ pub fn run(
         .spawn(|| {})
         .and_then(|t| t.join().map_err(|_| io::Error::other("thread panicked")))
         .map_err(Error::Thread)?;
-    for (name, socket, dir) in markers {
-        if let Err(e) = placement::record(&socket, &dir) {
-            tracing::warn!(device = %name, socket = %socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
+    // Markers beside the sockets are written once nothing can fail the
+    // start for the configuration's sake.
+    for (_, d) in sup.devices() {
+        if let Err(e) = placement::record(&d.spec.socket, &d.files.dir) {
+            tracing::warn!(device = %d.spec.name, socket = %d.spec.socket.display(), "cannot record where the state is beside the socket ({e}); a change of state dir will go unnoticed");
         }
     }
     // Opened now: the filter lets nothing be opened later.
@@ -617,33 +590,9 @@ pub fn run(
         SeccompMode::Off => tracing::warn!("seccomp filter off"),
     }
 
-    let sup = Arc::new(
-        Supervisor::new(
-            devices,
-            pool,
-            host_file,
-            launcher,
-            WorkerEnv {
-                seccomp: cfg.seccomp,
-                log_level,
-                log_format,
-                socket_mode: cfg.socket_mode,
-                state_dir: cfg.state_dir.clone(),
-                compress_threads: cfg.compress_threads,
-                incoming_timeout: cfg.incoming_timeout,
-                incoming_mode: cfg.incoming_mode,
-                tls: cfg.tls.clone().map(Arc::new),
-                poll_us: cfg.poll_us,
-            },
-        )
-        .map_err(Error::Launcher)?,
-    );
-    *sup.registry.leftovers() = leftovers;
     // Limits at odds with each other or with what recovered states hold
-    // are accepted, with a warning, as `set-limit` accepts them.
-    for (_, d) in sup.devices() {
-        sup.device_limit_warnings(&d);
-    }
+    // are accepted, with a warning, as `set-limit` accepts them (each
+    // device's were said as it was added).
     sup.host_limit_warnings(false);
     let looping = {
         let sup = sup.clone();
@@ -732,89 +681,15 @@ fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
 }
 
 /// Before names came from sockets, a device without `name=` was `vzramN`,
-/// N its place in the config. A device named after its socket that has no
-/// state yet, while such a state from an older vzram (no socket in its
-/// header) sits in its place, is refused: after an upgrade it would
-/// otherwise start blank beside its own pages.
-fn legacy_name(
-    cfg: &DaemonConfig,
-    spec: &DeviceSpec,
-    root: &Path,
-    key: &str,
-) -> Result<(), LegacyState> {
-    let Some(i) = cfg.devices.iter().position(|d| d.name == spec.name) else {
-        return Ok(());
-    };
+/// N its place in the config: that name, for a device named after its
+/// socket whose old name no other device has (see
+/// [`super::opening::LegacyState`]).
+fn older_name(cfg: &DaemonConfig, spec: &DeviceSpec) -> Option<String> {
+    let i = cfg.devices.iter().position(|d| d.name == spec.name)?;
     let old = format!("vzram{i}");
     let derived =
         crate::config::name_from_socket(&spec.socket).as_deref() == Some(spec.name.as_str());
-    if !derived
-        || old == spec.name
-        || root.join(key).exists()
-        || root.join(&spec.name).exists()
-        || cfg.devices.iter().any(|d| d.name == old)
-    {
-        return Ok(());
-    }
-    match vzram_store::Leftover::read(&root.join(&old)) {
-        Some(l) if l.socket.is_none() => Err(LegacyState {
-            dir: l.dir,
-            old,
-            name: spec.name.clone(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// A device named after its socket that has no state yet, while the state
-/// an older vzram made for its place (`old`, in `dir`) is there.
-#[derive(Debug, Error)]
-#[error(
-    "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
-     give this device name={old} to keep serving those pages, or start with `--fresh {name}` to start it empty (once it serves, `vzram forget {old}` deletes the old state)",
-    dir.display()
-)]
-pub struct LegacyState {
-    dir: PathBuf,
-    old: String,
-    name: String,
-}
-
-/// The states a start made; deleted on drop unless the start got through
-/// (a failed start leaves no blank state that the next one would take as
-/// the device's). A backing file such a state claimed is blanked again, so
-/// the next start may take it, and a state dir the start made is removed.
-#[derive(Default)]
-struct NewStates {
-    states: Vec<(PathBuf, Option<vzram_store::Backing>)>,
-    roots: Vec<PathBuf>,
-}
-
-impl NewStates {
-    /// The start got through: keep all.
-    fn keep(&mut self) {
-        self.states.clear();
-        self.roots.clear();
-    }
-}
-
-impl Drop for NewStates {
-    fn drop(&mut self) {
-        for (dir, backing) in self.states.drain(..) {
-            if let Some(b) = backing {
-                if let Err(e) = b.release() {
-                    tracing::warn!(backing = %b.path().display(), "cannot blank the backing file this failed start claimed: {e}");
-                }
-            }
-            if let Err(e) = vzram_store::state::discard(&dir) {
-                tracing::warn!(state = %dir.display(), "cannot delete the state this failed start made: {e}");
-            }
-        }
-        // Empty once its states are gone; one that is not keeps what it holds.
-        for root in self.roots.drain(..).rev() {
-            let _ = std::fs::remove_dir(&root);
-        }
-    }
+    (derived && old != spec.name && !cfg.devices.iter().any(|d| d.name == old)).then_some(old)
 }
 
 /// Every state root the devices use, each checked once: logged with its
@@ -880,58 +755,6 @@ fn state_roots(cfg: &DaemonConfig, made: &mut Vec<PathBuf>) -> Result<Vec<PathBu
         }
     }
     Ok(roots)
-}
-
-/// Where a device's state is: [`DeviceSpec::state_key`], or the key a
-/// device named after its socket had before keys carried the socket path,
-/// when a state there was made for this very socket (its header says so)
-/// and none is under the new key yet. A state there made for another
-/// socket is that socket's, left alone.
-fn state_key(spec: &DeviceSpec, root: &Path) -> String {
-    let key = spec.state_key();
-    if root.join(&key).exists() {
-        return key;
-    }
-    if let Some(old) = spec.legacy_key() {
-        if let Some(l) = Leftover::read(&root.join(old)) {
-            if l.socket.as_deref() == Some(spec.socket_abs().as_path()) {
-                tracing::info!(device = %spec.name, state = %l.dir.display(), "serving the state made for this socket under its name alone (before state names carried the socket path)");
-                return old.to_string();
-            }
-        }
-    }
-    key
-}
-
-/// The states in the roots that no device of this daemon serves and no
-/// other process holds: someone's disk, listed until recovered or forgotten.
-/// `keys` are the served devices' (root, state key).
-fn leftovers(keys: &[(PathBuf, String)], roots: &[PathBuf]) -> Vec<Leftover> {
-    let mut out = Vec::new();
-    for root in roots {
-        let serving: Vec<&str> = keys
-            .iter()
-            .filter(|(r, _)| r == root)
-            .map(|(_, k)| k.as_str())
-            .collect();
-        for l in vzram_store::state::leftovers(root, &serving) {
-            tracing::warn!(
-                state = %l.dir.display(),
-                size = l.size_bytes,
-                mib_held = l.bytes >> 20,
-                made_for = %l.socket.as_deref().map_or("an unrecorded socket".into(), |s| s.display().to_string()),
-                "a device state no device serves is left over: `{}` serves it, `vzram forget {}` deletes it",
-                super::devices::recover_hint(
-                    &l.name,
-                    l.socket.as_deref().unwrap_or(Path::new("PATH")),
-                    l.size_bytes
-                ),
-                l.name
-            );
-            out.push(l);
-        }
-    }
-    out
 }
 
 /// What [`crate::sys::fds::raise_fd_limit`] must allow: each device holds

@@ -1,25 +1,27 @@
-//! Devices added and removed while the daemon runs (`vzram add`,
-//! `vzram remove`).
+//! Devices added (at start-up, by `vzram add` and by a reload) and
+//! removed (`vzram remove`).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vzram_store::{StateFiles, StateSpec};
+use vzram_store::StateSpec;
 
 use super::error::{Error, Result};
-use super::served::{BackingFile, Phase, Served};
+use super::opening::{Adding, Opened};
+use super::served::{Phase, Served};
 use super::{Supervisor, STOP_WAIT};
 use crate::config::DeviceSpec;
-use crate::owner::attach::{attach, device_config};
-use crate::owner::migration::{set_incoming, settle_send, Listener};
+use crate::owner::migration::{set_incoming, settle_send};
 use crate::proto::addr::Addr;
-use crate::proto::launch::{PreparedFds, Report, Request};
+use crate::proto::launch::{Report, Request};
 
 impl Supervisor {
-    /// Adds a device at run time; returns its index, and whether it
-    /// recovered a state left under its name (`recover=true`).
-    pub fn add(self: &Arc<Self>, spec: DeviceSpec) -> Result<(usize, bool)> {
+    /// Adds a device: one of `vzram add` or a reload, or one of the
+    /// configuration at start-up (`how` says which, and brings what
+    /// start-up has for it). Returns its index, and whether it recovered
+    /// a state left under its name.
+    pub fn add(self: &Arc<Self>, spec: DeviceSpec, how: Adding<'_>) -> Result<(usize, bool)> {
         let _one = self.registry.changing();
         if matches!(spec.incoming, Some(Addr::Tcp(_)))
             && self.env.tls.as_ref().is_none_or(|t| t.server.is_none())
@@ -45,108 +47,50 @@ impl Supervisor {
             .clone()
             .unwrap_or_else(|| self.env.state_dir.clone());
         let key = self.state_key(&spec, &root);
+        // A configured device recovers a state unless told; one added at
+        // run time refuses it unless told.
+        let (requested, fresh, adopt) = match &how {
+            Adding::Requested => (true, false, false),
+            Adding::Configured(c) => (false, c.fresh, c.adopt),
+        };
         let state = StateSpec {
             root,
             name: key,
-            existing: spec.on_state.existing(true, false),
+            existing: spec.on_state.existing(requested, fresh),
             socket: Some(spec.socket_abs()),
-            adopt: spec.adopt,
+            adopt: adopt || spec.adopt,
         };
-        let (report, fds) = self.launcher.ask(|id| Request::Prepare {
-            id,
-            socket: spec.socket.clone(),
-            mode: self.env.socket_mode,
-            state: state.clone(),
-            size: spec.size,
-            algo: spec.algo,
-            shards: usize::from(spec.queues),
-            backing: spec.tier.backing_file.clone(),
-            incoming: spec.incoming.clone(),
-            incoming_mode: self.env.incoming_mode,
-        })?;
-        let (dir, existing, replaced, prepared_backing) = match report {
-            Report::Prepared {
-                dir,
-                existing,
-                replaced,
-                backing,
-                ..
-            } => (dir, existing, replaced, backing),
-            Report::Failed { error, .. } => return Err(Error::LauncherRefused(error)),
-            r => return Err(Error::LauncherAnswer(format!("{r:?}"))),
-        };
-        let PreparedFds {
+        let Opened {
             listener,
-            lock,
-            table,
-            arena,
-            stats,
+            files,
             backing,
+            store,
             incoming,
-        } = PreparedFds::received(fds, prepared_backing.is_some(), spec.incoming.is_some())
-            .ok_or(Error::LauncherFds)?;
-        let backing = match (spec.tier.backing_file.clone(), prepared_backing, backing) {
-            (Some(path), Some(b), Some(file)) => Some(BackingFile {
-                file: file.into(),
-                path,
-                direct: b.direct,
-                blocks: b.blocks,
-            }),
-            (None, None, None) => None,
-            _ => return Err(Error::LauncherFds),
+            unreachable,
+            existing,
+        } = match how {
+            Adding::Requested => self.prepare(&spec, &state)?,
+            Adding::Configured(c) => self.open_here(&spec, &state, c)?,
         };
-        let incoming = match (&spec.incoming, incoming) {
-            (Some(a), Some(fd)) => Some(Listener::new(a, fd)),
-            (None, None) => None,
-            _ => return Err(Error::LauncherFds),
-        };
-        let socket = spec.socket.clone();
-        let undo = |e: Error| {
-            let _ = self.launcher.ask(|id| Request::Remove {
-                id,
-                socket: Some(socket.clone()),
-                state: None,
-                expect: None,
-            });
-            e
-        };
-        let mut files = StateFiles::from_files(
-            dir,
-            lock.into(),
-            table.into(),
-            arena.into(),
-            stats.into(),
-            spec.size,
-        )
-        .map_err(|e| undo(e.into()))?;
-        files.existing = existing;
-        files.replaced = replaced;
-        let opened = match &backing {
-            Some(b) => Some(b.open().map_err(|e| undo(e.into()))?),
-            None => None,
-        };
-        let dc = device_config(spec.size, spec.algo, spec.queues, spec.mem_limit);
-        let dev = attach(&self.pool, dc, &files, opened).map_err(|e| undo(e.into()))?;
-        match dev.recovery() {
-            Some(r) if existing => tracing::info!(
-                device = %spec.name,
-                pages = r.slots,
-                ms = r.micros as f64 / 1000.0,
-                "added; recovered the device from its state"
-            ),
-            _ => tracing::info!(device = %spec.name, socket = %spec.socket.display(), "added"),
-        }
-        settle_send(&spec.name, &dev);
+        settle_send(&spec.name, &store);
         if spec.incoming.is_some() {
-            set_incoming(&spec.name, &dev);
+            set_incoming(&spec.name, &store);
+        } else if store.cells().migration.incoming() {
+            tracing::warn!(device = %spec.name, "the device waits for its pages from a migration but has no incoming address: its requests wait; vzram reset serves it empty");
         }
-        drop(dev);
+        drop(store);
         // Served now, so no longer left over.
         self.registry.served_again(&state.root.join(&state.name));
-        let mut served = Served::new(spec, listener.into(), files, backing)
-            .map_err(|e| undo(e.into()))?
-            .with_incoming(incoming);
-        served.added = true;
+        let socket = spec.socket.clone();
+        let mut served = match Served::new(spec, listener, files, backing) {
+            Ok(s) => s.with_incoming(incoming),
+            Err(e) if requested => return Err(self.unprepare(&socket, e.into())),
+            Err(e) => return Err(e.into()),
+        };
+        served.added = requested;
+        if unreachable.is_some() {
+            served.migration.set_error(unreachable);
+        }
         let i = self.registry.insert(served);
         self.wake();
         self.tell_status();
@@ -154,7 +98,11 @@ impl Supervisor {
             // Accepted at odds with the host limit or with a recovered
             // state's use, as `set-limit` accepts it: with a warning.
             self.device_limit_warnings(&d);
-            self.start_incoming(d).map_err(Error::Thread)?;
+            // A configured device's listener waits for the loop, which
+            // starts after the filter (see `daemon::run`).
+            if requested {
+                self.start_incoming(d).map_err(Error::Thread)?;
+            }
         }
         Ok((i, existing))
     }
@@ -306,7 +254,8 @@ impl Supervisor {
     /// state there was made for this very socket (before keys carried the
     /// socket path) and none is under the new key. The supervisor may not
     /// look at files: the left-overs it knows are what it goes by (every
-    /// state no device serves is one).
+    /// state no device serves is one; at start-up, every state in the
+    /// state dirs until its device is added).
     pub(super) fn state_key(&self, spec: &DeviceSpec, root: &std::path::Path) -> String {
         let key = spec.state_key();
         let Some(old) = spec.legacy_key() else {
@@ -319,6 +268,7 @@ impl Supervisor {
             .iter()
             .any(|l| l.dir == root.join(old) && l.socket.as_deref() == Some(socket.as_path()));
         if !new_there && old_ours {
+            tracing::info!(device = %spec.name, state = %root.join(old).display(), "serving the state made for this socket under its name alone (before state names carried the socket path)");
             old.to_string()
         } else {
             key

@@ -93,10 +93,30 @@ pub enum Error {
     LauncherNoConnection,
     #[error("cannot start the migration listener: {0}")]
     Thread(#[source] io::Error),
+    /// A configured device that cannot start (see `daemon::run`).
+    #[error("device {device}: {source}")]
+    Start {
+        device: String,
+        #[source]
+        source: StartError,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
     Io(#[from] io::Error),
+}
+
+/// Why a configured device cannot start: its state or backing file, or
+/// where its state was last served from (worded as the store words a
+/// configuration it refuses).
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("invalid configuration: {0}")]
+    Placement(#[source] crate::owner::placement::PlacementError),
+    #[error("invalid configuration: {0}")]
+    Legacy(#[source] super::opening::LegacyState),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

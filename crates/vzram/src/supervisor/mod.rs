@@ -44,6 +44,7 @@ mod launch;
 mod limits;
 pub mod metrics;
 mod migrate;
+mod opening;
 mod orders;
 mod pidfile;
 mod procstat;
@@ -64,6 +65,8 @@ pub struct WorkerEnv {
     /// state goes unless they say.
     pub socket_mode: u32,
     pub state_dir: PathBuf,
+    /// The control socket, which no device added may take.
+    pub control: PathBuf,
     /// `--compress-threads`; None: the cores, at most 4.
     pub compress_threads: Option<usize>,
     /// `--poll-us`; None: the default.
@@ -121,6 +124,11 @@ impl Supervisor {
     /// The daemon's own state dir (a device may name another).
     pub fn state_dir(&self) -> &std::path::Path {
         &self.env.state_dir
+    }
+
+    /// The daemon's control socket.
+    pub fn control(&self) -> &std::path::Path {
+        &self.env.control
     }
 
     /// Device `i`, if it exists (and was not removed).

@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc, Mutex};
 
 use super::error::{Error, Result};
+use super::opening::Adding;
 use super::served::{Phase, Served};
 use super::Supervisor;
 use crate::config::{DaemonConfig, DeviceSpec, OnState, Reload};
@@ -492,7 +493,7 @@ fn add(sup: &Arc<Supervisor>, spec: &DeviceSpec, out: &mut Outcome) -> Option<bo
         out.not_applied.push(format!("device {}: {msg}", spec.name));
         return None;
     }
-    match sup.add(spec.clone()) {
+    match sup.add(spec.clone(), Adding::Requested) {
         Ok((_, recovered)) => {
             tracing::info!(device = %spec.name, socket = %spec.socket.display(), recovered, "reload: in the file and not served: added");
             Some(recovered)

@@ -10,6 +10,7 @@ use crate::proto::control::{
 };
 use crate::proto::order::{self, TierFilter};
 use crate::supervisor::error::{Error, Result};
+use crate::supervisor::opening::Adding;
 use crate::supervisor::reload::Cause;
 
 /// What `C` replies, from its handler.
@@ -92,7 +93,7 @@ impl Control {
     pub(super) fn add(&self, c: cmd::Add) -> Reply<cmd::Add> {
         let spec = self.new_device(*c.device)?;
         let name = spec.name.clone();
-        let (index, recovered) = self.sup.add(spec)?;
+        let (index, recovered) = self.sup.add(spec, Adding::Requested)?;
         let state = self
             .sup
             .device(index)
@@ -279,16 +280,14 @@ impl Control {
         })
     }
 
-    /// A device for `add`, checked as the command line checks it (a name
-    /// is made up if none is given).
+    /// A device for `add`, checked as the command line checks one (a
+    /// name is made up if none is given), and against the daemon's own
+    /// control socket.
     fn new_device(&self, device: NewDevice) -> Result<DeviceSpec> {
+        let invalid = |e: crate::config::ConfigError| Error::Invalid(e.to_string());
         let draft = crate::config::DeviceDraft::from(device);
-        let host = self.sup.pool.host_mem_limit();
-        let cfg = crate::config::DaemonConfig::build(Some(host), None, None, vec![draft])
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        cfg.devices
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Invalid("no device".into()))
+        let spec = DeviceSpec::check(0, draft, &mut Default::default()).map_err(invalid)?;
+        spec.check_beside(self.sup.control()).map_err(invalid)?;
+        Ok(spec)
     }
 }

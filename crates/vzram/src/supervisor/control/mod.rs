@@ -168,6 +168,7 @@ fn kind(e: &Error) -> ErrorKind {
         Error::Failed { .. }
         | Error::Connect { .. }
         | Error::LauncherRefused(_)
+        | Error::Start { .. }
         | Error::Store(_)
         | Error::Io(_) => ErrorKind::Failed,
         Error::WorkerStuck { .. }

@@ -72,6 +72,7 @@ fn control(root: &std::path::Path) -> Control {
             log_format: Default::default(),
             socket_mode: 0o600,
             state_dir: root.to_path_buf(),
+            control: root.join("control.sock"),
             compress_threads: None,
             incoming_timeout: std::time::Duration::from_secs(3600),
             incoming_mode: 0o600,

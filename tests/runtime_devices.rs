@@ -255,3 +255,42 @@ fn add_carries_a_typed_device() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("colour"), "{err}");
 }
+
+/// An added device is checked against the daemon's own control socket
+/// (here not the default one): neither its socket nor its incoming
+/// address may be it. Refused before anything is bound, as a config
+/// file's device would be.
+#[test]
+fn add_is_checked_against_the_daemons_own_control_socket() {
+    let dir = TempDir::new("rt-control");
+    let a = dir.join("a.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--device", &format!("socket={},size=16M,queues=1", s(&a))],
+        &[&a],
+    );
+    let control = dir.join("control.sock");
+    let x = dir.join("x.sock");
+    for (bad, says) in [
+        (
+            format!("socket={},size=1M,name=c", s(&control)),
+            format!("control socket {} is also a device socket", s(&control)),
+        ),
+        (
+            format!("socket={},size=1M,incoming=unix:{}", s(&x), s(&control)),
+            format!(
+                "device x: incoming socket {} is also a device or control socket",
+                s(&control)
+            ),
+        ),
+    ] {
+        let o = d.vzram(&["add", "--device", &bad]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(&says), "{bad}: {err}");
+    }
+    assert!(!x.exists(), "a refused add left its socket");
+    assert_eq!(d.stat().devices().len(), 1);
+    // The control socket still answers.
+    assert!(d.vzram(&["stat"]).status.success());
+}

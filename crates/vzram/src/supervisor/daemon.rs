@@ -1,5 +1,7 @@
-//! Start-up of the serving daemon: binds every device's socket, opens (and
-//! recovers) every device's state, then supervises. Each frontend
+//! Start-up of the serving daemon: binds every device's socket, then adds
+//! each configured device as `vzram add` adds one ([`Supervisor::add`],
+//! which opens and recovers its state here, before the filter), then
+//! supervises. Each frontend
 //! connection is served by a worker process of its own; the device's state
 //! lives in shared files, so a worker's end, or the daemon's, loses nothing.
 

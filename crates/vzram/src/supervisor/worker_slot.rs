@@ -488,6 +488,8 @@ mod tests {
             w.short_log_due(t + RESTART_LOG_EVERY + Duration::from_secs(1)),
             None
         );
+        // Only those since the last line are counted in the next.
+        assert_eq!(w.short_log_due(t + RESTART_LOG_EVERY * 2), Some(1));
     }
 
     #[test]

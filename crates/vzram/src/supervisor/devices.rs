@@ -1,14 +1,13 @@
 //! Devices added and removed while the daemon runs (`vzram add`,
 //! `vzram remove`).
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vzram_store::{StateFiles, StateSpec};
 
 use super::error::{Error, Result};
-use super::served::{BackingFile, Phase, Served};
+use super::served::{BackingFile, Served};
 use super::{Supervisor, STOP_WAIT};
 use crate::config::DeviceSpec;
 use crate::owner::attach::{attach, device_config};
@@ -172,11 +171,11 @@ impl Supervisor {
         };
         let name = d.spec.name.clone();
         let frontend = {
-            let ph = d.phase();
+            let ph = d.worker.phase();
             let f = d.frontend_in(&ph);
             if f.is_none() || force {
                 // Under the phase lock: no frontend is admitted from here on.
-                d.removing.store(true, Relaxed);
+                d.worker.close();
             }
             f
         };
@@ -218,10 +217,10 @@ impl Supervisor {
         };
         // An arriving stream would hold the device until it ends.
         self.cut_arriving(&d)?;
-        d.removing.store(true, Relaxed);
+        d.worker.close();
         self.wake();
         let deadline = Instant::now() + STOP_WAIT;
-        while !matches!(*d.phase(), Phase::Idle) {
+        while !d.worker.idle() {
             if Instant::now() > deadline {
                 return Err(Error::WorkerStuck {
                     device: d.spec.name.clone(),

@@ -172,11 +172,21 @@ pub struct Summary {
     /// The daemon's CPU time (all its processes and threads) per request, µs.
     pub server_cpu_us: Option<f64>,
     pub mem_per_byte: Option<f64>,
+    /// The client's CPU time per request, µs: for the codec target, the
+    /// codec's own time.
+    pub client_cpu_us: f64,
+    /// The 1-minute load average when the repeats started.
+    pub load_1m: Option<f64>,
 }
 
 impl Summary {
     pub fn config_key(&self) -> String {
         config_key(&self.job, self.bs, self.iodepth, self.queues, self.think_us)
+    }
+
+    /// 4 KiB pages per request (at least 1).
+    fn pages(&self) -> f64 {
+        (self.bs as f64 / 4096.0).max(1.0)
     }
 }
 
@@ -221,6 +231,14 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
                 server_cpu_pct: opt_median(rs.iter().map(|r| r.server_cpu_pct).collect()),
                 server_cpu_us: opt_median(rs.iter().map(|r| r.server_cpu_us()).collect()),
                 mem_per_byte: opt_median(rs.iter().map(|r| r.mem_per_byte).collect()),
+                client_cpu_us: f(|r| {
+                    if r.iops > 0.0 {
+                        r.client_cpu_pct * 1e4 / r.iops
+                    } else {
+                        f64::NAN
+                    }
+                }),
+                load_1m: opt_median(rs.iter().map(|r| r.load_1m).collect()),
             }
         })
         .collect()
@@ -273,6 +291,59 @@ pub fn print_table(results: &[RunResult]) {
     println!();
     print_ratios(results, &s);
     print_before_after(results, &s);
+    let cpu = cpu_rows(&s);
+    if !cpu.is_empty() {
+        println!(
+            "CPU per 4 KiB page: each server's CPU (all its threads) against the codec's own \
+             time on the same pages, one thread, in the same run. This moves much less from \
+             one machine to another than the IOPS ratios:\n"
+        );
+        println!("| config | target | server CPU µs/page | codec µs/page | server − codec µs | load (1 min) |");
+        println!("|---|---|---:|---:|---:|---:|");
+        for r in cpu {
+            println!("{r}");
+        }
+        println!();
+    }
+}
+
+/// One row per server run with a CPU figure: its CPU per page, the codec's
+/// time per page for the same algorithm and job (compress for writes,
+/// decompress for reads), and their difference: what is not the codec.
+fn cpu_rows(s: &[Summary]) -> Vec<String> {
+    let servers = ["vzram", "vzram-base", "qsd", "host-zram"];
+    let mut rows = Vec::new();
+    for x in s
+        .iter()
+        .filter(|x| servers.contains(&x.target_kind.as_str()))
+    {
+        let Some(cpu) = x.server_cpu_us else {
+            continue;
+        };
+        let per_page = cpu / x.pages();
+        // qsd stores pages as they are; host zram's lz4 is the kernel's.
+        let codec = x
+            .algo
+            .as_ref()
+            .filter(|_| x.target_kind != "qsd")
+            .and_then(|a| {
+                let label = format!("codec/{a}");
+                s.iter()
+                    .find(|c| c.target == label && c.config_key() == x.config_key())
+            })
+            .map(|c| c.client_cpu_us / c.pages())
+            .filter(|c| c.is_finite());
+        rows.push(format!(
+            "| {} | {} | {:.2} | {} | {} | {} |",
+            x.config_key(),
+            x.target,
+            per_page,
+            codec.map_or("-".into(), |c| format!("{c:.2}")),
+            codec.map_or("-".into(), |c| format!("{:+.2}", per_page - c)),
+            x.load_1m.map_or("-".into(), |l| format!("{l:.2}")),
+        ));
+    }
+    rows
 }
 
 /// `vzram/A` against `vzram-base/A` (another build), per configuration: IOPS ratios
@@ -550,5 +621,40 @@ mod tests {
         .is_empty());
         let no_qsd: Vec<RunResult> = rs.iter().filter(|r| r.target != "qsd").cloned().collect();
         assert!(ratio_rows(&no_qsd, &summarize(&no_qsd), "qsd", &["vzram"], true).is_empty());
+    }
+
+    #[test]
+    fn cpu_per_page_against_the_codec() {
+        let mut rs = Vec::new();
+        for rep in 0..3 {
+            let mut q = run("qsd", rep, 100e3, 1.0);
+            q.server_cpu_pct = Some(60.0);
+            q.bs = 32768;
+            q.load_1m = Some(0.25);
+            rs.push(q);
+            let mut v = run("vzram/lz4", rep, 100e3, 0.3);
+            v.server_cpu_pct = Some(200.0);
+            v.bs = 32768;
+            rs.push(v);
+            // The codec: one thread at 100% doing 50k 32K requests a second.
+            let mut c = run("codec/lz4", rep, 50e3, 0.3);
+            c.target_kind = "codec".into();
+            c.server_cpu_pct = None;
+            c.client_cpu_pct = 100.0;
+            c.bs = 32768;
+            rs.push(c);
+        }
+        let rows = cpu_rows(&summarize(&rs));
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        // qsd: 60% of a CPU over 100k req/s = 6 µs a request, 0.75 µs a page.
+        assert_eq!(
+            rows[0],
+            "| randread 32K qd32 q1 | qsd | 0.75 | - | - | 0.25 |"
+        );
+        // vzram: 20 µs a request, 2.5 a page; the codec 20 µs per 8 pages.
+        assert_eq!(
+            rows[1],
+            "| randread 32K qd32 q1 | vzram/lz4 | 2.50 | 2.50 | +0.00 | - |"
+        );
     }
 }

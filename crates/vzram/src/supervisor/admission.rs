@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use super::clients::FULL_PAUSE;
 use super::launch::{Health, Received};
-use super::served::{ended_cleanly, failed, Phase, Restart, Served};
+use super::served::Served;
+use super::worker_slot::{Phase, Restart};
 use super::{Supervisor, STOP_WAIT};
 use crate::proto::launch::{Report, Request};
 use crate::proto::wire;
@@ -191,10 +192,7 @@ impl Supervisor {
                 // Stay to hear the workers' exits (stop() waits on them),
                 // but not for ever.
                 let since = *stop_seen.get_or_insert_with(Instant::now);
-                let running = self
-                    .devices()
-                    .iter()
-                    .any(|(_, d)| matches!(*d.phase(), Phase::Running { .. }));
+                let running = self.devices().iter().any(|(_, d)| d.worker.running());
                 if !running || since.elapsed() > STOP_WAIT {
                     return Ok(());
                 }
@@ -206,7 +204,7 @@ impl Supervisor {
     /// removed, and listens again on those a hold has let go of.
     fn sync_devices(&self, ep: &Poller, watch: &mut Watch) -> io::Result<()> {
         for (i, d) in self.devices() {
-            let removing = d.removing.load(Relaxed);
+            let removing = d.worker.closed();
             match watch.listening.get(&i).copied() {
                 None if !removing => {
                     ep.add(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
@@ -216,7 +214,7 @@ impl Supervisor {
                     let _ = ep.delete(d.listener.as_raw_fd());
                     watch.listening.remove(&i);
                     watch.paused.remove(&i);
-                    let mut ph = d.phase();
+                    let mut ph = d.worker.phase();
                     match &*ph {
                         Phase::Pending { conn, .. } => {
                             let _ = ep.delete(conn.as_raw_fd());
@@ -224,16 +222,14 @@ impl Supervisor {
                         }
                         Phase::Running { .. } => {
                             // Closing its control channel ends the worker.
-                            *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                            d.worker.end_channel();
                         }
                         _ => {}
                     }
                 }
                 // Disarmed while the supervisor held the device (a frontend
                 // came meanwhile and waits in the backlog): the hold is over.
-                Some(false)
-                    if matches!(*d.phase(), Phase::Idle) && !watch.paused.contains_key(&i) =>
-                {
+                Some(false) if d.worker.idle() && !watch.paused.contains_key(&i) => {
                     ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
                     watch.listening.insert(i, true);
                 }
@@ -249,13 +245,13 @@ impl Supervisor {
         let mut next: Option<Instant> = None;
         let mut at = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
         for (_, d) in self.devices() {
-            match &*d.phase() {
+            match &*d.worker.phase() {
                 Phase::Pending {
                     partial: Some(_), ..
                 } => at(now + HEADER_RECHECK),
                 Phase::Pending { since, .. } => {
                     let mut t = *since + FIRST_MESSAGE_WAIT;
-                    if let Some((_, until)) = *d.backoff() {
+                    if let Some(until) = d.worker.backoff_until() {
                         t = t.min(until.max(now));
                     }
                     at(t);
@@ -274,10 +270,10 @@ impl Supervisor {
     }
 
     fn on_listener(&self, ep: &Poller, i: usize, d: &Served, watch: &mut Watch) -> io::Result<()> {
-        if d.removing.load(Relaxed) || self.stopping.load(Relaxed) {
+        if d.worker.closed() || self.stopping.load(Relaxed) {
             return Ok(());
         }
-        let mut ph = d.phase();
+        let mut ph = d.worker.phase();
         match &mut *ph {
             Phase::Running { contender, .. } => {
                 // Likely our frontend reconnecting: leave the new client in
@@ -362,11 +358,11 @@ impl Supervisor {
     /// is forked for it only once a whole, valid vhost-user header is
     /// there: garbage costs a close, not a fork and a recovery.
     fn on_pending(&self, ep: &Poller, d: &Served) -> io::Result<()> {
-        let mut ph = d.phase();
+        let mut ph = d.worker.phase();
         let Phase::Pending { conn, partial, .. } = &mut *ph else {
             return Ok(());
         };
-        if d.removing.load(Relaxed) {
+        if d.worker.closed() {
             let _ = ep.delete(conn.as_raw_fd());
             *ph = Phase::Idle;
             return Ok(());
@@ -402,13 +398,13 @@ impl Supervisor {
             return Ok(());
         }
         if let Err(why) = check_header(&head) {
-            d.refused_clients.fetch_add(1, Relaxed);
+            d.worker.count_refused();
             tracing::debug!(device = %d.spec.name, "a client's first message is not vhost-user ({why}); closed");
             let _ = ep.delete(conn.as_raw_fd());
             *ph = Phase::Idle;
             return Ok(());
         }
-        if d.backing_off() {
+        if d.worker.backing_off() {
             // Stop watching it; the timer starts the worker.
             let _ = ep.delete(conn.as_raw_fd());
             return Ok(());
@@ -434,13 +430,13 @@ impl Supervisor {
         for i in resumed {
             watch.paused.remove(&i);
             // A phase that wants the listener quiet disarms it again.
-            if let Some(d) = self.device(i).filter(|d| !d.removing.load(Relaxed)) {
+            if let Some(d) = self.device(i).filter(|d| !d.worker.closed()) {
                 ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
                 watch.listening.insert(i, true);
             }
         }
         for (i, d) in self.devices() {
-            let mut ph = d.phase();
+            let mut ph = d.worker.phase();
             if let Phase::Running {
                 frontend,
                 contender,
@@ -463,7 +459,7 @@ impl Supervisor {
                     tracing::warn!(device = %d.spec.name, "refused a second frontend: the device already has one");
                     drop(s);
                 }
-                if !d.removing.load(Relaxed) {
+                if !d.worker.closed() {
                     ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN)?;
                     watch.listening.insert(i, true);
                 }
@@ -482,14 +478,14 @@ impl Supervisor {
                 self.on_pending(ep, &d)?;
                 continue;
             }
-            if since.elapsed() >= FIRST_MESSAGE_WAIT && !d.backing_off() {
+            if since.elapsed() >= FIRST_MESSAGE_WAIT && !d.worker.backing_off() {
                 tracing::info!(device = %d.spec.name, "a client connected and sent nothing for {FIRST_MESSAGE_WAIT:?}; closed");
                 let _ = ep.delete(conn.as_raw_fd());
                 *ph = Phase::Idle;
                 continue;
             }
             // A backoff ended with a connection waiting that has spoken.
-            if !d.backing_off() && readable(conn.as_raw_fd()) {
+            if !d.worker.backing_off() && readable(conn.as_raw_fd()) {
                 drop(ph);
                 self.on_pending(ep, &d)?;
             }
@@ -502,9 +498,7 @@ impl Supervisor {
         let id = self.launcher.next_id();
         match self.spawn(d, id, &conn) {
             Ok(control) => {
-                *d.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(control));
-                d.workers.fetch_add(1, Relaxed);
-                d.connected.store(true, Relaxed);
+                d.worker.count_start(control);
                 *ph = Phase::Running {
                     id,
                     pid: None,
@@ -516,8 +510,8 @@ impl Supervisor {
                 self.tell_status();
             }
             Err(e) => {
-                failed(
-                    d,
+                d.worker.failed(
+                    &d.spec.name,
                     Restart::StartFailed,
                     format!("cannot start a worker: {e}"),
                     Duration::ZERO,
@@ -587,21 +581,21 @@ impl Supervisor {
         let Some((i, d)) = self
             .devices()
             .into_iter()
-            .find(|(_, d)| matches!(&*d.phase(), Phase::Running { id: r, .. } if *r == id))
+            .find(|(_, d)| matches!(&*d.worker.phase(), Phase::Running { id: r, .. } if *r == id))
         else {
             return Ok(());
         };
         match report {
             Report::Spawned { pid, .. } => {
-                if let Phase::Running { pid: p, .. } = &mut *d.phase() {
+                if let Phase::Running { pid: p, .. } = &mut *d.worker.phase() {
                     *p = Some(pid);
                 }
                 tracing::info!(device = %d.spec.name, pid, "worker started");
             }
             Report::Failed { error, .. } => {
                 self.ended(ep, i, &d, watch);
-                failed(
-                    &d,
+                d.worker.failed(
+                    &d.spec.name,
                     Restart::StartFailed,
                     format!("cannot start a worker: {error}"),
                     Duration::ZERO,
@@ -610,7 +604,7 @@ impl Supervisor {
             Report::Exited {
                 pid, code, signal, ..
             } => {
-                let (ran, before) = match &*d.phase() {
+                let (ran, before) = match &*d.worker.phase() {
                     Phase::Running {
                         started,
                         served_before,
@@ -623,11 +617,11 @@ impl Supervisor {
                 match (code, signal) {
                     (Some(EXIT_DONE), _) => {
                         tracing::debug!(device = %d.spec.name, pid, served, "worker done after {ran:?}");
-                        ended_cleanly(&d, ran, served);
+                        d.worker.ended_cleanly(&d.spec.name, ran, served);
                     }
                     (Some(c), _) => {
                         let why = format!("worker {pid} exited with code {c}");
-                        failed(&d, Restart::Error, why, ran);
+                        d.worker.failed(&d.spec.name, Restart::Error, why, ran);
                     }
                     (None, Some(s)) => {
                         let hint = if s == libc::SIGSYS {
@@ -636,9 +630,12 @@ impl Supervisor {
                             ""
                         };
                         let why = format!("worker {pid} killed by {}{hint}", signal_name(s));
-                        failed(&d, Restart::Signal, why, ran);
+                        d.worker.failed(&d.spec.name, Restart::Signal, why, ran);
                     }
-                    (None, None) => failed(&d, Restart::Signal, format!("worker {pid} ended"), ran),
+                    (None, None) => {
+                        let why = format!("worker {pid} ended");
+                        d.worker.failed(&d.spec.name, Restart::Signal, why, ran);
+                    }
                 }
             }
             Report::Prepared { .. }
@@ -651,11 +648,9 @@ impl Supervisor {
 
     /// A worker of device `i` is gone: the device is idle again.
     fn ended(&self, ep: &Poller, i: usize, d: &Served, watch: &mut Watch) {
-        *d.phase() = Phase::Idle;
-        *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        d.connected.store(false, Relaxed);
+        d.worker.gone();
         self.tell_status();
-        if watch.listening.get(&i) == Some(&false) && !d.removing.load(Relaxed) {
+        if watch.listening.get(&i) == Some(&false) && !d.worker.closed() {
             if let Err(e) = ep.modify(d.listener.as_raw_fd(), Token::Listener(i), EventSet::IN) {
                 tracing::error!(device = %d.spec.name, "cannot watch the socket again: {e}");
             } else {

@@ -1,7 +1,6 @@
 //! Devices added (at start-up, by `vzram add` and by a reload) and
 //! removed (`vzram remove`).
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,7 +8,7 @@ use vzram_store::StateSpec;
 
 use super::error::{Error, Result};
 use super::opening::{Adding, Opened};
-use super::served::{Phase, Served};
+use super::served::Served;
 use super::{Supervisor, STOP_WAIT};
 use crate::config::DeviceSpec;
 use crate::owner::migration::{set_incoming, settle_send};
@@ -120,11 +119,11 @@ impl Supervisor {
         };
         let name = d.spec.name.clone();
         let frontend = {
-            let ph = d.phase();
+            let ph = d.worker.phase();
             let f = d.frontend_in(&ph);
             if f.is_none() || force {
                 // Under the phase lock: no frontend is admitted from here on.
-                d.removing.store(true, Relaxed);
+                d.worker.close();
             }
             f
         };
@@ -166,10 +165,10 @@ impl Supervisor {
         };
         // An arriving stream would hold the device until it ends.
         self.cut_arriving(&d)?;
-        d.removing.store(true, Relaxed);
+        d.worker.close();
         self.wake();
         let deadline = Instant::now() + STOP_WAIT;
-        while !matches!(*d.phase(), Phase::Idle) {
+        while !d.worker.idle() {
             if Instant::now() > deadline {
                 return Err(Error::WorkerStuck {
                     device: d.spec.name.clone(),

@@ -12,7 +12,7 @@ use vzram_store::cells::{Ask, Phase};
 
 use super::error::{Error, Result};
 use super::orders::{failed, HOLD_WAIT};
-use super::served::{Phase as Held, Served};
+use super::served::Served;
 use super::Supervisor;
 use crate::owner::migration::{refuse, Link, Listener, Tls};
 use crate::proto::addr::Addr;
@@ -275,7 +275,7 @@ impl Supervisor {
     fn incoming_loop(self: &Arc<Self>, d: &Arc<Served>, l: Listener) {
         let pending = Arc::new(AtomicUsize::new(0));
         loop {
-            if self.stopping.load(Relaxed) || d.removing.load(Relaxed) {
+            if self.stopping.load(Relaxed) || d.worker.closed() {
                 return;
             }
             match vzram_blk::guard::wait_fd(l.fd(), libc::POLLIN, Some(Duration::from_millis(500)))
@@ -423,10 +423,7 @@ impl Supervisor {
     /// unheard ends the wait (the receive goes on here).
     fn await_frontend(&self, d: &Served) {
         let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline
-            && matches!(*d.phase(), Held::Idle)
-            && readable(d.listener.as_raw_fd())
-        {
+        while Instant::now() < deadline && d.worker.idle() && readable(d.listener.as_raw_fd()) {
             std::thread::sleep(Duration::from_millis(5));
         }
     }

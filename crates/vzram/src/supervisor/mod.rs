@@ -28,11 +28,10 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vzram_store::Pool;
 
-use crate::proto::control::{WorkerState, WorkerStatus};
 use crate::proto::launch::Request;
 use crate::proto::worker_spec::{LogFormat, LogLevel, SeccompMode};
 use crate::sys::notify::Notifier;
-use served::{Phase, Served};
+use served::Served;
 
 mod admission;
 mod clients;
@@ -51,6 +50,7 @@ mod procstat;
 mod registry;
 pub mod reload;
 pub mod served;
+pub mod worker_slot;
 
 /// How long stopping waits for workers to go.
 const STOP_WAIT: Duration = Duration::from_secs(5);
@@ -156,10 +156,7 @@ impl Supervisor {
     /// The `STATUS=` line: devices, and how many have a frontend.
     fn status_line(&self) -> String {
         let all = self.devices();
-        let connected = all
-            .iter()
-            .filter(|(_, d)| d.connected.load(Relaxed))
-            .count();
+        let connected = all.iter().filter(|(_, d)| d.worker.connected()).count();
         format!(
             "STATUS=serving {} devices, {connected} connected",
             all.len()
@@ -205,46 +202,12 @@ impl Supervisor {
         self.stopping.store(true, Relaxed);
         let all = self.devices();
         for (_, d) in &all {
-            *d.control.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            d.worker.end_channel();
         }
         self.wake();
         let deadline = Instant::now() + STOP_WAIT;
-        while Instant::now() < deadline
-            && all
-                .iter()
-                .any(|(_, d)| matches!(*d.phase(), Phase::Running { .. }))
-        {
+        while Instant::now() < deadline && all.iter().any(|(_, d)| d.worker.running()) {
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub fn worker_status(&self, d: &Served) -> WorkerStatus {
-        let (state, pid) = match &*d.phase() {
-            Phase::Idle => (WorkerState::Idle, None),
-            Phase::Pending { .. } => (WorkerState::Starting, None),
-            Phase::Running { pid, .. } => (WorkerState::Running, *pid),
-            // The supervisor itself holds the device: compacting, resetting
-            // or tiering it.
-            Phase::Busy => (WorkerState::Busy, None),
-        };
-        let failing = d.backoff().map_or(0, |b| u64::from(b.0));
-        WorkerStatus {
-            state: if failing > 0 && state != WorkerState::Running {
-                WorkerState::Failing
-            } else {
-                state
-            },
-            pid,
-            started: d.workers.load(Relaxed),
-            failures: d.failures.load(Relaxed),
-            failing,
-            last_failure: d
-                .last_failure
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-            short_lived: d.restarts[served::Restart::Short as usize].load(Relaxed),
-            refused_clients: d.refused_clients.load(Relaxed),
         }
     }
 }

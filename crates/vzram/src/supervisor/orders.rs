@@ -3,14 +3,14 @@
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vzram_store::Device;
 
 use super::error::{Error, Result};
-use super::served::{Phase, Served};
+use super::served::Served;
+use super::worker_slot::Phase;
 use super::Supervisor;
 use crate::owner::attach::{attach, device_config};
 use crate::owner::execute::{execute, execute_migration, Migrating};
@@ -124,22 +124,14 @@ impl Supervisor {
         wait: Duration,
         fd: &mut Option<OwnedFd>,
     ) -> Option<Result<Answer, Asked>> {
-        let _one = d.ordering.lock().unwrap_or_else(|e| e.into_inner());
-        let c = d
-            .control
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()?;
+        let _one = d.worker.one_order();
+        let c = d.worker.channel()?;
         let fd = fd.take();
         let raw: Vec<RawFd> = fd.iter().map(AsRawFd::as_raw_fd).collect();
         let r = ask_worker(&c, order, &raw, wait);
         drop(fd);
         if r.is_err() {
-            let mut ctl = d.control.lock().unwrap_or_else(|e| e.into_inner());
-            // Unless a new worker took over meanwhile.
-            if ctl.as_ref().is_some_and(|now| Arc::ptr_eq(now, &c)) {
-                *ctl = None;
-            }
+            d.worker.end_channel_if(&c);
         }
         Some(r)
     }
@@ -217,11 +209,11 @@ impl Supervisor {
     /// Ends the worker of `d` and admits no frontend until the returned
     /// guard goes.
     fn cut_frontend<'a>(&'a self, d: &'a Served) -> Result<Uncut<'a>> {
-        d.removing.store(true, Relaxed);
+        d.worker.close();
         let guard = Uncut { sup: self, d };
         self.wake();
         let deadline = Instant::now() + super::STOP_WAIT;
-        while !matches!(*d.phase(), Phase::Idle) {
+        while !d.worker.idle() {
             if Instant::now() > deadline {
                 return Err(Error::WorkerStuck {
                     device: d.spec.name.clone(),
@@ -294,7 +286,7 @@ impl Supervisor {
     /// if one does); no worker starts meanwhile.
     pub(super) fn hold<T>(&self, d: &Served, f: impl FnOnce(&Device) -> T) -> Result<Option<T>> {
         {
-            let mut ph = d.phase();
+            let mut ph = d.worker.phase();
             match *ph {
                 Phase::Idle => *ph = Phase::Busy,
                 Phase::Pending { .. } | Phase::Running { .. } | Phase::Busy => return Ok(None),
@@ -305,7 +297,7 @@ impl Supervisor {
             dev.stats();
             out
         });
-        *d.phase() = Phase::Idle;
+        *d.worker.phase() = Phase::Idle;
         self.wake();
         r.map(Some)
     }
@@ -328,7 +320,7 @@ struct Uncut<'a> {
 
 impl Drop for Uncut<'_> {
     fn drop(&mut self) {
-        self.d.removing.store(false, Relaxed);
+        self.d.worker.reopen();
         self.sup.wake();
     }
 }

@@ -10,12 +10,12 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc, Mutex};
 
 use super::error::{Error, Result};
 use super::opening::Adding;
-use super::served::{Phase, Served};
+use super::served::Served;
+use super::worker_slot::Phase;
 use super::Supervisor;
 use crate::config::{DaemonConfig, DeviceSpec, OnState, Reload};
 use crate::proto::control::{ReloadChange, Reloaded};
@@ -434,10 +434,10 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec, out: &mut Outcome) -> bool {
     // Under the phase lock: with no frontend, or one connecting, none is
     // admitted from here on.
     let busy = {
-        let ph = d.phase();
-        let busy = !matches!(*ph, Phase::Idle) || d.connected.load(Relaxed);
+        let ph = d.worker.phase();
+        let busy = !matches!(*ph, Phase::Idle) || d.worker.connected();
         if !busy {
-            d.removing.store(true, Relaxed);
+            d.worker.close();
         }
         busy
     };
@@ -460,7 +460,7 @@ fn remove(sup: &Supervisor, spec: &DeviceSpec, out: &mut Outcome) -> bool {
         Err(e) => {
             // Still served: frontends are welcome again.
             if let Some(d) = sup.device(i) {
-                d.removing.store(false, Relaxed);
+                d.worker.reopen();
             }
             tracing::error!(device = %spec.name, "reload: no longer in the file, but not removed: {e}");
             out.not_applied.push(format!(

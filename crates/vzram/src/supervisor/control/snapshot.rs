@@ -12,7 +12,7 @@ use crate::proto::control::{
     BackingStat, DeviceStat, MigrationStat, MigrationState, StatReply, TierStat,
 };
 use crate::supervisor::procstat::ProcessSample;
-use crate::supervisor::served::Restart;
+use crate::supervisor::worker_slot::Restart;
 
 /// The daemon's numbers at one moment: what `stat` replies, and beside
 /// each of its devices what only `/metrics` shows.
@@ -50,7 +50,7 @@ impl Control {
                 latency: d.cells.latencies(),
                 restarts: Restart::ALL
                     .iter()
-                    .map(|r| (r.name(), d.restarts[*r as usize].load(Ordering::Relaxed)))
+                    .map(|r| (r.name(), d.worker.restarts(*r)))
                     .collect(),
             })
             .collect();
@@ -111,12 +111,12 @@ impl Control {
                     algo: d.spec.algo,
                     readonly: d.spec.readonly,
                     serial: d.spec.serial.clone(),
-                    connected: d.connected.load(Ordering::Relaxed),
+                    connected: d.worker.connected(),
                     state: d.state_dir().to_path_buf(),
                     state_bytes: d.state_bytes(),
                     state_damaged: d.stats_guard.as_ref().is_some_and(|g| g.hit()),
                     connections: d.cells.connections.load(Ordering::Relaxed),
-                    worker: self.sup.worker_status(d),
+                    worker: d.worker.status(),
                     stats,
                     tier,
                     migration,

@@ -19,10 +19,10 @@ use thiserror::Error;
 use vzram_store::{Pool, PoolConfig, StoreError};
 
 use super::control::{self, Control};
-use super::error::StartError;
+use super::error::{LegacyState, StartError};
 use super::launch;
 use super::metrics;
-use super::opening::{Adding, Configured, LegacyState, NewStates};
+use super::opening::{Adding, Configured, NewStates};
 use super::pidfile::{PidFile, PidFileError};
 use super::reload::Reloads;
 use super::{Supervisor, WorkerEnv};
@@ -685,7 +685,7 @@ fn notify(notifier: &Option<Arc<Notifier>>, msg: &str) {
 /// Before names came from sockets, a device without `name=` was `vzramN`,
 /// N its place in the config: that name, for a device named after its
 /// socket whose old name no other device has (see
-/// [`super::opening::LegacyState`]).
+/// [`LegacyState`]).
 fn older_name(cfg: &DaemonConfig, spec: &DeviceSpec) -> Option<String> {
     let i = cfg.devices.iter().position(|d| d.name == spec.name)?;
     let old = format!("vzram{i}");

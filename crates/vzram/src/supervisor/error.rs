@@ -116,7 +116,21 @@ pub enum StartError {
     #[error("invalid configuration: {0}")]
     Placement(#[source] crate::owner::placement::PlacementError),
     #[error("invalid configuration: {0}")]
-    Legacy(#[source] super::opening::LegacyState),
+    Legacy(#[source] LegacyState),
+}
+
+/// A device named after its socket that has no state yet, while the state
+/// an older vzram made for its place (`old`, in `dir`) is there.
+#[derive(Debug, Error)]
+#[error(
+    "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
+     give this device name={old} to keep serving those pages, or start with `--fresh {name}` to start it empty (once it serves, `vzram forget {old}` deletes the old state)",
+    dir.display()
+)]
+pub struct LegacyState {
+    pub dir: PathBuf,
+    pub old: String,
+    pub name: String,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,10 +7,9 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use thiserror::Error;
 use vzram_store::{BackingSpec, Device, Existing, Leftover, StateFiles, StateSpec, StoreError};
 
-use super::error::{Error, Result, StartError};
+use super::error::{Error, LegacyState, Result, StartError};
 use super::served::BackingFile;
 use super::Supervisor;
 use crate::config::DeviceSpec;
@@ -279,20 +278,6 @@ fn legacy_state(
         }),
         _ => Ok(()),
     }
-}
-
-/// A device named after its socket that has no state yet, while the state
-/// an older vzram made for its place (`old`, in `dir`) is there.
-#[derive(Debug, Error)]
-#[error(
-    "no state under its name yet, but {} holds the state an older vzram made for the device in this place (it named devices vzram0, vzram1, ...): \
-     give this device name={old} to keep serving those pages, or start with `--fresh {name}` to start it empty (once it serves, `vzram forget {old}` deletes the old state)",
-    dir.display()
-)]
-pub struct LegacyState {
-    dir: PathBuf,
-    old: String,
-    name: String,
 }
 
 /// The states a start made; deleted on drop unless the start got through

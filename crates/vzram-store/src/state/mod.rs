@@ -592,14 +592,21 @@ fn refused(dir: &Path, name: &str) -> StoreError {
 /// state, and only ever this user's own (see [`private`]). Returns whether
 /// it was made here.
 pub fn prepare_root(root: &Path, parent: Option<(&Path, u32)>) -> Result<bool> {
-    if let Some(s) = enclosing_state(root) {
-        return Err(StoreError::InvalidConfig(format!(
+    check_root_place(root)?;
+    private::make_root(root, parent)
+}
+
+/// Refuses a state root inside another device's state, the one check of
+/// [`prepare_root`] that makes nothing.
+pub fn check_root_place(root: &Path) -> Result<()> {
+    match enclosing_state(root) {
+        Some(s) => Err(StoreError::InvalidConfig(format!(
             "state dir {} is inside the state of another device ({}); choose a directory of its own",
             root.display(),
             s.display()
-        )));
+        ))),
+        None => Ok(()),
     }
-    private::make_root(root, parent)
 }
 
 fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {

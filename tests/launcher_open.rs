@@ -295,3 +295,34 @@ fn a_state_dir_added_at_run_time_must_be_one_the_daemon_knows() {
     assert!(b.exists() && own.join("b").is_dir(), "{}", d.log_text());
     d.terminate_cleanly();
 }
+
+/// `Spawn` starts a worker and no other command line of the binary: one
+/// that blanks a file's header (`backing init --force`) is refused.
+#[test]
+fn the_launcher_starts_workers_and_nothing_else() {
+    let dir = TempDir::new("launch-spawn");
+    let file = dir.join("data");
+    std::fs::write(&file, vec![7u8; 1 << 20]).unwrap();
+    let (mut child, sock) = launcher(None);
+    let args = ["backing", "init", s(&file), "--force"].map(String::from);
+    match ask(
+        &sock,
+        &Request::Spawn {
+            id: 1,
+            args: args.to_vec(),
+        },
+    ) {
+        Report::Failed { id: 1, error } => {
+            assert!(error.contains("starts workers only"), "{error}")
+        }
+        r => panic!("started {args:?}: {r:?}"),
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        std::fs::read(&file).unwrap().iter().all(|&b| b == 7),
+        "{} was written",
+        file.display()
+    );
+    drop(sock);
+    assert!(child.wait().unwrap().success());
+}

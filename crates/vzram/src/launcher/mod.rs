@@ -434,7 +434,16 @@ fn reap(sock: &OwnedFd, children: &mut Vec<(u64, Child)>) -> io::Result<()> {
     Ok(())
 }
 
+/// Starts a worker, `vzram __worker SPEC`, and nothing else: any other
+/// command line of the binary (`backing init --force`, a `serve` of its
+/// own) would do with paths what the orders are kept from doing.
 fn spawn(args: &[String], fds: Vec<OwnedFd>) -> io::Result<Child> {
+    if !matches!(args, [cmd, _spec] if cmd == "__worker") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the launcher starts workers only (`__worker SPEC`)",
+        ));
+    }
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let mut cmd = Command::new("/proc/self/exe");
     cmd.args(args);

@@ -153,7 +153,12 @@ mod tests {
     fn only_what_was_made_at_start_or_prepared_is_removed() {
         let mut h = Held::new(None);
         let (a, sa) = (PathBuf::from("/r/a.sock"), PathBuf::from("/s/a"));
-        assert!(h.start(Path::new("/s"), &[], &[a.clone()], &[sa.clone()]));
+        assert!(h.start(
+            Path::new("/s"),
+            &[],
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&sa)
+        ));
         assert!(!h.start(Path::new("/t"), &[], &[PathBuf::from("/etc")], &[]));
         assert!(h.check_remove(Some(&a), Some(&sa)).is_ok());
         assert!(h.check_remove(Some(Path::new("/r/b.sock")), None).is_err());

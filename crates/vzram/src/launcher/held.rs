@@ -15,7 +15,24 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use super::OrderError;
+/// Why the launcher refused an order's path.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refused {
+    #[error(transparent)]
+    Store(#[from] vzram_store::StoreError),
+    /// A path the daemon neither bound nor opened at start and the
+    /// launcher did not prepare.
+    #[error("{}: not a {what} this daemon made or serves; left alone", path.display())]
+    NotHeld { what: &'static str, path: PathBuf },
+    #[error(
+        "state dir {} is not one this daemon was started with or its configuration file names: \
+         add the device without state-dir= (its state goes in {}), or name the directory as the \
+         device's state_dir in the configuration file and run `vzram reload`",
+        root.display(),
+        default.display()
+    )]
+    UnknownRoot { root: PathBuf, default: PathBuf },
+}
 
 /// Paths compared as the daemon names them, made absolute (lexically:
 /// `..` is kept, so it never matches a root that lacks it).
@@ -73,7 +90,7 @@ impl Held {
     }
 
     /// Refuses a state root the launcher does not know.
-    pub(super) fn check_root(&mut self, root: &Path) -> Result<(), OrderError> {
+    pub(super) fn check_root(&mut self, root: &Path) -> Result<(), Refused> {
         // Said first, as the store says it at start.
         vzram_store::state::check_root_place(root)?;
         let k = key(root);
@@ -100,7 +117,7 @@ impl Held {
                 return Ok(());
             }
         }
-        Err(OrderError::UnknownRoot {
+        Err(Refused::UnknownRoot {
             root: root.to_path_buf(),
             default: self.state_dir.clone().unwrap_or_default(),
         })
@@ -112,15 +129,15 @@ impl Held {
         &self,
         socket: Option<&Path>,
         state: Option<&Path>,
-    ) -> Result<(), OrderError> {
+    ) -> Result<(), Refused> {
         if let Some(p) = socket.filter(|p| !self.sockets.contains(&key(p))) {
-            return Err(OrderError::NotHeld {
+            return Err(Refused::NotHeld {
                 what: "socket",
                 path: p.to_path_buf(),
             });
         }
         if let Some(p) = state.filter(|p| !self.states.contains(&key(p))) {
-            return Err(OrderError::NotHeld {
+            return Err(Refused::NotHeld {
                 what: "state",
                 path: p.to_path_buf(),
             });

@@ -138,6 +138,7 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                     _,
                 ) => match held
                     .check_root(&state.root)
+                    .map_err(OrderError::from)
                     .and_then(|()| prepare(&path, mode, state, size, algo, shards, backing))
                     .and_then(|p| match &incoming {
                         None => Ok((p, None)),
@@ -291,18 +292,8 @@ enum OrderError {
     NotListed(PathBuf),
     #[error("{} is not a socket; left alone", .0.display())]
     NotASocket(PathBuf),
-    /// A path the daemon neither bound nor opened at start and the
-    /// launcher did not prepare (see `held`).
-    #[error("{}: not a {what} this daemon made or serves; left alone", path.display())]
-    NotHeld { what: &'static str, path: PathBuf },
-    #[error(
-        "state dir {} is not one this daemon was started with or its configuration file names: \
-         add the device without state-dir= (its state goes in {}), or name the directory as the \
-         device's state_dir in the configuration file and run `vzram reload`",
-        root.display(),
-        default.display()
-    )]
-    UnknownRoot { root: PathBuf, default: PathBuf },
+    #[error(transparent)]
+    Held(#[from] held::Refused),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

@@ -28,6 +28,8 @@ use crate::owner::attach::device_config;
 use crate::owner::migration::{set_incoming, settle_send, Listener};
 use crate::owner::placement;
 use crate::proto::addr::Addr;
+use crate::proto::launch::Request as LaunchRequest;
+use crate::proto::wire;
 use crate::proto::worker_spec::{LogFormat, LogLevel};
 use crate::sys::fds::{memfd, raise_fd_limit};
 use crate::sys::listen;
@@ -602,6 +604,24 @@ pub fn run(
         },
         None => None,
     };
+    // Before the filter and before anything a client sends is read: what
+    // the launcher may remove later besides what it prepares itself, and
+    // the roots it may make states under (proto::launch::Request::Started).
+    wire::send(
+        &launcher,
+        &LaunchRequest::Started {
+            state_dir: cfg.state_dir.clone(),
+            roots: roots.clone(),
+            sockets: cfg.devices.iter().map(|d| d.socket.clone()).collect(),
+            states: devices
+                .iter()
+                .map(|d| d.files.dir.clone())
+                .chain(leftovers.iter().map(|l| l.dir.clone()))
+                .collect(),
+        },
+        &[],
+    )
+    .map_err(Error::Launcher)?;
     // Set-up is done: from here on only the calls supervising needs.
     let mut unlink_dirs = files.dir_fds();
     unlink_dirs.extend(pidfile.as_ref().map(|p| p.dir_fd()));

@@ -229,13 +229,12 @@ fn queue_threads_serve_under_a_narrower_filter_than_the_rest_of_the_worker() {
         threads.iter().any(|(n, f)| n == "control" && *f == main),
         "{threads:?}"
     );
-    // A compress thread that took a job narrowed its filter too; none has
-    // any other count.
+    // The compress threads narrowed their filter too.
     assert!(
         threads
             .iter()
             .filter(|(n, _)| n.starts_with("vzram-compress"))
-            .all(|&(_, f)| f == main || f == main + 1),
+            .all(|&(_, f)| f == main + 1),
         "{threads:?}"
     );
     drop(c);
@@ -247,6 +246,57 @@ fn queue_threads_serve_under_a_narrower_filter_than_the_rest_of_the_worker() {
         !log.contains("seccomp: system call") && !log.contains("cannot narrow"),
         "{log}"
     );
+}
+
+/// A compress thread that has taken no job yet already serves under the
+/// queue filter: it narrows it once the worker's is in, before the
+/// frontend's first message, not before its first job (an idle one would
+/// otherwise wait under the wider filter for as long as the VM writes
+/// nothing).
+#[test]
+fn idle_compress_threads_narrow_their_filter_before_any_job() {
+    let dir = TempDir::new("sbx-idle");
+    let sock = dir.join("d.sock");
+    let mut d = Daemon::start(
+        &dir,
+        &[
+            "--socket",
+            s(&sock),
+            "--size",
+            "16M",
+            "--compress-threads",
+            "2",
+        ],
+        &[&sock],
+    );
+    // Connected, no request sent: no pool thread has had a job.
+    let c = Client::connect(&sock, 1).unwrap_or_else(|e| panic!("connect: {e}"));
+    let worker = d.stat().sole().worker.pid.expect("a worker pid");
+    let main = proc_status_field(worker, "Seccomp_filters")
+        .and_then(|f| f.parse::<u32>().ok())
+        .expect("the worker's Seccomp_filters");
+    let threads = thread_filters(worker);
+    eprintln!("worker threads (name, filters): {threads:?}");
+    let pool: Vec<_> = threads
+        .iter()
+        .filter(|(n, _)| n.starts_with("vzram-compress"))
+        .collect();
+    let want = 2.min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    assert_eq!(pool.len(), want, "{threads:?}");
+    assert!(
+        pool.iter().all(|&&(_, f)| f == main + 1),
+        "an idle compress thread keeps the worker's filter ({main}): {threads:?}"
+    );
+    assert_eq!(
+        d.stat().sole().stats.pool_pages,
+        0,
+        "a pool thread took a job; the check above proves nothing"
+    );
+    drop(c);
+    wait_disconnected(&d);
+    let st = d.terminate();
+    assert!(st.success(), "{st}:\n{}", d.log_text());
+    assert!(!d.log_text().contains("seccomp: system call"));
 }
 
 #[test]

@@ -41,8 +41,11 @@ pub struct CompressPool {
 struct Inner {
     tasks: Mutex<Tasks>,
     work: Condvar,
-    /// Run on each pool thread before its first job.
+    /// Run on each pool thread before its first job, or as soon as
+    /// [`CompressPool::run_thread_hook`] asks, whichever comes first.
     hook: std::sync::OnceLock<ThreadHook>,
+    /// Signalled as each thread is done with the hook once asked.
+    hooked: Condvar,
 }
 
 #[derive(Default)]
@@ -52,6 +55,10 @@ struct Tasks {
     /// system call.
     sleeping: usize,
     stop: bool,
+    /// [`CompressPool::run_thread_hook`] asked: idle threads wake to run it.
+    hook_asked: bool,
+    /// Threads that ran it since it was asked.
+    hooked: usize,
 }
 
 /// A page of guest memory a pooled read decompresses into.
@@ -275,6 +282,7 @@ impl CompressPool {
             tasks: Mutex::new(Tasks::default()),
             work: Condvar::new(),
             hook: std::sync::OnceLock::new(),
+            hooked: Condvar::new(),
         });
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -298,6 +306,30 @@ impl CompressPool {
     /// [`crate::thread_hook`]). Set once; a second hook is ignored.
     pub fn set_thread_hook(&self, hook: ThreadHook) {
         let _ = self.inner.hook.set(hook);
+    }
+
+    /// Has every pool thread run the hook now, idle ones included (one
+    /// that never gets a job would otherwise never run it), and waits up
+    /// to `within` for them all; true if they all did. A thread busy with
+    /// a job runs it once that job is done.
+    pub fn run_thread_hook(&self, within: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        let mut t = lock(&self.inner.tasks);
+        t.hook_asked = true;
+        self.inner.work.notify_all();
+        while t.hooked < self.threads.len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            t = self
+                .inner
+                .hooked
+                .wait_timeout(t, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
     }
 
     /// Hands jobs `range` of `batch` to the pool. Each must have been
@@ -342,11 +374,21 @@ impl CompressPool {
 
 impl Inner {
     fn serve(&self, mut cx: Context) {
+        let mut hooked = false;
         loop {
             let mut t = lock(&self.tasks);
             let (b, i) = loop {
                 if t.stop {
                     return;
+                }
+                if t.hook_asked && !hooked {
+                    drop(t);
+                    crate::thread_hook::run(self.hook.get());
+                    hooked = true;
+                    t = lock(&self.tasks);
+                    t.hooked += 1;
+                    self.hooked.notify_all();
+                    continue;
                 }
                 if let Some(task) = t.queue.pop_front() {
                     break task;
@@ -392,6 +434,22 @@ pub fn pool_threads(requested: Option<usize>) -> usize {
 mod tests {
     use super::*;
     use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig};
+
+    /// Idle pool threads run the hook when asked, each once, with no job.
+    #[test]
+    fn idle_threads_run_the_hook_when_asked() {
+        let pool = CompressPool::new(2, 0).unwrap();
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = ran.clone();
+        pool.set_thread_hook(Arc::new(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+            true
+        }));
+        assert!(pool.run_thread_hook(std::time::Duration::from_secs(60)));
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+        assert!(pool.run_thread_hook(std::time::Duration::from_secs(60)));
+        assert_eq!(ran.load(Ordering::SeqCst), 2, "once per thread");
+    }
 
     /// A queue thread that unwinds with jobs in flight finishes them when
     /// its `Held` drops, even on a pool of no threads

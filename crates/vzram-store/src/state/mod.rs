@@ -586,20 +586,24 @@ fn refused(dir: &Path, name: &str) -> StoreError {
     ))
 }
 
-/// The state root: made if missing (0700), but only under a directory
-/// that exists unless `parent` (a built-in default's, with its mode) says
-/// to make that too (a typo must not create a tree), never inside a
-/// state, and only ever this user's own (see [`private`]). Returns whether
-/// it was made here.
+/// The state root: made if missing (0700), only under a directory that
+/// exists unless `parent` (a built-in default's, with its mode) says to
+/// make that too (a typo must not create a tree), never inside a state,
+/// only ever this user's own (see [`private`]). Returns whether it was made.
 pub fn prepare_root(root: &Path, parent: Option<(&Path, u32)>) -> Result<bool> {
-    if let Some(s) = enclosing_state(root) {
-        return Err(StoreError::InvalidConfig(format!(
+    check_root_place(root)?;
+    private::make_root(root, parent)
+}
+
+/// [`prepare_root`]'s one check that makes nothing: not inside a state.
+pub fn check_root_place(root: &Path) -> Result<()> {
+    enclosing_state(root).map_or(Ok(()), |s| {
+        Err(StoreError::InvalidConfig(format!(
             "state dir {} is inside the state of another device ({}); choose a directory of its own",
             root.display(),
             s.display()
-        )));
-    }
-    private::make_root(root, parent)
+        )))
+    })
 }
 
 fn open_existing(spec: &StateSpec, dir: PathBuf, size_bytes: u64) -> Result<StateFiles> {

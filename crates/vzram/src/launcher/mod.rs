@@ -17,6 +17,7 @@
 //! Messages are `proto::launch`'s, framed by `proto::wire`.
 
 mod connect;
+mod held;
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -56,6 +57,7 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
     let sigchld = ChildSignals::new()?;
     let mut children: Vec<(u64, Child)> = Vec::new();
     let mut helpers = connect::Helpers::default();
+    let mut held = held::Held::new(config.clone());
     loop {
         let mut p = [
             libc::pollfd {
@@ -85,10 +87,28 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
         }
         helpers.kill_overdue();
         if p[0].revents != 0 {
-            match recv::<Request>(&sock)? {
-                None => return Ok(()),
-                Some((Request::Ping { id }, _)) => send(&sock, &Report::Pong { id }, &[])?,
-                Some((Request::Spawn { id, args }, fds)) => {
+            let Some((req, fds)) = recv::<Request>(&sock)? else {
+                return Ok(());
+            };
+            if !matches!(req, Request::Started { .. }) {
+                held.seal();
+            }
+            match (req, fds) {
+                (
+                    Request::Started {
+                        state_dir,
+                        roots,
+                        sockets,
+                        states,
+                    },
+                    _,
+                ) => {
+                    if !held.start(&state_dir, &roots, &sockets, &states) {
+                        tracing::warn!("a second account of the daemon's start, or one after other requests: ignored");
+                    }
+                }
+                (Request::Ping { id }, _) => send(&sock, &Report::Pong { id }, &[])?,
+                (Request::Spawn { id, args }, fds) => {
                     let report = match spawn(&args, fds) {
                         Ok(child) => {
                             let pid = child.id();
@@ -102,7 +122,7 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                     };
                     send(&sock, &report, &[])?;
                 }
-                Some((
+                (
                     Request::Prepare {
                         id,
                         socket: path,
@@ -116,8 +136,11 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                         incoming_mode,
                     },
                     _,
-                )) => match prepare(&path, mode, state, size, algo, shards, backing).and_then(|p| {
-                    match &incoming {
+                ) => match held
+                    .check_root(&state.root)
+                    .map_err(OrderError::from)
+                    .and_then(|()| prepare(&path, mode, state, size, algo, shards, backing))
+                    .and_then(|p| match &incoming {
                         None => Ok((p, None)),
                         Some(a) => match socket::bind(a, incoming_mode) {
                             Ok(fd) => Ok((p, Some(fd))),
@@ -127,9 +150,9 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                                 Err(e.into())
                             }
                         },
-                    }
-                }) {
+                    }) {
                     Ok(((listener, st, backing), incoming)) => {
+                        held.prepared(&path, &st.dir);
                         let fds = PreparedFds {
                             listener: listener.as_raw_fd(),
                             lock: st.lock.as_raw_fd(),
@@ -161,7 +184,7 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                         &[],
                     )?,
                 },
-                Some((Request::Connect { id, addr, wait_ms }, fds)) => {
+                (Request::Connect { id, addr, wait_ms }, fds) => {
                     // The answer goes on the socket sent along, not ours;
                     // without one there is no one to answer.
                     match <[OwnedFd; 1]>::try_from(fds) {
@@ -181,7 +204,7 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                         }
                     }
                 }
-                Some((
+                (
                     Request::Remove {
                         id,
                         socket,
@@ -189,8 +212,8 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                         expect,
                     },
                     _,
-                )) => {
-                    let r = match remove(socket.as_deref(), state.as_deref(), expect) {
+                ) => {
+                    let r = match remove(&mut held, socket.as_deref(), state.as_deref(), expect) {
                         Ok(()) => Report::Removed { id },
                         Err(e) => Report::Failed {
                             id,
@@ -199,7 +222,7 @@ pub fn run(config: Option<PathBuf>) -> io::Result<()> {
                     };
                     send(&sock, &r, &[])?;
                 }
-                Some((Request::OpenConfig { id }, _)) => match open_config(config.as_deref()) {
+                (Request::OpenConfig { id }, _) => match open_config(config.as_deref()) {
                     Ok(f) => send(&sock, &Report::Opened { id }, &[f.as_raw_fd()])?,
                     Err(e) => send(
                         &sock,
@@ -269,6 +292,8 @@ enum OrderError {
     NotListed(PathBuf),
     #[error("{} is not a socket; left alone", .0.display())]
     NotASocket(PathBuf),
+    #[error(transparent)]
+    Held(#[from] held::Refused),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -337,10 +362,12 @@ fn prepare(
 }
 
 fn remove(
+    held: &mut held::Held,
     socket: Option<&Path>,
     state: Option<&Path>,
     expect: Option<u64>,
 ) -> Result<(), OrderError> {
+    held.check_remove(socket, state)?;
     if let (Some(dir), Some(id)) = (state, expect) {
         if vzram_store::Leftover::read(dir).map(|l| l.creation_id) != Some(id) {
             return Err(OrderError::NotListed(dir.to_path_buf()));
@@ -358,10 +385,12 @@ fn remove(
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(p)(e)),
         }
+        held.removed(Some(p), None);
     }
     if let Some(dir) = state {
         let made_for = vzram_store::Leftover::read(dir).and_then(|l| l.socket);
         vzram_store::state::remove(dir)?;
+        held.removed(None, Some(dir));
         if let Some(p) = socket {
             placement::forget(p);
         }
@@ -396,7 +425,16 @@ fn reap(sock: &OwnedFd, children: &mut Vec<(u64, Child)>) -> io::Result<()> {
     Ok(())
 }
 
+/// Starts a worker, `vzram __worker SPEC`, and nothing else: any other
+/// command line of the binary (`backing init --force`, a `serve` of its
+/// own) would do with paths what the orders are kept from doing.
 fn spawn(args: &[String], fds: Vec<OwnedFd>) -> io::Result<Child> {
+    if !matches!(args, [cmd, _spec] if cmd == "__worker") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the launcher starts workers only (`__worker SPEC`)",
+        ));
+    }
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let mut cmd = Command::new("/proc/self/exe");
     cmd.args(args);

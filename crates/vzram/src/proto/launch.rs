@@ -18,6 +18,24 @@ use super::codec;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
+    /// What the daemon bound and opened itself at start, before its
+    /// filter and before it read anything a client sent: sent once, as
+    /// the first request, with no reply. The launcher takes it only then
+    /// (a later one is ignored) and from then on removes only these
+    /// sockets and states and those it prepared itself, and makes states
+    /// only under these roots and those its configuration file names.
+    Started {
+        /// The daemon's state root (`--state-dir`, `state_dir`, or the
+        /// default), where a device added with no `state-dir=` goes.
+        state_dir: PathBuf,
+        /// Every other root a device's `state-dir=` named at start.
+        roots: Vec<PathBuf>,
+        /// The devices' sockets, as their specs name them.
+        sockets: Vec<PathBuf>,
+        /// The devices' state directories, and the left-over ones found
+        /// under the roots.
+        states: Vec<PathBuf>,
+    },
     /// Are you there and not stuck? Answered with [`Report::Pong`] at once:
     /// the supervisor's watchdog keep-alive depends on it.
     Ping { id: u64 },
@@ -27,6 +45,8 @@ pub enum Request {
     /// lock its backing file if it has one, for a device added at run
     /// time: the supervisor may do none of it under its filter. The reply
     /// carries the listener, the state's four files and the backing file.
+    /// The state's root must be one the launcher knows
+    /// ([`Request::Started`], or a `state_dir` of its configuration file).
     Prepare {
         id: u64,
         socket: PathBuf,
@@ -56,7 +76,9 @@ pub enum Request {
         wait_ms: u64,
     },
     /// Remove a device's socket file (only if it is a socket) and its state
-    /// directory (only if it holds a vzram state nobody has locked).
+    /// directory (only if it holds a vzram state nobody has locked), each
+    /// only if the daemon bound or opened it at start ([`Request::Started`])
+    /// or the launcher prepared it since.
     Remove {
         id: u64,
         socket: Option<PathBuf>,

@@ -30,6 +30,7 @@ use crate::config::{DaemonConfig, DeviceSpec, Reload, SeccompMode};
 use crate::owner::migration::Listener;
 use crate::owner::placement;
 use crate::proto::addr::Addr;
+use crate::proto::launch::Request as LaunchRequest;
 use crate::proto::worker_spec::{LogFormat, LogLevel};
 use crate::sys::fds::{memfd, raise_fd_limit};
 use crate::sys::listen;
@@ -577,6 +578,26 @@ pub fn run(
         },
         None => None,
     };
+    // Before the filter and before anything a client sends is read: what
+    // the launcher may remove later besides what it prepares itself, and
+    // the roots it may make states under (proto::launch::Request::Started).
+    let states = sup
+        .devices()
+        .iter()
+        .map(|(_, d)| d.files.dir.clone())
+        .chain(sup.registry.leftovers().iter().map(|l| l.dir.clone()))
+        .collect();
+    sup.launcher
+        .send(
+            &LaunchRequest::Started {
+                state_dir: cfg.state_dir.clone(),
+                roots: roots.clone(),
+                sockets: cfg.devices.iter().map(|d| d.socket.clone()).collect(),
+                states,
+            },
+            &[],
+        )
+        .map_err(Error::Launcher)?;
     // Set-up is done: from here on only the calls supervising needs.
     let mut unlink_dirs = files.dir_fds();
     unlink_dirs.extend(pidfile.as_ref().map(|p| p.dir_fd()));

@@ -204,7 +204,7 @@ impl Served {
                 ..
             } => (f, *started, "connected"),
             Phase::Pending { conn, since, .. } => (conn, *since, "connecting"),
-            _ => return None,
+            Phase::Running { frontend: None, .. } | Phase::Idle | Phase::Busy => return None,
         };
         // One that has hung up is going: its worker ends by itself.
         if crate::sys::socket::hung_up(std::os::fd::AsRawFd::as_raw_fd(conn)) {

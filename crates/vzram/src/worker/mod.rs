@@ -212,6 +212,9 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     if let Some(h) = &narrow {
         compress.set_thread_hook(h.clone());
     }
+    // Kept to have idle pool threads narrow their filter once the process
+    // filter is in: one might otherwise wait for work under the wider one.
+    let pool_threads = narrow.is_some().then(|| compress.clone());
     let compress = Some(compress);
     // An incoming device serves nothing until its pages have arrived.
     let gated = store.cells().migration.incoming();
@@ -273,6 +276,13 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
 
     // Set-up done: nothing the frontend sends has been read yet.
     seccomp::install_worker(spec.seccomp)?;
+    if let Some(p) = pool_threads {
+        // Before the frontend's first message: no job has run yet, so each
+        // thread is idle and answers at once.
+        if !p.run_thread_hook(Duration::from_secs(10)) {
+            tracing::warn!("a compress thread has not narrowed its seccomp filter yet; it does before its first job");
+        }
+    }
 
     let mut guard = Guard::new(
         vzram_blk::config::virtio_features(spec.readonly),

@@ -378,6 +378,20 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // A failing test says what the daemon logged: an EIO under load
+        // has its cause there (`request failed: ...`), and the test's
+        // directory is gone once it ends.
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(60)..];
+            eprintln!(
+                "--- the last {} lines of {} ---\n{}\n---",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
         let Some(mut c) = self.child.take() else {
             return;
         };

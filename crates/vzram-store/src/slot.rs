@@ -5,6 +5,9 @@
 //!  63   62   61   60   59   58..57  56 ....... 44  43     42..41  40 ......... 0
 //! LOCK SAME HUGE IDLE  WB   CODEC   length (13 b)  TRIED  AGE     location / 16 (41 b)
 //! ```
+//! A huge object's CODEC field says which codec the device had; the
+//! reserved id [`STAGED_CODEC`] marks a page written raw to be compressed
+//! in the background (raw staging): it reads as any huge page does.
 //! A same-filled slot reuses bits 0..=56 for its fill pattern. A written-back
 //! slot (WB) keeps its backing-file block in bits 0..=40. A word of 0 is an
 //! empty slot (never written or discarded): it reads as zeros.
@@ -118,6 +121,17 @@ impl Slot {
             }
         }
     }
+}
+
+/// The codec field of a staged page: a huge object (the raw page) that the
+/// compress pool has yet to compress. Codecs take ids 0 and 1.
+pub const STAGED_CODEC: u8 = 3;
+
+/// Whether a word (lock bit ignored) is a staged page: stored raw by a write,
+/// waiting for the background to compress it.
+#[inline]
+pub fn is_staged(word: u64) -> bool {
+    is_object(word) && word & HUGE != 0 && ((word >> CODEC_SHIFT) & 3) as u8 == STAGED_CODEC
 }
 
 /// Whether a word (lock bit ignored) is a stored object in the pool: the
@@ -306,6 +320,32 @@ mod tests {
             assert_eq!(age(marked), 3);
             assert!(is_object(marked));
         }
+    }
+
+    #[test]
+    fn only_huge_objects_with_the_reserved_codec_are_staged() {
+        let obj = |huge, codec| {
+            Slot::Object {
+                offset: 4096,
+                len: if huge { 4096 } else { 100 },
+                huge,
+                codec,
+            }
+            .encode()
+            .unwrap()
+        };
+        assert!(is_staged(obj(true, STAGED_CODEC)));
+        assert!(is_staged(obj(true, STAGED_CODEC) | LOCK | IDLE));
+        assert!(!is_staged(obj(true, 0)) && !is_staged(obj(true, 1)));
+        assert!(!is_staged(obj(false, STAGED_CODEC)));
+        assert!(!is_staged(Slot::Same(u64::MAX).encode().unwrap()));
+        assert!(!is_staged(
+            Slot::Backed {
+                block: u64::MAX >> 30
+            }
+            .encode()
+            .unwrap()
+        ));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! `impl Device` in a file of its own, which uses this one and never a
 //! sibling: `io` (reads, writes, discards), `recover` (rebuilding from the
 //! slot table), `tier` (idle marks, writeback, spills, recompression),
-//! `compact`, `export` (migration) and `prepare` (a write in two halves).
+//! `compact`, `export` (migration), `prepare` (a write in two halves) and
+//! `stage` (raw staging and the background compression of staged pages).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -38,11 +39,13 @@ mod export;
 mod io;
 mod prepare;
 mod recover;
+mod stage;
 #[cfg(test)]
 mod tests;
 mod tier;
 
 pub use prepare::Prepared;
+pub use stage::Waker;
 
 /// Default size below which a compressed page is kept compressed; above it
 /// the raw page is stored ("huge"), since decompressing would buy little.
@@ -66,6 +69,10 @@ pub struct DeviceConfig {
     /// A file or block device that written-back pages move to, and that a
     /// write spills to when a memory limit is reached.
     pub backing: Option<BackingSpec>,
+    /// Raw staging budget in bytes: whole-page writes store pages raw
+    /// while staged pages take less, for [`Device::compress_staged`] to
+    /// compress later. 0: off (every write compresses inline).
+    pub staging_bytes: u64,
 }
 
 impl DeviceConfig {
@@ -78,6 +85,7 @@ impl DeviceConfig {
             shards: 0,
             state: None,
             backing: None,
+            staging_bytes: 0,
         }
     }
 }
@@ -169,6 +177,7 @@ pub struct Device {
     recovery: Option<Recovery>,
     backing: Option<Backing>,
     tier: Mutex<Option<Tier>>,
+    staging: stage::Staging,
     /// Slots written or discarded while a migration tracks them.
     pub(crate) dirty: DirtyLog,
 }
@@ -185,6 +194,8 @@ pub struct Recovery {
     pub unlocked: u64,
     /// Slots whose page is in the backing file.
     pub backed: u64,
+    /// Staged pages (stored raw, to be compressed in the background).
+    pub staged: u64,
     pub micros: u64,
 }
 
@@ -344,6 +355,7 @@ impl Device {
             recovery: None,
             backing,
             tier: Mutex::new(None),
+            staging: stage::Staging::new(cfg.staging_bytes),
             dirty: DirtyLog::default(),
         };
         match &state {

@@ -212,6 +212,15 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     if let Some(h) = &narrow {
         compress.set_thread_hook(h.clone());
     }
+    // Staging needs someone to compress the staged pages: the pool's
+    // threads, when they have no job.
+    if spec.staging > 0 {
+        if compress.serve_staging(&store) {
+            store.set_staging_budget(spec.staging);
+        } else {
+            tracing::info!("no compress threads: writes compress inline (staging off)");
+        }
+    }
     let compress = Some(compress);
     // An incoming device serves nothing until its pages have arrived.
     let gated = store.cells().migration.incoming();
@@ -299,6 +308,10 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         )) => {}
         Err(e) => tracing::debug!("vhost-user handler ended: {e}"),
     }
+    // Pages still staged are compressed before the worker goes: with no
+    // worker the device would keep them raw until the next frontend.
+    let cx = &mut vzram_store::Context::new(0);
+    while store.compress_staged(cx, 64) > 0 {}
     // Leave the device compact for its idle time, and its gauges current.
     pool.compact_fragmented(COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE);
     store.stats();

@@ -12,9 +12,11 @@
 //! `compact`, `export` (migration), `prepare` (a write in two halves) and
 //! `stage` (raw staging and the background compression of staged pages).
 
+use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use crate::backing::{AlignedPages, Backing, BackingSpec};
 use crate::cells::{Cells, DeviceCells, MAX_SHARDS};
@@ -45,7 +47,6 @@ mod tests;
 mod tier;
 
 pub use prepare::Prepared;
-pub use stage::Waker;
 
 /// Default size below which a compressed page is kept compressed; above it
 /// the raw page is stored ("huge"), since decompressing would buy little.
@@ -138,6 +139,34 @@ pub struct RecompressReport {
     pub freed_bytes: u64,
 }
 
+/// Called when a write stages a page into an empty FIFO.
+pub type Waker = Box<dyn Fn() + Send + Sync>;
+
+/// The device's staging state (the budget's use is in its cells).
+struct Staging {
+    /// Bytes of staged pages the device may hold; 0: staging is off.
+    limit: AtomicU64,
+    /// Staged slots, oldest first, with when they were staged.
+    fifo: Mutex<VecDeque<(u64, Instant)>>,
+    /// The FIFO's length, read without its lock.
+    queued: AtomicUsize,
+    /// Pages compressed since the last compaction.
+    since_compact: AtomicU64,
+    waker: OnceLock<Waker>,
+}
+
+impl Staging {
+    fn new(limit: u64) -> Staging {
+        Staging {
+            limit: AtomicU64::new(limit),
+            fifo: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
+            since_compact: AtomicU64::new(0),
+            waker: OnceLock::new(),
+        }
+    }
+}
+
 /// The tiering passes' working memory; one pass at a time holds it.
 struct Tier {
     pages: AlignedPages,
@@ -177,7 +206,7 @@ pub struct Device {
     recovery: Option<Recovery>,
     backing: Option<Backing>,
     tier: Mutex<Option<Tier>>,
-    staging: stage::Staging,
+    staging: Staging,
     /// Slots written or discarded while a migration tracks them.
     pub(crate) dirty: DirtyLog,
 }
@@ -355,7 +384,7 @@ impl Device {
             recovery: None,
             backing,
             tier: Mutex::new(None),
-            staging: stage::Staging::new(cfg.staging_bytes),
+            staging: Staging::new(cfg.staging_bytes),
             dirty: DirtyLog::default(),
         };
         match &state {

@@ -13,48 +13,20 @@
 //! or was staged again is still taken, since what is compressed is what the
 //! slot holds under its lock.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use super::Device;
+use super::{Device, Waker};
 use crate::context::Context;
 use crate::slot::{self, Slot, SlotGuard};
 use crate::PAGE_SIZE;
 
 /// Pages compressed in the background since the last compaction before a
 /// drained FIFO compacts: a trickle of staged writes must not scan the
-/// table after each page.
+/// table after each page. A burst's raw pages leave their spans as they
+/// are compressed, but those that stay raw (incompressible) are left
+/// scattered over them until compaction packs them.
 const COMPACT_AFTER: u64 = 256;
-
-/// Called when a write stages a page into an empty FIFO.
-pub type Waker = Box<dyn Fn() + Send + Sync>;
-
-/// The device's staging state (the budget's use is in its cells).
-pub(super) struct Staging {
-    /// Bytes of staged pages the device may hold; 0: staging is off.
-    limit: AtomicU64,
-    /// Staged slots, oldest first, with when they were staged.
-    fifo: Mutex<VecDeque<(u64, Instant)>>,
-    /// The FIFO's length, read without its lock.
-    queued: AtomicUsize,
-    /// Pages compressed since the last compaction.
-    since_compact: AtomicU64,
-    waker: OnceLock<Waker>,
-}
-
-impl Staging {
-    pub(super) fn new(limit: u64) -> Staging {
-        Staging {
-            limit: AtomicU64::new(limit),
-            fifo: Mutex::new(VecDeque::new()),
-            queued: AtomicUsize::new(0),
-            since_compact: AtomicU64::new(0),
-            waker: OnceLock::new(),
-        }
-    }
-}
 
 /// What one FIFO entry came to.
 enum Outcome {

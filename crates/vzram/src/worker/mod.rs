@@ -212,14 +212,13 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     if let Some(h) = &narrow {
         compress.set_thread_hook(h.clone());
     }
-    // Staging needs someone to compress the staged pages: the pool's
-    // threads, when they have no job.
-    if spec.staging > 0 {
-        if compress.serve_staging(&store) {
-            store.set_staging_budget(spec.staging);
-        } else {
-            tracing::info!("no compress threads: writes compress inline (staging off)");
-        }
+    // The pool's threads compress staged pages when they have no job:
+    // those writes stage here, and those a worker before left (with
+    // staging=0 too). With no threads, nobody would: writes compress inline.
+    if compress.serve_staging(&store) {
+        store.set_staging_budget(spec.staging);
+    } else if spec.staging > 0 {
+        tracing::info!("no compress threads: writes compress inline (staging off)");
     }
     let compress = Some(compress);
     // An incoming device serves nothing until its pages have arrived.

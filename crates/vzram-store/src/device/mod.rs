@@ -99,7 +99,8 @@ pub struct Filter {
     pub idle: bool,
     /// Idle for at least [`slot::MAX_AGE`] ager passes (`--idle-after`).
     pub cold: bool,
-    /// Stored raw: the codec could not shrink them below the threshold.
+    /// Stored raw: the codec could not shrink them below the threshold
+    /// (not staged pages, which the background has yet to try).
     pub huge: bool,
     /// Huge, and recompression could not shrink them either.
     pub incompressible: bool,
@@ -110,6 +111,9 @@ impl Filter {
         let Slot::Object { huge, .. } = Slot::decode(word) else {
             return false;
         };
+        // A staged page is raw only until the background compresses it:
+        // not one the codec could not shrink.
+        let huge = huge && !slot::is_staged(word);
         (!self.idle || word & slot::IDLE != 0)
             && (!self.cold || slot::age(word) >= slot::MAX_AGE)
             && (!self.huge || huge)

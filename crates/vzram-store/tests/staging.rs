@@ -156,6 +156,37 @@ fn a_full_staging_budget_compresses_inline() {
     assert!(read(&dev, 20) == varied(20) && read(&dev, 21) == varied(21));
 }
 
+/// Past 3/4 of the device's memory limit writes compress inline: staged
+/// raw pages must not fill the room compressed pages would have fitted in.
+#[test]
+fn near_a_memory_limit_writes_compress_inline() {
+    let (_pool, dev) = device(STAGE_ALL);
+    let limit = 64 * PAGE_SIZE as u64;
+    dev.set_mem_limit(limit);
+    let cx = &mut Context::new(0);
+    // 200 pages that compress to one size class: today they fit.
+    let alike = |i: u64| {
+        let mut p = [0u8; PAGE_SIZE];
+        for (j, w) in p.chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&(i * 1000 + j as u64 % 7).to_le_bytes());
+        }
+        p
+    };
+    let pages: Vec<_> = (0..200).map(|s| (s, alike(s))).collect();
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p)
+            .unwrap_or_else(|e| panic!("slot {s}: {e}: {:?}", dev.stats()));
+    }
+    let st = dev.stats();
+    assert!(st.mem_used_total <= limit, "{st:?}");
+    // Staging was used, and stopped short of the limit.
+    assert!(st.staged_bytes + st.staged_compressed > 0, "{st:?}");
+    assert!(st.staged_bytes <= limit / 4 * 3, "{st:?}");
+    check(&dev, &pages, "near the limit");
+    drain(&dev);
+    check(&dev, &pages, "after the background");
+}
+
 struct Root(PathBuf);
 
 impl Drop for Root {

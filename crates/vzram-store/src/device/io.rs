@@ -308,6 +308,8 @@ impl Device {
                 // A compressed object may still fit.
                 Err(_) => self.release_staging(),
             }
+        } else if stage {
+            self.drain_near_limit(shard);
         }
         let Work { cbuf, codec, .. } = work;
         let (src, huge): (&[u8], bool) =
@@ -315,7 +317,12 @@ impl Device {
                 Some(n) => (&cbuf[..n], false),
                 None => (&data[..], true),
             };
-        let mut obj = match self.heap.alloc(&self.pool, self.budget(), src.len(), shard) {
+        let alloc = || self.heap.alloc(&self.pool, self.budget(), src.len(), shard);
+        let mut first = alloc();
+        if stage && matches!(first, Err(AllocError::Device | AllocError::Host)) {
+            first = self.room_from_staged(shard, alloc);
+        }
+        let mut obj = match first {
             Ok(obj) => obj,
             Err(AllocError::Device | AllocError::Host) if self.backing.is_some() => {
                 match self.spill(src.len(), shard, data)? {

@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use super::{Device, Waker};
 use crate::context::Context;
+use crate::pool::heap::AllocError;
 use crate::slot::{self, Slot, SlotGuard};
 use crate::PAGE_SIZE;
 
@@ -70,9 +71,16 @@ impl Device {
     /// The FIFO is bounded too, at twice the budget's pages: entries of
     /// pages overwritten while staged wait there until the background
     /// skips them.
+    /// Near a memory limit (past 3/4 of the device's or the host's) writes
+    /// compress inline: staged pages hold room their compressed form would
+    /// give back, and a write must not be refused for it where it fits
+    /// today.
     pub(super) fn reserve_staging(&self) -> bool {
         let limit = self.staging.limit.load(Relaxed);
         if limit == 0 || self.staging.queued.load(Relaxed) as u64 >= 2 * limit / PAGE_SIZE as u64 {
+            return false;
+        }
+        if self.near_limit() {
             return false;
         }
         self.cells
@@ -81,6 +89,25 @@ impl Device {
                 (b + PAGE_SIZE as u64 <= limit).then_some(b + PAGE_SIZE as u64)
             })
             .is_ok()
+    }
+
+    /// Whether the device or the host is past 3/4 of its memory limit.
+    pub(super) fn near_limit(&self) -> bool {
+        let near = |b: &crate::limits::Budget| {
+            let l = b.limit();
+            l != 0 && b.used() + PAGE_SIZE as u64 > l - l / 4
+        };
+        near(self.budget()) || near(self.pool.host())
+    }
+
+    /// A whole-page write near a memory limit compresses a batch of staged
+    /// pages first, while there is room for their compressed form: left to
+    /// the background, a writer that outruns it would fill that room with
+    /// its own pages and find the limit where inline compression had fit.
+    pub(super) fn drain_near_limit(&self, shard: usize) {
+        if self.has_staged() && self.near_limit() {
+            self.compress_staged(&mut Context::new(shard), 8);
+        }
     }
 
     /// Gives back a staged page's room: its word left the slot (or never
@@ -156,6 +183,34 @@ impl Device {
             self.compact_with(false);
         }
         dealt
+    }
+
+    /// A write a memory limit refused: staged pages hold room their
+    /// compressed form would give back, so this writer compresses them
+    /// (oldest first) until `alloc` succeeds or none is left. Only for
+    /// whole-page writes, which hold no slot lock. Returns the last try.
+    pub(super) fn room_from_staged<T>(
+        &self,
+        shard: usize,
+        alloc: impl Fn() -> Result<T, AllocError>,
+    ) -> Result<T, AllocError> {
+        let mut cx: Option<Context> = None;
+        loop {
+            if !self.has_staged() {
+                return alloc();
+            }
+            let cx = cx.get_or_insert_with(|| Context::new(shard));
+            if self.compress_staged(cx, 8) == 0 {
+                // No room for the compressed pages either.
+                self.compact_with(false);
+                return alloc();
+            }
+            self.compact_with(false);
+            match alloc() {
+                Err(AllocError::Device | AllocError::Host) => {}
+                r => return r,
+            }
+        }
     }
 
     fn compress_one(&self, ctx: &mut Context, s: u64, at: Instant) -> Outcome {

@@ -189,6 +189,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
             pages = r.slots,
             spans = r.spans,
             cut_short = r.unlocked,
+            staged = r.staged,
             ms = r.micros as f64 / 1000.0,
             "recovered the device from its state"
         );

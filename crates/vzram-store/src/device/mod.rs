@@ -399,6 +399,7 @@ impl Device {
                 for c in &dev.cells.counters {
                     c.clear_gauges();
                 }
+                dev.cells.staged_bytes.store(0, Relaxed);
                 dev.cells.charged_to.store(dev.pool.host_id, Relaxed);
             }
         }

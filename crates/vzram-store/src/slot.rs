@@ -6,7 +6,7 @@
 //! LOCK SAME HUGE IDLE  WB   CODEC   length (13 b)  TRIED  AGE     location / 16 (41 b)
 //! ```
 //! A huge object's CODEC field says which codec the device had; the
-//! reserved id [`STAGED_CODEC`] marks a page written raw to be compressed
+//! codec field of the other codec ([`staged_codec`]) marks a page written raw to be compressed
 //! in the background (raw staging): it reads as any huge page does.
 //! A same-filled slot reuses bits 0..=56 for its fill pattern. A written-back
 //! slot (WB) keeps its backing-file block in bits 0..=40. A word of 0 is an
@@ -123,15 +123,26 @@ impl Slot {
     }
 }
 
-/// The codec field of a staged page: a huge object (the raw page) that the
-/// compress pool has yet to compress. Codecs take ids 0 and 1.
-pub const STAGED_CODEC: u8 = 3;
-
-/// Whether a word (lock bit ignored) is a staged page: stored raw by a write,
-/// waiting for the background to compress it.
+/// The codec field of a staged page on a device whose codec is
+/// `device_codec`: the other codec's id. A huge object is the raw page
+/// whatever its codec field says, so a binary that knows nothing of staging
+/// reads it as an ordinary huge page and recovers it (an id of its own would
+/// be an unknown codec to it, and the state refused).
 #[inline]
-pub fn is_staged(word: u64) -> bool {
-    is_object(word) && word & HUGE != 0 && ((word >> CODEC_SHIFT) & 3) as u8 == STAGED_CODEC
+pub fn staged_codec(device_codec: u8) -> u8 {
+    (device_codec & 1) ^ 1
+}
+
+/// Whether a word (lock bit ignored) is a staged page on a device whose
+/// codec is `device_codec`: stored raw by a write, waiting for the
+/// background to compress it. A huge page a run with another codec stored
+/// looks staged too: the background tries this codec on it once, then
+/// stores it as this codec's huge page.
+#[inline]
+pub fn is_staged(word: u64, device_codec: u8) -> bool {
+    is_object(word)
+        && word & HUGE != 0
+        && ((word >> CODEC_SHIFT) & 3) as u8 == staged_codec(device_codec)
 }
 
 /// Whether a word (lock bit ignored) is a stored object in the pool: the
@@ -323,7 +334,7 @@ mod tests {
     }
 
     #[test]
-    fn only_huge_objects_with_the_reserved_codec_are_staged() {
+    fn only_huge_objects_in_the_other_codec_are_staged() {
         let obj = |huge, codec| {
             Slot::Object {
                 offset: 4096,
@@ -334,18 +345,28 @@ mod tests {
             .encode()
             .unwrap()
         };
-        assert!(is_staged(obj(true, STAGED_CODEC)));
-        assert!(is_staged(obj(true, STAGED_CODEC) | LOCK | IDLE));
-        assert!(!is_staged(obj(true, 0)) && !is_staged(obj(true, 1)));
-        assert!(!is_staged(obj(false, STAGED_CODEC)));
-        assert!(!is_staged(Slot::Same(u64::MAX).encode().unwrap()));
-        assert!(!is_staged(
-            Slot::Backed {
-                block: u64::MAX >> 30
-            }
-            .encode()
-            .unwrap()
-        ));
+        for dev in [0u8, 1] {
+            let other = staged_codec(dev);
+            assert_ne!(other, dev);
+            // A codec id an older binary knows: it recovers the page.
+            assert!(other <= 1);
+            assert!(is_staged(obj(true, other), dev));
+            assert!(is_staged(obj(true, other) | LOCK | IDLE, dev));
+            assert!(
+                !is_staged(obj(true, dev), dev),
+                "the device's own huge page"
+            );
+            assert!(!is_staged(obj(false, other), dev), "a compressed page");
+            assert!(!is_staged(Slot::Same(u64::MAX).encode().unwrap(), dev));
+            assert!(!is_staged(
+                Slot::Backed {
+                    block: u64::MAX >> 30
+                }
+                .encode()
+                .unwrap(),
+                dev
+            ));
+        }
     }
 
     #[test]

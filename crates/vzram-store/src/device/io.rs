@@ -166,7 +166,7 @@ impl Device {
         g.publish(new);
         self.dirty.mark(slot);
         self.retire(old, new, shard);
-        if slot::is_staged(new) {
+        if self.staged(new) {
             self.enqueue_staged(slot);
         }
     }
@@ -301,7 +301,7 @@ impl Device {
                         offset: obj.offset(),
                         len: PAGE_SIZE as u32,
                         huge: true,
-                        codec: slot::STAGED_CODEC,
+                        codec: slot::staged_codec(self.codec.id()),
                     };
                     return Ok(word.encode().expect("objects always encode"));
                 }
@@ -344,7 +344,7 @@ impl Device {
 
     /// Accounts for a slot going from `old` to `new` and frees the old object.
     pub(super) fn retire(&self, old: u64, new: u64, shard: usize) {
-        if slot::is_staged(old) {
+        if self.staged(old) {
             self.release_staging();
         }
         match Slot::decode(old) {

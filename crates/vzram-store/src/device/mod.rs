@@ -107,13 +107,14 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn matches(self, word: u64) -> bool {
+    /// Whether the filter takes `word` on a device whose codec is `codec`.
+    fn matches(self, word: u64, codec: u8) -> bool {
         let Slot::Object { huge, .. } = Slot::decode(word) else {
             return false;
         };
         // A staged page is raw only until the background compresses it:
         // not one the codec could not shrink.
-        let huge = huge && !slot::is_staged(word);
+        let huge = huge && !slot::is_staged(word, codec);
         (!self.idle || word & slot::IDLE != 0)
             && (!self.cold || slot::age(word) >= slot::MAX_AGE)
             && (!self.huge || huge)

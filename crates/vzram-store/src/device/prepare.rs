@@ -63,7 +63,7 @@ impl Device {
     /// Frees what a prepared word owns, without touching the counters: the
     /// word never was a slot's content.
     fn abandon(&self, word: u64) {
-        if crate::slot::is_staged(word) {
+        if self.staged(word) {
             self.release_staging();
         }
         match Slot::decode(word) {

@@ -125,7 +125,7 @@ impl Device {
                 let Slot::Object { offset, len, .. } = Slot::decode(word) else {
                     continue;
                 };
-                if slot::is_staged(word) {
+                if self.staged(word) {
                     staged.push(s);
                 }
                 // `len` fits its class's size and the index is below the
@@ -221,9 +221,7 @@ fn check_word(word: u64) -> std::result::Result<(), &'static str> {
         if !huge && (len == 0 || len as usize >= PAGE_SIZE) {
             return Err("has a compressed object of impossible length");
         }
-        // A staged page is raw: its codec field is a marker, not a codec.
-        let staged = huge && codec == slot::STAGED_CODEC;
-        if !staged && !CODECS.iter().any(|c| c.id() == codec) {
+        if !CODECS.iter().any(|c| c.id() == codec) {
             return Err("has an object in an unknown codec");
         }
     }

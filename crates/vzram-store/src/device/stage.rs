@@ -1,5 +1,5 @@
 //! Raw staging: a whole-page write stores the page as it is (a huge object
-//! whose codec field is [`slot::STAGED_CODEC`]) while the device's staging
+//! whose codec field is the other codec's, [`slot::staged_codec`]) while the device's staging
 //! budget has room, and [`Device::compress_staged`] compresses staged pages
 //! later, oldest first, on a thread that has nothing else to do. A staged
 //! page is an ordinary stored object in every other respect: it reads as a
@@ -54,6 +54,11 @@ impl Device {
     /// Bytes of pages staged now.
     pub fn staged_bytes(&self) -> u64 {
         self.cells.staged_bytes.load(Relaxed)
+    }
+
+    /// Whether `word` is a page of this device waiting to be compressed.
+    pub(super) fn staged(&self, word: u64) -> bool {
+        slot::is_staged(word, self.codec.id())
     }
 
     /// Whether the FIFO holds slots for [`Device::compress_staged`].
@@ -215,7 +220,7 @@ impl Device {
 
     fn compress_one(&self, ctx: &mut Context, s: u64, at: Instant) -> Outcome {
         let w = self.table.word(s);
-        if !slot::is_staged(w.load(Relaxed)) {
+        if !self.staged(w.load(Relaxed)) {
             return Outcome::Stale;
         }
         let Context { page, work, .. } = ctx;
@@ -223,7 +228,7 @@ impl Device {
         // Copy under the lock, compress without it.
         {
             let g = SlotGuard::lock(w);
-            if !slot::is_staged(g.old()) {
+            if !self.staged(g.old()) {
                 return Outcome::Stale;
             }
             let Ok(raw) = self.object_bytes(s, &g) else {
@@ -239,7 +244,7 @@ impl Device {
             // Stays raw, as an inline write would have stored it.
             let g = SlotGuard::lock(w);
             let old = g.old();
-            if !slot::is_staged(old) || self.object_bytes(s, &g).ok() != Some(&page[..]) {
+            if !self.staged(old) || self.object_bytes(s, &g).ok() != Some(&page[..]) {
                 return Outcome::Stale;
             }
             let Slot::Object { offset, len, .. } = Slot::decode(old) else {
@@ -275,7 +280,7 @@ impl Device {
         let old = g.old();
         // The same page still (a rewrite of the same bytes, or a move by
         // compaction, is the same page): compare the bytes, not the word.
-        if !slot::is_staged(old) || self.object_bytes(s, &g).ok() != Some(&page[..]) {
+        if !self.staged(old) || self.object_bytes(s, &g).ok() != Some(&page[..]) {
             drop(g);
             self.heap.free(&self.pool, self.budget(), obj.offset());
             return Outcome::Stale;

@@ -388,9 +388,9 @@ fn the_huge_filter_skips_staged_pages() {
         ..Filter::default()
     };
     let word = |s: u64| dev.table.word(s).load(Relaxed);
-    assert!(slot::is_staged(word(1)));
-    assert!(!huge.matches(word(1)));
-    assert!(Filter::default().matches(word(1)));
+    assert!(dev.staged(word(1)));
+    assert!(!huge.matches(word(1), 0));
+    assert!(Filter::default().matches(word(1), 0));
     let mut noise = [0u8; PAGE_SIZE];
     let mut x = 0x1234_5678_9abc_def1u64;
     for b in noise.iter_mut() {
@@ -402,6 +402,6 @@ fn the_huge_filter_skips_staged_pages() {
     dev.write_page(cx, 2, &noise).unwrap();
     while dev.compress_staged(cx, 8) > 0 {}
     // Compressed, and kept raw as an ordinary huge page.
-    assert!(!huge.matches(word(1)));
-    assert!(huge.matches(word(2)) && !slot::is_staged(word(2)));
+    assert!(!huge.matches(word(1), 0));
+    assert!(huge.matches(word(2), 0) && !dev.staged(word(2)));
 }

@@ -289,6 +289,8 @@ fn compact_as_the_frontend_leaves_still_compacts() {
                 .write(p * 4096, &pattern(seed, p * 4096, 4096))
                 .unwrap();
         }
+        // The pages compressed (not staged any more), as they stay.
+        d.settled();
         // Three pages of every four go: their spans are left a quarter full.
         for p in (0..2048u64).filter(|p| p % 4 != 0) {
             c.q(0).discard(p * 4096, 4096).unwrap();
@@ -324,6 +326,8 @@ fn compact_skips_a_busy_device_and_does_the_rest() {
     for p in 0..2048u64 {
         c.q(0).write(p * 4096, &pattern(p, p * 4096, 4096)).unwrap();
     }
+    // The pages compressed (not staged any more), as they stay.
+    d.settled();
     for p in (0..2048u64).filter(|p| p % 4 != 0) {
         c.q(0).discard(p * 4096, 4096).unwrap();
     }
@@ -363,6 +367,8 @@ fn stat_set_limit_and_compact_commands() {
     c.q(1).write(4 << 20, &[0u8; 65536]).unwrap();
     let ctl = s(&d.control);
 
+    // Staged pages compressed: sizes are what they stay.
+    d.settled();
     let o = vzram(&["stat", "--control", ctl]);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8(o.stdout).unwrap();

@@ -195,6 +195,7 @@ fn algo_decides_how_small_the_pages_are_stored() {
         write_then_read_back(&mut c, 0, 1, &data, name);
     }
 
+    d.settled();
     let st = stat_json(&d);
     let size = |n: &str| st.counters(n).compr_data_size;
     let report: Vec<String> = names.iter().map(|n| format!("{n} {}", size(n))).collect();

@@ -202,6 +202,25 @@ impl Daemon {
         Stats(self.request(json!({"cmd": "stat"})))
     }
 
+    /// `stat` once no device has staged pages left (stored raw by a write,
+    /// waiting for its worker's compress threads): memory and sizes are
+    /// then what they stay. Waits 30 s at most, then fails with the stat.
+    pub fn settled(&self) -> Stats {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let st = self.stat();
+            if st.devices().iter().all(|d| d.stats.staged_bytes == 0) {
+                return st;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "staged pages not compressed in 30 s: {st}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// `/proc/PID/task/TID` of the sole device's worker's
     /// `vzram-compress-*` threads (the compress pool).
     pub fn compress_tasks(&self) -> Vec<PathBuf> {

@@ -13,6 +13,13 @@
 //! threads puts N + (busy queues) cores on compression, and a queue whose
 //! pool threads are busy elsewhere still makes progress on its own.
 //! Idle pool threads sleep on a condition variable: nothing polls.
+//!
+//! With no job on the list, a pool thread compresses pages that writes
+//! stored raw (staged) on the devices it serves
+//! ([`CompressPool::serve_staging`]): a few at a time, looking at the
+//! list again between batches, so a queue's jobs never wait behind more
+//! than one small batch. A write that stages into an empty queue of staged
+//! pages wakes a sleeping pool thread.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,6 +30,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use vzram_store::{Context, Device, Page, Prepared, StoreError, PAGE_SIZE};
 
 use crate::thread_hook::ThreadHook;
+
+/// Staged pages a pool thread compresses before it looks at the job list
+/// again: about 50 us of lz4.
+const STAGED_BATCH: usize = 8;
+/// How long a pool thread leaves staged pages alone after a batch made no
+/// progress (no memory for compressed objects): a limit lifted or a
+/// compaction may make room later; until then nothing spins.
+const STAGED_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Pages one batch may carry: a full ring of 4 KiB writes at the queue
 /// depths guests use, with the memory per queue bounded (1 MiB).
@@ -46,6 +61,14 @@ struct Inner {
     hook: std::sync::OnceLock<ThreadHook>,
     /// Signalled as each thread is done with the hook once asked.
     hooked: Condvar,
+    /// Devices whose staged pages the threads compress when idle.
+    staging: Mutex<Vec<Arc<Device>>>,
+}
+
+/// What a pool thread does next.
+enum Next {
+    Job(Arc<Batch>, usize),
+    Staged(Arc<Device>),
 }
 
 #[derive(Default)]
@@ -283,6 +306,7 @@ impl CompressPool {
             work: Condvar::new(),
             hook: std::sync::OnceLock::new(),
             hooked: Condvar::new(),
+            staging: Mutex::new(Vec::new()),
         });
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
@@ -332,6 +356,28 @@ impl CompressPool {
         true
     }
 
+    /// Has the pool threads compress `dev`'s staged pages
+    /// ([`Device::compress_staged`]) whenever they have no job, woken by a
+    /// write that stages a page. Returns false on a pool of no threads:
+    /// nobody would compress them, so the device must not stage.
+    pub fn serve_staging(&self, dev: &Arc<Device>) -> bool {
+        if self.threads.is_empty() {
+            return false;
+        }
+        lock(&self.inner.staging).push(dev.clone());
+        let inner = Arc::downgrade(&self.inner);
+        dev.set_staging_waker(Box::new(move || {
+            if let Some(inner) = inner.upgrade() {
+                let t = lock(&inner.tasks);
+                if t.sleeping > 0 {
+                    drop(t);
+                    inner.work.notify_one();
+                }
+            }
+        }));
+        true
+    }
+
     /// Hands jobs `range` of `batch` to the pool. Each must have been
     /// filled in and not be in flight.
     pub fn submit(&self, batch: &Arc<Batch>, range: std::ops::Range<usize>) {
@@ -373,11 +419,18 @@ impl CompressPool {
 }
 
 impl Inner {
+    /// A device with staged pages waiting, if any.
+    fn staged(&self) -> Option<Arc<Device>> {
+        lock(&self.staging).iter().find(|d| d.has_staged()).cloned()
+    }
+
     fn serve(&self, mut cx: Context) {
         let mut hooked = false;
+        // Staged pages made no progress (no memory): leave them a while.
+        let mut stalled = false;
         loop {
             let mut t = lock(&self.tasks);
-            let (b, i) = loop {
+            let next = loop {
                 if t.stop {
                     return;
                 }
@@ -390,19 +443,43 @@ impl Inner {
                     self.hooked.notify_all();
                     continue;
                 }
-                if let Some(task) = t.queue.pop_front() {
-                    break task;
+                if let Some((b, i)) = t.queue.pop_front() {
+                    break Next::Job(b, i);
+                }
+                if !stalled {
+                    if let Some(dev) = self.staged() {
+                        break Next::Staged(dev);
+                    }
                 }
                 t.sleeping += 1;
-                t = self.work.wait(t).unwrap_or_else(|e| e.into_inner());
+                if stalled {
+                    t = self
+                        .work
+                        .wait_timeout(t, STAGED_BACKOFF)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                    stalled = false;
+                } else {
+                    t = self.work.wait(t).unwrap_or_else(|e| e.into_inner());
+                }
                 t.sleeping -= 1;
             };
             drop(t);
             crate::thread_hook::run(self.hook.get());
-            b.run(i, &mut cx);
-            // Counted here, not in `run`: the queue thread runs jobs too,
-            // and this says how much the pool took off it.
-            b.dev.cells().pool_pages.fetch_add(1, Ordering::Relaxed);
+            match next {
+                Next::Job(b, i) => {
+                    b.run(i, &mut cx);
+                    // Counted here, not in `run`: the queue thread runs jobs
+                    // too, and this says how much the pool took off it.
+                    b.dev.cells().pool_pages.fetch_add(1, Ordering::Relaxed);
+                }
+                Next::Staged(dev) => {
+                    let done = catch_unwind(AssertUnwindSafe(|| {
+                        dev.compress_staged(&mut cx, STAGED_BATCH)
+                    }));
+                    stalled = !matches!(done, Ok(n) if n > 0);
+                }
+            }
         }
     }
 }
@@ -449,6 +526,55 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 2);
         assert!(pool.run_thread_hook(std::time::Duration::from_secs(60)));
         assert_eq!(ran.load(Ordering::SeqCst), 2, "once per thread");
+    }
+
+    /// Pages a write staged are compressed by an idle pool thread, woken
+    /// by the write, until none is left; a pool of no threads refuses the
+    /// job (nobody would do it).
+    #[test]
+    fn idle_pool_threads_compress_staged_pages() {
+        let mut dc = DeviceConfig::new(1 << 20, Codec::Lz4);
+        dc.staging_bytes = 1 << 20;
+        let store = Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 26,
+        })
+        .unwrap()
+        .create_device(dc)
+        .unwrap();
+        assert!(!CompressPool::new(0, 0).unwrap().serve_staging(&store));
+        let pool = CompressPool::new(1, 0).unwrap();
+        assert!(pool.serve_staging(&store));
+        let page = |i: u64| -> Page {
+            let mut p = [0u8; PAGE_SIZE];
+            for (j, c) in p.chunks_exact_mut(8).enumerate() {
+                c.copy_from_slice(&(i * 7 + j as u64 % 3).to_le_bytes());
+            }
+            p
+        };
+        let cx = &mut Context::new(0);
+        for round in 0..2u64 {
+            // The thread sleeps between the rounds: the writes wake it.
+            for i in 0..64 {
+                store.write_page(cx, i, &page(i + round)).unwrap();
+            }
+            let t0 = std::time::Instant::now();
+            while store.staged_bytes() > 0 {
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(30),
+                    "round {round}: staged pages were not compressed: {:?}",
+                    store.stats()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let mut out = [0u8; PAGE_SIZE];
+            for i in 0..64 {
+                store.read_page(cx, i, &mut out).unwrap();
+                assert!(out == page(i + round), "round {round}: page {i}");
+            }
+            assert_eq!(store.stats().huge_pages, 0);
+        }
+        assert_eq!(store.stats().staged_compressed, 128);
     }
 
     /// A queue thread that unwinds with jobs in flight finishes them when

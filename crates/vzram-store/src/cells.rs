@@ -156,6 +156,13 @@ pub struct DeviceCells {
     /// this device (those its queue threads did themselves are not
     /// counted): whether the pool is doing anything.
     pub pool_pages: AtomicU64,
+    /// Raw staging: bytes of pages stored raw and not compressed yet (a
+    /// gauge recovery recounts), pages the background compressed, and how
+    /// long they waited staged (sum and longest, in microseconds).
+    pub(crate) staged_bytes: AtomicU64,
+    pub(crate) staged_compressed: AtomicU64,
+    pub(crate) staged_wait_micros: AtomicU64,
+    pub(crate) staged_wait_max_micros: AtomicU64,
 }
 
 /// What an operator asked of a send under way (kept in
@@ -385,6 +392,10 @@ impl DeviceCells {
         s.size_bytes = size_bytes;
         s.spills = self.spills.load(Relaxed);
         s.pool_pages = self.pool_pages.load(Relaxed);
+        s.staged_bytes = self.staged_bytes.load(Relaxed);
+        s.staged_compressed = self.staged_compressed.load(Relaxed);
+        s.staged_wait_micros = self.staged_wait_micros.load(Relaxed);
+        s.staged_wait_max_micros = self.staged_wait_max_micros.load(Relaxed);
         s
     }
 
@@ -412,6 +423,9 @@ impl DeviceCells {
         }
         self.spills.store(0, Relaxed);
         self.pool_pages.store(0, Relaxed);
+        self.staged_compressed.store(0, Relaxed);
+        self.staged_wait_micros.store(0, Relaxed);
+        self.staged_wait_max_micros.store(0, Relaxed);
         for l in self
             .latency
             .iter()

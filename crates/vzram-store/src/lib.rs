@@ -27,7 +27,7 @@ pub use cells::{Cells, DeviceCells, HostCells, LatencySnapshot, MigrationCells, 
 pub use codec::{Codec, ParseCodecError};
 pub use context::Context;
 pub use device::{
-    Device, DeviceConfig, Filter, Prepared, RecompressReport, Recovery, WritebackReport,
+    Device, DeviceConfig, Filter, Prepared, RecompressReport, Recovery, Waker, WritebackReport,
 };
 pub use error::{Result, StoreError};
 pub use migrate::{ExportBuf, MigrateError, Record};

@@ -5,6 +5,9 @@
 //!  63   62   61   60   59   58..57  56 ....... 44  43     42..41  40 ......... 0
 //! LOCK SAME HUGE IDLE  WB   CODEC   length (13 b)  TRIED  AGE     location / 16 (41 b)
 //! ```
+//! A huge object's CODEC field says which codec the device had; the
+//! codec field of the other codec ([`staged_codec`]) marks a page written raw to be compressed
+//! in the background (raw staging): it reads as any huge page does.
 //! A same-filled slot reuses bits 0..=56 for its fill pattern. A written-back
 //! slot (WB) keeps its backing-file block in bits 0..=40. A word of 0 is an
 //! empty slot (never written or discarded): it reads as zeros.
@@ -118,6 +121,28 @@ impl Slot {
             }
         }
     }
+}
+
+/// The codec field of a staged page on a device whose codec is
+/// `device_codec`: the other codec's id. A huge object is the raw page
+/// whatever its codec field says, so a binary that knows nothing of staging
+/// reads it as an ordinary huge page and recovers it (an id of its own would
+/// be an unknown codec to it, and the state refused).
+#[inline]
+pub fn staged_codec(device_codec: u8) -> u8 {
+    (device_codec & 1) ^ 1
+}
+
+/// Whether a word (lock bit ignored) is a staged page on a device whose
+/// codec is `device_codec`: stored raw by a write, waiting for the
+/// background to compress it. A huge page a run with another codec stored
+/// looks staged too: the background tries this codec on it once, then
+/// stores it as this codec's huge page.
+#[inline]
+pub fn is_staged(word: u64, device_codec: u8) -> bool {
+    is_object(word)
+        && word & HUGE != 0
+        && ((word >> CODEC_SHIFT) & 3) as u8 == staged_codec(device_codec)
 }
 
 /// Whether a word (lock bit ignored) is a stored object in the pool: the
@@ -305,6 +330,42 @@ mod tests {
             assert_eq!(content(marked | LOCK), w | TRIED);
             assert_eq!(age(marked), 3);
             assert!(is_object(marked));
+        }
+    }
+
+    #[test]
+    fn only_huge_objects_in_the_other_codec_are_staged() {
+        let obj = |huge, codec| {
+            Slot::Object {
+                offset: 4096,
+                len: if huge { 4096 } else { 100 },
+                huge,
+                codec,
+            }
+            .encode()
+            .unwrap()
+        };
+        for dev in [0u8, 1] {
+            let other = staged_codec(dev);
+            assert_ne!(other, dev);
+            // A codec id an older binary knows: it recovers the page.
+            assert!(other <= 1);
+            assert!(is_staged(obj(true, other), dev));
+            assert!(is_staged(obj(true, other) | LOCK | IDLE, dev));
+            assert!(
+                !is_staged(obj(true, dev), dev),
+                "the device's own huge page"
+            );
+            assert!(!is_staged(obj(false, other), dev), "a compressed page");
+            assert!(!is_staged(Slot::Same(u64::MAX).encode().unwrap(), dev));
+            assert!(!is_staged(
+                Slot::Backed {
+                    block: u64::MAX >> 30
+                }
+                .encode()
+                .unwrap(),
+                dev
+            ));
         }
     }
 

@@ -42,6 +42,17 @@ pub struct DeviceStats {
     /// those the queue threads did): read by a client of any version.
     #[serde(default)]
     pub pool_pages: u64,
+    /// Raw staging: bytes stored raw waiting to be compressed, pages the
+    /// background compressed, and the time they waited staged (total and
+    /// longest, microseconds). Huge pages include the staged ones.
+    #[serde(default)]
+    pub staged_bytes: u64,
+    #[serde(default)]
+    pub staged_compressed: u64,
+    #[serde(default)]
+    pub staged_wait_micros: u64,
+    #[serde(default)]
+    pub staged_wait_max_micros: u64,
 }
 
 /// Whole-pool statistics: the device fields summed, with the host budget.
@@ -72,6 +83,14 @@ pub struct PoolStats {
     pub meta_bytes: u64,
     #[serde(default)]
     pub pool_pages: u64,
+    #[serde(default)]
+    pub staged_bytes: u64,
+    #[serde(default)]
+    pub staged_compressed: u64,
+    #[serde(default)]
+    pub staged_wait_micros: u64,
+    #[serde(default)]
+    pub staged_wait_max_micros: u64,
 }
 
 // Exactly one 128-byte line per shard: the stats file's layout depends on it.
@@ -200,5 +219,9 @@ impl PoolStats {
         self.table_bytes += d.table_bytes;
         self.meta_bytes += d.meta_bytes;
         self.pool_pages += d.pool_pages;
+        self.staged_bytes += d.staged_bytes;
+        self.staged_compressed += d.staged_compressed;
+        self.staged_wait_micros += d.staged_wait_micros;
+        self.staged_wait_max_micros = self.staged_wait_max_micros.max(d.staged_wait_max_micros);
     }
 }

@@ -36,6 +36,8 @@ const BACKING_ENV: &str = "VZRAM_CRASH_BACKING";
 /// Pool memory the device may use: a fraction of what its pages need, so
 /// most writes find the limit reached and spill.
 const MEM_LIMIT: u64 = 32 * PAGE_SIZE as u64;
+/// Raw staging budget: pages of whole-page writes stored raw at first.
+const STAGING: u64 = 16 * PAGE_SIZE as u64;
 /// Blocks of the backing file: fewer than the slots, so it fills at times.
 const BACKING_BLOCKS: u64 = 224;
 /// The exit status of a child whose tiering thread met an error it must not.
@@ -243,6 +245,9 @@ fn open(root: &Path, backing: &Path) -> (std::sync::Arc<Pool>, std::sync::Arc<De
     cfg.backing = Some(BackingSpec {
         path: backing.to_path_buf(),
     });
+    // Whole-page writes are staged raw, and compressed by a thread of the
+    // child's: kills land while pages are staged and while they compress.
+    cfg.staging_bytes = STAGING;
     let dev = pool.create_device(cfg).unwrap();
     (pool, dev)
 }
@@ -263,6 +268,15 @@ fn crash_child() {
     std::thread::spawn(move || loop {
         d2.compact();
         std::thread::yield_now();
+    });
+    let d4 = dev.clone();
+    std::thread::spawn(move || {
+        let cx = &mut Context::new(1);
+        loop {
+            if d4.compress_staged(cx, 4) == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
     });
     // Tiering beside the writes, as the daemon's control thread does it,
     // paced so that the writes still get most of the time.
@@ -368,6 +382,7 @@ fn killed_at_random_points_every_slot_is_old_or_new() {
     let mut rng = Rng(seed | 1);
     let exe = std::env::current_exe().unwrap();
     let (mut total_ops, mut unlocked, mut in_flight_new) = (0usize, 0u64, 0usize);
+    let mut staged_found = 0u64;
     let (mut refused_total, mut max_backed) = (0usize, 0u64);
     let mut recover_us = Vec::new();
     for k in 0..kills {
@@ -466,6 +481,12 @@ fn killed_at_random_points_every_slot_is_old_or_new() {
                     dev.backing().unwrap().used(),
                     "kill {k}: written-back slots vs blocks in use"
                 );
+                assert_eq!(
+                    rec.staged * PAGE_SIZE as u64,
+                    dev.staged_bytes(),
+                    "kill {k}: staged slots vs staged bytes"
+                );
+                staged_found += rec.staged;
             }
             None => assert!(
                 k == 0 && finished == 0,
@@ -534,6 +555,7 @@ fn killed_at_random_points_every_slot_is_old_or_new() {
         drop(pool);
     }
     recover_us.sort_unstable();
+    eprintln!("{staged_found} staged pages found by recoveries");
     eprintln!(
         "{kills} kills, {total_ops} ops finished ({refused_total} refused: limit reached and backing file full), {in_flight_new} cut-short ops found done, {unlocked} locked words unlocked, up to {max_backed} pages in the backing file after a kill, recovery median {} us",
         recover_us.get(recover_us.len() / 2).copied().unwrap_or(0)

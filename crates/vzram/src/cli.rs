@@ -187,8 +187,8 @@ pub struct ServeArgs {
     pub fd: Option<i32>,
     /// More devices: socket=PATH,size=SIZE[,queues=N,mem-limit=SIZE,algo=A,serial=S,readonly=true,name=N,
     /// state-dir=DIR,recover=true,fresh=true,adopt=true,backing-file=PATH,recompress-algo=A,
-    /// idle-after=10m,auto-writeback=true,auto-recompress=true,incoming=ADDR,discard-segments=N]: the keys of the
-    /// flags above, each at most once.
+    /// idle-after=10m,auto-writeback=true,auto-recompress=true,incoming=ADDR,discard-segments=N,
+    /// staging=SIZE]: the keys of the flags above, each at most once.
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
     /// TOML file with host_mem_limit, control, metrics, state_dir, socket_mode, control_mode,

@@ -124,7 +124,7 @@ impl Device {
         let r = self
             .check(slot)
             .and_then(|()| self.table.mark(slot))
-            .and_then(|()| self.encode(&mut ctx.work, data, sh))
+            .and_then(|()| self.encode(&mut ctx.work, data, sh, true))
             .map(|new| self.publish_write(slot, new, sh));
         if let Err(e) = &r {
             ctr.failed_write(e);
@@ -166,6 +166,9 @@ impl Device {
         g.publish(new);
         self.dirty.mark(slot);
         self.retire(old, new, shard);
+        if self.staged(new) {
+            self.enqueue_staged(slot);
+        }
     }
 
     /// Read-modify-write of part of a page, under the slot lock: `f` sees the
@@ -195,7 +198,9 @@ impl Device {
                 Some(0) => 0,
                 _ => {
                     self.table.mark(slot)?;
-                    self.encode(work, page, sh)?
+                    // Partial writes compress inline: staging them would
+                    // make each one a full page's copy twice.
+                    self.encode(work, page, sh, false)?
                 }
             };
             g.publish(new);
@@ -275,10 +280,36 @@ impl Device {
     }
 
     /// Turns a page into the word that will represent it, allocating and
-    /// filling an object if it needs one.
-    pub(super) fn encode(&self, work: &mut Work, data: &Page, shard: usize) -> Result<u64> {
+    /// filling an object if it needs one. `stage`: the page may be stored
+    /// raw, staged, if the staging budget has room; otherwise (or if the
+    /// raw page does not fit the memory limits) it is compressed here.
+    pub(super) fn encode(
+        &self,
+        work: &mut Work,
+        data: &Page,
+        shard: usize,
+        stage: bool,
+    ) -> Result<u64> {
         if let Some(w) = same_filled(data).and_then(|v| Slot::Same(v).encode()) {
             return Ok(w);
+        }
+        if stage && self.reserve_staging() {
+            match self.heap.alloc(&self.pool, self.budget(), PAGE_SIZE, shard) {
+                Ok(mut obj) => {
+                    self.heap.write(&mut obj, data);
+                    let word = Slot::Object {
+                        offset: obj.offset(),
+                        len: PAGE_SIZE as u32,
+                        huge: true,
+                        codec: slot::staged_codec(self.codec.id()),
+                    };
+                    return Ok(word.encode().expect("objects always encode"));
+                }
+                // A compressed object may still fit.
+                Err(_) => self.release_staging(),
+            }
+        } else if stage {
+            self.drain_near_limit(shard);
         }
         let Work { cbuf, codec, .. } = work;
         let (src, huge): (&[u8], bool) =
@@ -286,7 +317,12 @@ impl Device {
                 Some(n) => (&cbuf[..n], false),
                 None => (&data[..], true),
             };
-        let mut obj = match self.heap.alloc(&self.pool, self.budget(), src.len(), shard) {
+        let alloc = || self.heap.alloc(&self.pool, self.budget(), src.len(), shard);
+        let mut first = alloc();
+        if stage && matches!(first, Err(AllocError::Device | AllocError::Host)) {
+            first = self.room_from_staged(shard, alloc);
+        }
+        let mut obj = match first {
             Ok(obj) => obj,
             Err(AllocError::Device | AllocError::Host) if self.backing.is_some() => {
                 match self.spill(src.len(), shard, data)? {
@@ -308,6 +344,9 @@ impl Device {
 
     /// Accounts for a slot going from `old` to `new` and frees the old object.
     pub(super) fn retire(&self, old: u64, new: u64, shard: usize) {
+        if self.staged(old) {
+            self.release_staging();
+        }
         match Slot::decode(old) {
             Slot::Object { offset, .. } => self.heap.free(&self.pool, self.budget(), offset),
             Slot::Backed { block } => {

@@ -9,11 +9,14 @@
 //! `impl Device` in a file of its own, which uses this one and never a
 //! sibling: `io` (reads, writes, discards), `recover` (rebuilding from the
 //! slot table), `tier` (idle marks, writeback, spills, recompression),
-//! `compact`, `export` (migration) and `prepare` (a write in two halves).
+//! `compact`, `export` (migration), `prepare` (a write in two halves) and
+//! `stage` (raw staging and the background compression of staged pages).
 
+use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use crate::backing::{AlignedPages, Backing, BackingSpec};
 use crate::cells::{Cells, DeviceCells, MAX_SHARDS};
@@ -38,6 +41,7 @@ mod export;
 mod io;
 mod prepare;
 mod recover;
+mod stage;
 #[cfg(test)]
 mod tests;
 mod tier;
@@ -66,6 +70,10 @@ pub struct DeviceConfig {
     /// A file or block device that written-back pages move to, and that a
     /// write spills to when a memory limit is reached.
     pub backing: Option<BackingSpec>,
+    /// Raw staging budget in bytes: whole-page writes store pages raw
+    /// while staged pages take less, for [`Device::compress_staged`] to
+    /// compress later. 0: off (every write compresses inline).
+    pub staging_bytes: u64,
 }
 
 impl DeviceConfig {
@@ -78,6 +86,7 @@ impl DeviceConfig {
             shards: 0,
             state: None,
             backing: None,
+            staging_bytes: 0,
         }
     }
 }
@@ -90,17 +99,22 @@ pub struct Filter {
     pub idle: bool,
     /// Idle for at least [`slot::MAX_AGE`] ager passes (`--idle-after`).
     pub cold: bool,
-    /// Stored raw: the codec could not shrink them below the threshold.
+    /// Stored raw: the codec could not shrink them below the threshold
+    /// (not staged pages, which the background has yet to try).
     pub huge: bool,
     /// Huge, and recompression could not shrink them either.
     pub incompressible: bool,
 }
 
 impl Filter {
-    fn matches(self, word: u64) -> bool {
+    /// Whether the filter takes `word` on a device whose codec is `codec`.
+    fn matches(self, word: u64, codec: u8) -> bool {
         let Slot::Object { huge, .. } = Slot::decode(word) else {
             return false;
         };
+        // A staged page is raw only until the background compresses it:
+        // not one the codec could not shrink.
+        let huge = huge && !slot::is_staged(word, codec);
         (!self.idle || word & slot::IDLE != 0)
             && (!self.cold || slot::age(word) >= slot::MAX_AGE)
             && (!self.huge || huge)
@@ -128,6 +142,34 @@ pub struct RecompressReport {
     pub saved_bytes: u64,
     /// Pool memory given back afterwards (bytes).
     pub freed_bytes: u64,
+}
+
+/// Called when a write stages a page into an empty FIFO.
+pub type Waker = Box<dyn Fn() + Send + Sync>;
+
+/// The device's staging state (the budget's use is in its cells).
+struct Staging {
+    /// Bytes of staged pages the device may hold; 0: staging is off.
+    limit: AtomicU64,
+    /// Staged slots, oldest first, with when they were staged.
+    fifo: Mutex<VecDeque<(u64, Instant)>>,
+    /// The FIFO's length, read without its lock.
+    queued: AtomicUsize,
+    /// Pages compressed since the last compaction.
+    since_compact: AtomicU64,
+    waker: OnceLock<Waker>,
+}
+
+impl Staging {
+    fn new(limit: u64) -> Staging {
+        Staging {
+            limit: AtomicU64::new(limit),
+            fifo: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
+            since_compact: AtomicU64::new(0),
+            waker: OnceLock::new(),
+        }
+    }
 }
 
 /// The tiering passes' working memory; one pass at a time holds it.
@@ -169,6 +211,7 @@ pub struct Device {
     recovery: Option<Recovery>,
     backing: Option<Backing>,
     tier: Mutex<Option<Tier>>,
+    staging: Staging,
     /// Slots written or discarded while a migration tracks them.
     pub(crate) dirty: DirtyLog,
 }
@@ -185,6 +228,8 @@ pub struct Recovery {
     pub unlocked: u64,
     /// Slots whose page is in the backing file.
     pub backed: u64,
+    /// Staged pages (stored raw, to be compressed in the background).
+    pub staged: u64,
     pub micros: u64,
 }
 
@@ -344,6 +389,7 @@ impl Device {
             recovery: None,
             backing,
             tier: Mutex::new(None),
+            staging: Staging::new(cfg.staging_bytes),
             dirty: DirtyLog::default(),
         };
         match &state {
@@ -354,6 +400,7 @@ impl Device {
                 for c in &dev.cells.counters {
                     c.clear_gauges();
                 }
+                dev.cells.staged_bytes.store(0, Relaxed);
                 dev.cells.charged_to.store(dev.pool.host_id, Relaxed);
             }
         }

@@ -45,7 +45,7 @@ impl Device {
         let r = self
             .check(slot)
             .and_then(|()| self.table.mark(slot))
-            .and_then(|()| self.encode(&mut ctx.work, data, sh));
+            .and_then(|()| self.encode(&mut ctx.work, data, sh, true));
         match r {
             Ok(word) => Ok(Prepared {
                 dev: self.clone(),
@@ -63,6 +63,9 @@ impl Device {
     /// Frees what a prepared word owns, without touching the counters: the
     /// word never was a slot's content.
     fn abandon(&self, word: u64) {
+        if self.staged(word) {
+            self.release_staging();
+        }
         match Slot::decode(word) {
             Slot::Object { offset, .. } => self.heap.free(&self.pool, self.budget(), offset),
             Slot::Backed { block } => {

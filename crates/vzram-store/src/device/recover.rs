@@ -48,8 +48,10 @@ impl Device {
             spans: 0,
             unlocked: 0,
             backed: 0,
+            staged: 0,
             micros: 0,
         };
+        let mut staged = Vec::new();
         if let Some(b) = &self.backing {
             b.clear();
         }
@@ -123,6 +125,9 @@ impl Device {
                 let Slot::Object { offset, len, .. } = Slot::decode(word) else {
                     continue;
                 };
+                if self.staged(word) {
+                    staged.push(s);
+                }
                 // `len` fits its class's size and the index is below the
                 // span's capacity, so the object ends inside its span.
                 let class = class_of(len as usize);
@@ -168,6 +173,8 @@ impl Device {
         }
         self.heap.arena().restore(next, |b| spans.contains_key(&b));
         rec.spans = spans.len() as u64;
+        rec.staged = staged.len() as u64;
+        self.restore_staged(staged);
         rec.micros = t0.elapsed().as_micros() as u64;
         Ok(rec)
     }

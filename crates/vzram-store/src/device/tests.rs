@@ -372,3 +372,36 @@ fn an_object_past_its_span_is_refused_not_served() {
     );
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// `--huge` tiering passes take pages the codec could not shrink, not
+/// staged pages that the background has yet to compress.
+#[test]
+fn the_huge_filter_skips_staged_pages() {
+    let pool = pool();
+    let mut cfg = DeviceConfig::new(64 * PAGE_SIZE as u64, Codec::Lz4);
+    cfg.staging_bytes = 1 << 20;
+    let dev = create(&pool, cfg).unwrap();
+    let cx = &mut Context::new(0);
+    dev.write_page(cx, 1, &page(1)).unwrap();
+    let huge = Filter {
+        huge: true,
+        ..Filter::default()
+    };
+    let word = |s: u64| dev.table.word(s).load(Relaxed);
+    assert!(dev.staged(word(1)));
+    assert!(!huge.matches(word(1), 0));
+    assert!(Filter::default().matches(word(1), 0));
+    let mut noise = [0u8; PAGE_SIZE];
+    let mut x = 0x1234_5678_9abc_def1u64;
+    for b in noise.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    dev.write_page(cx, 2, &noise).unwrap();
+    while dev.compress_staged(cx, 8) > 0 {}
+    // Compressed, and kept raw as an ordinary huge page.
+    assert!(!huge.matches(word(1), 0));
+    assert!(huge.matches(word(2), 0) && !dev.staged(word(2)));
+}

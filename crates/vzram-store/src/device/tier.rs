@@ -150,7 +150,7 @@ impl Device {
                     break 'scan;
                 }
                 let word = self.table.word(s).load(Relaxed);
-                if !filter.matches(word) {
+                if !filter.matches(word, self.codec.id()) {
                     continue;
                 }
                 batch.push(s);
@@ -403,7 +403,7 @@ impl Device {
                 }
                 let w = self.table.word(s);
                 let word = w.load(Relaxed);
-                if !filter.matches(word) || word & slot::TRIED != 0 {
+                if !filter.matches(word, self.codec.id()) || word & slot::TRIED != 0 {
                     continue;
                 }
                 let Slot::Object {

@@ -303,6 +303,34 @@ pub fn render(reply: &StatReply, style: Style) -> String {
             &rows,
         );
     }
+    // Raw staging, for the devices that staged pages: what waits to be
+    // compressed, what the compress threads did, how long pages waited.
+    let staging: Vec<&DeviceStat> = devices
+        .iter()
+        .filter(|d| d.stats.staged_bytes > 0 || d.stats.staged_compressed > 0)
+        .collect();
+    if !staging.is_empty() {
+        let ms = |us: u64| format!("{:.1}ms", us as f64 / 1000.0);
+        let rows: Vec<Vec<String>> = staging
+            .iter()
+            .map(|d| {
+                let s = &d.stats;
+                vec![
+                    d.name.clone(),
+                    style.size(s.staged_bytes),
+                    s.staged_compressed.to_string(),
+                    ms(s.staged_wait_micros / s.staged_compressed.max(1)),
+                    ms(s.staged_wait_max_micros),
+                ]
+            })
+            .collect();
+        out += "\nstaging\n";
+        out += &table_in(
+            style,
+            &["NAME", "STAGED", "COMPRESSED", "WAIT_AVG", "WAIT_MAX"],
+            &rows,
+        );
+    }
     for d in devices {
         let _ = write!(out, "\n{}: {}", d.name, d.socket.display());
         if let Some(b) = &d.tier.backing {

@@ -58,6 +58,15 @@ pub struct DeviceDraft {
     #[arg(long, value_name = "N")]
     #[serde(default, alias = "discard-segments", deserialize_with = "de::number")]
     pub discard_segments: Option<u16>,
+    /// Raw staging budget of that device: a whole-page write stores its
+    /// page as it is while the pages not compressed yet take less than
+    /// this, and the compress threads compress them in the background,
+    /// oldest first; past it writes compress inline. Staged pages are kept
+    /// and recovered like any others and count in full against the memory
+    /// limits. 0 = off [default: 64M].
+    #[arg(long, value_parser = parse_size, allow_negative_numbers = true, value_name = "SIZE")]
+    #[serde(default, deserialize_with = "de::size")]
+    pub staging: Option<u64>,
     /// Offer the device read-only.
     #[arg(long, visible_alias = "read-only", num_args = 0..=1, default_missing_value = "true", value_parser = parse_bool, value_name = "BOOL")]
     #[serde(
@@ -182,6 +191,7 @@ impl From<DeviceDraft> for NewDevice {
             mem_limit,
             serial,
             discard_segments,
+            staging,
             readonly,
             state_dir,
             recover,
@@ -203,6 +213,7 @@ impl From<DeviceDraft> for NewDevice {
             mem_limit,
             serial,
             discard_segments,
+            staging,
             readonly,
             state_dir,
             recover,
@@ -230,6 +241,7 @@ impl From<NewDevice> for DeviceDraft {
             mem_limit,
             serial,
             discard_segments,
+            staging,
             readonly,
             state_dir,
             recover,
@@ -251,6 +263,7 @@ impl From<NewDevice> for DeviceDraft {
             mem_limit,
             serial,
             discard_segments,
+            staging,
             readonly,
             state_dir,
             recover,

@@ -27,7 +27,7 @@ pub use file::{keys as file_keys, load_file, parse_file, FileDrafts};
 pub use parse::{
     default_recompress_algo, parse_bool, parse_codec, parse_duration, parse_metrics_addr,
     parse_mode, parse_size, size_text, tiny_limit, AddrFault, ValueError, DEFAULT_QUEUES,
-    DEFAULT_SOCKET_MODE, MAX_POLL_US, MIN_IDLE_AFTER,
+    DEFAULT_SOCKET_MODE, DEFAULT_STAGING, MAX_POLL_US, MIN_IDLE_AFTER,
 };
 use state_dir::runtime_directory;
 pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
@@ -56,6 +56,8 @@ pub struct DeviceSpec {
     pub readonly: bool,
     /// Segments per discard or write-zeroes request, 1..=256.
     pub discard_segments: u16,
+    /// Raw staging budget in bytes (0: off).
+    pub staging: u64,
     /// Where this device keeps its state, if not in the daemon's directory.
     pub state_dir: Option<PathBuf>,
     /// What a state found under its name is to it.
@@ -572,6 +574,7 @@ impl DeviceSpec {
             serial,
             readonly: d.readonly.unwrap_or(false),
             discard_segments,
+            staging: d.staging.unwrap_or(DEFAULT_STAGING),
             state_dir: d.state_dir,
             on_state,
             adopt: d.adopt.unwrap_or(false),

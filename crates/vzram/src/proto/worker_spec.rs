@@ -108,6 +108,9 @@ pub struct Spec {
     #[serde(default = "all_discard_segments")]
     pub discard_segments: u16,
     pub mem_limit: u64,
+    /// Raw staging budget in bytes (0: off; a spec from before staging).
+    #[serde(default)]
+    pub staging: u64,
     /// The state directory, for messages only (the files come as descriptors).
     pub state_dir: PathBuf,
     pub seccomp: SeccompMode,

@@ -531,6 +531,7 @@ impl Supervisor {
             readonly: d.spec.readonly,
             discard_segments: d.spec.discard_segments,
             mem_limit: d.cells.budget().limit(),
+            staging: d.spec.staging,
             state_dir: d.files.dir.clone(),
             seccomp: self.env.seccomp,
             log_level: self.env.log_level,

@@ -208,6 +208,30 @@ const DEVICE_METRICS: &[(&str, &str, MetricType, DevField)] = &[
         |d| d.stats.pool_pages,
     ),
     (
+        "vzram_staged_bytes",
+        "Bytes of pages writes stored raw (staged) that the compress threads have not compressed yet; counted in huge pages too",
+        MetricType::Gauge,
+        |d| d.stats.staged_bytes,
+    ),
+    (
+        "vzram_staged_compressed_pages",
+        "Staged pages the compress threads compressed in the background",
+        MetricType::Counter,
+        |d| d.stats.staged_compressed,
+    ),
+    (
+        "vzram_staged_wait_microseconds",
+        "Time the pages compressed in the background waited staged, summed",
+        MetricType::Counter,
+        |d| d.stats.staged_wait_micros,
+    ),
+    (
+        "vzram_staged_wait_max_microseconds",
+        "Longest time one page waited staged before it was compressed",
+        MetricType::Gauge,
+        |d| d.stats.staged_wait_max_micros,
+    ),
+    (
         "vzram_recompressed_pages",
         "Pages a second codec stored smaller",
         MetricType::Counter,
@@ -558,6 +582,10 @@ mod tests {
             spills: 2,
             pages_recompressed: 9,
             pool_pages: 11,
+            staged_bytes: 8192,
+            staged_compressed: 5,
+            staged_wait_micros: 700,
+            staged_wait_max_micros: 300,
             ..Default::default()
         };
         d.tier.backing = Some(crate::proto::control::BackingStat {
@@ -640,6 +668,10 @@ mod tests {
             "vzram_spills_total{vzram_device=\"vm1\"} 2",
             "vzram_recompressed_pages_total{vzram_device=\"vm1\"} 9",
             "vzram_pool_pages_total{vzram_device=\"vm1\"} 11",
+            "vzram_staged_bytes{vzram_device=\"vm1\"} 8192",
+            "vzram_staged_compressed_pages_total{vzram_device=\"vm1\"} 5",
+            "vzram_staged_wait_microseconds_total{vzram_device=\"vm1\"} 700",
+            "vzram_staged_wait_max_microseconds{vzram_device=\"vm1\"} 300",
             "vzram_backing_read_bytes_total{vzram_device=\"vm1\"} 0",
             "# TYPE vzram_recompress_saved_bytes_total counter",
             "# TYPE vzram_read_bytes_total counter",

@@ -391,6 +391,7 @@ fn same_device(
         &old.discard_segments,
         &new.discard_segments,
     );
+    needs("staging", &Bytes(old.staging), &Bytes(new.staging));
     needs("state_dir", &old.state_dir, &new.state_dir);
     needs("tiering", &old.tier, &new.tier);
     needs("incoming", &old.incoming, &new.incoming);

@@ -189,6 +189,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
             pages = r.slots,
             spans = r.spans,
             cut_short = r.unlocked,
+            staged = r.staged,
             ms = r.micros as f64 / 1000.0,
             "recovered the device from its state"
         );
@@ -211,6 +212,14 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         .map(|f| -> vzram_blk::ThreadHook { Arc::new(move || f.enter()) });
     if let Some(h) = &narrow {
         compress.set_thread_hook(h.clone());
+    }
+    // The pool's threads compress staged pages when they have no job:
+    // those writes stage here, and those a worker before left (with
+    // staging=0 too). With no threads, nobody would: writes compress inline.
+    if compress.serve_staging(&store) {
+        store.set_staging_budget(spec.staging);
+    } else if spec.staging > 0 {
+        tracing::info!("no compress threads: writes compress inline (staging off)");
     }
     // Kept to have idle pool threads narrow their filter once the process
     // filter is in: one might otherwise wait for work under the wider one.
@@ -309,6 +318,10 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         )) => {}
         Err(e) => tracing::debug!("vhost-user handler ended: {e}"),
     }
+    // Pages still staged are compressed before the worker goes: with no
+    // worker the device would keep them raw until the next frontend.
+    let cx = &mut vzram_store::Context::new(0);
+    while store.compress_staged(cx, 64) > 0 {}
     // Leave the device compact for its idle time, and its gauges current.
     pool.compact_fragmented(COMPACT_WASTE_RATIO, COMPACT_MIN_WASTE);
     store.stats();

@@ -76,6 +76,8 @@ pub struct NewDevice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discard_segments: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readonly: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,

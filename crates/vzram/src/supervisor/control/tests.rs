@@ -51,6 +51,7 @@ fn control(root: &std::path::Path) -> Control {
                 serial: n.to_string(),
                 readonly: false,
                 discard_segments: 1,
+                staging: 0,
                 state_dir: None,
                 on_state: crate::config::OnState::Unsaid,
                 adopt: false,

@@ -1,0 +1,249 @@
+//! Raw staging: whole-page writes stored raw while the staging budget has
+//! room, compressed later by `Device::compress_staged`. Each test checks
+//! what a user of the store would see: pages read back the same at every
+//! step, the memory comes back, a full budget compresses inline, and a
+//! device dropped with pages staged recovers them and their queue.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use vzram_store::{Codec, Context, Device, DeviceConfig, Pool, PoolConfig, StateSpec, PAGE_SIZE};
+
+mod common;
+use common::{noise, varied};
+
+const PAGES: u64 = 64;
+const STAGE_ALL: u64 = 2 * PAGES * PAGE_SIZE as u64;
+
+fn cfg(staging: u64) -> DeviceConfig {
+    let mut c = DeviceConfig::new(256 * PAGE_SIZE as u64, Codec::Lz4);
+    c.shards = 2;
+    c.staging_bytes = staging;
+    c
+}
+
+fn device(staging: u64) -> (Arc<Pool>, Arc<Device>) {
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let dev = pool.create_device(cfg(staging)).unwrap();
+    (pool, dev)
+}
+
+fn read(dev: &Device, s: u64) -> vzram_store::Page {
+    let mut out = [0u8; PAGE_SIZE];
+    dev.read_page(&mut Context::new(0), s, &mut out).unwrap();
+    out
+}
+
+fn check(dev: &Device, pages: &[(u64, vzram_store::Page)], when: &str) {
+    for (s, p) in pages {
+        assert!(read(dev, *s) == *p, "slot {s} reads back changed {when}");
+    }
+}
+
+fn drain(dev: &Device) -> usize {
+    let cx = &mut Context::new(1);
+    let mut n = 0;
+    loop {
+        let k = dev.compress_staged(cx, 16);
+        if k == 0 {
+            return n;
+        }
+        n += k;
+    }
+}
+
+#[test]
+fn a_staged_page_reads_back_and_compresses_in_the_background() {
+    let (_pool, dev) = device(STAGE_ALL);
+    let cx = &mut Context::new(0);
+    let pages: Vec<_> = (0..PAGES).map(|s| (s, varied(s))).collect();
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p).unwrap();
+    }
+    let st = dev.stats();
+    assert_eq!(st.staged_bytes, PAGES * PAGE_SIZE as u64, "{st:?}");
+    assert_eq!(st.huge_pages, PAGES, "staged pages are stored raw");
+    check(&dev, &pages, "while staged");
+    assert_eq!(drain(&dev), PAGES as usize);
+    let st = dev.stats();
+    assert_eq!(
+        (st.staged_bytes, st.huge_pages, st.staged_compressed),
+        (0, 0, PAGES),
+        "{st:?}"
+    );
+    assert!(st.compr_data_size < PAGES * PAGE_SIZE as u64 / 2, "{st:?}");
+    assert!(st.staged_wait_max_micros <= st.staged_wait_micros);
+    check(&dev, &pages, "after the background compressed them");
+}
+
+/// A page the codec cannot shrink ends as an ordinary huge page: it is
+/// not tried again, and it reads back.
+#[test]
+fn an_incompressible_staged_page_becomes_an_ordinary_huge_page() {
+    let (_pool, dev) = device(STAGE_ALL);
+    let cx = &mut Context::new(0);
+    let pages = [(3, noise(3)), (4, varied(4))];
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p).unwrap();
+    }
+    assert_eq!(drain(&dev), 2);
+    let st = dev.stats();
+    assert_eq!((st.staged_bytes, st.huge_pages), (0, 1), "{st:?}");
+    assert!(!dev.has_staged());
+    assert_eq!(drain(&dev), 0, "nothing is left to compress");
+    check(&dev, &pages, "after the background");
+}
+
+/// Overwrites, discards and compaction while pages are staged: the queue's
+/// stale entries are skipped, a staged page moved by compaction is still
+/// compressed, and every byte of memory comes back.
+#[test]
+fn overwrites_and_discards_while_staged_leak_nothing() {
+    let (pool, dev) = device(STAGE_ALL);
+    let cx = &mut Context::new(0);
+    let mut pages: Vec<_> = (0..PAGES).map(|s| (s, varied(s))).collect();
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p).unwrap();
+    }
+    // Every third page rewritten (staged again), every fifth discarded.
+    for (s, p) in pages.iter_mut() {
+        if *s % 3 == 0 {
+            *p = varied(*s + 1000);
+            dev.write_page(cx, *s, p).unwrap();
+        } else if *s % 5 == 0 {
+            *p = [0; PAGE_SIZE];
+            dev.discard(cx, *s..*s + 1).unwrap();
+        }
+    }
+    // Holes in the raw pages' spans: compaction moves staged pages.
+    dev.compact();
+    check(&dev, &pages, "after compaction while staged");
+    drain(&dev);
+    let st = dev.stats();
+    assert_eq!((st.staged_bytes, st.huge_pages), (0, 0), "{st:?}");
+    check(&dev, &pages, "after the background");
+    dev.discard(cx, 0..256).unwrap();
+    dev.compact();
+    let st = dev.stats();
+    assert_eq!(st.mem_used_total, 0, "memory leaked: {st:?}");
+    assert_eq!(pool.stats().mem_used_total, 0);
+}
+
+/// With the budget full, a write compresses inline as without staging; a
+/// prepared write dropped uncommitted gives its room back.
+#[test]
+fn a_full_staging_budget_compresses_inline() {
+    let (_pool, dev) = device(4 * PAGE_SIZE as u64);
+    let cx = &mut Context::new(0);
+    let pages: Vec<_> = (0..10).map(|s| (s, varied(s))).collect();
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p).unwrap();
+    }
+    let st = dev.stats();
+    assert_eq!((st.staged_bytes, st.huge_pages), (4 * PAGE_SIZE as u64, 4));
+    check(&dev, &pages, "half staged");
+    drain(&dev);
+    let held = dev.prepare_write(cx, 20, &varied(20)).unwrap();
+    assert_eq!(dev.staged_bytes(), PAGE_SIZE as u64);
+    drop(held);
+    assert_eq!(dev.staged_bytes(), 0, "an abandoned write kept its room");
+    dev.prepare_write(cx, 20, &varied(20)).unwrap().commit();
+    assert!(dev.has_staged());
+    // Off: writes compress inline again.
+    dev.set_staging_budget(0);
+    dev.write_page(cx, 21, &varied(21)).unwrap();
+    assert_eq!(dev.stats().huge_pages, 1, "only slot 20 is staged");
+    assert!(read(&dev, 20) == varied(20) && read(&dev, 21) == varied(21));
+}
+
+/// Past 3/4 of the device's memory limit writes compress inline: staged
+/// raw pages must not fill the room compressed pages would have fitted in.
+#[test]
+fn near_a_memory_limit_writes_compress_inline() {
+    let (_pool, dev) = device(STAGE_ALL);
+    let limit = 64 * PAGE_SIZE as u64;
+    dev.set_mem_limit(limit);
+    let cx = &mut Context::new(0);
+    // 200 pages that compress to one size class: today they fit.
+    let alike = |i: u64| {
+        let mut p = [0u8; PAGE_SIZE];
+        for (j, w) in p.chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&(i * 1000 + j as u64 % 7).to_le_bytes());
+        }
+        p
+    };
+    let pages: Vec<_> = (0..200).map(|s| (s, alike(s))).collect();
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p)
+            .unwrap_or_else(|e| panic!("slot {s}: {e}: {:?}", dev.stats()));
+    }
+    let st = dev.stats();
+    assert!(st.mem_used_total <= limit, "{st:?}");
+    // Staging was used, and stopped short of the limit.
+    assert!(st.staged_bytes + st.staged_compressed > 0, "{st:?}");
+    assert!(st.staged_bytes <= limit / 4 * 3, "{st:?}");
+    check(&dev, &pages, "near the limit");
+    drain(&dev);
+    check(&dev, &pages, "after the background");
+}
+
+struct Root(PathBuf);
+
+impl Drop for Root {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn with_state(root: &Path) -> DeviceConfig {
+    let mut c = cfg(STAGE_ALL);
+    c.state = Some(StateSpec {
+        root: root.to_path_buf(),
+        name: "d".into(),
+        ..StateSpec::default()
+    });
+    c
+}
+
+/// A device dropped (as a killed process leaves its state files) with half
+/// its pages still staged recovers every page, finds the staged ones again
+/// and compresses them afterwards.
+#[test]
+fn recovery_keeps_staged_pages_and_their_queue() {
+    let root = Root(std::env::temp_dir().join(format!("vzram-staging-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&root.0);
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let dev = pool.create_device(with_state(&root.0)).unwrap();
+    let cx = &mut Context::new(0);
+    let pages: Vec<_> = (0..PAGES)
+        .map(|s| (s, if s % 7 == 0 { noise(s) } else { varied(s) }))
+        .collect();
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p).unwrap();
+    }
+    let done = dev.compress_staged(&mut Context::new(1), PAGES as usize / 2);
+    assert_eq!(done, PAGES as usize / 2);
+    let left = dev.staged_bytes();
+    assert!(left > 0);
+    drop(dev);
+
+    let dev = pool.create_device(with_state(&root.0)).unwrap();
+    let rec = dev.recovery().expect("recovered");
+    assert_eq!(rec.staged * PAGE_SIZE as u64, left, "{rec:?}");
+    assert_eq!(dev.staged_bytes(), left);
+    assert!(
+        dev.has_staged(),
+        "the queue of staged slots was not rebuilt"
+    );
+    check(&dev, &pages, "after recovery");
+    drain(&dev);
+    let st = dev.stats();
+    assert_eq!(st.staged_bytes, 0, "{st:?}");
+    assert_eq!(st.huge_pages, PAGES.div_ceil(7), "{st:?}");
+    check(&dev, &pages, "after the background, recovered");
+    drop(dev);
+
+    let dev = pool.create_device(with_state(&root.0)).unwrap();
+    assert_eq!(dev.recovery().unwrap().staged, 0);
+    check(&dev, &pages, "after the second recovery");
+}

@@ -180,6 +180,7 @@ fn base_result(spec: &TargetSpec, job: &JobSpec, rep: u32, ctx: &Ctx, t: &Totals
         rss_bytes: 0,
         extra_mem_bytes: 0,
         mem_after_prefill_bytes: None,
+        mem_at_end_bytes: None,
         prefill_s: None,
         prefill_mb_s: None,
         verify_errors: t.verify_errors,
@@ -351,7 +352,15 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
         target.daemon().check_alive()?;
         return Err(e);
     }
-    let mem: Memory = target.memory()?;
+    let mut mem: Memory = target.memory()?;
+    // Idle, connected, as a guest that stopped swapping: what the daemon
+    // does in the background shows in the second measurement.
+    let mut mem_at_end = None;
+    if job.settle_s > 0.0 {
+        mem_at_end = Some(mem.host_bytes);
+        std::thread::sleep(Duration::from_secs_f64(job.settle_s));
+        mem = target.memory()?;
+    }
     drop(conn);
     let mut r = base_result(spec, job, rep, ctx, &totals);
     if let Some((cpu, wall)) = server_cpu {
@@ -367,6 +376,7 @@ fn run_block(ctx: &mut Ctx, spec: &TargetSpec, job: &JobSpec, rep: u32) -> Resul
     r.rss_bytes = mem.proc.rss;
     r.extra_mem_bytes = mem.extra_bytes;
     r.mem_after_prefill_bytes = mem_after_prefill;
+    r.mem_at_end_bytes = mem_at_end;
     if r.stored_bytes > 0 {
         r.mem_per_byte = Some(mem.host_bytes as f64 / r.stored_bytes as f64);
     }
@@ -399,6 +409,7 @@ mod tests {
             verify: false,
             poll: false,
             think_us: 0,
+            settle_s: 0.0,
         }
     }
 

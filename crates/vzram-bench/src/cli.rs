@@ -102,6 +102,11 @@ pub struct Common {
     /// then, to see what the daemon costs when it is not saturated.
     #[arg(long, value_name = "US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub think_us: u64,
+    /// Seconds to wait after the job before measuring memory (the first
+    /// measurement, at the job's end, is kept beside it): pages a daemon
+    /// staged raw are compressed in the background meanwhile.
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    pub settle: f64,
 }
 
 /// The daemons under test and where they run: the same flags for every

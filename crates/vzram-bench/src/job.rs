@@ -65,6 +65,8 @@ pub struct JobSpec {
     pub poll: bool,
     /// Wait after each completion before submitting again (µs).
     pub think_us: u64,
+    /// Wait after the job before measuring memory (s).
+    pub settle_s: f64,
 }
 
 impl JobSpec {
@@ -84,6 +86,9 @@ impl JobSpec {
                 self.size,
                 self.bs
             );
+        }
+        if !(0.0..=3600.0).contains(&self.settle_s) {
+            bail!("--settle {} must be in 0..=3600 seconds", self.settle_s);
         }
         if self.kind != JobKind::Fill && self.runtime_s <= 0.0 {
             bail!("--runtime must be > 0");
@@ -243,6 +248,7 @@ mod tests {
             verify: false,
             poll: false,
             think_us: 0,
+            settle_s: 0.0,
         }
     }
 

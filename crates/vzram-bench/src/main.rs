@@ -268,6 +268,7 @@ fn job_spec(
         verify: c.verify,
         poll: c.poll,
         think_us: c.think_us,
+        settle_s: c.settle,
     }
 }
 

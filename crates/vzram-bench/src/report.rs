@@ -52,6 +52,10 @@ pub struct RunResult {
     pub rss_bytes: u64,
     pub extra_mem_bytes: u64,
     pub mem_after_prefill_bytes: Option<u64>,
+    /// With `--settle`: host bytes at the job's end; `host_mem_bytes` is then
+    /// measured after the wait.
+    #[serde(default)]
+    pub mem_at_end_bytes: Option<u64>,
     pub prefill_s: Option<f64>,
     pub prefill_mb_s: Option<f64>,
     pub verify_errors: u64,
@@ -172,6 +176,8 @@ pub struct Summary {
     /// The daemon's CPU time (all its processes and threads) per request, µs.
     pub server_cpu_us: Option<f64>,
     pub mem_per_byte: Option<f64>,
+    /// With `--settle`: host memory per guest byte at the job's end, before the wait.
+    pub mem_at_end_per_byte: Option<f64>,
     /// The client's CPU time per request, µs: for the codec target, the
     /// codec's own time.
     pub client_cpu_us: f64,
@@ -231,6 +237,15 @@ pub fn summarize(results: &[RunResult]) -> Vec<Summary> {
                 server_cpu_pct: opt_median(rs.iter().map(|r| r.server_cpu_pct).collect()),
                 server_cpu_us: opt_median(rs.iter().map(|r| r.server_cpu_us()).collect()),
                 mem_per_byte: opt_median(rs.iter().map(|r| r.mem_per_byte).collect()),
+                mem_at_end_per_byte: opt_median(
+                    rs.iter()
+                        .map(|r| {
+                            r.mem_at_end_bytes
+                                .filter(|_| r.stored_bytes > 0)
+                                .map(|m| m as f64 / r.stored_bytes as f64)
+                        })
+                        .collect(),
+                ),
                 client_cpu_us: f(|r| {
                     if r.iops > 0.0 {
                         r.client_cpu_pct * 1e4 / r.iops
@@ -282,9 +297,11 @@ pub fn print_table(results: &[RunResult]) {
             r.server_cpu_us
                 .map(|c| format!("{c:.2}"))
                 .unwrap_or("-".into()),
-            r.mem_per_byte
-                .map(|m| format!("{m:.3}"))
-                .unwrap_or("-".into()),
+            match (r.mem_per_byte, r.mem_at_end_per_byte) {
+                (Some(m), Some(e)) => format!("{m:.3} (at the end {e:.3})"),
+                (Some(m), None) => format!("{m:.3}"),
+                _ => "-".into(),
+            },
             r.n
         );
     }
@@ -563,6 +580,7 @@ mod tests {
             rss_bytes: 0,
             extra_mem_bytes: 0,
             mem_after_prefill_bytes: None,
+            mem_at_end_bytes: None,
             prefill_s: None,
             prefill_mb_s: None,
             verify_errors: 0,

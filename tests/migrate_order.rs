@@ -105,6 +105,47 @@ fn stream_then_frontend(tag: &str) -> Underway {
     }
 }
 
+/// Waits until B's worker `pid` holds the stream: the socket accepted on
+/// B's incoming address is among its descriptors. A worker that has just
+/// started may not have it yet; killed then, it never took the stream on,
+/// and B's supervisor rightly goes on receiving it itself.
+fn wait_holds_stream(e: &Ends, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let streams = accepted_on(&e.incoming);
+        let held = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|f| std::fs::read_link(f.path()).ok())
+            .any(|l| streams.iter().any(|i| l.to_str() == Some(&format!("socket:[{i}]"))));
+        if held {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B's worker {pid} never took the stream on\n{}",
+            e.b.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Inodes of the connected sockets accepted on unix address `path`, from
+/// /proc/net/unix (columns: Num RefCount Protocol Flags Type St Inode Path;
+/// St 03 is connected).
+fn accepted_on(path: &std::path::Path) -> Vec<u64> {
+    let text = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let ours = f.len() >= 8 && f[5] == "03" && Some(f[7]) == path.to_str();
+            ours.then(|| f[6].parse().ok()).flatten()
+        })
+        .collect()
+}
+
 fn want(i: u64, rewritten: u64) -> Vec<u8> {
     if i.is_multiple_of(2) && i / 2 < rewritten {
         versioned_page_nonzero(i, 2)
@@ -161,6 +202,7 @@ fn a_kill_of_the_worker_that_took_the_stream_on_fails_the_move_only() {
         stored,
     } = stream_then_frontend("migordk");
     let pid = e.b.stat().worker("vm").pid.expect("B's worker");
+    wait_holds_stream(&e, pid);
     // SAFETY: a signal to the worker process the test just looked up.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let out = m.wait_with_output().unwrap();

@@ -1,6 +1,7 @@
 //! The compress pool: a few threads, shared by every queue of the process,
 //! that turn the pages of a queue's multi-page writes into store objects
-//! ([`vzram_store::Device::prepare_write`]) and decompress the pages of its
+//! ([`vzram_store::Device::prepare_compressed`]: never staged, this is
+//! off the request path already) and decompress the pages of its
 //! multi-page reads straight into guest memory
 //! ([`vzram_store::Device::read_page`]) while the queue thread goes on
 //! parsing. The queue thread commits and completes in its own order; the
@@ -230,7 +231,10 @@ impl Batch {
             let Job { slot, page, out } = &mut *job;
             // A submitted job was filled in, so it has its page.
             *out = page.as_deref().and_then(|page| {
-                catch_unwind(AssertUnwindSafe(|| self.dev.prepare_write(cx, *slot, page))).ok()
+                catch_unwind(AssertUnwindSafe(|| {
+                    self.dev.prepare_compressed(cx, *slot, page)
+                }))
+                .ok()
             });
         }
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {

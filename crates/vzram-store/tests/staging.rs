@@ -247,3 +247,50 @@ fn recovery_keeps_staged_pages_and_their_queue() {
     assert_eq!(dev.recovery().unwrap().staged, 0);
     check(&dev, &pages, "after the second recovery");
 }
+
+/// The spans staged pages leave are kept as spares for the next staged
+/// pages (none made, none punched out), charged while kept, and given
+/// back by compaction: nothing is left once every page is gone.
+#[test]
+fn spare_spans_are_reused_charged_and_given_back() {
+    let (pool, dev) = device(STAGE_ALL);
+    let cx = &mut Context::new(0);
+    // Pages that compress to objects of one class: their spans take a
+    // page or two, against the staged pages' one each.
+    let page = |s: u64| {
+        let mut p = [0u8; PAGE_SIZE];
+        for (i, b) in p.iter_mut().enumerate() {
+            *b = (i % 251) as u8 ^ s as u8;
+        }
+        p
+    };
+    let pages: Vec<_> = (0..PAGES).map(|s| (s, page(s))).collect();
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p).unwrap();
+    }
+    let staged = dev.stats().mem_used_total;
+    assert!(staged >= PAGES * PAGE_SIZE as u64);
+    assert_eq!(drain(&dev), PAGES as usize);
+    // Fewer than COMPACT_AFTER pages: the spares stay, charged.
+    let kept = dev.stats().mem_used_total;
+    assert!(
+        kept >= staged,
+        "the raw pages' spans were given back, not kept: {staged} -> {kept}"
+    );
+    // The next burst takes them: memory does not grow by a span per page.
+    for (s, p) in &pages {
+        dev.write_page(cx, *s, p).unwrap();
+    }
+    let again = dev.stats().mem_used_total;
+    assert!(
+        again <= kept,
+        "staging again made new spans: {kept} -> {again}"
+    );
+    check(&dev, &pages, "staged over spares");
+    assert_eq!(drain(&dev), PAGES as usize);
+    check(&dev, &pages, "compressed again");
+    dev.discard(cx, 0..PAGES).unwrap();
+    dev.compact();
+    assert_eq!(dev.stats().mem_used_total, 0, "spares leaked");
+    assert_eq!(pool.stats().mem_used_total, 0);
+}

@@ -24,6 +24,15 @@ impl Device {
     /// be free to move. Without it a busy compaction or slot is skipped:
     /// for a writer that holds a slot lock of its own.
     pub(super) fn compact_with(&self, wait: bool) -> u64 {
+        // Spare spans of a staging burst are memory to give back too.
+        let spares = self.heap.release_spares(&self.pool, self.budget());
+        self.counters()[0]
+            .pages_compacted
+            .fetch_add(spares, Relaxed);
+        spares + self.compact_spans(wait)
+    }
+
+    fn compact_spans(&self, wait: bool) -> u64 {
         let _one_at_a_time = if wait {
             self.compacting.lock().unwrap_or_else(|e| e.into_inner())
         } else {

@@ -392,6 +392,7 @@ impl Device {
             staging: Staging::new(cfg.staging_bytes),
             dirty: DirtyLog::default(),
         };
+        dev.keep_spares();
         match &state {
             Some(st) if st.existing => dev.recovery = Some(dev.recover(st)?),
             _ => {

@@ -45,6 +45,15 @@ impl Device {
     /// [`Device::compress_staged`] should turn it on.
     pub fn set_staging_budget(&self, bytes: u64) {
         self.staging.limit.store(bytes, Relaxed);
+        self.keep_spares();
+    }
+
+    /// A page's worth of spare spans per page of the budget (up to
+    /// `MAX_SPARES`): staged pages come and go one span each.
+    pub(super) fn keep_spares(&self) {
+        let pages = self.staging.limit.load(Relaxed) / PAGE_SIZE as u64;
+        self.heap
+            .keep_spares(pages as usize, &self.pool, self.budget());
     }
 
     pub fn staging_budget(&self) -> u64 {
@@ -202,6 +211,8 @@ impl Device {
         let mut cx: Option<Context> = None;
         loop {
             if !self.has_staged() {
+                // Spare spans hold room too.
+                self.heap.release_spares(&self.pool, self.budget());
                 return alloc();
             }
             let cx = cx.get_or_insert_with(|| Context::new(shard));

@@ -175,17 +175,22 @@ impl Arena {
             .populate(block as usize * BLOCK_BYTES, pages * crate::PAGE_SIZE)
     }
 
-    /// Returns a block's first `pages` pages to the OS and the block to the
-    /// free list. The next owner sees zeros, never old bytes.
-    pub fn free_block(&self, block: u32, pages: usize) {
-        self.mem
-            .release(block as usize * BLOCK_BYTES, pages * crate::PAGE_SIZE);
+    /// Clears a block's header: no class, no objects, on no list.
+    pub fn clear_header(&self, block: u32) {
         let h = self.header(block);
         for a in [&h.class, &h.shard, &h.live, &h.bump, &h.free_head, &h.flags] {
             a.store(0, Relaxed);
         }
         h.prev.store(0, Relaxed);
         h.next.store(0, Relaxed);
+    }
+
+    /// Returns a block's first `pages` pages to the OS and the block to the
+    /// free list. The next owner sees zeros, never old bytes.
+    pub fn free_block(&self, block: u32, pages: usize) {
+        self.mem
+            .release(block as usize * BLOCK_BYTES, pages * crate::PAGE_SIZE);
+        self.clear_header(block);
         self.free
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -4,7 +4,7 @@
 //! once per object and never while compressing.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use super::arena::{Arena, SpanHeader, EVACUATING, IN_AVAIL, NONE, NO_OBJ};
@@ -30,7 +30,22 @@ pub struct Heap {
     // shards[shard][class]: one shard's classes sit together, so two threads
     // on two shards never write the same cache lines.
     shards: Box<[Box<[Mutex<ShardState>]>]>,
+    /// Emptied one-object, one-page spans kept populated and charged, for
+    /// the next such span: while the device stages writes, each staged
+    /// page is a span of its own that the background empties again, and
+    /// making one (fallocate, populate) and punching it out (a TLB
+    /// shootdown on every CPU of the process) cost several times what
+    /// compressing the page does.
+    spares: Mutex<Vec<u32>>,
+    /// How many emptied spans may wait as spares ([`Heap::keep_spares`]).
+    spare_limit: AtomicUsize,
 }
+
+/// Spares a device keeps at most, 4 MiB: a ring of 64K writes at QD8 to
+/// 16 queues is 8 MiB, half of which the background is compressing while
+/// the other half is staged (measured: with 64, 64K writes still made and
+/// punched out a span per page).
+pub const MAX_SPARES: usize = 1024;
 
 /// An object just allocated, not yet named by any slot word: only its owner
 /// can write it (hence no `Clone`).
@@ -86,7 +101,52 @@ impl Heap {
             })
             .collect::<Vec<_>>()
             .into_boxed_slice();
-        Heap { arena, shards }
+        Heap {
+            arena,
+            shards,
+            spares: Mutex::new(Vec::new()),
+            spare_limit: AtomicUsize::new(0),
+        }
+    }
+
+    /// Keep up to `n` emptied one-page spans as spares (at most
+    /// [`MAX_SPARES`]); 0 gives the spares back at once.
+    pub fn keep_spares(&self, n: usize, pool: &Pool, budget: &Budget) {
+        self.spare_limit.store(n.min(MAX_SPARES), Relaxed);
+        if n == 0 {
+            self.release_spares(pool, budget);
+        }
+    }
+
+    /// Gives every spare back to the OS and uncharges it; how many.
+    pub fn release_spares(&self, pool: &Pool, budget: &Budget) -> u64 {
+        let spares = std::mem::take(&mut *self.spares.lock().unwrap_or_else(|e| e.into_inner()));
+        let one = one_page(pool);
+        for &b in &spares {
+            drop_span(&self.arena, pool, budget, b, one);
+        }
+        spares.len() as u64
+    }
+
+    /// Keeps an emptied span as a spare; whether it did. The span's
+    /// header is cleared as `Arena::free_block` clears it; its page and
+    /// charge stay.
+    fn keep_spare(&self, block: u32, c: Class) -> bool {
+        if c.pages != 1 || c.capacity != 1 {
+            return false;
+        }
+        let limit = self.spare_limit.load(Relaxed);
+        let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
+        if spares.len() >= limit {
+            return false;
+        }
+        self.arena.clear_header(block);
+        spares.push(block);
+        true
+    }
+
+    fn take_spare(&self) -> Option<u32> {
+        self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop()
     }
 
     pub fn arena(&self) -> &Arena {
@@ -157,7 +217,14 @@ impl Heap {
         let block = if st.avail != NONE {
             st.avail
         } else {
-            let block = new_span(arena, pool, budget, c)?;
+            // A spare is populated and charged already.
+            let spare = (c.pages == 1 && c.capacity == 1)
+                .then(|| self.take_spare())
+                .flatten();
+            let block = match spare {
+                Some(b) => b,
+                None => new_span(arena, pool, budget, c)?,
+            };
             let h = arena.header(block);
             h.class.store(class as u16, Relaxed);
             h.shard.store(shard as u16, Relaxed);
@@ -217,7 +284,9 @@ impl Heap {
                 unlink(arena, &mut st, block);
             }
             st.spans -= 1;
-            drop_span(arena, pool, budget, block, c);
+            if !self.keep_spare(block, c) {
+                drop_span(arena, pool, budget, block, c);
+            }
         } else if !h.flag(IN_AVAIL) {
             push(arena, &mut st, block);
         }
@@ -360,6 +429,11 @@ fn new_span(
         return Err(AllocError::Space);
     }
     Ok(block)
+}
+
+/// The class of one-object, one-page spans (whole 4 KiB objects).
+fn one_page(pool: &Pool) -> Class {
+    pool.classes[class_of(PAGE_SIZE)]
 }
 
 fn drop_span(arena: &Arena, pool: &Pool, budget: &Budget, block: u32, c: Class) {

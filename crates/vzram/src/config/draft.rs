@@ -58,13 +58,13 @@ pub struct DeviceDraft {
     #[arg(long, value_name = "N")]
     #[serde(default, alias = "discard-segments", deserialize_with = "de::number")]
     pub discard_segments: Option<u16>,
-    /// Raw staging budget of that device: a whole-page write stores its
-    /// page as it is while the pages not compressed yet take less than
-    /// this, and the compress threads compress them in the background,
-    /// oldest first; past it writes compress inline. Staged pages are kept
-    /// and recovered like any others and count in full against the memory
-    /// limits. 0 = off [default: 0: sustained writes are slower with it
-    /// today, see BENCHMARKS.md].
+    /// Raw staging budget of that device: a write the queue thread stores
+    /// itself (fewer than 4 pages, or more than a batch) stores its pages
+    /// as they are while the pages not compressed yet take less than this,
+    /// and the compress threads compress them in the background, oldest
+    /// first; past it writes compress inline. Staged pages are kept and
+    /// recovered like any others and count in full against the memory
+    /// limits. 0 = off [default: 64M].
     #[arg(long, value_parser = parse_size, allow_negative_numbers = true, value_name = "SIZE")]
     #[serde(default, deserialize_with = "de::size")]
     pub staging: Option<u64>,

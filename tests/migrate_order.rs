@@ -118,7 +118,11 @@ fn wait_holds_stream(e: &Ends, pid: u32) {
             .flatten()
             .flatten()
             .filter_map(|f| std::fs::read_link(f.path()).ok())
-            .any(|l| streams.iter().any(|i| l.to_str() == Some(&format!("socket:[{i}]"))));
+            .any(|l| {
+                streams
+                    .iter()
+                    .any(|i| l.to_str() == Some(&format!("socket:[{i}]")))
+            });
         if held {
             return;
         }

@@ -133,7 +133,8 @@ impl Arena {
     }
 
     /// After recovery: blocks below `next` that are not in use are free.
-    /// Their pages are released here, in case a crash left bytes in them.
+    /// Their pages, and every page from `next` on, are released here, in
+    /// case a crash left bytes in them.
     pub fn restore(&self, next: u32, in_use: impl Fn(u32) -> bool) {
         let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
         f.next = next;
@@ -154,6 +155,12 @@ impl Arena {
                 }
             }
         }
+        // Past the last span in use: spans a killed process had made and
+        // not used yet, and the spare spans it kept (`Heap::keep_spares`).
+        self.mem.release(
+            next as usize * BLOCK_BYTES,
+            (self.blocks - next) as usize * BLOCK_BYTES,
+        );
     }
 
     pub fn alloc_block(&self) -> Result<u32> {

@@ -136,6 +136,9 @@ impl Heap {
             return false;
         }
         let limit = self.spare_limit.load(Relaxed);
+        if limit == 0 {
+            return false;
+        }
         let mut spares = self.spares.lock().unwrap_or_else(|e| e.into_inner());
         if spares.len() >= limit {
             return false;
@@ -146,6 +149,10 @@ impl Heap {
     }
 
     fn take_spare(&self) -> Option<u32> {
+        // Without staging there are none: no lock on that path.
+        if self.spare_limit.load(Relaxed) == 0 {
+            return None;
+        }
         self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop()
     }
 

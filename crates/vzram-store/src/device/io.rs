@@ -344,10 +344,19 @@ impl Device {
 
     /// Accounts for a slot going from `old` to `new` and frees the old object.
     pub(super) fn retire(&self, old: u64, new: u64, shard: usize) {
+        self.retire_with(old, new, shard, false);
+    }
+
+    /// [`Device::retire`]; `spare`: the old object is a staged page just
+    /// compressed, whose span may wait for the next staged page.
+    pub(super) fn retire_with(&self, old: u64, new: u64, shard: usize, spare: bool) {
         if self.staged(old) {
             self.release_staging();
         }
         match Slot::decode(old) {
+            Slot::Object { offset, .. } if spare => {
+                self.heap.free_staged(&self.pool, self.budget(), offset)
+            }
             Slot::Object { offset, .. } => self.heap.free(&self.pool, self.budget(), offset),
             Slot::Backed { block } => {
                 if let Some(b) = &self.backing {

@@ -299,8 +299,9 @@ impl Device {
         // Not an access: the page keeps its idleness.
         g.publish(new | (old & slot::ACCESS));
         // Not a write either: a migration already has (or will send) the
-        // page, whose content did not change.
-        self.retire(old, new, shard);
+        // page, whose content did not change. Its raw span may stay as a
+        // spare for the next staged page.
+        self.retire_with(old, new, shard, true);
         self.count_waited(at);
         self.staging.since_compact.fetch_add(1, Relaxed);
         Outcome::Done

@@ -270,6 +270,18 @@ impl Heap {
     /// Frees the object at `offset`. A span left empty goes back to the OS,
     /// unless compaction is emptying it (compaction frees it itself).
     pub fn free(&self, pool: &Pool, budget: &Budget, offset: u64) {
+        self.free_with(pool, budget, offset, false);
+    }
+
+    /// [`Heap::free`] of a staged page the background just compressed:
+    /// its span, emptied, may become a spare for the next staged page.
+    /// Only this turnover keeps spares: a discard or an overwrite gives
+    /// its memory back as it always did.
+    pub fn free_staged(&self, pool: &Pool, budget: &Budget, offset: u64) {
+        self.free_with(pool, budget, offset, true);
+    }
+
+    fn free_with(&self, pool: &Pool, budget: &Budget, offset: u64, spare: bool) {
         let arena = &self.arena;
         let block = (offset / BLOCK_BYTES as u64) as u32;
         let h = arena.header(block);
@@ -291,7 +303,7 @@ impl Heap {
                 unlink(arena, &mut st, block);
             }
             st.spans -= 1;
-            if !self.keep_spare(block, c) {
+            if !(spare && self.keep_spare(block, c)) {
                 drop_span(arena, pool, budget, block, c);
             }
         } else if !h.flag(IN_AVAIL) {

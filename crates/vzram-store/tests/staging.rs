@@ -295,6 +295,77 @@ fn spare_spans_are_reused_charged_and_given_back() {
     assert_eq!(pool.stats().mem_used_total, 0);
 }
 
+/// A write a memory limit refuses, with nothing staged but spares held,
+/// gets the spares' room: they are charged, so without giving them back
+/// the device would refuse a write it has room for.
+#[test]
+fn a_refused_write_takes_the_room_of_the_spares() {
+    let (_pool, dev) = device(STAGE_ALL);
+    let cx = &mut Context::new(0);
+    for s in 0..PAGES {
+        dev.write_page(cx, s, &varied(s)).unwrap();
+    }
+    assert_eq!(drain(&dev), PAGES as usize);
+    let used = dev.stats().mem_used_total;
+    assert!(used >= PAGES * PAGE_SIZE as u64, "no spares were kept");
+    // Room for 2 more pages: past 3/4 of it, so nothing stages. The new
+    // pages compress to objects of other classes than a raw page's, so
+    // they cannot take the spares' spans: only their room.
+    let limit = used + 2 * PAGE_SIZE as u64;
+    dev.set_mem_limit(limit);
+    let more: Vec<_> = (PAGES..PAGES + 8).map(|s| (s, varied(s))).collect();
+    for (s, p) in &more {
+        dev.write_page(cx, *s, p)
+            .unwrap_or_else(|e| panic!("slot {s}: {e}: {:?}", dev.stats()));
+    }
+    let st = dev.stats();
+    assert!(st.mem_used_total <= limit, "{st:?}");
+    check(&dev, &more, "past the spares");
+    let first: Vec<_> = (0..PAGES).map(|s| (s, varied(s))).collect();
+    check(&dev, &first, "after the spares went");
+}
+
+/// Staging never makes a device at its memory limit refuse a write that
+/// the same device without staging takes: raw pages must leave room for
+/// the spans their compressed forms need. Pages of many sizes, so that
+/// their objects need spans of many classes.
+#[test]
+fn staging_fills_a_limited_device_as_far_as_inline_compression() {
+    for limit_pages in [48u64, 96, 200, 400] {
+        let fill = |staging: u64| {
+            let pool = Pool::new(PoolConfig::default()).unwrap();
+            let mut c = DeviceConfig::new(2048 * PAGE_SIZE as u64, Codec::Lz4);
+            c.shards = 2;
+            c.staging_bytes = staging;
+            c.mem_limit = limit_pages * PAGE_SIZE as u64;
+            let dev = pool.create_device(c).unwrap();
+            let cx = &mut Context::new(0);
+            let mut n = 0;
+            while n < 2048 && dev.write_page(cx, n, &varied(n * 7)).is_ok() {
+                n += 1;
+                if n % 64 == 0 {
+                    // The background's turn (on the writer's shard: other
+                    // shards' partly used spans are another matter).
+                    dev.compress_staged(cx, 16);
+                }
+            }
+            let st = dev.stats();
+            assert!(
+                st.mem_used_total <= limit_pages * PAGE_SIZE as u64,
+                "{st:?}"
+            );
+            (n, st.staged_compressed)
+        };
+        let (inline, _) = fill(0);
+        let (staged, compressed) = fill(STAGE_ALL);
+        assert!(compressed > 0, "limit {limit_pages}: nothing was staged");
+        assert!(
+            staged >= inline,
+            "limit {limit_pages} pages: {staged} pages fit with staging, {inline} without"
+        );
+    }
+}
+
 /// Spare spans a killed process left (populated, named by no slot) are
 /// given back by recovery, also those past the last span in use.
 #[test]

@@ -64,8 +64,10 @@ pub struct DeviceDraft {
     /// and the compress threads compress them in the background, oldest
     /// first; past it writes compress inline. Staged pages are kept and
     /// recovered like any others and count in full against the memory
-    /// limits. 0 = off [default: 0; 64M made 4K writes 1.9x faster in
-    /// BENCHMARKS.md].
+    /// limits; staging stops at 3/4 of a limit, and under a limit below
+    /// 28M it takes a page per 28K of the last quarter at most (room for
+    /// the compressed pages' spans). 0 = off [default: 64M, which made 4K
+    /// writes 1.9x faster in BENCHMARKS.md].
     #[arg(long, value_parser = parse_size, allow_negative_numbers = true, value_name = "SIZE")]
     #[serde(default, deserialize_with = "de::size")]
     pub staging: Option<u64>,

@@ -379,6 +379,14 @@ impl CompressPool {
                 }
             }
         }));
+        // Pages already staged (recovered from a worker before) wake no
+        // one by themselves: a staged write only wakes the threads when
+        // the FIFO was empty. Under the tasks lock, so that a thread about
+        // to sleep sees the device or gets the wake-up.
+        if dev.has_staged() {
+            let _t = lock(&self.inner.tasks);
+            self.inner.work.notify_all();
+        }
         true
     }
 
@@ -579,6 +587,43 @@ mod tests {
             assert_eq!(store.stats().huge_pages, 0);
         }
         assert_eq!(store.stats().staged_compressed, 128);
+    }
+
+    /// Pages staged before the pool serves the device (a worker before
+    /// left them; recovery queued them) are compressed by threads already
+    /// asleep: no write comes to wake them.
+    #[test]
+    fn staged_pages_found_at_start_are_compressed() {
+        let mut dc = DeviceConfig::new(1 << 20, Codec::Lz4);
+        dc.staging_bytes = 1 << 20;
+        let store = Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 26,
+        })
+        .unwrap()
+        .create_device(dc)
+        .unwrap();
+        let cx = &mut Context::new(0);
+        let mut p = [0u8; PAGE_SIZE];
+        for i in 0..64u64 {
+            p[..8].copy_from_slice(&(i + 1).to_le_bytes());
+            store.write_page(cx, i, &p).unwrap();
+        }
+        assert_eq!(store.staged_bytes(), 64 * PAGE_SIZE as u64);
+        let pool = CompressPool::new(2, 0).unwrap();
+        // Let both threads find nothing to do and sleep.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(pool.serve_staging(&store));
+        let t0 = std::time::Instant::now();
+        while store.staged_bytes() > 0 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "staged pages found at the start were left raw: {:?}",
+                store.stats()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(store.stats().staged_compressed, 64);
     }
 
     /// A queue thread that unwinds with jobs in flight finishes them when

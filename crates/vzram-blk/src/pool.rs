@@ -540,20 +540,38 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 2, "once per thread");
     }
 
-    /// Pages a write staged are compressed by an idle pool thread, woken
-    /// by the write, until none is left; a pool of no threads refuses the
-    /// job (nobody would do it).
-    #[test]
-    fn idle_pool_threads_compress_staged_pages() {
+    /// A device that stages every whole-page write (1 MiB budget).
+    fn staging_store() -> Arc<Device> {
         let mut dc = DeviceConfig::new(1 << 20, Codec::Lz4);
         dc.staging_bytes = 1 << 20;
-        let store = Pool::new(PoolConfig {
+        Pool::new(PoolConfig {
             host_mem_limit: 0,
             arena_bytes: 1 << 26,
         })
         .unwrap()
         .create_device(dc)
-        .unwrap();
+        .unwrap()
+    }
+
+    /// Waits (30 s at most) until no page of `store` is staged.
+    fn wait_compressed(store: &Device, what: &str) {
+        let t0 = std::time::Instant::now();
+        while store.staged_bytes() > 0 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "{what}: staged pages were left raw: {:?}",
+                store.stats()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Pages a write staged are compressed by an idle pool thread, woken
+    /// by the write, until none is left; a pool of no threads refuses the
+    /// job (nobody would do it).
+    #[test]
+    fn idle_pool_threads_compress_staged_pages() {
+        let store = staging_store();
         assert!(!CompressPool::new(0, 0).unwrap().serve_staging(&store));
         let pool = CompressPool::new(1, 0).unwrap();
         assert!(pool.serve_staging(&store));
@@ -570,15 +588,7 @@ mod tests {
             for i in 0..64 {
                 store.write_page(cx, i, &page(i + round)).unwrap();
             }
-            let t0 = std::time::Instant::now();
-            while store.staged_bytes() > 0 {
-                assert!(
-                    t0.elapsed() < std::time::Duration::from_secs(30),
-                    "round {round}: staged pages were not compressed: {:?}",
-                    store.stats()
-                );
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
+            wait_compressed(&store, &format!("round {round}"));
             let mut out = [0u8; PAGE_SIZE];
             for i in 0..64 {
                 store.read_page(cx, i, &mut out).unwrap();
@@ -594,15 +604,7 @@ mod tests {
     /// asleep: no write comes to wake them.
     #[test]
     fn staged_pages_found_at_start_are_compressed() {
-        let mut dc = DeviceConfig::new(1 << 20, Codec::Lz4);
-        dc.staging_bytes = 1 << 20;
-        let store = Pool::new(PoolConfig {
-            host_mem_limit: 0,
-            arena_bytes: 1 << 26,
-        })
-        .unwrap()
-        .create_device(dc)
-        .unwrap();
+        let store = staging_store();
         let cx = &mut Context::new(0);
         let mut p = [0u8; PAGE_SIZE];
         for i in 0..64u64 {
@@ -614,15 +616,7 @@ mod tests {
         // Let both threads find nothing to do and sleep.
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(pool.serve_staging(&store));
-        let t0 = std::time::Instant::now();
-        while store.staged_bytes() > 0 {
-            assert!(
-                t0.elapsed() < std::time::Duration::from_secs(30),
-                "staged pages found at the start were left raw: {:?}",
-                store.stats()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_compressed(&store, "found at the start");
         assert_eq!(store.stats().staged_compressed, 64);
     }
 

@@ -379,6 +379,7 @@ mod tests {
         let pool = Pool::new(PoolConfig {
             host_mem_limit: 0,
             arena_bytes: 1 << 28,
+            ..PoolConfig::default()
         })
         .unwrap();
         let store = pool

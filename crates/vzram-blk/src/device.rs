@@ -472,6 +472,7 @@ mod tests {
         let pool = Pool::new(PoolConfig {
             host_mem_limit: 0,
             arena_bytes: 1 << 30,
+            ..PoolConfig::default()
         })
         .unwrap();
         let mut cfg = DeviceConfig::new(SIZE, Codec::Lz4);

@@ -547,6 +547,7 @@ mod tests {
         Pool::new(PoolConfig {
             host_mem_limit: 0,
             arena_bytes: 1 << 26,
+            ..PoolConfig::default()
         })
         .unwrap()
         .create_device(dc)
@@ -628,6 +629,7 @@ mod tests {
         let store = Pool::new(PoolConfig {
             host_mem_limit: 0,
             arena_bytes: 1 << 26,
+            ..PoolConfig::default()
         })
         .unwrap()
         .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))

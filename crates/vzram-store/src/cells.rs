@@ -99,11 +99,21 @@ pub struct HostCells {
     /// Random and fixed when the cells are made: tells whether a device's
     /// charge (`DeviceCells::charged_to`) is already in this budget.
     pub(crate) id: AtomicU64,
+    /// Raw staging of all devices together: bytes of staged pages, against
+    /// the host's staging budget (limit 0: no device stages). After `id`:
+    /// cells from before it read as zeros, and stage nothing.
+    pub(crate) staging: Budget,
 }
 
 impl HostCells {
     pub fn budget(&self) -> &Budget {
         &self.budget
+    }
+
+    /// The host's staging budget: staged bytes of every device, and the
+    /// most they may be.
+    pub fn staging(&self) -> &Budget {
+        &self.staging
     }
 
     /// Gives the cells their id if they have none yet (a fresh file).
@@ -464,6 +474,7 @@ impl DeviceCells {
     pub fn release(&self, host: &HostCells) {
         if self.charged_to.load(Relaxed) == host.id() {
             host.budget.uncharge(self.budget.used());
+            host.staging.uncharge(self.staged_bytes.load(Relaxed));
             self.charged_to.store(0, Relaxed);
         }
     }

@@ -91,6 +91,13 @@ pub struct PoolStats {
     pub staged_wait_micros: u64,
     #[serde(default)]
     pub staged_wait_max_micros: u64,
+    /// The host's staging budget and what it holds: the devices' staged
+    /// bytes as the budget counts them (`staged_bytes` adds up the devices'
+    /// own counts; the two differ only while a write is being staged).
+    #[serde(default)]
+    pub staging_limit: u64,
+    #[serde(default)]
+    pub staging_used: u64,
 }
 
 // Exactly one 128-byte line per shard: the stats file's layout depends on it.

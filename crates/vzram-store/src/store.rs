@@ -85,6 +85,16 @@ impl Pool {
         self.shared.host().limit()
     }
 
+    /// Sets the host-wide staging budget (0: no device stages; pages
+    /// staged stay until compressed).
+    pub fn set_host_staging(&self, bytes: u64) {
+        self.shared.host_staging().set_limit(bytes);
+    }
+
+    pub fn host_staging(&self) -> u64 {
+        self.shared.host_staging().limit()
+    }
+
     pub fn reset_mem_used_max(&self) {
         self.shared.host().reset_max();
     }
@@ -97,6 +107,8 @@ impl Pool {
         s.mem_used_total = self.shared.host().used();
         s.mem_used_max = self.shared.host().max();
         s.mem_limit = self.shared.host().limit();
+        s.staging_limit = self.shared.host_staging().limit();
+        s.staging_used = self.shared.host_staging().used();
         s
     }
 

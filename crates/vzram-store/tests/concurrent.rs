@@ -80,6 +80,7 @@ fn concurrent(codecs: [Codec; 2], tiering: bool) {
     let pool = Pool::new(PoolConfig {
         host_mem_limit: HOST_LIMITS[0],
         arena_bytes: 1 << 30,
+        ..PoolConfig::default()
     })
     .unwrap();
     let file = tiering.then(|| BackingFile::new(CBLOCKS));

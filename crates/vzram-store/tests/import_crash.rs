@@ -92,6 +92,7 @@ fn stream_of(v: &[Vec<Vec<u8>>]) -> Vec<u8> {
     let pool = Pool::new(PoolConfig {
         host_mem_limit: 0,
         arena_bytes: 1 << 30,
+        ..PoolConfig::default()
     })
     .unwrap();
     let mut cfg = DeviceConfig::new(SLOTS * PAGE_SIZE as u64, Codec::Lz4);

@@ -39,6 +39,7 @@ fn device_then_host_limit() {
     let pool = Pool::new(PoolConfig {
         host_mem_limit: 96 * P,
         arena_bytes: 1 << 30,
+        ..PoolConfig::default()
     })
     .unwrap();
     let mut cfg = DeviceConfig::new(1024 * P, Codec::Lz4);

@@ -19,6 +19,7 @@ fn pool() -> Arc<Pool> {
     Pool::new(PoolConfig {
         host_mem_limit: 0,
         arena_bytes: 1 << 30,
+        ..PoolConfig::default()
     })
     .unwrap()
 }

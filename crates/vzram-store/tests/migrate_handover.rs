@@ -77,6 +77,7 @@ fn a_receive_handed_on_among_records_idle_and_in_the_verdict_loses_and_repeats_n
     let pool = Pool::new(PoolConfig {
         host_mem_limit: 0,
         arena_bytes: 1 << 30,
+        ..PoolConfig::default()
     })
     .unwrap();
     let src = device(&pool);
@@ -139,6 +140,7 @@ fn a_hand_over_among_flowing_records_comes_before_the_stream_idles() {
     let pool = Pool::new(PoolConfig {
         host_mem_limit: 0,
         arena_bytes: 1 << 30,
+        ..PoolConfig::default()
     })
     .unwrap();
     let src = device(&pool);
@@ -202,6 +204,7 @@ fn an_idle_pre_copy_keeps_the_stream_alive() {
     let pool = Pool::new(PoolConfig {
         host_mem_limit: 0,
         arena_bytes: 1 << 30,
+        ..PoolConfig::default()
     })
     .unwrap();
     let src = device(&pool);

@@ -156,6 +156,55 @@ fn a_full_staging_budget_compresses_inline() {
     assert!(read(&dev, 20) == varied(20) && read(&dev, 21) == varied(21));
 }
 
+/// The host's staging budget bounds all devices together, each within its
+/// own: past it, writes compress inline on every device; what one device's
+/// background compresses makes room for another's writes; 0 stages nothing.
+#[test]
+fn the_host_staging_budget_bounds_every_device_together() {
+    let page = PAGE_SIZE as u64;
+    let pool = Pool::new(PoolConfig {
+        host_staging: 6 * page,
+        ..PoolConfig::default()
+    })
+    .unwrap();
+    let host = || pool.host_cells().staging().used();
+    let a = pool.create_device(cfg(STAGE_ALL)).unwrap();
+    let b = pool.create_device(cfg(STAGE_ALL)).unwrap();
+    let cx = &mut Context::new(0);
+    let pages: Vec<_> = (0..10).map(|s| (s, varied(s))).collect();
+    for (s, p) in &pages {
+        a.write_page(cx, *s, p).unwrap();
+        b.write_page(cx, *s, &varied(*s + 100)).unwrap();
+    }
+    let staged = |d: &Device| d.staged_bytes() / page;
+    assert_eq!((staged(&a), staged(&b)), (3, 3), "taking turns");
+    assert_eq!(host(), 6 * page);
+    assert_eq!(pool.stats().staged_bytes, 6 * page);
+    assert_eq!(pool.stats().staging_limit, 6 * page);
+    check(&a, &pages, "half staged");
+    drain(&a);
+    assert_eq!(host(), 3 * page);
+    for s in 10..20 {
+        b.write_page(cx, s, &varied(s + 100)).unwrap();
+    }
+    assert_eq!(staged(&b), 6, "a's room went to b");
+    // Discarded and overwritten staged pages give the host its room back.
+    b.discard(cx, 0..3).unwrap();
+    assert_eq!(host(), 3 * page);
+    b.write_page(cx, 10, &varied(1)).unwrap();
+    assert_eq!(host(), 3 * page, "a staged page restaged");
+    pool.set_host_staging(0);
+    b.write_page(cx, 30, &varied(30)).unwrap();
+    assert_eq!(staged(&b), 3, "staged with the host's staging off");
+    drain(&b);
+    assert_eq!(host(), 0);
+    check(&a, &pages, "after the background");
+    for s in 0..3 {
+        assert!(read(&b, s) == [0; PAGE_SIZE]);
+    }
+    assert!(read(&b, 10) == varied(1) && read(&b, 30) == varied(30));
+}
+
 /// Past 3/4 of the device's memory limit writes compress inline: staged
 /// raw pages must not fill the room compressed pages would have fitted in.
 #[test]
@@ -227,10 +276,14 @@ fn recovery_keeps_staged_pages_and_their_queue() {
     assert!(left > 0);
     drop(dev);
 
+    let host = || pool.host_cells().staging().used();
+    assert_eq!(host(), left, "the dropped device's staged pages");
+
     let dev = pool.create_device(with_state(&root.0)).unwrap();
     let rec = dev.recovery().expect("recovered");
     assert_eq!(rec.staged * PAGE_SIZE as u64, left, "{rec:?}");
     assert_eq!(dev.staged_bytes(), left);
+    assert_eq!(host(), left, "recovery charged the host's staging twice");
     assert!(
         dev.has_staged(),
         "the queue of staged slots was not rebuilt"
@@ -239,6 +292,7 @@ fn recovery_keeps_staged_pages_and_their_queue() {
     drain(&dev);
     let st = dev.stats();
     assert_eq!(st.staged_bytes, 0, "{st:?}");
+    assert_eq!(host(), 0);
     assert_eq!(st.huge_pages, PAGES.div_ceil(7), "{st:?}");
     check(&dev, &pages, "after the background, recovered");
     drop(dev);

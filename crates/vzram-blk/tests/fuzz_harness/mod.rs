@@ -408,6 +408,7 @@ impl<'a> Harness<'a> {
         let pool = Pool::new(PoolConfig {
             host_mem_limit: host_limit,
             arena_bytes: 64 << 20,
+            ..PoolConfig::default()
         })
         .expect("pool");
         let mut dcfg = DeviceConfig::new(dev_size, codec);

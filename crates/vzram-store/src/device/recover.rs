@@ -25,6 +25,9 @@ impl Device {
         let cells = &self.cells;
         if cells.charged_to.load(Relaxed) == self.pool.host_id {
             self.pool.host().uncharge(cells.budget.used());
+            self.pool
+                .host_staging()
+                .uncharge(cells.staged_bytes.load(Relaxed));
         }
         cells.budget.reset_used();
         cells.charged_to.store(self.pool.host_id, Relaxed);

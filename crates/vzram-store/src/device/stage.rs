@@ -102,12 +102,24 @@ impl Device {
         let limit = limit
             .min(drainable(self.budget()))
             .min(drainable(self.pool.host()));
-        self.cells
+        let page = PAGE_SIZE as u64;
+        let mine = self
+            .cells
             .staged_bytes
             .fetch_update(Relaxed, Relaxed, |b| {
-                (b + PAGE_SIZE as u64 <= limit).then_some(b + PAGE_SIZE as u64)
+                (b + page <= limit).then_some(b + page)
             })
-            .is_ok()
+            .is_ok();
+        // The host's budget: many devices each within their own must
+        // not hold raw pages past what the host's cores can drain.
+        let host = self.pool.host_staging();
+        if !mine || host.limit() == 0 || !host.try_charge(page) {
+            if mine {
+                self.cells.staged_bytes.fetch_sub(page, Relaxed);
+            }
+            return false;
+        }
+        true
     }
 
     /// Whether the device or the host is past 3/4 of its memory limit.
@@ -132,9 +144,14 @@ impl Device {
     /// Gives back a staged page's room: its word left the slot (or never
     /// reached it).
     pub(super) fn release_staging(&self) {
-        let _ = self.cells.staged_bytes.fetch_update(Relaxed, Relaxed, |b| {
-            Some(b.saturating_sub(PAGE_SIZE as u64))
-        });
+        let page = PAGE_SIZE as u64;
+        let had = self
+            .cells
+            .staged_bytes
+            .fetch_update(Relaxed, Relaxed, |b| b.checked_sub(page));
+        if had.is_ok() {
+            self.pool.host_staging().uncharge(page);
+        }
     }
 
     /// Queues `slot`, just staged, for the background.
@@ -159,9 +176,10 @@ impl Device {
         q.clear();
         q.extend(slots.into_iter().map(|s| (s, now)));
         self.staging.queued.store(q.len(), Relaxed);
-        self.cells
-            .staged_bytes
-            .store(q.len() as u64 * PAGE_SIZE as u64, Relaxed);
+        let bytes = q.len() as u64 * PAGE_SIZE as u64;
+        self.cells.staged_bytes.store(bytes, Relaxed);
+        // Memory in use already: charged whatever the host's budget says.
+        self.pool.host_staging().force_charge(bytes);
     }
 
     /// Compresses up to `max_pages` staged pages, oldest first, with the

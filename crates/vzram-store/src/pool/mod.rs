@@ -22,6 +22,9 @@ pub struct PoolConfig {
     /// Most address space one device's arena may reserve (each reserves
     /// what its size can need, up to this).
     pub arena_bytes: u64,
+    /// Host-wide cap on staged raw bytes, all devices together; 0: no
+    /// device stages. Each device's own staging budget applies too.
+    pub host_staging: u64,
 }
 
 impl Default for PoolConfig {
@@ -29,6 +32,8 @@ impl Default for PoolConfig {
         PoolConfig {
             host_mem_limit: 0,
             arena_bytes: DEFAULT_ARENA_BYTES,
+            // A library user bounds staging per device.
+            host_staging: u64::MAX,
         }
     }
 }
@@ -54,6 +59,7 @@ impl Shared {
         let host_id = cells.init_id();
         if fresh {
             cells.budget.set_limit(cfg.host_mem_limit);
+            cells.staging.set_limit(cfg.host_staging);
         }
         Ok(Shared {
             arena_cap: cfg.arena_bytes.min(crate::slot::MAX_ARENA_BYTES),
@@ -66,5 +72,10 @@ impl Shared {
     #[inline]
     pub(crate) fn host(&self) -> &Budget {
         &self.cells.budget
+    }
+
+    #[inline]
+    pub(crate) fn host_staging(&self) -> &Budget {
+        &self.cells.staging
     }
 }

@@ -68,6 +68,7 @@ impl Harness {
         let pool = Pool::new(PoolConfig {
             host_mem_limit: host_limit * P,
             arena_bytes: 1 << 30,
+            ..PoolConfig::default()
         })
         .unwrap();
         let mut files = Vec::new();

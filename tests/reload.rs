@@ -513,3 +513,51 @@ fn pidfile_names_this_daemon_and_refuses_a_second() {
     assert_eq!(d.terminate().code(), Some(0), "{}", d.log_text());
     assert!(!pidfile.exists(), "the pid file is left after a clean exit");
 }
+
+/// The host's staging budget comes from the file and a reload sets it on
+/// the running workers: at 0 no device stages whatever its own budget
+/// says, and once set its 4 KiB writes are staged again.
+#[test]
+fn a_reload_sets_the_host_staging_budget_live() {
+    let dir = TempDir::new("reload-staging");
+    let a = dir.join("a.sock");
+    let cfg = dir.join("vzram.toml");
+    let file = |host: &str| {
+        let dev = device("a", &a, "16M", "staging = \"8M\"");
+        std::fs::write(&cfg, format!("host_staging = \"{host}\"\n{dev}")).unwrap();
+    };
+    const PAGES: u64 = 256;
+    let page = |i: u64, v: u64| pattern(i ^ v << 32, i * PAGE as u64, PAGE);
+    let write = |c: &mut Client, v: u64| {
+        for i in 0..PAGES {
+            c.q(0).write(i * PAGE as u64, &page(i, v)).unwrap();
+        }
+    };
+    file("0");
+    let mut d = Daemon::start(&dir, &["--config", s(&cfg)], &[&a]);
+    let mut c = Client::connect(&a, 1).unwrap();
+    write(&mut c, 1);
+    let st = d.stat();
+    let s = st.counters("a");
+    assert_eq!((s.staged_bytes, s.staged_compressed), (0, 0), "{st}");
+    assert_eq!(st.pool().staging_limit, 0, "{st}");
+
+    file("4M");
+    hup_and_wait(&mut d, "reload done");
+    assert!(
+        d.log_text()
+            .contains("reload: host staging changed in the file, set"),
+        "{}",
+        d.log_text()
+    );
+    write(&mut c, 2);
+    let st = d.settled();
+    assert_eq!(st.pool().staging_limit, 4 * MIB, "{st}");
+    assert_eq!(st.counters("a").staged_compressed, PAGES, "{st}");
+    for i in 0..PAGES {
+        let got = c.q(0).read(i * PAGE as u64, PAGE).unwrap();
+        assert!(got == page(i, 2), "page {i} after the reload");
+    }
+    let text = d.cli_ok(&["stat"]);
+    assert!(text.contains("host staging budget: 4"), "{text}");
+}

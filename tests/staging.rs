@@ -223,6 +223,9 @@ fn kill9_during_a_burst_and_during_background_compression_loses_no_page() {
         );
         let noise = (0..PAGES).filter(|i| (i + v) % 3 == 1).count() as u64;
         assert_eq!(st.counters("a").huge_pages, noise, "{st}");
+        // The host's staging budget got the killed worker's pages back:
+        // counted twice, they would shut staging off for every device.
+        assert_eq!(st.pool().staging_used, 0, "{st}");
         if staged > 0 {
             eprintln!("round {round}: {staged} bytes staged at the kill");
             caught = true;

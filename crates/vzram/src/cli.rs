@@ -192,7 +192,7 @@ pub struct ServeArgs {
     #[arg(long = "device", value_name = "SPEC", value_parser = config::parse_device_spec)]
     pub devices: Vec<DeviceDraft>,
     /// TOML file with host_mem_limit, control, metrics, state_dir, socket_mode, control_mode,
-    /// incoming_mode, tls_creds, seccomp, compress_threads, poll_us, incoming_timeout and
+    /// incoming_mode, tls_creds, seccomp, compress_threads, host_staging, poll_us, incoming_timeout and
     /// [[device]] tables (the keys of --device; `-` or `_` alike).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -263,6 +263,12 @@ pub struct ServeArgs {
     /// pages itself].
     #[arg(long, value_name = "N")]
     pub compress_threads: Option<usize>,
+    /// Raw staging of all devices together: past it, writes compress inline
+    /// on every device, each device's own `staging` applying too [default:
+    /// 64M per core: what the cores compress in the time one device's
+    /// budget takes one core; 0: no device stages].
+    #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
+    pub host_staging: Option<u64>,
     /// Longest an incoming migration stream may take to arrive whole, from
     /// its connect to its last record (the wait for the source's commit
     /// after it is not counted) [default: 1h].
@@ -405,6 +411,9 @@ impl ServeArgs {
         cfg.fresh = config::Devices::from_flag(&self.fresh);
         cfg.adopt = config::Devices::from_flag(&self.adopt);
         cfg.compress_threads = self.compress_threads.or(file.compress_threads);
+        if let Some(b) = self.host_staging.or(file.host_staging) {
+            cfg.host_staging = b;
+        }
         if let Some(t) = self.incoming_timeout.or(file.incoming_timeout) {
             cfg.incoming_timeout = t;
         }

@@ -78,6 +78,36 @@ fn many_devices() {
     assert_eq!(c.seccomp, SeccompMode::On);
 }
 
+/// The host's staging budget: 64M per core unless given, 0 turns staging
+/// off on every device, the flag over the file.
+#[test]
+fn host_staging() {
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    let c = serve(&["--socket", "/tmp/x", "--size", "1G"]).unwrap();
+    assert_eq!(c.host_staging, cores * (64 << 20));
+    let c = serve(&["--socket", "/tmp/x", "--size", "1G", "--host-staging", "0"]).unwrap();
+    assert_eq!(c.host_staging, 0);
+    let file = std::env::temp_dir().join(format!("vzram-host-staging-{}.toml", std::process::id()));
+    std::fs::write(&file, "host-staging = \"32M\"\n").unwrap();
+    let f = file.to_str().unwrap();
+    let c = serve(&["--socket", "/tmp/x", "--size", "1G", "--config", f]).unwrap();
+    assert_eq!(c.host_staging, 32 << 20);
+    let args = ["--socket", "/tmp/x", "--size", "1G", "--config", f];
+    let c = serve(&[&args[..], &["--host-staging", "1G"]].concat()).unwrap();
+    assert_eq!(c.host_staging, 1 << 30);
+    let e = serve(&[
+        "--socket",
+        "/tmp/x",
+        "--size",
+        "1G",
+        "--host-staging",
+        "lots",
+    ])
+    .unwrap_err();
+    assert!(e.contains("--host-staging"), "{e}");
+    let _ = std::fs::remove_file(&file);
+}
+
 #[test]
 fn a_device_too_large_for_its_table_is_refused_before_anything() {
     let e = serve(&["--socket", "/tmp/x", "--size", "100T"]).unwrap_err();

@@ -28,7 +28,7 @@ fn values(id: &str) -> Option<Vec<PossibleValue>> {
             .iter()
             .map(|(n, h)| PossibleValue::new(*n).help(*h))
             .collect(),
-        "size" | "mem_limit" | "host_mem_limit" => plain(SIZES),
+        "size" | "mem_limit" | "host_mem_limit" | "host_staging" => plain(SIZES),
         "idle_after" | "incoming_timeout" => plain(DURATIONS),
         "socket_mode" | "control_mode" | "incoming_mode" => plain(MODES),
         "seccomp" => plain(SECCOMP),

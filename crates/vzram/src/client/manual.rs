@@ -133,7 +133,7 @@ pub const CONFIG_DESCRIPTION: &[&str] = &[
      0o660 or \"0660\" (a decimal 660 is refused).",
     "On a reload (systemctl reload vzram, or vzram reload) devices added to the file are \
      served, devices gone from it stop serving (their state is kept, left over), and \
-     mem_limit and host_mem_limit are set; anything else that changed is logged as needing a \
+     mem_limit, host_mem_limit and host_staging are set; anything else that changed is logged as needing a \
      restart.",
 ];
 

@@ -395,6 +395,12 @@ pub fn reload(args: &crate::cli::ReloadArgs) -> Result<String, ClientError> {
             ReloadChange::HostLimit { host_mem_limit } => {
                 format!("host memory limit: {}", limit(*host_mem_limit))
             }
+            ReloadChange::HostStaging { host_staging: 0 } => {
+                "host staging: off (no device stages)".to_string()
+            }
+            ReloadChange::HostStaging { host_staging } => {
+                format!("host staging: {}", human(*host_staging))
+            }
         };
         out.push_str(&format!("  {line}\n"));
     }

@@ -92,6 +92,7 @@ fn help(a: &Arg) -> String {
 const VALUE_NAMES: &[(&str, &str)] = &[
     ("mem_limit", "SIZE"),
     ("host_mem_limit", "SIZE"),
+    ("host_staging", "SIZE"),
     ("queues", "N"),
     ("socket_mode", "MODE"),
     ("control_mode", "MODE"),

@@ -311,24 +311,52 @@ pub fn render(reply: &StatReply, style: Style) -> String {
         .collect();
     if !staging.is_empty() {
         let ms = |us: u64| format!("{:.1}ms", us as f64 / 1000.0);
-        let rows: Vec<Vec<String>> = staging
+        let row = |name: &str, s: [u64; 4]| {
+            vec![
+                name.to_string(),
+                style.size(s[0]),
+                s[1].to_string(),
+                ms(s[2] / s[1].max(1)),
+                ms(s[3]),
+            ]
+        };
+        let mut rows: Vec<Vec<String>> = staging
             .iter()
             .map(|d| {
                 let s = &d.stats;
-                vec![
-                    d.name.clone(),
-                    style.size(s.staged_bytes),
-                    s.staged_compressed.to_string(),
-                    ms(s.staged_wait_micros / s.staged_compressed.max(1)),
-                    ms(s.staged_wait_max_micros),
-                ]
+                row(
+                    &d.name,
+                    [
+                        s.staged_bytes,
+                        s.staged_compressed,
+                        s.staged_wait_micros,
+                        s.staged_wait_max_micros,
+                    ],
+                )
             })
             .collect();
+        rows.push(row(
+            "(pool)",
+            [
+                pool.staged_bytes,
+                pool.staged_compressed,
+                pool.staged_wait_micros,
+                pool.staged_wait_max_micros,
+            ],
+        ));
         out += "\nstaging\n";
         out += &table_in(
             style,
             &["NAME", "STAGED", "COMPRESSED", "WAIT_AVG", "WAIT_MAX"],
             &rows,
+        );
+        let _ = writeln!(
+            out,
+            "host staging budget: {}",
+            match pool.staging_limit {
+                0 => "off".to_string(),
+                b => style.size(b),
+            }
         );
     }
     for d in devices {

@@ -99,6 +99,8 @@ struct FileConfig {
     seccomp: Option<SeccompValue>,
     #[serde(alias = "compress-threads")]
     compress_threads: Option<usize>,
+    #[serde(alias = "host-staging")]
+    host_staging: Option<SizeValue>,
     #[serde(alias = "poll-us")]
     poll_us: Option<u64>,
     #[serde(
@@ -131,6 +133,7 @@ pub struct FileDrafts {
     pub tls_creds: Option<PathBuf>,
     pub seccomp: Option<SeccompMode>,
     pub compress_threads: Option<usize>,
+    pub host_staging: Option<u64>,
     pub poll_us: Option<u64>,
     pub incoming_timeout: Option<std::time::Duration>,
     pub devices: Vec<DeviceDraft>,
@@ -236,6 +239,10 @@ pub fn parse_file(text: &str) -> Result<FileDrafts, ConfigError> {
         tls_creds: f.tls_creds,
         seccomp,
         compress_threads: f.compress_threads,
+        host_staging: f
+            .host_staging
+            .map(|s| s.bytes("host_staging"))
+            .transpose()?,
         poll_us: f.poll_us,
         incoming_timeout: f.incoming_timeout,
         devices,

@@ -338,6 +338,15 @@ pub fn user_runtime_dir(euid: u32, xdg_runtime: Option<OsString>) -> PathBuf {
     }
 }
 
+/// The host's staging budget when none is given: [`DEFAULT_STAGING`] per
+/// core. Staged pages are compressed by the cores, each at about 7.5 us a
+/// page (BENCHMARKS.md): one device's budget is about 120 ms of one core,
+/// so this lets the host's raw pages wait no longer than that either.
+pub fn default_host_staging() -> u64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    DEFAULT_STAGING.saturating_mul(cores as u64)
+}
+
 /// Root's runtime directory: the one contrib's units name.
 pub const DEFAULT_RUN_DIR: &str = "/run/vzram";
 /// Root's control socket when nothing else says: the path contrib's units use.
@@ -374,6 +383,8 @@ pub struct DaemonConfig {
     pub inherit_fds: Vec<std::os::fd::RawFd>,
     /// Compress-pool threads per worker; None: the cores, at most 4.
     pub compress_threads: Option<usize>,
+    /// Raw staging of all devices together, in bytes (0: none stages).
+    pub host_staging: u64,
     /// Longest poll of a ring that ran dry, in µs; None: the default.
     pub poll_us: Option<u64>,
     /// Longest an incoming migration stream may take to arrive whole.
@@ -444,6 +455,7 @@ impl DaemonConfig {
             adopt: Devices::None,
             inherit_fds: Vec::new(),
             compress_threads: None,
+            host_staging: default_host_staging(),
             poll_us: None,
             incoming_timeout: INCOMING_TIMEOUT,
             incoming_mode: DEFAULT_SOCKET_MODE,

@@ -392,6 +392,14 @@ fn toml_file() {
         Some(SeccompMode::Log)
     );
     assert_eq!(parse_file("").unwrap().seccomp, None);
+    assert_eq!(
+        parse_file("host_staging = \"256M\"").unwrap().host_staging,
+        Some(256 << 20)
+    );
+    let e = parse_file("host_staging = \"lots\"")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("host_staging") && !e.contains('\n'), "{e}");
     assert_eq!(parse_file("poll_us = 50").unwrap().poll_us, Some(50));
     assert_eq!(parse_file("poll-us = 0").unwrap().poll_us, Some(0));
     assert_eq!(parse_file("").unwrap().poll_us, None);

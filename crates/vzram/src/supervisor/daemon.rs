@@ -386,6 +386,7 @@ pub fn run(
     let pool = Pool::with_host_file(
         PoolConfig {
             host_mem_limit: cfg.host_mem_limit,
+            host_staging: cfg.host_staging,
             ..PoolConfig::default()
         },
         &host_file,

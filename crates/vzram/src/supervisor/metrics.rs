@@ -290,6 +290,18 @@ const POOL_METRICS: &[(&str, &str, MetricType, PoolField)] = &[
         |p| p.mem_limit,
     ),
     (
+        "vzram_pool_staging_limit_bytes",
+        "Host-wide raw staging budget (0 = no device stages)",
+        MetricType::Gauge,
+        |p| p.staging_limit,
+    ),
+    (
+        "vzram_pool_staged_bytes",
+        "Bytes stored raw waiting to be compressed, all devices",
+        MetricType::Gauge,
+        |p| p.staged_bytes,
+    ),
+    (
         "vzram_pool_meta_bytes",
         "Metadata outside the pool, all devices",
         MetricType::Gauge,

@@ -200,6 +200,16 @@ impl Reloader {
                 host_mem_limit: new.host_mem_limit,
             });
         }
+        if new.host_staging != self.current.host_staging {
+            sup.pool.set_host_staging(new.host_staging);
+            tracing::info!(
+                bytes = new.host_staging,
+                "reload: host staging changed in the file, set"
+            );
+            out.changes.push(ReloadChange::HostStaging {
+                host_staging: new.host_staging,
+            });
+        }
         let mut devices = Vec::with_capacity(new.devices.len() + kept.len());
         for spec in &new.devices {
             let served = sup
@@ -230,6 +240,7 @@ impl Reloader {
         devices.extend(kept);
         self.current.devices = devices;
         self.current.host_mem_limit = new.host_mem_limit;
+        self.current.host_staging = new.host_staging;
         tracing::info!(
             config = %path.display(),
             changes = out.changes.len(),

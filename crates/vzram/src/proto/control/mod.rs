@@ -508,6 +508,9 @@ pub enum ReloadChange {
     HostLimit {
         host_mem_limit: u64,
     },
+    HostStaging {
+        host_staging: u64,
+    },
 }
 
 /// What kind of refusal a reply is, beside its text: what the client

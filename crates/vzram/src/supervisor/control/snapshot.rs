@@ -133,6 +133,9 @@ impl Control {
         pool.mem_used_total = host.used();
         pool.mem_used_max = host.max();
         pool.mem_limit = host.limit();
+        let staging = self.sup.pool.host_cells().staging();
+        pool.staging_limit = staging.limit();
+        pool.staging_used = staging.used();
         StatReply {
             pool,
             devices,

@@ -22,6 +22,7 @@ fn control(root: &std::path::Path) -> Control {
         PoolConfig {
             host_mem_limit: 0,
             arena_bytes: 1 << 28,
+            host_staging: 0,
         },
         &host,
     )

@@ -560,4 +560,5 @@ fn a_reload_sets_the_host_staging_budget_live() {
     }
     let text = d.cli_ok(&["stat"]);
     assert!(text.contains("host staging budget: 4"), "{text}");
+    assert_eq!(st.pool().staging_used, 0, "{st}");
 }

@@ -203,6 +203,13 @@ fn the_host_staging_budget_bounds_every_device_together() {
         assert!(read(&b, s) == [0; PAGE_SIZE]);
     }
     assert!(read(&b, 10) == varied(1) && read(&b, 30) == varied(30));
+    // A device of no state dropped with pages staged: its memory and its
+    // staged pages' room go with it.
+    pool.set_host_staging(6 * page);
+    a.write_page(cx, 50, &varied(50)).unwrap();
+    assert_eq!((staged(&a), host()), (1, page));
+    drop(a);
+    assert_eq!(host(), 0, "a dropped device kept the host's staging");
 }
 
 /// Past 3/4 of the device's memory limit writes compress inline: staged

@@ -546,6 +546,7 @@ impl Drop for Device {
         // next recovery under the same host budget takes back over.
         if self.state.is_none() {
             self.pool.host().uncharge(self.budget().used());
+            self.pool.host_staging().uncharge(self.staged_bytes());
         }
     }
 }

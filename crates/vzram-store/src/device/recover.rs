@@ -29,6 +29,9 @@ impl Device {
                 .host_staging()
                 .uncharge(cells.staged_bytes.load(Relaxed));
         }
+        // At once, as the budget: a recovery cut short and tried again
+        // must not take the same pages back from the host twice.
+        cells.staged_bytes.store(0, Relaxed);
         cells.budget.reset_used();
         cells.charged_to.store(self.pool.host_id, Relaxed);
         for c in &cells.counters {

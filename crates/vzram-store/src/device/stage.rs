@@ -143,14 +143,19 @@ impl Device {
 
     /// Gives back a staged page's room: its word left the slot (or never
     /// reached it).
+    /// The host's budget first: a process killed between the two leaves
+    /// the host counting a page less (until the device's pages are
+    /// compressed), never a page more that nothing would give back.
     pub(super) fn release_staging(&self) {
         let page = PAGE_SIZE as u64;
+        let host = self.pool.host_staging();
+        host.uncharge(page);
         let had = self
             .cells
             .staged_bytes
             .fetch_update(Relaxed, Relaxed, |b| b.checked_sub(page));
-        if had.is_ok() {
-            self.pool.host_staging().uncharge(page);
+        if had.is_err() {
+            host.force_charge(page);
         }
     }
 

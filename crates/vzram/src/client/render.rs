@@ -350,13 +350,16 @@ pub fn render(reply: &StatReply, style: Style) -> String {
             &["NAME", "STAGED", "COMPRESSED", "WAIT_AVG", "WAIT_MAX"],
             &rows,
         );
+        // What the host's budget holds, beside what the devices count: a
+        // difference that stays is room no device can use.
         let _ = writeln!(
             out,
-            "host staging budget: {}",
+            "host staging budget: {}, {} held",
             match pool.staging_limit {
                 0 => "off".to_string(),
                 b => style.size(b),
-            }
+            },
+            style.size(pool.staging_used)
         );
     }
     for d in devices {

@@ -302,6 +302,12 @@ const POOL_METRICS: &[(&str, &str, MetricType, PoolField)] = &[
         |p| p.staged_bytes,
     ),
     (
+        "vzram_pool_staging_used_bytes",
+        "What the host-wide staging budget holds (as vzram_pool_staged_bytes but for writes under way)",
+        MetricType::Gauge,
+        |p| p.staging_used,
+    ),
+    (
         "vzram_pool_meta_bytes",
         "Metadata outside the pool, all devices",
         MetricType::Gauge,

@@ -189,6 +189,14 @@ impl BlkBackend {
             s
         });
         let mut state = vring.get_mut();
+        // Checked under the lock SET_VRING_ENABLE takes: vhost-user-backend
+        // checks it at a kick, but a ring it has just registered (enabled) is
+        // handed to us again without a kick, and a disable can land between
+        // that hand-over and this lock (a loaded CI run served a request
+        // posted after the disable was acknowledged).
+        if !state.is_enabled() {
+            return Ok(());
+        }
         drain_queue(
             &mut *state,
             &self.mem,

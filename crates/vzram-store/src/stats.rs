@@ -93,7 +93,7 @@ pub struct PoolStats {
     pub staged_wait_max_micros: u64,
     /// The host's staging budget and what it holds: the devices' staged
     /// bytes as the budget counts them (`staged_bytes` adds up the devices'
-    /// own counts; the two differ only while a write is being staged).
+    /// own counts; the two differ only while a page is staged or released).
     #[serde(default)]
     pub staging_limit: u64,
     #[serde(default)]

@@ -303,7 +303,7 @@ const POOL_METRICS: &[(&str, &str, MetricType, PoolField)] = &[
     ),
     (
         "vzram_pool_staging_used_bytes",
-        "What the host-wide staging budget holds (as vzram_pool_staged_bytes but for writes under way)",
+        "What the host-wide staging budget holds (as vzram_pool_staged_bytes but for pages being staged or released)",
         MetricType::Gauge,
         |p| p.staging_used,
     ),

@@ -420,8 +420,13 @@ fn event_idx_with_an_unreadable_ring_does_not_spin() {
         "the daemon used {:.0}% of a CPU after the bad kick",
         busy * 100.0
     );
-    let logged = fx.d.log_text().len() - log_before;
-    assert!(logged < 4096, "{logged} bytes of log for 20 bad kicks");
+    let log = fx.d.log_text();
+    let logged = log.len() - log_before;
+    assert!(
+        logged < 4096,
+        "{logged} bytes of log for 20 bad kicks:\n{}",
+        &log[log_before..]
+    );
     // Stopping the ring is answered, not blocked behind a spinning thread.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|sc| {

@@ -153,8 +153,12 @@ impl ChainHook for () {}
 ///
 /// A ring that claims requests we cannot take (avail ring or entry in no
 /// guest memory, an avail index too far ahead) would otherwise keep us
-/// looping with the vring lock held: a pass that takes nothing ends the
-/// drain with [`QueueError::Unreadable`], and the next kick tries again.
+/// looping with the vring lock held: a pass that takes nothing although
+/// the ring said, just before it, that requests were waiting ends the drain
+/// with [`QueueError::Unreadable`], and the next kick tries again. A pass
+/// that takes nothing because nothing was there is not that: a request the
+/// guest adds just after it, before notifications are back on, was not
+/// kicked, and must be taken now.
 pub fn drain_queue<R, A, H>(
     ring: &mut R,
     mem: &A,
@@ -218,9 +222,14 @@ where
     A: GuestAddressSpace,
     H: ChainHook,
 {
+    // The ring said requests were waiting when this pass began.
+    let mut promised = false;
     loop {
         if event_idx {
             ring.queue().disable_notification(&*mem.memory())?;
+        }
+        if overrun(ring.queue(), &*mem.memory())? {
+            return Err(QueueError::Unreadable);
         }
         // The thread may have slept since the last request ended.
         scratch.clock = None;
@@ -248,15 +257,25 @@ where
         // The guest often submits again within microseconds: catching that
         // here saves it a kick and us a wake-up.
         if taken > 0 && scratch.poller.poll(ring.queue(), m, pass.elapsed()) {
+            promised = true;
             continue;
         }
         if !event_idx || !ring.queue().enable_notification(m)? {
             return Ok(());
         }
-        if taken == 0 {
+        if taken == 0 && promised {
             return Err(QueueError::Unreadable);
         }
+        promised = true;
     }
+}
+
+/// Whether the avail index claims more requests than the ring holds: none
+/// can be taken, and virtio-queue would log an error for each try, as
+/// often as the guest kicks.
+fn overrun<Q: QueueT, M: GuestMemory>(q: &Q, m: &M) -> Result<bool, QueueError> {
+    let avail = q.avail_idx(m, std::sync::atomic::Ordering::Acquire)?;
+    Ok(avail.0.wrapping_sub(q.next_avail()) > q.size())
 }
 
 /// One request at a time, start to end, on this thread.

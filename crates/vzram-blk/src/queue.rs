@@ -228,9 +228,6 @@ where
         if event_idx {
             ring.queue().disable_notification(&*mem.memory())?;
         }
-        if overrun(ring.queue(), &*mem.memory())? {
-            return Err(QueueError::Unreadable);
-        }
         // The thread may have slept since the last request ended.
         scratch.clock = None;
         let pass = Instant::now();
@@ -263,7 +260,12 @@ where
         if !event_idx || !ring.queue().enable_notification(m)? {
             return Ok(());
         }
-        if taken == 0 && promised {
+        // Requests came as notifications went back on, and the guest, who
+        // saw them off, did not kick: another pass takes them. A pass that
+        // took nothing when the ring said there were some, or an index
+        // that claims more than the ring holds (the next pass would only
+        // have virtio-queue log its error again), is a ring we cannot read.
+        if taken == 0 && (promised || overrun(ring.queue(), m)?) {
             return Err(QueueError::Unreadable);
         }
         promised = true;
@@ -271,8 +273,7 @@ where
 }
 
 /// Whether the avail index claims more requests than the ring holds: none
-/// can be taken, and virtio-queue would log an error for each try, as
-/// often as the guest kicks.
+/// can be taken.
 fn overrun<Q: QueueT, M: GuestMemory>(q: &Q, m: &M) -> Result<bool, QueueError> {
     let avail = q.avail_idx(m, std::sync::atomic::Ordering::Acquire)?;
     Ok(avail.0.wrapping_sub(q.next_avail()) > q.size())

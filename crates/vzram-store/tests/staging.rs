@@ -243,6 +243,47 @@ fn near_a_memory_limit_writes_compress_inline() {
     check(&dev, &pages, "after the background");
 }
 
+/// The background threads sleep once they find the FIFO empty, and a
+/// FIFO that stops being empty wakes them. A writer near a memory limit
+/// that takes the last staged page to compress it and finds no room puts
+/// it back: the FIFO was empty meanwhile, so that must wake them too
+/// (otherwise the page waits for a staged write into an empty FIFO, which
+/// never comes while it is there: a soak's 1200 staged pages waited 30 s
+/// for a pool thread asleep with them queued).
+#[test]
+fn a_staged_page_put_back_for_want_of_memory_wakes_the_background() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (_pool, dev) = device(STAGE_ALL);
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let w = wakes.clone();
+    dev.set_staging_waker(Box::new(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    }));
+    let cx = &mut Context::new(0);
+    let page = varied(1);
+    dev.write_page(cx, 0, &page).unwrap();
+    assert_eq!(dev.stats().staged_bytes, PAGE_SIZE as u64);
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        1,
+        "the first staged page wakes"
+    );
+    // No room for the compressed object: the page goes back.
+    dev.set_mem_limit(dev.stats().mem_used_total);
+    assert_eq!(dev.compress_staged(&mut Context::new(1), 8), 0);
+    assert!(dev.has_staged());
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        2,
+        "the page put back into an empty FIFO wakes the background"
+    );
+    // Room again: the background takes it.
+    dev.set_mem_limit(0);
+    assert_eq!(drain(&dev), 1);
+    assert_eq!(dev.stats().staged_bytes, 0);
+    check(&dev, &[(0, page)], "after the background");
+}
+
 struct Root(PathBuf);
 
 impl Drop for Root {

@@ -166,6 +166,13 @@ impl Device {
             q.push_back((slot, Instant::now()));
             self.staging.queued.fetch_add(1, Relaxed)
         };
+        self.woken_if_was_empty(was);
+    }
+
+    /// Background threads sleep once they see the FIFO empty, and only a
+    /// FIFO that stops being empty wakes them: whatever makes it so calls
+    /// this with the count it found.
+    fn woken_if_was_empty(&self, was: usize) {
         if was == 0 {
             if let Some(w) = self.staging.waker.get() {
                 w();
@@ -211,9 +218,15 @@ impl Device {
             match self.compress_one(ctx, s, at) {
                 Outcome::Stale | Outcome::Done => dealt += 1,
                 Outcome::Later => {
-                    let mut q = self.staging.fifo.lock().unwrap_or_else(|e| e.into_inner());
-                    q.push_front((s, at));
-                    self.staging.queued.fetch_add(1, Relaxed);
+                    // Taken out, the FIFO may have looked empty to a
+                    // background thread that went to sleep on it then (a
+                    // writer near a limit puts its page back here).
+                    let was = {
+                        let mut q = self.staging.fifo.lock().unwrap_or_else(|e| e.into_inner());
+                        q.push_front((s, at));
+                        self.staging.queued.fetch_add(1, Relaxed)
+                    };
+                    self.woken_if_was_empty(was);
                     break;
                 }
             }

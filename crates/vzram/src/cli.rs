@@ -259,8 +259,8 @@ pub struct ServeArgs {
     /// Threads per worker process (one per connected VM) that compress the
     /// pages of writes of 4 pages or more and decompress those of reads of
     /// 2 pages or more, beside the queue threads; capped at the number of
-    /// cores [default: the cores, at most 4; 0: each queue does all its
-    /// pages itself].
+    /// cores [default: a core less than the host has, 1 to 4 (the queue
+    /// thread does its share); 0: each queue does all its pages itself].
     #[arg(long, value_name = "N")]
     pub compress_threads: Option<usize>,
     /// Raw staging of all devices together: past it, writes compress inline

@@ -381,7 +381,7 @@ pub struct DaemonConfig {
     pub adopt: Devices,
     /// Listening sockets passed in (`--fd`), besides systemd's.
     pub inherit_fds: Vec<std::os::fd::RawFd>,
-    /// Compress-pool threads per worker; None: the cores, at most 4.
+    /// Compress-pool threads per worker; None: a core less than the host has, 1 to 4.
     pub compress_threads: Option<usize>,
     /// Raw staging of all devices together, in bytes (0: none stages).
     pub host_staging: u64,

@@ -67,7 +67,7 @@ pub struct WorkerEnv {
     pub state_dir: PathBuf,
     /// The control socket, which no device added may take.
     pub control: PathBuf,
-    /// `--compress-threads`; None: the cores, at most 4.
+    /// `--compress-threads`; None: a core less than the host has, 1 to 4.
     pub compress_threads: Option<usize>,
     /// `--poll-us`; None: the default.
     pub poll_us: Option<u64>,

@@ -210,6 +210,32 @@ fn a_flush_completes_after_the_pooled_writes_taken_before_it() {
     }
 }
 
+/// One flush (a header of type 4 at 0x8000, its status byte at 0x9000,
+/// set to 0xff) written into `mem`: its two descriptors.
+fn flush_chain(mem: &GuestMemoryMmap) -> [virtio_queue::desc::RawDescriptor; 2] {
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use vm_memory::{Bytes, GuestAddress};
+    let mut flush = [0u8; 16];
+    flush[0] = 4;
+    mem.write_slice(&flush, GuestAddress(0x8000)).unwrap();
+    mem.write_obj(0xffu8, GuestAddress(0x9000)).unwrap();
+    [
+        RawDescriptor::from(Descriptor::new(0x8000, 16, 1, 1)),
+        RawDescriptor::from(Descriptor::new(0x9000, 1, 2, 0)),
+    ]
+}
+
+/// A queue's scratch space, with a pool of one thread or none.
+fn scratch_for(dev: &BlkDevice, pooled: bool) -> Scratch {
+    match pooled {
+        false => Scratch::new(0),
+        true => {
+            let pool = CompressPool::new(1, 1).unwrap();
+            Scratch::with_pool(0, pool, dev.store().clone())
+        }
+    }
+}
+
 /// Moves the avail index far past the ring once the first chain ran:
 /// a guest that does so while the queue thread polls.
 struct JumpAvail<'a, 'm>(&'a virtio_queue::mock::MockSplitQueue<'m, GuestMemoryMmap>);
@@ -226,7 +252,6 @@ impl ChainHook for JumpAvail<'_, '_> {
 /// Both strategies run the same loop; both are tried.
 #[test]
 fn a_poll_that_sees_an_impossible_avail_index_ends_the_drain() {
-    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use vm_memory::{Bytes, GuestAddress};
     for (event_idx, pooled) in [(false, false), (true, false), (false, true), (true, true)] {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -237,25 +262,11 @@ fn a_poll_that_sees_an_impossible_avail_index_ends_the_drain() {
             let mem: GuestMemoryMmap =
                 GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
             let mq = virtio_queue::mock::MockSplitQueue::new(&mem, 16);
-            // One flush: a header (type 4) and a status byte.
-            let mut flush = [0u8; 16];
-            flush[0] = 4;
-            mem.write_slice(&flush, GuestAddress(0x8000)).unwrap();
-            mem.write_obj(0xffu8, GuestAddress(0x9000)).unwrap();
-            let chain = [
-                RawDescriptor::from(Descriptor::new(0x8000, 16, 1, 1)),
-                RawDescriptor::from(Descriptor::new(0x9000, 1, 2, 0)),
-            ];
+            let chain = flush_chain(&mem);
             mq.add_desc_chains(&chain, 0).unwrap();
             let mut queue: Queue = mq.create_queue().unwrap();
             queue.set_event_idx(event_idx);
-            let mut scratch = match pooled {
-                false => Scratch::new(0),
-                true => {
-                    let pool = CompressPool::new(1, 1).unwrap();
-                    Scratch::with_pool(0, pool, dev.store().clone())
-                }
-            };
+            let mut scratch = scratch_for(&dev, pooled);
             scratch.poller = Poller::new(Duration::from_secs(2));
             let r = drain_queue(
                 &mut (&mut queue, || Ok(())),
@@ -311,7 +322,6 @@ impl QueueRing for SubmitAt<'_, '_> {
 /// the drain's last look at the ring, the drain completes it.
 #[test]
 fn a_request_submitted_as_an_empty_drain_ends_is_taken() {
-    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
     use vm_memory::{Bytes, GuestAddress};
     for pooled in [false, true] {
         for at in 1..=12 {
@@ -319,24 +329,10 @@ fn a_request_submitted_as_an_empty_drain_ends_is_taken() {
             let mem: GuestMemoryMmap =
                 GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
             let mq = virtio_queue::mock::MockSplitQueue::new(&mem, 16);
-            // One flush: a header (type 4) and a status byte.
-            let mut flush = [0u8; 16];
-            flush[0] = 4;
-            mem.write_slice(&flush, GuestAddress(0x8000)).unwrap();
-            mem.write_obj(0xffu8, GuestAddress(0x9000)).unwrap();
-            let chain = [
-                RawDescriptor::from(Descriptor::new(0x8000, 16, 1, 1)),
-                RawDescriptor::from(Descriptor::new(0x9000, 1, 2, 0)),
-            ];
+            let chain = flush_chain(&mem);
             let mut queue: Queue = mq.create_queue().unwrap();
             queue.set_event_idx(true);
-            let mut scratch = match pooled {
-                false => Scratch::new(0),
-                true => {
-                    let pool = CompressPool::new(1, 1).unwrap();
-                    Scratch::with_pool(0, pool, dev.store().clone())
-                }
-            };
+            let mut scratch = scratch_for(&dev, pooled);
             let mut ring = SubmitAt {
                 queue: &mut queue,
                 mq: &mq,

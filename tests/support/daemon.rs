@@ -123,14 +123,30 @@ impl Daemon {
         }
     }
 
-    /// Whether every socket is there and the control socket is (or, with
-    /// [`DaemonOpts::ready_on_connect`], accepts a connection).
+    /// Whether every socket and the control socket listen (or, with
+    /// [`DaemonOpts::ready_on_connect`], the control socket accepts a
+    /// connection). A socket file alone is not enough: bind() makes it
+    /// before listen() runs, and a connect in between is refused (a loaded
+    /// CI run failed so, right after the daemon's "control socket ready").
     fn serving(&self) -> bool {
-        self.sockets.iter().all(|s| s.exists())
+        let listening = listening_unix_sockets();
+        // A path reached through /proc/PID/root (a daemon in a private
+        // mount namespace) is bound as the rest of it.
+        let listens = |p: &Path| {
+            if listening.contains(p) {
+                return true;
+            }
+            let mut parts = p.iter().skip(1);
+            let proc_root = parts.next() == Some("proc".as_ref())
+                && parts.next().is_some()
+                && parts.next() == Some("root".as_ref());
+            proc_root && listening.contains(&Path::new("/").join(parts.collect::<PathBuf>()))
+        };
+        self.sockets.iter().all(|s| listens(s))
             && if self.opts.ready_on_connect {
                 UnixStream::connect(&self.control).is_ok()
             } else {
-                self.control.exists()
+                listens(&self.control)
             }
     }
 
@@ -452,6 +468,21 @@ pub fn serve_refused(dir: &TempDir, args: &[&str]) -> Output {
 pub fn reply<T: DeserializeOwned>(v: Value) -> T {
     let text = v.to_string();
     parse_reply(v).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// The paths of the unix sockets that listen now, from /proc/net/unix
+/// (columns: Num RefCount Protocol Flags Type St Inode Path; a listening
+/// socket has __SO_ACCEPTCON, 0x10000, in Flags).
+pub fn listening_unix_sockets() -> std::collections::HashSet<PathBuf> {
+    let text = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = u32::from_str_radix(f.get(3)?, 16).ok()?;
+            (f.len() >= 8 && flags & 0x10000 != 0).then(|| PathBuf::from(f[7]))
+        })
+        .collect()
 }
 
 /// [`Daemon::request`] on the control socket at `path`.

@@ -78,6 +78,11 @@ struct Tasks {
     /// Pool threads waiting on `work`: only then is a wake-up worth a
     /// system call.
     sleeping: usize,
+    /// Of those, the ones with no staged pages to come back to: only they
+    /// need a staged page's wake-up. One backing off (no memory for the
+    /// last try) tries again by itself; woken at each page put back, the
+    /// threads of a device at its limit would wake each other in turn.
+    idle: usize,
     stop: bool,
     /// [`CompressPool::run_thread_hook`] asked: idle threads wake to run it.
     hook_asked: bool,
@@ -373,7 +378,7 @@ impl CompressPool {
         dev.set_staging_waker(Box::new(move || {
             if let Some(inner) = inner.upgrade() {
                 let t = lock(&inner.tasks);
-                if t.sleeping > 0 {
+                if t.idle > 0 {
                     drop(t);
                     inner.work.notify_one();
                 }
@@ -472,7 +477,9 @@ impl Inner {
                         .0;
                     stalled = false;
                 } else {
+                    t.idle += 1;
                     t = self.work.wait(t).unwrap_or_else(|e| e.into_inner());
+                    t.idle -= 1;
                 }
                 t.sleeping -= 1;
             };

@@ -107,80 +107,18 @@ pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, SocketError> 
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(fail(e)),
     }
-    // bind() makes the file before listen() runs, and a client that sees
-    // it then (QEMU started as soon as the file is there) is refused. So
-    // the socket listens under a temporary name beside it first and is
-    // renamed into place: the path appears only once it accepts. A path
-    // with no room for the temporary name is bound in place.
-    let tmp = Some(temporary_name(path)).filter(|t| t.as_os_str().len() <= MAX_SOCKET_PATH);
-    let at = tmp.as_deref().unwrap_or(path);
-    if let Some(t) = &tmp {
-        // Left by a process of the same pid killed between the two steps.
-        let _ = std::fs::remove_file(t);
-    }
     // bind() creates the file with 0777 & ~umask. Narrow the umask around it
     // so that there is no moment where others may connect; this runs before
     // any thread that creates files starts, so the process-wide umask is ours.
     // SAFETY: umask only swaps the process file-mode mask.
     let old = unsafe { libc::umask(!mode & 0o777) };
-    let bound = UnixListener::bind(at);
+    let bound = UnixListener::bind(path);
     // SAFETY: as above, restoring the previous mask.
     unsafe { libc::umask(old) };
     let listener = bound.map_err(fail)?;
     // umask can only take bits away; set exactly what was asked for.
-    let placed = std::fs::set_permissions(at, std::fs::Permissions::from_mode(mode)).and_then(
-        |()| match &tmp {
-            Some(t) => rename_noreplace(t, path),
-            None => Ok(()),
-        },
-    );
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(at);
-        return Err(fail(e));
-    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(fail)?;
     Ok(listener)
-}
-
-/// A name beside `path` for binding it before it listens:
-/// `.vzram-PID-N.sock` in its directory.
-fn temporary_name(path: &Path) -> PathBuf {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!(".vzram-{}-{n}.sock", std::process::id());
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.join(name),
-        _ => PathBuf::from(name),
-    }
-}
-
-/// rename(2) that fails with AddrInUse instead of replacing a file that
-/// appeared at `to` since it was checked (another daemon bound it); plain
-/// rename where the file system cannot tell.
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
-    let (f, t) = (c(from)?, c(to)?);
-    // SAFETY: two NUL-terminated paths alive for the call.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EEXIST) => Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            "another process bound it meanwhile",
-        )),
-        Some(libc::EINVAL | libc::ENOSYS) => std::fs::rename(from, to),
-        _ => Err(e),
-    }
 }
 
 /// Removes the `control.PID.sock` files in `dir` that nobody listens on:
@@ -493,61 +431,6 @@ mod tests {
                 errno: libc::ECONNREFUSED
             })
         );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// A client that connects as soon as the socket file appears (a script
-    /// waiting for it, then QEMU) is never refused: the file appears only
-    /// once the socket listens. Bound in place, a watcher spinning on
-    /// the path catches the moment between bind() and listen() now and then.
-    #[test]
-    fn a_socket_file_appears_only_once_it_accepts() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let dir = std::env::temp_dir().join(format!("vzram-appear-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let done = AtomicBool::new(false);
-        let rounds = 2000;
-        let refused = std::thread::scope(|sc| {
-            let watcher = sc.spawn(|| {
-                let mut refused = Vec::new();
-                for i in 0..rounds {
-                    let path = dir.join(format!("{i}.sock"));
-                    while !path.exists() {
-                        if done.load(Ordering::Relaxed) {
-                            return refused;
-                        }
-                        std::hint::spin_loop();
-                    }
-                    if let Err(e) = std::os::unix::net::UnixStream::connect(&path) {
-                        refused.push(format!("{i}: {e}"));
-                    }
-                }
-                refused
-            });
-            let mut held = Vec::new();
-            for i in 0..rounds {
-                held.push(bind_socket(&dir.join(format!("{i}.sock")), 0o600).unwrap());
-            }
-            done.store(true, Ordering::Relaxed);
-            watcher.join().unwrap()
-        });
-        assert!(refused.is_empty(), "refused: {refused:?}");
-        // Each in place with its mode, nothing else left in the directory.
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names.len(), rounds, "{names:?}");
-        assert!(names
-            .iter()
-            .all(|n| n.ends_with(".sock") && !n.starts_with('.')));
-        let mode = std::fs::metadata(dir.join("0.sock"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

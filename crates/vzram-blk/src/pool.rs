@@ -83,6 +83,9 @@ struct Tasks {
     /// last try) tries again by itself; woken at each page put back, the
     /// threads of a device at its limit would wake each other in turn.
     idle: usize,
+    /// Times a thread went to sleep.
+    #[cfg(test)]
+    naps: u64,
     stop: bool,
     /// [`CompressPool::run_thread_hook`] asked: idle threads wake to run it.
     hook_asked: bool,
@@ -469,6 +472,10 @@ impl Inner {
                     }
                 }
                 t.sleeping += 1;
+                #[cfg(test)]
+                {
+                    t.naps += 1;
+                }
                 if stalled {
                     t = self
                         .work
@@ -580,6 +587,40 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+
+    /// A device at its memory limit with a page staged: each pool thread
+    /// tries it, puts it back and backs off for STAGED_BACKOFF. Putting it
+    /// back must not wake a thread that is backing off: they would wake
+    /// each other in turn, busy for as long as memory stays full. Once
+    /// there is room, the next try compresses it.
+    #[test]
+    fn threads_backing_off_do_not_wake_each_other() {
+        let store = staging_store();
+        let cx = &mut Context::new(0);
+        let mut page = [0u8; PAGE_SIZE];
+        for (j, c) in page.chunks_exact_mut(8).enumerate() {
+            c.copy_from_slice(&(j as u64 % 5).to_le_bytes());
+        }
+        // Staged before the pool serves the device, then no room for
+        // its compressed form.
+        store.write_page(cx, 0, &page).unwrap();
+        assert_eq!(store.staged_bytes(), PAGE_SIZE as u64);
+        store.set_mem_limit(store.stats().mem_used_total);
+        let pool = CompressPool::new(4, 0).unwrap();
+        assert!(pool.serve_staging(&store));
+        let naps = || lock(&pool.inner.tasks).naps;
+        let before = naps();
+        let window = std::time::Duration::from_secs(1);
+        std::thread::sleep(window);
+        let n = naps() - before;
+        // Four threads backing off 100 ms at a time nap about 40 times a
+        // second; woken by each other they napped 3199 times.
+        let bound = 4 * 4 * (window.as_millis() / STAGED_BACKOFF.as_millis()) as u64;
+        assert!(n <= bound, "{n} naps in {window:?} (at most {bound})");
+        assert_eq!(store.staged_bytes(), PAGE_SIZE as u64);
+        store.set_mem_limit(0);
+        wait_compressed(&store, "after the limit was lifted");
     }
 
     /// Pages a write staged are compressed by an idle pool thread, woken

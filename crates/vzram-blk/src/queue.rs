@@ -279,6 +279,23 @@ fn overrun<Q: QueueT, M: GuestMemory>(q: &Q, m: &M) -> Result<bool, QueueError> 
     Ok(avail.0.wrapping_sub(q.next_avail()) > q.size())
 }
 
+/// The guest memory to take the ring's next request with: none when the
+/// ring has no request. A fresh snapshot per request, taken after the
+/// avail index shows the request: a frontend maps the memory a request
+/// uses, and has the mapping acknowledged, before it publishes the
+/// request, so this snapshot covers its buffers. One taken before could
+/// miss them (the request arrived meanwhile, on a loaded host): its
+/// buffers would read as outside guest memory and the request fail with
+/// IOERR. An avail ring we cannot read is left to the pop to report.
+fn snapshot_for_next<R: QueueRing, A: GuestAddressSpace>(ring: &mut R, mem: &A) -> Option<A::T> {
+    let q = ring.queue();
+    let avail = q.avail_idx(&*mem.memory(), std::sync::atomic::Ordering::Acquire);
+    if avail.is_ok_and(|i| i.0 == q.next_avail()) {
+        return None;
+    }
+    Some(mem.memory())
+}
+
 /// One request at a time, start to end, on this thread.
 struct Inline;
 
@@ -296,9 +313,9 @@ impl Strategy for Inline {
         A: GuestAddressSpace,
         H: ChainHook,
     {
-        // A fresh snapshot per request: one published after a memory
-        // table change must be served with the new table.
-        let guard = mem.memory();
+        let Some(guard) = snapshot_for_next(ring, mem) else {
+            return Ok(0);
+        };
         let m: &A::M = &guard;
         let Some(chain) = ring.queue().pop_descriptor_chain(m) else {
             return Ok(0);
@@ -518,8 +535,9 @@ where
     // run at their turn, after it.
     let mut mutated = false;
     while n < BATCH_REQUESTS && pages < BATCH_PAGES {
-        // A fresh snapshot per request, as in `drain_queue`.
-        let guard = mem.memory();
+        let Some(guard) = snapshot_for_next(ring, mem) else {
+            break;
+        };
         let m: &A::M = &guard;
         let Some(chain) = ring.queue().pop_descriptor_chain(m) else {
             break;

@@ -290,11 +290,16 @@ fn a_poll_that_sees_an_impossible_avail_index_ends_the_drain() {
 }
 
 /// A ring whose guest submits `chain` as the drain looks at the queue for
-/// the `at`-th time (from 1), before the drain's call on it runs.
+/// the `at`-th time (from 1), before the drain's call on it runs; with
+/// `map`, it first maps the memory the chain uses (publishes that table).
 struct SubmitAt<'a, 'm> {
     queue: &'a mut Queue,
     mq: &'a virtio_queue::mock::MockSplitQueue<'m, GuestMemoryMmap>,
     chain: &'a [virtio_queue::desc::RawDescriptor],
+    map: Option<(
+        &'a vm_memory::GuestMemoryAtomic<GuestMemoryMmap>,
+        GuestMemoryMmap,
+    )>,
     at: usize,
     looks: usize,
 }
@@ -304,6 +309,9 @@ impl QueueRing for SubmitAt<'_, '_> {
     fn queue(&mut self) -> &mut Queue {
         self.looks += 1;
         if self.looks == self.at {
+            if let Some((mem, table)) = &self.map {
+                mem.lock().unwrap().replace(table.clone());
+            }
             self.mq.add_desc_chains(self.chain, 0).unwrap();
         }
         self.queue
@@ -337,6 +345,7 @@ fn a_request_submitted_as_an_empty_drain_ends_is_taken() {
                 queue: &mut queue,
                 mq: &mq,
                 chain: &chain,
+                map: None,
                 at,
                 looks: 0,
             };
@@ -354,33 +363,6 @@ fn a_request_submitted_as_an_empty_drain_ends_is_taken() {
                 "pooled {pooled}, submitted at look {at}: the flush completed"
             );
         }
-    }
-}
-
-/// A frontend that maps the memory of a request's buffer, then submits
-/// the request, as the drain looks at the queue for the `at`-th time.
-struct MapThenSubmitAt<'a, 'm> {
-    queue: &'a mut Queue,
-    mq: &'a virtio_queue::mock::MockSplitQueue<'m, GuestMemoryMmap>,
-    mem: &'a vm_memory::GuestMemoryAtomic<GuestMemoryMmap>,
-    mapped: GuestMemoryMmap,
-    chain: &'a [virtio_queue::desc::RawDescriptor],
-    at: usize,
-    looks: usize,
-}
-
-impl QueueRing for MapThenSubmitAt<'_, '_> {
-    type Queue = Queue;
-    fn queue(&mut self) -> &mut Queue {
-        self.looks += 1;
-        if self.looks == self.at {
-            self.mem.lock().unwrap().replace(self.mapped.clone());
-            self.mq.add_desc_chains(self.chain, 0).unwrap();
-        }
-        self.queue
-    }
-    fn notify(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
@@ -421,12 +403,11 @@ fn a_request_on_memory_mapped_just_before_it_is_served() {
             queue.set_event_idx(true);
             let mut scratch = scratch_for(&dev, pooled);
             let mem = vm_memory::GuestMemoryAtomic::new(base.clone());
-            let mut ring = MapThenSubmitAt {
+            let mut ring = SubmitAt {
                 queue: &mut queue,
                 mq: &mq,
-                mem: &mem,
-                mapped,
                 chain: &chain,
+                map: Some((&mem, mapped)),
                 at,
                 looks: 0,
             };

@@ -140,15 +140,30 @@ struct ReadJob {
     out: Option<Result<(), StoreError>>,
 }
 
+/// A job on cache lines of its own: neighbouring jobs run on different
+/// threads at once, and sharing a line would bounce it between their cores
+/// at every lock.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// A queue's jobs in flight. Made once per queue and reused: the pages
 /// stay allocated. Reads have jobs of their own (no page: they write into
 /// guest memory), so they never take a write's room in the batch.
 pub struct Batch {
     dev: Arc<Device>,
-    jobs: Box<[Mutex<Job>]>,
-    reads: Box<[Mutex<ReadJob>]>,
+    jobs: Box<[Padded<Mutex<Job>>]>,
+    reads: Box<[Padded<Mutex<ReadJob>>]>,
     pending: AtomicUsize,
-    done: Mutex<()>,
+    /// Threads asleep in [`Batch::wait_done`]: the last job wakes them only
+    /// if there are any (a notify is a system call even with no waiter).
+    done: Mutex<usize>,
     done_cv: Condvar,
 }
 
@@ -158,24 +173,24 @@ impl Batch {
             dev,
             jobs: (0..BATCH_PAGES)
                 .map(|_| {
-                    Mutex::new(Job {
+                    Padded(Mutex::new(Job {
                         slot: 0,
                         page: None,
                         out: None,
-                    })
+                    }))
                 })
                 .collect(),
             reads: (0..BATCH_PAGES)
                 .map(|_| {
-                    Mutex::new(ReadJob {
+                    Padded(Mutex::new(ReadJob {
                         slot: 0,
                         to: None,
                         out: None,
-                    })
+                    }))
                 })
                 .collect(),
             pending: AtomicUsize::new(0),
-            done: Mutex::new(()),
+            done: Mutex::new(0),
             done_cv: Condvar::new(),
         })
     }
@@ -210,9 +225,11 @@ impl Batch {
     /// Blocks until every submitted job is done, running none of them.
     fn wait_done(&self) {
         let mut g = lock(&self.done);
+        *g += 1;
         while self.pending.load(Ordering::Acquire) > 0 {
             g = self.done_cv.wait(g).unwrap_or_else(|e| e.into_inner());
         }
+        *g -= 1;
     }
 
     /// Runs task `t`: write job `t`, or read job `t - BATCH_PAGES`.
@@ -245,8 +262,9 @@ impl Batch {
                 .ok()
             });
         }
-        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _g = lock(&self.done);
+        // A waiter counts itself and checks `pending` under `done`'s lock,
+        // so it either sees 0 or is counted before this looks.
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 && *lock(&self.done) > 0 {
             self.done_cv.notify_all();
         }
     }
@@ -677,6 +695,51 @@ mod tests {
         assert!(pool.serve_staging(&store));
         wait_compressed(&store, "found at the start");
         assert_eq!(store.stats().staged_compressed, 64);
+    }
+
+    /// A queue thread whose last jobs run on pool threads sleeps until
+    /// they are done; the last one wakes it only when it counted itself as
+    /// waiting, so the count and the check of `pending` must not let a
+    /// wake-up fall between them. Short jobs, many rounds: a lost wake-up
+    /// leaves a round hanging.
+    #[test]
+    fn the_last_job_on_a_pool_thread_always_wakes_the_queue_thread() {
+        let store = Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 26,
+            ..PoolConfig::default()
+        })
+        .unwrap()
+        .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
+        .unwrap();
+        let pool = CompressPool::new(2, 0).unwrap();
+        let batch = Batch::new(store);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (p, b) = (pool.clone(), batch.clone());
+        std::thread::spawn(move || {
+            let mut cx = Context::new(0);
+            for round in 0..20_000u32 {
+                let n = 1 + round as usize % 3;
+                for i in 0..n {
+                    let mut job = b.job(i);
+                    job.slot = i as u64;
+                    job.page_mut().fill(round as u8);
+                }
+                p.submit(&b, 0..n);
+                p.wait(&b, &mut cx);
+                for i in 0..n {
+                    assert!(matches!(b.take(i), Some(Ok(_))), "round {round} job {i}");
+                }
+                tx.send(round).unwrap();
+            }
+        });
+        let mut last = None;
+        while last != Some(19_999) {
+            match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+                Ok(r) => last = Some(r),
+                Err(e) => panic!("no round done for 30 s after round {last:?}: {e}"),
+            }
+        }
     }
 
     /// A queue thread that unwinds with jobs in flight finishes them when

@@ -278,7 +278,9 @@ pub struct ServeArgs {
     /// next request after the ring ran dry, before it sleeps: up to 32 µs
     /// (as QEMU's iothreads) or as long as its last pass worked, if longer;
     /// less for a guest whose requests come seldom [default: 200; 0: never,
-    /// every request waits for a kick]. An idle queue never polls.
+    /// every request waits for a kick]. A queue thread whose last pages are
+    /// on compress threads watches them finish for up to 32 µs before it
+    /// sleeps (not at 0). An idle queue never polls.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=crate::config::MAX_POLL_US))]
     pub poll_us: Option<u64>,
     /// Write the daemon's process id to this file once its sockets are

@@ -204,6 +204,13 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // compress for this device's queues only.
     let threads = vzram_blk::pool::pool_threads(spec.compress_threads);
     let compress = CompressPool::new(threads, 0).map_err(setup("thread"))?;
+    let poll = spec.poll_us.map_or(
+        vzram_blk::poll::DEFAULT_POLL,
+        std::time::Duration::from_micros,
+    );
+    // `--poll-us 0` asks for no polling at all: a queue thread then sleeps
+    // at once while its last pages are on pool threads too.
+    compress.set_spin(poll);
     // The queue and compress threads serve requests under a narrower
     // filter than the rest, each put on itself before its first request
     // (after the process filter, installed below).
@@ -230,10 +237,6 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     if gated {
         tracing::info!("waiting for the device's pages (incoming migration): requests wait");
     }
-    let poll = spec.poll_us.map_or(
-        vzram_blk::poll::DEFAULT_POLL,
-        std::time::Duration::from_micros,
-    );
     let mut backend = if gated {
         BlkBackend::new_gated(blk, compress)
     } else {

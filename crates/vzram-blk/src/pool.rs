@@ -15,10 +15,12 @@
 //! pool threads are busy elsewhere still makes progress on its own.
 //! A queue thread whose last pages are on pool threads watches them finish
 //! for up to [`SPIN_MAX`] before it sleeps: they are a page's work away,
-//! and a sleep costs a futex wake-up on each side. Idle pool threads sleep
-//! on a condition variable at once: a pool thread that watched for the
-//! next batch (tried: 1.3x the 32K reads on a quiet host) took the CPU
-//! from the threads with work on a busy one (0.8x, 16% more CPU a page).
+//! and a sleep costs a futex wake-up on each side. A pool thread that ran
+//! jobs watches for the next batch as long as they took (at most
+//! [`SPIN_MAX`]), unless it was preempted in its last watch: on a host
+//! with more runnable threads than cores it would take the CPU from one
+//! with work, so for a while ([`CONTENDED`]) it sleeps at once. Past the
+//! watch, threads sleep on a condition variable: an idle pool never polls.
 //!
 //! With no job on the list, a pool thread compresses pages that writes
 //! stored raw (staged) on the devices it serves
@@ -48,6 +50,13 @@ const STAGED_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100
 /// The longest a queue thread watches for its batch's last pages before it
 /// sleeps: QEMU's `poll-max-ns`, as the queue thread's base window.
 pub const SPIN_MAX: Duration = crate::poll::BASE_POLL;
+/// A gap this long between two looks at the clock of a watch (64 turns
+/// apart, a few microseconds) means the thread was preempted.
+const PREEMPTED: Duration = Duration::from_micros(20);
+/// How long a pool thread preempted while it watched for work goes
+/// straight to sleep afterwards: the host has more runnable threads than
+/// cores, and a watch would take the CPU from one of them.
+const CONTENDED: Duration = Duration::from_millis(50);
 
 /// Pages one batch may carry: a full ring of 4 KiB writes at the queue
 /// depths guests use, with the memory per queue bounded (1 MiB).
@@ -481,7 +490,7 @@ impl CompressPool {
                 None if !spun => {
                     spun = true;
                     let inner = &self.inner;
-                    inner.watch(inner.spin(), || {
+                    let _ = inner.watch(inner.spin(), || {
                         batch.pending.load(Ordering::Acquire) == 0
                             || inner.queued.load(Ordering::Relaxed) > 0
                     });
@@ -504,22 +513,31 @@ impl Inner {
         Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
     }
 
-    /// Spins until `done` says so or `window` has passed.
-    fn watch(&self, window: Duration, done: impl Fn() -> bool) {
+    /// Spins until `done` says so or `window` has passed. False when the
+    /// thread was preempted while it spun: another thread wanted the CPU,
+    /// and the watch gave up at once.
+    fn watch(&self, window: Duration, done: impl Fn() -> bool) -> bool {
         if window.is_zero() {
-            return;
+            return true;
         }
         let t0 = Instant::now();
+        let mut last = t0;
         while !done() {
             // The clock is read every 64 turns: a read costs as much as
             // several dozen of them.
             for _ in 0..64 {
                 std::hint::spin_loop();
             }
-            if t0.elapsed() >= window {
-                return;
+            let now = Instant::now();
+            if now - last >= PREEMPTED {
+                return false;
             }
+            if now - t0 >= window {
+                return true;
+            }
+            last = now;
         }
+        true
     }
 
     /// A device with staged pages waiting, if any.
@@ -531,6 +549,11 @@ impl Inner {
         let mut hooked = false;
         // Staged pages made no progress (no memory): leave them a while.
         let mut stalled = false;
+        // Since when this thread has been running jobs back to back: how
+        // long it may watch for the next one before it sleeps.
+        let mut busy: Option<Instant> = None;
+        // Until when it sleeps at once: it was preempted watching.
+        let mut contended: Option<Instant> = None;
         loop {
             let mut t = lock(&self.tasks);
             let next = loop {
@@ -548,11 +571,26 @@ impl Inner {
                 }
                 if let Some((b, i)) = t.queue.pop_front() {
                     self.queued.store(t.queue.len(), Ordering::Relaxed);
+                    busy.get_or_insert_with(Instant::now);
                     break Next::Job(b, i);
                 }
                 if !stalled {
                     if let Some(dev) = self.staged() {
                         break Next::Staged(dev);
+                    }
+                }
+                // Once per run of jobs, for as long as the run took (at
+                // most SPIN_MAX): at a steady queue depth the next batch
+                // comes within that, and a sleep costs a wake-up.
+                if let Some(since) = busy.take() {
+                    let now = Instant::now();
+                    if contended.is_none_or(|until| now >= until) {
+                        drop(t);
+                        let window = (now - since).min(self.spin());
+                        let calm = self.watch(window, || self.queued.load(Ordering::Relaxed) > 0);
+                        contended = (!calm).then(|| Instant::now() + CONTENDED);
+                        t = lock(&self.tasks);
+                        continue;
                     }
                 }
                 t.sleeping += 1;
@@ -761,6 +799,27 @@ mod tests {
         assert!(pool.serve_staging(&store));
         wait_compressed(&store, "found at the start");
         assert_eq!(store.stats().staged_compressed, 64);
+    }
+
+    /// A watch ends at its window, or at once when the thread was away
+    /// from the CPU between two looks at the clock (here: the check itself
+    /// sleeps, as a preempted thread would be gone).
+    #[test]
+    fn a_watch_gives_up_when_the_thread_was_preempted() {
+        let pool = CompressPool::new(0, 0).unwrap();
+        let t0 = Instant::now();
+        // Preempted on a busy host, it may end early, and says so.
+        let calm = pool.inner.watch(Duration::from_millis(2), || false);
+        assert!(!calm || t0.elapsed() >= Duration::from_millis(2));
+        let t0 = Instant::now();
+        let calm = pool.inner.watch(Duration::from_secs(20), || {
+            std::thread::sleep(PREEMPTED * 2);
+            false
+        });
+        assert!(!calm, "a gap of {:?} went unseen", PREEMPTED * 2);
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        assert!(pool.inner.watch(Duration::from_secs(20), || true));
+        assert!(pool.inner.watch(Duration::ZERO, || false));
     }
 
     /// A queue thread whose last jobs run on pool threads sleeps until

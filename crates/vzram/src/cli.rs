@@ -280,7 +280,9 @@ pub struct ServeArgs {
     /// less for a guest whose requests come seldom [default: 200; 0: never,
     /// every request waits for a kick]. A queue thread whose last pages are
     /// on compress threads watches them finish for up to 32 µs before it
-    /// sleeps (not at 0). An idle queue never polls.
+    /// sleeps, and a compress thread out of work watches for more as long
+    /// as its last jobs took, up to 32 µs, while the host has a core free
+    /// (neither at 0). An idle queue never polls.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=crate::config::MAX_POLL_US))]
     pub poll_us: Option<u64>,
     /// Write the daemon's process id to this file once its sockets are

@@ -208,8 +208,8 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
         vzram_blk::poll::DEFAULT_POLL,
         std::time::Duration::from_micros,
     );
-    // `--poll-us 0` asks for no polling at all: a queue thread then sleeps
-    // at once while its last pages are on pool threads too.
+    // `--poll-us 0` asks for no polling at all: queue and pool threads
+    // then sleep at once when they wait for pages or work.
     compress.set_spin(poll);
     // The queue and compress threads serve requests under a narrower
     // filter than the rest, each put on itself before its first request

@@ -684,6 +684,18 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 2, "once per thread");
     }
 
+    /// A 1 MiB device that stages nothing.
+    fn plain_store() -> Arc<Device> {
+        Pool::new(PoolConfig {
+            host_mem_limit: 0,
+            arena_bytes: 1 << 26,
+            ..PoolConfig::default()
+        })
+        .unwrap()
+        .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
+        .unwrap()
+    }
+
     /// A device that stages every whole-page write (1 MiB budget).
     fn staging_store() -> Arc<Device> {
         let mut dc = DeviceConfig::new(1 << 20, Codec::Lz4);
@@ -829,14 +841,7 @@ mod tests {
     /// first: a lost wake-up leaves a round hanging.
     #[test]
     fn the_last_job_on_a_pool_thread_always_wakes_the_queue_thread() {
-        let store = Pool::new(PoolConfig {
-            host_mem_limit: 0,
-            arena_bytes: 1 << 26,
-            ..PoolConfig::default()
-        })
-        .unwrap()
-        .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
-        .unwrap();
+        let store = plain_store();
         let pool = CompressPool::new(2, 0).unwrap();
         pool.set_spin(Duration::ZERO);
         let batch = Batch::new(store);
@@ -873,14 +878,7 @@ mod tests {
     /// (`--compress-threads 0`), where waiting alone would never end.
     #[test]
     fn dropping_held_finishes_the_jobs_on_a_pool_of_no_threads() {
-        let store = Pool::new(PoolConfig {
-            host_mem_limit: 0,
-            arena_bytes: 1 << 26,
-            ..PoolConfig::default()
-        })
-        .unwrap()
-        .create_device(DeviceConfig::new(1 << 20, Codec::Lz4))
-        .unwrap();
+        let store = plain_store();
         let pool = CompressPool::new(0, 0).unwrap();
         let batch = Batch::new(store);
         for i in 0..3 {

@@ -47,8 +47,9 @@ const STAGED_BATCH: usize = 8;
 /// progress (no memory for compressed objects): a limit lifted or a
 /// compaction may make room later; until then nothing spins.
 const STAGED_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
-/// The longest a queue thread watches for its batch's last pages before it
-/// sleeps: QEMU's `poll-max-ns`, as the queue thread's base window.
+/// The longest a thread watches before it sleeps (a queue thread for its
+/// batch's last pages, a pool thread for the next batch): QEMU's
+/// `poll-max-ns`, as the queue thread's base window for its ring.
 pub const SPIN_MAX: Duration = crate::poll::BASE_POLL;
 /// A gap this long between two looks at the clock of a watch (64 turns
 /// apart, a few microseconds) means the thread was preempted.
@@ -76,7 +77,7 @@ struct Inner {
     tasks: Mutex<Tasks>,
     /// `tasks.queue`'s length, for a thread watching without the lock.
     queued: AtomicUsize,
-    /// How long a queue thread may watch before it sleeps, in nanoseconds
+    /// How long a thread may watch before it sleeps, in nanoseconds
     /// ([`CompressPool::set_spin`]).
     spin_ns: AtomicU64,
     work: Condvar,
@@ -381,9 +382,10 @@ impl CompressPool {
         self.threads.len()
     }
 
-    /// How long a queue thread watches its batch's last pages before it
-    /// sleeps: at most `max` ([`SPIN_MAX`] by default; zero: it sleeps at
-    /// once, as `--poll-us 0` asks of the queues).
+    /// How long a queue thread watches its batch's last pages, and a pool
+    /// thread for the next batch, before they sleep: at most `max`
+    /// ([`SPIN_MAX`] by default; zero: they sleep at once, as
+    /// `--poll-us 0` asks of the queues).
     pub fn set_spin(&self, max: Duration) {
         let ns = max.min(SPIN_MAX).as_nanos() as u64;
         self.inner.spin_ns.store(ns, Ordering::Relaxed);
@@ -549,11 +551,7 @@ impl Inner {
         let mut hooked = false;
         // Staged pages made no progress (no memory): leave them a while.
         let mut stalled = false;
-        // Since when this thread has been running jobs back to back: how
-        // long it may watch for the next one before it sleeps.
-        let mut busy: Option<Instant> = None;
-        // Until when it sleeps at once: it was preempted watching.
-        let mut contended: Option<Instant> = None;
+        let mut watcher = Watcher::default();
         loop {
             let mut t = lock(&self.tasks);
             let next = loop {
@@ -571,7 +569,7 @@ impl Inner {
                 }
                 if let Some((b, i)) = t.queue.pop_front() {
                     self.queued.store(t.queue.len(), Ordering::Relaxed);
-                    busy.get_or_insert_with(Instant::now);
+                    watcher.ran_job(Instant::now());
                     break Next::Job(b, i);
                 }
                 if !stalled {
@@ -579,19 +577,12 @@ impl Inner {
                         break Next::Staged(dev);
                     }
                 }
-                // Once per run of jobs, for as long as the run took (at
-                // most SPIN_MAX): at a steady queue depth the next batch
-                // comes within that, and a sleep costs a wake-up.
-                if let Some(since) = busy.take() {
-                    let now = Instant::now();
-                    if contended.is_none_or(|until| now >= until) {
-                        drop(t);
-                        let window = (now - since).min(self.spin());
-                        let calm = self.watch(window, || self.queued.load(Ordering::Relaxed) > 0);
-                        contended = (!calm).then(|| Instant::now() + CONTENDED);
-                        t = lock(&self.tasks);
-                        continue;
-                    }
+                if let Some(window) = watcher.window(Instant::now(), self.spin()) {
+                    drop(t);
+                    let calm = self.watch(window, || self.queued.load(Ordering::Relaxed) > 0);
+                    watcher.watched(calm, Instant::now());
+                    t = lock(&self.tasks);
+                    continue;
                 }
                 t.sleeping += 1;
                 #[cfg(test)]
@@ -629,6 +620,40 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// When a pool thread out of work watches for more, and for how long:
+/// once per run of jobs, as long as the run took (at most the pool's
+/// window), since at a steady queue depth the next batch comes within that
+/// and a sleep costs a wake-up; never for [`CONTENDED`] after a watch that
+/// was preempted.
+#[derive(Default)]
+struct Watcher {
+    /// Since when the thread has been running jobs (staged pages between
+    /// them count too: the window is capped anyway).
+    busy: Option<Instant>,
+    /// Until when it sleeps at once.
+    contended: Option<Instant>,
+}
+
+impl Watcher {
+    fn ran_job(&mut self, now: Instant) {
+        self.busy.get_or_insert(now);
+    }
+
+    /// How long to watch now, if at all; `max` zero: never.
+    fn window(&mut self, now: Instant, max: Duration) -> Option<Duration> {
+        let since = self.busy.take()?;
+        if max.is_zero() || self.contended.is_some_and(|until| now < until) {
+            return None;
+        }
+        Some((now - since).min(max))
+    }
+
+    /// A watch ended: `calm` false if it was preempted.
+    fn watched(&mut self, calm: bool, now: Instant) {
+        self.contended = (!calm).then(|| now + CONTENDED);
     }
 }
 
@@ -813,6 +838,33 @@ mod tests {
         assert_eq!(store.stats().staged_compressed, 64);
     }
 
+    /// A pool thread watches once per run of jobs, as long as the run
+    /// took and no longer than the pool's window; not at all with a window
+    /// of zero (`--poll-us 0`), nor for CONTENDED after a preempted watch.
+    #[test]
+    fn a_pool_thread_watches_once_per_run_of_jobs_unless_preempted() {
+        let us = Duration::from_micros;
+        let t0 = Instant::now();
+        let mut w = Watcher::default();
+        assert_eq!(w.window(t0, SPIN_MAX), None, "no job run yet");
+        w.ran_job(t0);
+        w.ran_job(t0 + us(5));
+        assert_eq!(w.window(t0 + us(10), SPIN_MAX), Some(us(10)));
+        assert_eq!(w.window(t0 + us(11), SPIN_MAX), None, "once per run");
+        w.ran_job(t0);
+        assert_eq!(w.window(t0 + us(500), SPIN_MAX), Some(SPIN_MAX));
+        w.ran_job(t0);
+        assert_eq!(w.window(t0 + us(10), Duration::ZERO), None);
+        w.watched(true, t0);
+        w.ran_job(t0);
+        assert_eq!(w.window(t0 + us(10), SPIN_MAX), Some(us(10)));
+        w.watched(false, t0);
+        w.ran_job(t0);
+        assert_eq!(w.window(t0 + CONTENDED / 2, SPIN_MAX), None, "preempted");
+        w.ran_job(t0);
+        assert_eq!(w.window(t0 + CONTENDED, SPIN_MAX), Some(SPIN_MAX));
+    }
+
     /// A watch ends at its window, or at once when the thread was away
     /// from the CPU between two looks at the clock (here: the check itself
     /// sleeps, as a preempted thread would be gone).
@@ -837,8 +889,8 @@ mod tests {
     /// A queue thread whose last jobs run on pool threads sleeps until
     /// they are done; the last one wakes it only when it counted itself as
     /// waiting, so the count and the check of `pending` must not let a
-    /// wake-up fall between them. Short jobs, many rounds, no watching
-    /// first: a lost wake-up leaves a round hanging.
+    /// wake-up fall between them. Short jobs, many rounds, all run on the
+    /// pool: a lost wake-up leaves a round hanging.
     #[test]
     fn the_last_job_on_a_pool_thread_always_wakes_the_queue_thread() {
         let store = plain_store();
@@ -848,7 +900,6 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let (p, b) = (pool.clone(), batch.clone());
         std::thread::spawn(move || {
-            let mut cx = Context::new(0);
             for round in 0..20_000u32 {
                 let n = 1 + round as usize % 3;
                 for i in 0..n {
@@ -857,7 +908,9 @@ mod tests {
                     job.page_mut().fill(round as u8);
                 }
                 p.submit(&b, 0..n);
-                p.wait(&b, &mut cx);
+                // Only pool threads run them: every round's last job
+                // meets a waiter that counted itself, or one about to.
+                b.wait_done();
                 for i in 0..n {
                     assert!(matches!(b.take(i), Some(Ok(_))), "round {round} job {i}");
                 }

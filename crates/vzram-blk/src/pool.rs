@@ -492,7 +492,7 @@ impl CompressPool {
                 None if !spun => {
                     spun = true;
                     let inner = &self.inner;
-                    let _ = inner.watch(inner.spin(), || {
+                    let _ = watch(inner.spin(), || {
                         batch.pending.load(Ordering::Acquire) == 0
                             || inner.queued.load(Ordering::Relaxed) > 0
                     });
@@ -513,33 +513,6 @@ impl Inner {
 
     fn spin(&self) -> Duration {
         Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
-    }
-
-    /// Spins until `done` says so or `window` has passed. False when the
-    /// thread was preempted while it spun: another thread wanted the CPU,
-    /// and the watch gave up at once.
-    fn watch(&self, window: Duration, done: impl Fn() -> bool) -> bool {
-        if window.is_zero() {
-            return true;
-        }
-        let t0 = Instant::now();
-        let mut last = t0;
-        while !done() {
-            // The clock is read every 64 turns: a read costs as much as
-            // several dozen of them.
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
-            let now = Instant::now();
-            if now - last >= PREEMPTED {
-                return false;
-            }
-            if now - t0 >= window {
-                return true;
-            }
-            last = now;
-        }
-        true
     }
 
     /// A device with staged pages waiting, if any.
@@ -579,7 +552,7 @@ impl Inner {
                 }
                 if let Some(window) = watcher.window(Instant::now(), self.spin()) {
                     drop(t);
-                    let calm = self.watch(window, || self.queued.load(Ordering::Relaxed) > 0);
+                    let calm = watch(window, || self.queued.load(Ordering::Relaxed) > 0);
                     watcher.watched(calm, Instant::now());
                     t = lock(&self.tasks);
                     continue;
@@ -621,6 +594,33 @@ impl Inner {
             }
         }
     }
+}
+
+/// Spins until `done` says so or `window` has passed. False when the
+/// thread was preempted while it spun: another thread wanted the CPU,
+/// and the watch gave up at once.
+fn watch(window: Duration, done: impl Fn() -> bool) -> bool {
+    if window.is_zero() {
+        return true;
+    }
+    let t0 = Instant::now();
+    let mut last = t0;
+    while !done() {
+        // The clock is read every 64 turns: a read costs as much as
+        // several dozen of them.
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+        let now = Instant::now();
+        if now - last >= PREEMPTED {
+            return false;
+        }
+        if now - t0 >= window {
+            return true;
+        }
+        last = now;
+    }
+    true
 }
 
 /// When a pool thread out of work watches for more, and for how long:
@@ -870,20 +870,19 @@ mod tests {
     /// sleeps, as a preempted thread would be gone).
     #[test]
     fn a_watch_gives_up_when_the_thread_was_preempted() {
-        let pool = CompressPool::new(0, 0).unwrap();
         let t0 = Instant::now();
         // Preempted on a busy host, it may end early, and says so.
-        let calm = pool.inner.watch(Duration::from_millis(2), || false);
+        let calm = watch(Duration::from_millis(2), || false);
         assert!(!calm || t0.elapsed() >= Duration::from_millis(2));
         let t0 = Instant::now();
-        let calm = pool.inner.watch(Duration::from_secs(20), || {
+        let calm = watch(Duration::from_secs(20), || {
             std::thread::sleep(PREEMPTED * 2);
             false
         });
         assert!(!calm, "a gap of {:?} went unseen", PREEMPTED * 2);
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-        assert!(pool.inner.watch(Duration::from_secs(20), || true));
-        assert!(pool.inner.watch(Duration::ZERO, || false));
+        assert!(watch(Duration::from_secs(20), || true));
+        assert!(watch(Duration::ZERO, || false));
     }
 
     /// A queue thread whose last jobs run on pool threads sleeps until

@@ -397,6 +397,43 @@ fn spare_spans_are_reused_charged_and_given_back() {
     assert_eq!(pool.stats().mem_used_total, 0);
 }
 
+/// A swap device rewrites the same slots over and over: a staged page
+/// overwritten while staged leaves its span as a spare for the next one,
+/// so rewriting every page makes one span, not one a page. A discard
+/// keeps none: its memory goes back.
+#[test]
+fn an_overwrite_keeps_the_span_a_discard_gives_back() {
+    let (pool, dev) = device(STAGE_ALL);
+    let cx = &mut Context::new(0);
+    let span = PAGE_SIZE as u64;
+    for s in 0..PAGES {
+        dev.write_page(cx, s, &varied(s)).unwrap();
+    }
+    let staged = dev.stats().mem_used_total;
+    assert_eq!(staged, PAGES * span, "a span a staged page");
+    // The first overwrite makes a span and leaves the old one spare;
+    // every later one takes the spare the one before left.
+    for round in 1..=3 {
+        let pages: Vec<_> = (0..PAGES).map(|s| (s, varied(s + round * 1000))).collect();
+        for (s, p) in &pages {
+            dev.write_page(cx, *s, p).unwrap();
+        }
+        assert_eq!(
+            dev.stats().mem_used_total,
+            staged + span,
+            "round {round}: no spare waits: each overwrite gave its span back and made a new one"
+        );
+        check(&dev, &pages, "overwritten while staged");
+    }
+    // A discard gives back the discarded pages' spans; only the one spare
+    // left by the overwrites stays, until compaction.
+    dev.discard(cx, 0..PAGES).unwrap();
+    assert_eq!(dev.stats().mem_used_total, span, "a discard kept spares");
+    dev.compact();
+    assert_eq!(dev.stats().mem_used_total, 0, "spares leaked");
+    assert_eq!(pool.stats().mem_used_total, 0);
+}
+
 /// A write a memory limit refuses, with nothing staged but spares held,
 /// gets the spares' room: they are charged, so without giving them back
 /// the device would refuse a write it has room for.

@@ -165,7 +165,11 @@ impl Device {
         let old = g.old();
         g.publish(new);
         self.dirty.mark(slot);
-        self.retire(old, new, shard);
+        // An overwrite: the slot holds a page again, so the old page's
+        // span may wait for the next staged page (a swap device rewrites
+        // the same slots over and over; making a span costs more than
+        // compressing a page).
+        self.retire_with(old, new, shard, true);
         if self.staged(new) {
             self.enqueue_staged(slot);
         }
@@ -347,15 +351,15 @@ impl Device {
         self.retire_with(old, new, shard, false);
     }
 
-    /// [`Device::retire`]; `spare`: the old object is a staged page just
-    /// compressed, whose span may wait for the next staged page.
+    /// [`Device::retire`]; `spare`: `new` is a page again (not a discard),
+    /// so the old object's span may wait for the next staged page.
     pub(super) fn retire_with(&self, old: u64, new: u64, shard: usize, spare: bool) {
         if self.staged(old) {
             self.release_staging();
         }
         match Slot::decode(old) {
             Slot::Object { offset, .. } if spare => {
-                self.heap.free_staged(&self.pool, self.budget(), offset)
+                self.heap.free_replaced(&self.pool, self.budget(), offset)
             }
             Slot::Object { offset, .. } => self.heap.free(&self.pool, self.budget(), offset),
             Slot::Backed { block } => {

@@ -273,11 +273,11 @@ impl Heap {
         self.free_with(pool, budget, offset, false);
     }
 
-    /// [`Heap::free`] of a staged page the background just compressed:
-    /// its span, emptied, may become a spare for the next staged page.
-    /// Only this turnover keeps spares: a discard or an overwrite gives
-    /// its memory back as it always did.
-    pub fn free_staged(&self, pool: &Pool, budget: &Budget, offset: u64) {
+    /// [`Heap::free`] of an object whose slot holds a page again (a staged
+    /// page compressed, or a page overwritten): its span, emptied, may
+    /// become a spare for the next staged page. A discard does not keep
+    /// spares: its memory goes back, as the guest asked.
+    pub fn free_replaced(&self, pool: &Pool, budget: &Budget, offset: u64) {
         self.free_with(pool, budget, offset, true);
     }
 

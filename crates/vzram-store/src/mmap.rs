@@ -113,6 +113,32 @@ impl Region {
         fallocate(f.as_raw_fd(), offset as u64, len as u64)
     }
 
+    /// The mapped file's descriptor, when there is one to write through.
+    pub fn file_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.file.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// Stores `bytes` at `offset` through the file, not the mapping, where
+    /// the page need not be backed yet: the file system allocates it as it
+    /// copies, with no page fault and no page-table entry (backing a page
+    /// through the mapping costs this kind of host twice as much, and an
+    /// entry makes giving the page back a TLB shootdown). A mapping of the
+    /// file sees the bytes at once. Without a file, a plain copy.
+    pub fn write_unmapped(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
+        assert!(offset + bytes.len() <= self.len);
+        let Some(f) = &self.file else {
+            // SAFETY: in bounds (above); the caller owns these bytes alone
+            // and `bytes` is not in this region.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(offset), bytes.len())
+            };
+            return Ok(());
+        };
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(bytes, offset as u64)
+    }
+
     #[inline]
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr

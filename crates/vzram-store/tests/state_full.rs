@@ -48,8 +48,20 @@ impl Drop for Mount {
 
 #[test]
 fn a_full_state_file_system_fails_writes_and_loses_nothing() {
+    fills_up_and_recovers(0, "compressed");
+}
+
+/// Staged pages are written through the arena file, not the mapping: a
+/// full file system fails that write (ENOSPC), the page is compressed
+/// instead, and that allocation fails the write as above. Never a SIGBUS.
+#[test]
+fn a_full_state_file_system_fails_staged_writes_and_loses_nothing() {
+    fills_up_and_recovers(16 << 20, "staged");
+}
+
+fn fills_up_and_recovers(staging: u64, tag: &str) {
     let mut cx = Context::new(0);
-    let dir = std::env::temp_dir().join(format!("vzram-full-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("vzram-full-{tag}-{}", std::process::id()));
     let Some(_mount) = Mount::tmpfs(&dir, TMPFS_BYTES) else {
         eprintln!("cannot mount a tmpfs here (not root?): nothing checked");
         let _ = std::fs::remove_dir(&dir);
@@ -57,6 +69,7 @@ fn a_full_state_file_system_fails_writes_and_loses_nothing() {
     };
     let mut dc = DeviceConfig::new(64 << 20, Codec::Lz4);
     dc.shards = 1;
+    dc.staging_bytes = staging;
     dc.state = Some(StateSpec {
         root: dir.clone(),
         name: "d".into(),
@@ -79,6 +92,9 @@ fn a_full_state_file_system_fails_writes_and_loses_nothing() {
     }
     let e = full.expect("1 MiB of tmpfs never filled up");
     assert!(matches!(e, StoreError::StateFull), "{e}");
+    if staging > 0 {
+        assert!(dev.staged_bytes() > 0, "no page was staged");
+    }
     assert!(stored.len() > 64, "only {} pages fit", stored.len());
     eprintln!("{} pages stored before: {e}", stored.len());
     // Everything stored reads back; nothing was charged for the failure.

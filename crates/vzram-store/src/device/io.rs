@@ -298,17 +298,24 @@ impl Device {
             return Ok(w);
         }
         if stage && self.reserve_staging() {
-            match self.heap.alloc(&self.pool, self.budget(), PAGE_SIZE, shard) {
-                Ok(mut obj) => {
-                    self.heap.write(&mut obj, data);
-                    let word = Slot::Object {
-                        offset: obj.offset(),
-                        len: PAGE_SIZE as u32,
-                        huge: true,
-                        codec: slot::staged_codec(self.codec.id()),
-                    };
-                    return Ok(word.encode().expect("objects always encode"));
-                }
+            match self.heap.alloc_page(&self.pool, self.budget(), shard) {
+                Ok(obj) => match self.heap.write_page(&self.pool, self.budget(), obj, data) {
+                    Ok(obj) => {
+                        let word = Slot::Object {
+                            offset: obj.offset(),
+                            len: PAGE_SIZE as u32,
+                            huge: true,
+                            codec: slot::staged_codec(self.codec.id()),
+                        };
+                        return Ok(word.encode().expect("objects always encode"));
+                    }
+                    Err(e) => {
+                        if crate::error::log_full_now() {
+                            tracing::warn!("the state dir is full: cannot store a page in the device's arena ({e}); writes fail with an I/O error until pages are freed or the state dir grows");
+                        }
+                        self.release_staging();
+                    }
+                },
                 // A compressed object may still fit.
                 Err(_) => self.release_staging(),
             }

@@ -182,6 +182,18 @@ impl Arena {
             .populate(block as usize * BLOCK_BYTES, pages * crate::PAGE_SIZE)
     }
 
+    /// The descriptor [`Arena::write_unmapped`] writes through (the
+    /// arena's state file), if any: a sandbox must let it be written.
+    pub fn file_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.mem.file_fd()
+    }
+
+    /// Stores a new object's bytes through the file ([`Region::write_unmapped`]):
+    /// for a span made without [`Arena::populate`].
+    pub fn write_unmapped(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+        self.mem.write_unmapped(offset as usize, bytes)
+    }
+
     /// Clears a block's header: no class, no objects, on no list.
     pub fn clear_header(&self, block: u32) {
         let h = self.header(block);

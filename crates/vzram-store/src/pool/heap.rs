@@ -52,6 +52,8 @@ pub const MAX_SPARES: usize = 1024;
 pub struct NewObject {
     offset: u64,
     len: usize,
+    /// In a span made just now without backing ([`Heap::alloc_page`]).
+    unbacked: bool,
 }
 
 impl NewObject {
@@ -217,7 +219,31 @@ impl Heap {
         len: usize,
         shard: usize,
     ) -> std::result::Result<NewObject, AllocError> {
+        self.alloc_with(pool, budget, len, shard, true)
+    }
+
+    /// Allocates a whole-page object (a staged page) whose span, if made
+    /// now rather than taken from the spares, is left unbacked: fill it
+    /// with [`Heap::write_page`], which backs it as it copies.
+    pub fn alloc_page(
+        &self,
+        pool: &Pool,
+        budget: &Budget,
+        shard: usize,
+    ) -> std::result::Result<NewObject, AllocError> {
+        self.alloc_with(pool, budget, PAGE_SIZE, shard, false)
+    }
+
+    fn alloc_with(
+        &self,
+        pool: &Pool,
+        budget: &Budget,
+        len: usize,
+        shard: usize,
+        populate: bool,
+    ) -> std::result::Result<NewObject, AllocError> {
         let class = class_of(len);
+        let mut unbacked = false;
         let c = pool.classes[class];
         let arena = &self.arena;
         let mut st = lock(&self.shards[shard][class]);
@@ -230,7 +256,10 @@ impl Heap {
                 .flatten();
             let block = match spare {
                 Some(b) => b,
-                None => new_span(arena, pool, budget, c)?,
+                None => {
+                    unbacked = !populate;
+                    new_span(arena, pool, budget, c, populate)?
+                }
             };
             let h = arena.header(block);
             h.class.store(class as u16, Relaxed);
@@ -264,7 +293,41 @@ impl Heap {
         Ok(NewObject {
             offset: base + u64::from(idx) * u64::from(c.size),
             len,
+            unbacked,
         })
+    }
+
+    /// Fills a whole-page object from [`Heap::alloc_page`]. An unbacked one
+    /// is written through the arena's file: the file system fails the
+    /// write when it is full, where a store through the mapping would
+    /// SIGBUS. On an error the object is gone: its span was made for it,
+    /// and is dropped without a byte of it touched (freeing it the usual
+    /// way would store a free-list link in the page that has no backing).
+    pub fn write_page(
+        &self,
+        pool: &Pool,
+        budget: &Budget,
+        mut obj: NewObject,
+        bytes: &[u8],
+    ) -> std::io::Result<NewObject> {
+        if !obj.unbacked {
+            self.write(&mut obj, bytes);
+            return Ok(obj);
+        }
+        assert_eq!(bytes.len(), obj.len);
+        if let Err(e) = self.arena.write_unmapped(obj.offset, bytes) {
+            let block = (obj.offset / BLOCK_BYTES as u64) as u32;
+            let h = self.arena.header(block);
+            let c = pool.classes[h.class.load(Relaxed) as usize];
+            let mut st =
+                lock(&self.shards[h.shard.load(Relaxed) as usize][h.class.load(Relaxed) as usize]);
+            // Full with its one object, so on no list: only counted.
+            st.spans -= 1;
+            drop(st);
+            drop_span(&self.arena, pool, budget, block, c);
+            return Err(e);
+        }
+        Ok(obj)
     }
 
     /// Frees the object at `offset`. A span left empty goes back to the OS,
@@ -426,6 +489,7 @@ fn new_span(
     pool: &Pool,
     budget: &Budget,
     c: Class,
+    populate: bool,
 ) -> std::result::Result<u32, AllocError> {
     let bytes = u64::from(c.pages) * PAGE_SIZE as u64;
     if !budget.try_charge(bytes) {
@@ -440,6 +504,9 @@ fn new_span(
         pool.host().uncharge(bytes);
         AllocError::Arena
     })?;
+    if !populate {
+        return Ok(block);
+    }
     if let Err(e) = arena.populate(block, c.pages as usize) {
         if crate::error::log_full_now() {
             tracing::warn!("the state dir is full: cannot allocate a span in the device's arena ({e}); writes fail with an I/O error until pages are freed or the state dir grows");

@@ -320,8 +320,10 @@ const ERRNO_CALLS: &[(libc::c_long, libc::c_int)] = &[
 /// `strace -f` on workers under the blkio and raw-frontend tests, QEMU
 /// guests, tiering and migration. No sockets, no descriptors made or
 /// changed, no files but the backing file (`backing`, when the device has
-/// one), no threads started: those stay with the worker's other threads.
-fn queue_rules(backing: Option<RawFd>) -> Result<Rules, Error> {
+/// one) and the arena's state file (`arena`: staged pages are written
+/// through it), no threads started: those stay with the worker's other
+/// threads.
+fn queue_rules(backing: Option<RawFd>, arena: Option<RawFd>) -> Result<Rules, Error> {
     use libc::*;
     let mut r = Rules(BTreeMap::new());
     // Memory: the allocator (a new arena on a thread's first allocation,
@@ -381,10 +383,20 @@ fn queue_rules(backing: Option<RawFd>) -> Result<Rules, Error> {
     // The backing file: a page read in, pages spilled to it when the
     // device is over its memory limit, the cache dropped behind them. On
     // its descriptor only.
+    let mut pwrite = Vec::new();
     if let Some(fd) = backing {
-        for nr in [SYS_pread64, SYS_pwrite64, SYS_fadvise64] {
+        for nr in [SYS_pread64, SYS_fadvise64] {
             r.allow_if(nr, vec![all_eq(&[(0, fd as u64)])?]);
         }
+        pwrite.push(all_eq(&[(0, fd as u64)])?);
+    }
+    // The arena's state file: a staged page stored into a span not backed
+    // yet (heap.rs `write_page`). On its descriptor only.
+    if let Some(fd) = arena {
+        pwrite.push(all_eq(&[(0, fd as u64)])?);
+    }
+    if !pwrite.is_empty() {
+        r.allow_if(SYS_pwrite64, pwrite);
     }
     // Through to the errno filters below, as in the process filter.
     let errno_calls: Vec<_> = ERRNO_CALLS.iter().map(|&(nr, _)| nr).collect();
@@ -412,16 +424,20 @@ pub struct QueueFilter {
 static PROCESS_FILTER_IN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl QueueFilter {
-    /// The filter for a worker whose device's backing file is `backing`;
-    /// None with `--seccomp off`.
-    pub fn new(mode: Mode, backing: Option<RawFd>) -> Result<Option<QueueFilter>, Error> {
+    /// The filter for a worker whose device's backing file is `backing`
+    /// and arena file `arena`; None with `--seccomp off`.
+    pub fn new(
+        mode: Mode,
+        backing: Option<RawFd>,
+        arena: Option<RawFd>,
+    ) -> Result<Option<QueueFilter>, Error> {
         let mismatch = match mode {
             Mode::Off => return Ok(None),
             Mode::Log => SeccompAction::Log,
             Mode::On => SeccompAction::Trap,
         };
         let prog = SeccompFilter::new(
-            queue_rules(backing)?.0,
+            queue_rules(backing, arena)?.0,
             mismatch,
             SeccompAction::Allow,
             arch(),
@@ -844,11 +860,13 @@ mod tests {
 
     /// The descriptor the queue children below treat as the backing file.
     static QUEUE_BACKING: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+    /// And the one they treat as the device's arena file.
+    static QUEUE_ARENA: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
     /// An eventfd the queue children below inherit: a kick, or a call.
     static KICK: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
-    fn queue_filter(backing: Option<RawFd>) -> QueueFilter {
-        QueueFilter::new(Mode::On, backing).unwrap().unwrap()
+    fn queue_filter(backing: Option<RawFd>, arena: Option<RawFd>) -> QueueFilter {
+        QueueFilter::new(Mode::On, backing, arena).unwrap().unwrap()
     }
 
     fn kick() -> RawFd {
@@ -868,16 +886,29 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
         QUEUE_BACKING.store(fd, std::sync::atomic::Ordering::Relaxed);
+        let arena_path = path.with_extension("arena");
+        let arena = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&arena_path)
+            .unwrap();
+        let _ = std::fs::remove_file(&arena_path);
+        let afd = std::os::fd::AsRawFd::as_raw_fd(&arena);
+        QUEUE_ARENA.store(afd, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a new eventfd, kept open for the test's children.
         let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         assert!(ev >= 0);
         KICK.store(ev, std::sync::atomic::Ordering::Relaxed);
         // A kick read and a call written on an eventfd, an allocation, a
         // state file's blocks (fallocate KEEP_SIZE), a page spilled to
-        // and read back from the backing file; open fails (EACCES) as on
-        // every worker thread, for malloc's arena sizing.
-        let (st, err) = in_child_with(Some(&queue_filter(Some(fd))), || {
+        // and read back from the backing file, a staged page written
+        // through the arena file; open fails (EACCES) as on every worker
+        // thread, for malloc's arena sizing.
+        let (st, err) = in_child_with(Some(&queue_filter(Some(fd), Some(afd))), || {
             let b = QUEUE_BACKING.load(std::sync::atomic::Ordering::Relaxed);
+            let a = QUEUE_ARENA.load(std::sync::atomic::Ordering::Relaxed);
             // SAFETY: plain calls on descriptors and memory the child owns.
             unsafe {
                 let one = 1u64;
@@ -895,6 +926,9 @@ mod tests {
                 }
                 if libc::posix_fadvise(b, 0, 8192, libc::POSIX_FADV_DONTNEED) != 0 {
                     libc::_exit(12);
+                }
+                if libc::pwrite(a, (&one as *const u64).cast(), 8, 4096) != 8 {
+                    libc::_exit(13);
                 }
                 let mut ok = libc::fallocate(b, libc::FALLOC_FL_KEEP_SIZE, 0, 8192) == 0;
                 let p = libc::mmap(
@@ -918,9 +952,10 @@ mod tests {
 
         // What the worker's other threads may do and a queue thread may
         // not: accept a connection, receive descriptors, write a file
-        // that is not the backing file (here the eventfd), sync one, make
-        // an eventfd. The worker's filter alone lets each through (the
-        // calls fail on an eventfd, but run); the queue filter kills.
+        // that is neither the backing file nor the arena (here the
+        // eventfd), sync one, make an eventfd. The worker's filter alone
+        // lets each through (the calls fail on an eventfd, but run); the
+        // queue filter kills.
         let calls: [(&str, fn()); 5] = [
             ("accept4", || {
                 // SAFETY: on an eventfd: fails, or is refused before it runs.
@@ -950,7 +985,7 @@ mod tests {
                 libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
                 "{what} under the worker's filter: status {st:#x}: {err}"
             );
-            let (st, err) = in_child_with(Some(&queue_filter(Some(fd))), f);
+            let (st, err) = in_child_with(Some(&queue_filter(Some(fd), Some(afd))), f);
             assert!(killed_by_sigsys(st), "{what}: status {st:#x}: {err}");
             assert!(
                 err.starts_with("vzram: seccomp: system call ") && err.contains("is not allowed"),
@@ -961,5 +996,6 @@ mod tests {
         // SAFETY: the eventfd made above.
         unsafe { libc::close(ev) };
         drop(f);
+        drop(arena);
     }
 }

@@ -215,7 +215,7 @@ fn serve(spec: &Spec) -> Result<(), WorkerError> {
     // filter than the rest, each put on itself before its first request
     // (after the process filter, installed below).
     let backing_fd = store.backing().map(|b| b.file().as_raw_fd());
-    let narrow = seccomp::QueueFilter::new(spec.seccomp, backing_fd)?
+    let narrow = seccomp::QueueFilter::new(spec.seccomp, backing_fd, store.arena_fd())?
         .map(|f| -> vzram_blk::ThreadHook { Arc::new(move || f.enter()) });
     if let Some(h) = &narrow {
         compress.set_thread_hook(h.clone());

@@ -11,7 +11,19 @@ fn start(tag: &str, queues: usize, threads: &str) -> (TempDir, Daemon, Client) {
     let dir = TempDir::new(tag);
     let sock = dir.join("d.sock");
     let q = queues.to_string();
-    let mut args = vec!["--socket", s(&sock), "--size", "16M", "--queues", &q];
+    // Staging off: these tests are about the pool's jobs, and a device
+    // that stages stores multi-page writes on the queue thread while its
+    // budget has room.
+    let mut args = vec![
+        "--socket",
+        s(&sock),
+        "--size",
+        "16M",
+        "--queues",
+        &q,
+        "--staging",
+        "0",
+    ];
     if !threads.is_empty() {
         args.extend(["--compress-threads", threads]);
     }

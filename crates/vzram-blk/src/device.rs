@@ -266,6 +266,13 @@ impl BlkDevice {
         self.whole_pages(req.offset(), req.readable_len)
     }
 
+    /// Whether a whole-page write of `pages` pages is better staged raw on
+    /// its queue thread than handed to the compress pool: while the
+    /// staging budgets have room for all of it (a swap-out burst).
+    pub fn stages(&self, pages: usize) -> bool {
+        self.store.staging_room(pages as u64)
+    }
+
     /// The first slot and the page count of a read that is whole, aligned
     /// pages inside the device: what the compress pool can decompress.
     pub fn whole_page_read(&self, req: &Request) -> Option<(u64, usize)> {

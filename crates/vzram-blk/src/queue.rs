@@ -502,7 +502,8 @@ const BATCH_REQUESTS: usize = 128;
 /// out of guest memory, a wake-up, another CPU's cache) costs about what
 /// compressing it does, so a small write is cheaper on this thread; a
 /// guest's swap-out is mostly writes of 16 pages and more (BENCHMARKS.md,
-/// swap-out), which the pool spreads over its threads.
+/// swap-out), which the pool spreads over its threads once the device's
+/// staging budget is full (until then this thread stores them raw).
 pub const POOL_MIN_PAGES: usize = 4;
 /// Pages a read must carry to go to the pool. A read hands over no copy,
 /// only a pointer, and its pages are written where the guest wants them:
@@ -603,7 +604,12 @@ where
         e.state = match dev.whole_page_write(&e.req) {
             // One that does not fit in what is left of the batch runs on
             // this thread at its turn.
-            Some((slot, count)) if (POOL_MIN_PAGES..=BATCH_PAGES - pages).contains(&count) => {
+            // So does one the staging budgets have room for: storing a
+            // page raw costs this thread less than handing it over.
+            Some((slot, count))
+                if (POOL_MIN_PAGES..=BATCH_PAGES - pages).contains(&count)
+                    && !dev.stages(count) =>
+            {
                 e.since = Instant::now();
                 let first = pages;
                 match copy_pages(m, &e.req, &b.batch, slot, first..first + count) {

@@ -243,6 +243,38 @@ fn near_a_memory_limit_writes_compress_inline() {
     check(&dev, &pages, "after the background");
 }
 
+/// A multi-page write is staged by its queue thread only while every page
+/// of it finds room: in the device's budget, in the host's, and away from
+/// a memory limit. Past any of them it goes to the compress pool.
+#[test]
+fn staging_room_counts_every_budget() {
+    let (pool, dev) = device(32 * PAGE_SIZE as u64);
+    let cx = &mut Context::new(0);
+    assert!(dev.staging_room(16));
+    assert!(dev.staging_room(31), "the device's budget has 32 pages");
+    assert!(!dev.staging_room(33), "more than the device's budget");
+    for s in 0..16 {
+        dev.write_page(cx, s, &varied(s)).unwrap();
+    }
+    assert_eq!(dev.staged_bytes(), 16 * PAGE_SIZE as u64);
+    assert!(dev.staging_room(16));
+    assert!(!dev.staging_room(17), "16 of the 32 pages are taken");
+    // The host's budget binds as well.
+    pool.set_host_staging(20 * PAGE_SIZE as u64);
+    assert!(dev.staging_room(4));
+    assert!(!dev.staging_room(5), "the host has room for 4 more");
+    pool.set_host_staging(1 << 30);
+    // Near a memory limit, none.
+    dev.set_mem_limit(20 * PAGE_SIZE as u64);
+    assert!(!dev.staging_room(1), "past 3/4 of the device's limit");
+    dev.set_mem_limit(0);
+    assert!(dev.staging_room(16));
+    // Staging off: none.
+    dev.set_staging_budget(0);
+    assert!(!dev.staging_room(1));
+    drain(&dev);
+}
+
 /// The background threads sleep once they find the FIFO empty, and a
 /// FIFO that stops being empty wakes them. A writer near a memory limit
 /// that takes the last staged page to compress it and finds no room puts

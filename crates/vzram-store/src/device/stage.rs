@@ -31,6 +31,10 @@ use crate::PAGE_SIZE;
 /// scattered over them until compaction packs them.
 const COMPACT_AFTER: u64 = 256;
 
+/// Entries an empty FIFO keeps room for (24 bytes each): a burst's
+/// worth more is given back once the burst is compressed.
+const FIFO_KEEP: usize = 4096;
+
 /// What one FIFO entry came to.
 enum Outcome {
     /// The slot holds no staged page any more.
@@ -120,6 +124,29 @@ impl Device {
             return false;
         }
         true
+    }
+
+    /// Whether `pages` more pages would find room to stage now, in the
+    /// device's budget and the host's, with no memory limit near: a
+    /// multi-page write that would is cheaper stored raw on its queue
+    /// thread than compressed by the pool. Only a hint: room is taken a
+    /// page at a time as the pages are stored, and a page that finds none
+    /// compresses.
+    pub fn staging_room(&self, pages: u64) -> bool {
+        let limit = self.staging.limit.load(Relaxed);
+        let bytes = pages * PAGE_SIZE as u64;
+        if limit == 0
+            || self.staging.queued.load(Relaxed) as u64 + pages >= 2 * limit / PAGE_SIZE as u64
+            || self.near_limit()
+        {
+            return false;
+        }
+        let limit = limit
+            .min(drainable(self.budget()))
+            .min(drainable(self.pool.host()));
+        let host = self.pool.host_staging();
+        self.cells.staged_bytes.load(Relaxed) + bytes <= limit
+            && host.used() + bytes <= host.limit()
     }
 
     /// Whether the device or the host is past 3/4 of its memory limit.
@@ -229,6 +256,14 @@ impl Device {
                     self.woken_if_was_empty(was);
                     break;
                 }
+            }
+        }
+        if !self.has_staged() {
+            // A burst grows the FIFO to as many entries as it staged; kept,
+            // that capacity is memory no page needs.
+            let mut q = self.staging.fifo.lock().unwrap_or_else(|e| e.into_inner());
+            if q.is_empty() && q.capacity() > FIFO_KEEP {
+                q.shrink_to(FIFO_KEEP);
             }
         }
         if !self.has_staged() && self.staging.since_compact.load(Relaxed) >= COMPACT_AFTER {

@@ -280,6 +280,9 @@ pub struct DaemonRss {
     pub rss: u64,
     /// The part of `rss` that is the client's memory (guest RAM) mapped by the daemon.
     pub guest_rss: u64,
+    /// The part of `rss` that maps files under `$VZRAM_STATE_DIR` (the devices'
+    /// state files): what of them is mapped, not what they hold.
+    pub state_rss: u64,
 }
 
 impl DaemonRss {
@@ -291,6 +294,9 @@ impl DaemonRss {
 
 pub fn daemon_rss(pid: u32) -> Result<DaemonRss> {
     let guest = client_shared_files()?;
+    let state = std::env::var("VZRAM_STATE_DIR")
+        .ok()
+        .filter(|d| !d.is_empty());
     let mut r = DaemonRss::default();
     for p in proc_tree(pid) {
         // A process that has just exited is skipped, unless it is the daemon itself.
@@ -304,6 +310,8 @@ pub fn daemon_rss(pid: u32) -> Result<DaemonRss> {
             r.rss += m.rss;
             if is_guest(m, &guest) {
                 r.guest_rss += m.rss;
+            } else if state.as_deref().is_some_and(|d| m.path.starts_with(d)) {
+                r.state_rss += m.rss;
             }
         }
     }

@@ -255,8 +255,19 @@ impl BlockTarget for Vzram {
             Ok(st) => (details(st), Some(sizes(st))),
             Err(e) => (serde_json::json!({ "error": e.0 }), None),
         };
+        // A page written through a state file and not mapped (a staged page,
+        // pwrite) is memory that no RSS shows: the state files count by the
+        // blocks they hold, not by what of them is mapped.
+        let held: Option<u64> = st
+            .as_ref()
+            .ok()
+            .map(|st| st.devices.iter().map(|d| d.state_bytes).sum());
+        let host_bytes = match held {
+            Some(b) if tree.state_rss > 0 => tree.own() - tree.state_rss + b,
+            _ => tree.own(),
+        };
         Ok(Memory {
-            host_bytes: tree.own(),
+            host_bytes,
             proc,
             extra_bytes: 0,
             tree,

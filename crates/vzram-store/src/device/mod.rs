@@ -457,13 +457,13 @@ impl Device {
         self.state.as_ref()
     }
 
-    /// The backing file, if the device has one.
     /// The descriptor of the arena's state file, which staged pages are
     /// written through (pwrite) where the device keeps state.
     pub fn arena_fd(&self) -> Option<std::os::fd::RawFd> {
         self.heap.arena().file_fd()
     }
 
+    /// The backing file, if the device has one.
     pub fn backing(&self) -> Option<&Backing> {
         self.backing.as_ref()
     }

@@ -243,6 +243,58 @@ fn near_a_memory_limit_writes_compress_inline() {
     check(&dev, &pages, "after the background");
 }
 
+/// Spare spans are charged: near a memory limit a write of any path (here
+/// the compress pool's, which never stages) must get their room rather
+/// than be refused. Overwriting raw pages with compressible ones left a
+/// spare per page, and the 32nd overwrite under this limit was refused.
+#[test]
+fn no_write_is_refused_for_room_that_spares_hold() {
+    let (_pool, dev) = device(128 * PAGE_SIZE as u64);
+    let cx = &mut Context::new(0);
+    // Incompressible pages: a one-page span each, staged then kept raw.
+    for s in 0..64 {
+        dev.write_page(cx, s, &noise(s)).unwrap();
+    }
+    drain(&dev);
+    let used = dev.stats().mem_used_total;
+    dev.set_mem_limit(used + 8 * PAGE_SIZE as u64);
+    // Compressible to about the same size (one size class): 300 bytes of
+    // noise, then a pattern.
+    let alike = |i: u64| {
+        let mut p = noise(i + 1000);
+        for (j, b) in p.iter_mut().enumerate().skip(300) {
+            *b = (j / 32) as u8;
+        }
+        p
+    };
+    for s in 0..32 {
+        dev.prepare_compressed(cx, s, &alike(s))
+            .unwrap_or_else(|e| panic!("overwrite of slot {s}: {e}: {:?}", dev.stats()))
+            .commit();
+    }
+    // New pages until the limit refuses one: then nothing is left to
+    // give back, so a compaction makes no room for it either.
+    let refused = (64..256)
+        .find(|&s| match dev.prepare_compressed(cx, s, &alike(s)) {
+            Ok(p) => {
+                p.commit();
+                false
+            }
+            Err(_) => true,
+        })
+        .expect("the limit never refused a write");
+    dev.compact();
+    assert!(
+        dev.prepare_compressed(cx, refused, &alike(refused))
+            .is_err(),
+        "slot {refused} was refused while spare spans held room: {:?}",
+        dev.stats()
+    );
+    for s in 0..32 {
+        assert!(read(&dev, s) == alike(s), "slot {s}");
+    }
+}
+
 /// A multi-page write is staged by its queue thread only while every page
 /// of it finds room: in the device's budget, in the host's, and away from
 /// a memory limit. Past any of them it goes to the compress pool.

@@ -168,8 +168,9 @@ impl Device {
         // An overwrite: the slot holds a page again, so the old page's
         // span may wait for the next staged page (a swap device rewrites
         // the same slots over and over; making a span costs more than
-        // compressing a page).
-        self.retire_with(old, new, shard, true);
+        // compressing a page). Not near a memory limit, where staging
+        // stops and the room is wanted.
+        self.retire_with(old, new, shard, !self.near_limit());
         if self.staged(new) {
             self.enqueue_staged(slot);
         }

@@ -136,7 +136,7 @@ impl Device {
         let limit = self.staging.limit.load(Relaxed);
         let bytes = pages * PAGE_SIZE as u64;
         if limit == 0
-            || self.staging.queued.load(Relaxed) as u64 + pages >= 2 * limit / PAGE_SIZE as u64
+            || self.staging.queued.load(Relaxed) as u64 + pages > 2 * limit / PAGE_SIZE as u64
             || self.near_limit()
         {
             return false;

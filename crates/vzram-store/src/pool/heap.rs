@@ -258,7 +258,18 @@ impl Heap {
                 Some(b) => b,
                 None => {
                     unbacked = !populate;
-                    new_span(arena, pool, budget, c, populate)?
+                    match new_span(arena, pool, budget, c, populate) {
+                        Ok(b) => b,
+                        // Spare spans hold room in both budgets, and no
+                        // write may be refused for it: whichever path it
+                        // came by, and whatever its class.
+                        Err(AllocError::Device | AllocError::Host)
+                            if self.release_spares(pool, budget) > 0 =>
+                        {
+                            new_span(arena, pool, budget, c, populate)?
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             };
             let h = arena.header(block);

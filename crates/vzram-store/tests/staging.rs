@@ -40,6 +40,16 @@ fn check(dev: &Device, pages: &[(u64, vzram_store::Page)], when: &str) {
     }
 }
 
+/// A page that compresses to about the size of the others (one size
+/// class, so one span holds many): 300 bytes of noise, then a pattern.
+fn one_class(i: u64) -> vzram_store::Page {
+    let mut p = noise(i + 1000);
+    for (j, b) in p.iter_mut().enumerate().skip(300) {
+        *b = (j / 32) as u8;
+    }
+    p
+}
+
 fn drain(dev: &Device) -> usize {
     let cx = &mut Context::new(1);
     let mut n = 0;
@@ -228,7 +238,7 @@ fn near_a_memory_limit_writes_compress_inline() {
         }
         p
     };
-    let pages: Vec<_> = (0..200).map(|s| (s, alike(s))).collect();
+    let pages: Vec<_> = (0..200).map(|s| (s, one_class(s))).collect();
     for (s, p) in &pages {
         dev.write_page(cx, *s, p)
             .unwrap_or_else(|e| panic!("slot {s}: {e}: {:?}", dev.stats()));
@@ -258,24 +268,15 @@ fn no_write_is_refused_for_room_that_spares_hold() {
     drain(&dev);
     let used = dev.stats().mem_used_total;
     dev.set_mem_limit(used + 8 * PAGE_SIZE as u64);
-    // Compressible to about the same size (one size class): 300 bytes of
-    // noise, then a pattern.
-    let alike = |i: u64| {
-        let mut p = noise(i + 1000);
-        for (j, b) in p.iter_mut().enumerate().skip(300) {
-            *b = (j / 32) as u8;
-        }
-        p
-    };
     for s in 0..32 {
-        dev.prepare_compressed(cx, s, &alike(s))
+        dev.prepare_compressed(cx, s, &one_class(s))
             .unwrap_or_else(|e| panic!("overwrite of slot {s}: {e}: {:?}", dev.stats()))
             .commit();
     }
     // New pages until the limit refuses one: then nothing is left to
     // give back, so a compaction makes no room for it either.
     let refused = (64..256)
-        .find(|&s| match dev.prepare_compressed(cx, s, &alike(s)) {
+        .find(|&s| match dev.prepare_compressed(cx, s, &one_class(s)) {
             Ok(p) => {
                 p.commit();
                 false
@@ -285,14 +286,49 @@ fn no_write_is_refused_for_room_that_spares_hold() {
         .expect("the limit never refused a write");
     dev.compact();
     assert!(
-        dev.prepare_compressed(cx, refused, &alike(refused))
+        dev.prepare_compressed(cx, refused, &one_class(refused))
             .is_err(),
         "slot {refused} was refused while spare spans held room: {:?}",
         dev.stats()
     );
     for s in 0..32 {
-        assert!(read(&dev, s) == alike(s), "slot {s}");
+        assert!(read(&dev, s) == one_class(s), "slot {s}");
     }
+}
+
+/// Spares are kept only away from the memory limits: a device whose
+/// staged pages are compressed while the host is past 3/4 of its limit
+/// (another device's pages, here) gives their spans back, for the room
+/// is wanted; away from it, they wait for the next staged pages.
+#[test]
+fn near_a_limit_the_background_keeps_no_spares() {
+    let pool = Pool::new(PoolConfig::default()).unwrap();
+    let a = pool.create_device(cfg(STAGE_ALL)).unwrap();
+    let b = pool.create_device(cfg(0)).unwrap();
+    let cx = &mut Context::new(0);
+    for round in 0..2u64 {
+        for s in 0..PAGES {
+            a.write_page(cx, s, &one_class(s + round * 100)).unwrap();
+        }
+        if round == 1 {
+            // b's raw pages and the host's limit keep the host past 3/4
+            // of it all along, with room for the compressed pages' spans.
+            for s in 0..3 * PAGES {
+                b.write_page(cx, s, &noise(s)).unwrap();
+            }
+            let used = pool.stats().mem_used_total;
+            pool.set_host_mem_limit(used + 16 * PAGE_SIZE as u64);
+        }
+        assert_eq!(drain(&a), PAGES as usize);
+        let spares = a.spare_spans();
+        if round == 0 {
+            assert!(spares > 0, "no spares kept away from the limit");
+            a.compact();
+        } else {
+            assert_eq!(spares, 0, "spares kept near the host's limit");
+        }
+    }
+    pool.set_host_mem_limit(0);
 }
 
 /// A multi-page write is staged by its queue thread only while every page

@@ -62,6 +62,11 @@ impl Device {
             .keep_spares(pages as usize, &self.pool, self.budget());
     }
 
+    /// Emptied one-page spans kept, charged, for the next staged pages.
+    pub fn spare_spans(&self) -> usize {
+        self.heap.spares()
+    }
+
     pub fn staging_budget(&self) -> u64 {
         self.staging.limit.load(Relaxed)
     }
@@ -376,8 +381,9 @@ impl Device {
         g.publish(new | (old & slot::ACCESS));
         // Not a write either: a migration already has (or will send) the
         // page, whose content did not change. Its raw span may stay as a
-        // spare for the next staged page.
-        self.retire_with(old, new, shard, true);
+        // spare for the next staged page, unless a memory limit is near:
+        // the room is wanted there, by this device's writes or another's.
+        self.retire_with(old, new, shard, !self.near_limit());
         self.count_waited(at);
         self.staging.since_compact.fetch_add(1, Relaxed);
         Outcome::Done

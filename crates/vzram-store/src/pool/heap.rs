@@ -150,6 +150,11 @@ impl Heap {
         true
     }
 
+    /// Spans kept as spares now.
+    pub fn spares(&self) -> usize {
+        self.spares.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     fn take_spare(&self) -> Option<u32> {
         // Without staging there are none: no lock on that path.
         if self.spare_limit.load(Relaxed) == 0 {

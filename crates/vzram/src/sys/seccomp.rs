@@ -875,26 +875,24 @@ mod tests {
 
     #[test]
     fn queue_threads_keep_what_a_ring_needs_and_lose_the_rest() {
-        let path = std::env::temp_dir().join(format!("vzram-queue-{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let _ = std::fs::remove_file(&path);
+        // A file of the test's own, unlinked at once: open for the children.
+        let scratch = |what: &str| {
+            let path =
+                std::env::temp_dir().join(format!("vzram-queue-{what}-{}", std::process::id()));
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            let _ = std::fs::remove_file(&path);
+            f
+        };
+        let f = scratch("backing");
         let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
         QUEUE_BACKING.store(fd, std::sync::atomic::Ordering::Relaxed);
-        let arena_path = path.with_extension("arena");
-        let arena = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&arena_path)
-            .unwrap();
-        let _ = std::fs::remove_file(&arena_path);
+        let arena = scratch("arena");
         let afd = std::os::fd::AsRawFd::as_raw_fd(&arena);
         QUEUE_ARENA.store(afd, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: a new eventfd, kept open for the test's children.

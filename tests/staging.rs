@@ -53,10 +53,13 @@ fn check(c: &mut Client, v: impl Fn(u64) -> u64, when: &str) {
 }
 
 /// Pages of a burst that are not same-filled: the ones staged. The
-/// budget has room for the whole burst, so a 64 KiB write's pages are
-/// staged by its queue thread too, not handed to the compress pool.
-fn stored_raw() -> u64 {
+/// budget has room for the whole burst, so with one compress thread a
+/// 64 KiB write's pages are staged by its queue thread too; with more
+/// (`all` false) the pool compresses them, and only the 4 KiB writes'
+/// pages are staged.
+fn stored_raw_of(all: bool) -> u64 {
     (0..PAGES)
+        .filter(|&i| all || (i / 16) % 2 == 1)
         .filter(|&i| {
             let p = versioned_page(i, 1);
             !p.chunks_exact(8).all(|w| w == &p[..8])
@@ -64,13 +67,21 @@ fn stored_raw() -> u64 {
         .count() as u64
 }
 
+fn stored_raw() -> u64 {
+    stored_raw_of(true)
+}
+
 #[test]
 fn a_burst_is_staged_then_compressed_in_the_background() {
     let dir = TempDir::new("staging");
     let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    // One compress thread, as a 2-core host has: the queue threads stage
+    // multi-page writes too (`STAGE_HERE_MAX_POOL_THREADS`).
     let d = Daemon::start(
         &dir,
         &[
+            "--compress-threads",
+            "1",
             "--device",
             &spec("a", &a, "16M"),
             "--device",
@@ -107,6 +118,30 @@ fn a_burst_is_staged_then_compressed_in_the_background() {
     assert_eq!((s.staged_bytes, s.staged_compressed), (0, 0), "{st}");
     assert_eq!(s.huge_pages, noise, "{st}");
     check(&mut c, |_| 1, "written with staging off");
+}
+
+/// With more compress threads than one, the pool compresses a multi-page
+/// write at once (they work in parallel, where one thread writing raw
+/// pages is bounded by the arena file's lock): only the 4 KiB writes
+/// stage, and every page reads back.
+#[test]
+fn with_two_compress_threads_multi_page_writes_go_to_the_pool() {
+    let dir = TempDir::new("staging-pool");
+    let a = dir.join("a.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--compress-threads", "2", "--device", &spec("a", &a, "16M")],
+        &[&a],
+    );
+    let mut c = Client::connect(&a, 2).unwrap();
+    burst(&mut c, 1, &AtomicU64::new(0));
+    let st = d.settled();
+    assert_eq!(
+        st.counters("a").staged_compressed,
+        stored_raw_of(false),
+        "{st}"
+    );
+    check(&mut c, |_| 1, "after the background");
 }
 
 fn worker_pid(d: &Daemon) -> i32 {

@@ -505,6 +505,15 @@ const BATCH_REQUESTS: usize = 128;
 /// swap-out), which the pool spreads over its threads once the device's
 /// staging budget is full (until then this thread stores them raw).
 pub const POOL_MIN_PAGES: usize = 4;
+/// The most pool threads with which a multi-page write the staging budgets
+/// have room for is staged on this thread rather than compressed by the
+/// pool. With one pool thread (a 2-core host), staging a page here costs
+/// this thread less than the pool's compression costs the two cores: the
+/// 256 MiB burst of 64K writes went 1.3x (BENCHMARKS.md, swap-out bursts
+/// stored raw). One thread writing pages to the arena file is bounded by
+/// the file's lock, while more pool threads compress in parallel: with
+/// more, unmeasured, the pool keeps these writes.
+pub const STAGE_HERE_MAX_POOL_THREADS: usize = 1;
 /// Pages a read must carry to go to the pool. A read hands over no copy,
 /// only a pointer, and its pages are written where the guest wants them:
 /// even 8K reads gain (BENCHMARKS.md, swap-in).
@@ -604,11 +613,12 @@ where
         e.state = match dev.whole_page_write(&e.req) {
             // One that does not fit in what is left of the batch runs on
             // this thread at its turn.
-            // So does one the staging budgets have room for: storing a
-            // page raw costs this thread less than handing it over.
+            // So does one the staging budgets have room for, with a pool
+            // of one thread: storing a page raw costs less than handing it
+            // over (`STAGE_HERE_MAX_POOL_THREADS`).
             Some((slot, count))
                 if (POOL_MIN_PAGES..=BATCH_PAGES - pages).contains(&count)
-                    && !dev.stages(count) =>
+                    && !(b.pool.threads() <= STAGE_HERE_MAX_POOL_THREADS && dev.stages(count)) =>
             {
                 e.since = Instant::now();
                 let first = pages;

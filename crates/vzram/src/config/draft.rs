@@ -61,9 +61,10 @@ pub struct DeviceDraft {
     /// Raw staging budget of that device: a whole-page write stores its
     /// pages as they are, on its queue thread, while the pages not
     /// compressed yet take less than this (a write of 4 pages or more only
-    /// if all of them fit), and the compress threads compress them in the
-    /// background, oldest first; past it writes compress inline, those of
-    /// 4 pages or more on the compress threads. Staged pages are kept and
+    /// if all of them fit and the worker has one compress thread), and the
+    /// compress threads compress them in the background, oldest first;
+    /// past it writes compress inline, those of 4 pages or more on the
+    /// compress threads. Staged pages are kept and
     /// recovered like any others and count in full against the memory
     /// limits; staging stops at 3/4 of a limit, and under a limit below
     /// 28M it takes a page per 28K of the last quarter at most (room for

@@ -238,7 +238,7 @@ fn near_a_memory_limit_writes_compress_inline() {
         }
         p
     };
-    let pages: Vec<_> = (0..200).map(|s| (s, one_class(s))).collect();
+    let pages: Vec<_> = (0..200).map(|s| (s, alike(s))).collect();
     for (s, p) in &pages {
         dev.write_page(cx, *s, p)
             .unwrap_or_else(|e| panic!("slot {s}: {e}: {:?}", dev.stats()));

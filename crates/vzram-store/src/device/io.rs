@@ -168,9 +168,8 @@ impl Device {
         // An overwrite: the slot holds a page again, so the old page's
         // span may wait for the next staged page (a swap device rewrites
         // the same slots over and over; making a span costs more than
-        // compressing a page). Not near a memory limit, where staging
-        // stops and the room is wanted.
-        self.retire_with(old, new, shard, !self.near_limit());
+        // compressing a page).
+        self.retire_with(old, new, shard, true);
         if self.staged(new) {
             self.enqueue_staged(slot);
         }
@@ -360,13 +359,18 @@ impl Device {
     }
 
     /// [`Device::retire`]; `spare`: `new` is a page again (not a discard),
-    /// so the old object's span may wait for the next staged page.
+    /// so the old object's span may wait for the next staged page, if it
+    /// is a whole page's span and no memory limit is near (the room is
+    /// wanted there, by this device's writes or another's). Only then are
+    /// the limits read: not on every write.
     pub(super) fn retire_with(&self, old: u64, new: u64, shard: usize, spare: bool) {
         if self.staged(old) {
             self.release_staging();
         }
         match Slot::decode(old) {
-            Slot::Object { offset, .. } if spare => {
+            Slot::Object { offset, len, .. }
+                if spare && len as usize == PAGE_SIZE && !self.near_limit() =>
+            {
                 self.heap.free_replaced(&self.pool, self.budget(), offset)
             }
             Slot::Object { offset, .. } => self.heap.free(&self.pool, self.budget(), offset),

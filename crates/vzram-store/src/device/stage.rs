@@ -101,16 +101,9 @@ impl Device {
     /// give back, and a write must not be refused for it where it fits
     /// today.
     pub(super) fn reserve_staging(&self) -> bool {
-        let limit = self.staging.limit.load(Relaxed);
-        if limit == 0 || self.staging.queued.load(Relaxed) as u64 >= 2 * limit / PAGE_SIZE as u64 {
+        let Some(limit) = self.staging_limit(1) else {
             return false;
-        }
-        if self.near_limit() {
-            return false;
-        }
-        let limit = limit
-            .min(drainable(self.budget()))
-            .min(drainable(self.pool.host()));
+        };
         let page = PAGE_SIZE as u64;
         let mine = self
             .cells
@@ -138,20 +131,31 @@ impl Device {
     /// page at a time as the pages are stored, and a page that finds none
     /// compresses.
     pub fn staging_room(&self, pages: u64) -> bool {
-        let limit = self.staging.limit.load(Relaxed);
+        let Some(limit) = self.staging_limit(pages) else {
+            return false;
+        };
         let bytes = pages * PAGE_SIZE as u64;
+        let host = self.pool.host_staging();
+        self.cells.staged_bytes.load(Relaxed) + bytes <= limit
+            && host.used() + bytes <= host.limit()
+    }
+
+    /// How many bytes this device may hold staged, if `pages` more may be
+    /// staged at all: staging on, the FIFO's bound not passed, no memory
+    /// limit near, and a limited device's drainable share.
+    fn staging_limit(&self, pages: u64) -> Option<u64> {
+        let limit = self.staging.limit.load(Relaxed);
         if limit == 0
             || self.staging.queued.load(Relaxed) as u64 + pages > 2 * limit / PAGE_SIZE as u64
             || self.near_limit()
         {
-            return false;
+            return None;
         }
-        let limit = limit
-            .min(drainable(self.budget()))
-            .min(drainable(self.pool.host()));
-        let host = self.pool.host_staging();
-        self.cells.staged_bytes.load(Relaxed) + bytes <= limit
-            && host.used() + bytes <= host.limit()
+        Some(
+            limit
+                .min(drainable(self.budget()))
+                .min(drainable(self.pool.host())),
+        )
     }
 
     /// Whether the device or the host is past 3/4 of its memory limit.
@@ -381,9 +385,8 @@ impl Device {
         g.publish(new | (old & slot::ACCESS));
         // Not a write either: a migration already has (or will send) the
         // page, whose content did not change. Its raw span may stay as a
-        // spare for the next staged page, unless a memory limit is near:
-        // the room is wanted there, by this device's writes or another's.
-        self.retire_with(old, new, shard, !self.near_limit());
+        // spare for the next staged page (`retire_with`).
+        self.retire_with(old, new, shard, true);
         self.count_waited(at);
         self.staging.since_compact.fetch_add(1, Relaxed);
         Outcome::Done

@@ -334,9 +334,12 @@ impl Heap {
         if let Err(e) = self.arena.write_unmapped(obj.offset, bytes) {
             let block = (obj.offset / BLOCK_BYTES as u64) as u32;
             let h = self.arena.header(block);
-            let c = pool.classes[h.class.load(Relaxed) as usize];
-            let mut st =
-                lock(&self.shards[h.shard.load(Relaxed) as usize][h.class.load(Relaxed) as usize]);
+            let (class, shard) = (
+                h.class.load(Relaxed) as usize,
+                h.shard.load(Relaxed) as usize,
+            );
+            let c = pool.classes[class];
+            let mut st = lock(&self.shards[shard][class]);
             // Full with its one object, so on no list: only counted.
             st.spans -= 1;
             drop(st);

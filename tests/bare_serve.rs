@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use vzram_tests::cli::Vzram;
 use vzram_tests::client::Client;
-use vzram_tests::daemon::Daemon;
+use vzram_tests::daemon::{Daemon, DaemonOpts};
 use vzram_tests::data::pattern;
 use vzram_tests::paths::{s, vzram_bin, TempDir};
 
@@ -100,22 +100,11 @@ impl Host {
         static N: AtomicU64 = AtomicU64::new(0);
         let log = dir.join(&format!("bare-{}.log", N.fetch_add(1, Ordering::Relaxed)));
         let sock = PathBuf::from(args[1]);
-        // The device socket is bound before the control socket, whose path
-        // may carry the pid: start on the first, then wait until the second
-        // accepts (after a kill -9 the old files are still there).
-        let mut d = Daemon::start_command(self.command(args, user), &sock, &log, &[&sock]);
+        // The control socket's path may carry the pid.
+        let opts = DaemonOpts::default();
+        let mut d = Daemon::spawn(self.command(args, user), &sock, &log, &[&sock], opts);
         d.control = self.inside(&control(d.pid()));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&d.control).is_err() {
-            d.assert_alive();
-            assert!(
-                Instant::now() < deadline,
-                "no control socket {} after 20 s\n{}",
-                d.control.display(),
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        d.wait_serving();
         d
     }
 }
@@ -244,13 +233,15 @@ fn a_bare_serve_may_put_its_socket_in_the_runtime_directory_it_makes() {
     let dir = TempDir::new("bare-run");
     let inner = "/run/vzram/vm1.sock";
     let sock = host.inside(inner);
-    let mut d = Daemon::start_command(
+    let mut d = Daemon::spawn(
         host.command(&["--socket", inner, "--size", "16M"], None),
         &sock,
         &dir.join("d.log"),
         &[&sock],
+        DaemonOpts::default(),
     );
     d.control = host.inside(ROOT_CONTROL);
+    d.wait_serving();
     fill(&sock, 3);
     assert!(holds(&sock, 3), "{}", d.log_text());
     d.terminate_cleanly();

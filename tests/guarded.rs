@@ -428,11 +428,7 @@ fn forget_never_deletes_another_state_made_at_the_path_since() {
     let mut cmd = std::process::Command::new(vzram_bin());
     cmd.args(["serve", "--device", &da, "--control"])
         .arg(&control);
-    let opts = DaemonOpts {
-        ready_on_connect: true,
-        term_on_drop: false,
-    };
-    let d = Daemon::start_with(cmd, &control, &dir.join("again.log"), &[&a], opts);
+    let d = Daemon::start_command(cmd, &control, &dir.join("again.log"), &[&a]);
     let left = d.control(json!({"cmd": "stat"}))["leftovers"].clone();
     assert_eq!(left[0]["name"], "t1", "{left}");
     let state = std::path::PathBuf::from(left[0]["dir"].as_str().unwrap());

@@ -30,16 +30,7 @@ fn serve_at(dir: &TempDir, control: &str, args: &[&str], sockets: &[&Path]) -> D
         "daemon-{}.log",
         N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    Daemon::start_with(
-        cmd,
-        &control,
-        &log,
-        sockets,
-        DaemonOpts {
-            ready_on_connect: true,
-            term_on_drop: false,
-        },
-    )
+    Daemon::start_command(cmd, &control, &log, sockets)
 }
 
 /// Writes `pages` pages of `seed`'s pattern at the start of the device.

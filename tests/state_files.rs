@@ -232,11 +232,7 @@ fn serve_after_kill(dir: &TempDir, args: &[&str], sockets: &[&Path]) -> Daemon {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let log = dir.join(&format!("restart-{n}.log"));
-    let opts = DaemonOpts {
-        ready_on_connect: true,
-        term_on_drop: false,
-    };
-    Daemon::start_with(cmd, &control, &log, sockets, opts)
+    Daemon::start_command(cmd, &control, &log, sockets)
 }
 
 /// kill -9 in the middle of `vzram remove` of a state large enough that

@@ -23,16 +23,10 @@ use crate::cli::{said, Vzram};
 use crate::paths::{state_dir_for, vzram_bin, TempDir};
 use crate::stats::Stats;
 
-/// When a [`Daemon`] counts as started, and how dropping it stops it. The
-/// default is the integration tests' way; [`crate::guest::Ctx`] sets both.
+/// How dropping a [`Daemon`] stops it. The default is the integration
+/// tests' way; [`crate::guest::Ctx`] sets it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DaemonOpts {
-    /// Started once the control socket accepts a connection, not as soon as
-    /// its file and the device sockets exist. A killed daemon leaves its
-    /// socket files behind (the new one replaces them), so a file is no
-    /// sign of life: the control socket is, bound last of the sockets (its
-    /// requests wait in its backlog until every device is set up).
-    pub ready_on_connect: bool,
     /// Dropping it sends SIGTERM and waits 5 s for the exit before SIGKILL,
     /// instead of SIGKILL at once.
     pub term_on_drop: bool,
@@ -48,6 +42,8 @@ pub struct Daemon {
     /// The `serve` arguments before `--control`, to start it again with
     /// (empty when it was started from a whole command line).
     args: Vec<String>,
+    /// How it was started, for a failure's message.
+    cmdline: String,
     opts: DaemonOpts,
 }
 
@@ -77,6 +73,21 @@ impl Daemon {
     /// [`Daemon::start_command`] with `opts`. Its device state lives in
     /// [`state_dir_for`] the control socket's directory (`VZRAM_STATE_DIR`).
     pub fn start_with(
+        cmd: Command,
+        control: &Path,
+        log: &Path,
+        sockets: &[&Path],
+        opts: DaemonOpts,
+    ) -> Daemon {
+        let mut d = Daemon::spawn(cmd, control, log, sockets, opts);
+        d.wait_serving();
+        d
+    }
+
+    /// [`Daemon::start_with`] without waiting: for a daemon whose control
+    /// socket is known only once its pid is (set `control`, then
+    /// [`Daemon::wait_serving`]).
+    pub fn spawn(
         mut cmd: Command,
         control: &Path,
         log: &Path,
@@ -98,36 +109,54 @@ impl Daemon {
             .stderr(log_file)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-        let mut d = Daemon {
+        Daemon {
             child: Some(child),
             control: control.to_path_buf(),
             sockets: sockets.iter().map(|p| p.to_path_buf()).collect(),
             log: log.to_path_buf(),
             args: Vec::new(),
+            cmdline,
             opts,
-        };
+        }
+    }
+
+    /// Waits 20 s at most until [`Daemon::serving`]; panics if the daemon
+    /// exits first.
+    pub fn wait_serving(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if d.serving() {
-                return d;
+            if self.serving() {
+                return;
             }
-            if let Some(st) = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                panic!("vzram exited early ({st}): {cmdline}\n{}", d.log_text());
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "vzram exited early ({st}): {}\n{}",
+                    self.cmdline,
+                    self.log_text()
+                );
             }
             assert!(
                 Instant::now() < deadline,
-                "vzram not serving after 20 s: {cmdline}\n{}",
-                d.log_text()
+                "vzram not serving after 20 s: {}\n{}",
+                self.cmdline,
+                self.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
-    /// Whether every socket and the control socket listen (or, with
-    /// [`DaemonOpts::ready_on_connect`], the control socket accepts a
-    /// connection). A socket file alone is not enough: bind() makes it
-    /// before listen() runs, and a connect in between is refused (a loaded
-    /// CI run failed so, right after the daemon's "control socket ready").
+    /// Whether every socket listens and the control socket answers a
+    /// request. A socket file alone is not enough: bind() makes it before
+    /// listen() runs, and a connect in between is refused (a loaded CI run
+    /// failed so, right after the daemon's "control socket ready"). Nor is
+    /// listening: the daemon listens before it opens any state, so a test
+    /// that looked at the state then saw it as it was before the start (a
+    /// loaded CI run read a state dir's mode before the daemon closed it).
+    /// A request is answered only once every device is set up.
     fn serving(&self) -> bool {
         let listening = listening_unix_sockets();
         // A path reached through /proc/PID/root (a daemon in a private
@@ -142,12 +171,7 @@ impl Daemon {
                 && parts.next() == Some("root".as_ref());
             proc_root && listening.contains(&Path::new("/").join(parts.collect::<PathBuf>()))
         };
-        self.sockets.iter().all(|s| listens(s))
-            && if self.opts.ready_on_connect {
-                UnixStream::connect(&self.control).is_ok()
-            } else {
-                listens(&self.control)
-            }
+        self.sockets.iter().all(|s| listens(s)) && answers(&self.control)
     }
 
     /// The `serve` arguments it was started with, before `--control`
@@ -483,6 +507,18 @@ pub fn listening_unix_sockets() -> std::collections::HashSet<PathBuf> {
             (f.len() >= 8 && flags & 0x10000 != 0).then(|| PathBuf::from(f[7]))
         })
         .collect()
+}
+
+/// Whether the control socket at `path` answers a `stat` within a second
+/// (it waits in the backlog while the daemon sets up its devices).
+fn answers(path: &Path) -> bool {
+    let Ok(mut s) = UnixStream::connect(path) else {
+        return false;
+    };
+    let mut line = String::new();
+    s.set_read_timeout(Some(Duration::from_secs(1))).is_ok()
+        && writeln!(s, "{}", json!({"cmd": "stat"})).is_ok()
+        && BufReader::new(&s).read_line(&mut line).is_ok_and(|n| n > 0)
 }
 
 /// [`Daemon::request`] on the control socket at `path`.

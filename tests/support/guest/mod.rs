@@ -173,10 +173,7 @@ impl Ctx {
             },
             log.clone(),
         );
-        let opts = DaemonOpts {
-            ready_on_connect: true,
-            term_on_drop: true,
-        };
+        let opts = DaemonOpts { term_on_drop: true };
         let mut d = Daemon::start_with(cmd, &control, &log, sockets, opts);
         d.set_args(args.to_vec());
         d

@@ -265,8 +265,9 @@ pub struct ServeArgs {
     pub compress_threads: Option<usize>,
     /// Raw staging of all devices together: past it, writes compress inline
     /// on every device, each device's own `staging` applying too [default:
-    /// 64M per core: what the cores compress in the time one device's
-    /// budget takes one core; 0: no device stages].
+    /// 64M per core: what a core compresses in about 120 ms, so raw pages
+    /// wait no longer than that however many VMs burst at once; 0: no
+    /// device stages].
     #[arg(long, value_name = "SIZE", value_parser = config::parse_size)]
     pub host_staging: Option<u64>,
     /// Longest an incoming migration stream may take to arrive whole, from

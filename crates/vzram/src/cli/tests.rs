@@ -78,13 +78,14 @@ fn many_devices() {
     assert_eq!(c.seccomp, SeccompMode::On);
 }
 
-/// The host's staging budget: 64M per core unless given, 0 turns staging
-/// off on every device, the flag over the file.
+/// The host's staging budget: 64M per core unless given (a device's own is
+/// 128M), 0 turns staging off on every device, the flag over the file.
 #[test]
 fn host_staging() {
     let cores = std::thread::available_parallelism().unwrap().get() as u64;
     let c = serve(&["--socket", "/tmp/x", "--size", "1G"]).unwrap();
     assert_eq!(c.host_staging, cores * (64 << 20));
+    assert_eq!(c.devices[0].staging, 128 << 20);
     let c = serve(&["--socket", "/tmp/x", "--size", "1G", "--host-staging", "0"]).unwrap();
     assert_eq!(c.host_staging, 0);
     let file = std::env::temp_dir().join(format!("vzram-host-staging-{}.toml", std::process::id()));

@@ -68,8 +68,9 @@ pub struct DeviceDraft {
     /// recovered like any others and count in full against the memory
     /// limits; staging stops at 3/4 of a limit, and under a limit below
     /// 28M it takes a page per 28K of the last quarter at most (room for
-    /// the compressed pages' spans). 0 = off [default: 64M, which made 4K
-    /// writes 1.9x faster in BENCHMARKS.md].
+    /// the compressed pages' spans). 0 = off [default: 128M: in
+    /// BENCHMARKS.md staging made 4K writes 1.9x faster, and 128M a 256 MiB
+    /// swap-out burst 1.2x faster than 64M].
     #[arg(long, value_parser = parse_size, allow_negative_numbers = true, value_name = "SIZE")]
     #[serde(default, deserialize_with = "de::size")]
     pub staging: Option<u64>,

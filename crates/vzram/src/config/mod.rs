@@ -26,8 +26,9 @@ pub use draft::{parse_device_spec, DeviceDraft, SpecError};
 pub use file::{keys as file_keys, load_file, parse_file, FileDrafts};
 pub use parse::{
     default_recompress_algo, parse_bool, parse_codec, parse_duration, parse_metrics_addr,
-    parse_mode, parse_size, size_text, tiny_limit, AddrFault, ValueError, DEFAULT_QUEUES,
-    DEFAULT_SOCKET_MODE, DEFAULT_STAGING, MAX_POLL_US, MIN_IDLE_AFTER,
+    parse_mode, parse_size, size_text, tiny_limit, AddrFault, ValueError,
+    DEFAULT_HOST_STAGING_PER_CORE, DEFAULT_QUEUES, DEFAULT_SOCKET_MODE, DEFAULT_STAGING,
+    MAX_POLL_US, MIN_IDLE_AFTER,
 };
 use state_dir::runtime_directory;
 pub use state_dir::{state_dir_from, DefaultStateDir, StateEnv, StateParent};
@@ -338,13 +339,11 @@ pub fn user_runtime_dir(euid: u32, xdg_runtime: Option<OsString>) -> PathBuf {
     }
 }
 
-/// The host's staging budget when none is given: [`DEFAULT_STAGING`] per
-/// core. Staged pages are compressed by the cores, each at about 7.5 us a
-/// page (BENCHMARKS.md): one device's budget is about 120 ms of one core,
-/// so this lets the host's raw pages wait no longer than that either.
+/// The host's staging budget when none is given:
+/// [`DEFAULT_HOST_STAGING_PER_CORE`] per core.
 pub fn default_host_staging() -> u64 {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    DEFAULT_STAGING.saturating_mul(cores as u64)
+    DEFAULT_HOST_STAGING_PER_CORE.saturating_mul(cores as u64)
 }
 
 /// Root's runtime directory: the one contrib's units name.

@@ -195,6 +195,39 @@ fn writeback_never_puts_back_a_page_overwritten_meanwhile() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A slot locked for a moment when the pass reaches it (a request on it,
+/// or the background compressing it) is taken once let go: a writeback
+/// right after a burst of staged pages moved all of them but a few.
+#[test]
+fn writeback_takes_a_slot_it_found_locked_once_let_go() {
+    let (dir, cfg) = backed_cfg("wb-busy", 0);
+    let pool = pool();
+    let dev = create(&pool, cfg).unwrap();
+    let cx = &mut Context::new(0);
+    for i in 0..64 {
+        dev.write_page(cx, i, &page(i)).unwrap();
+    }
+    let (held, wait) = std::sync::mpsc::channel();
+    let holder = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            let g = crate::slot::SlotGuard::lock(dev.table.word(7));
+            held.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            drop(g);
+        })
+    };
+    wait.recv().unwrap();
+    let n = dev.writeback(Filter::default(), None).unwrap().pages;
+    holder.join().unwrap();
+    assert_eq!(n, 64, "the slot locked at first was left in memory");
+    let mut out = [0u8; PAGE_SIZE];
+    dev.read_page(cx, 7, &mut out).unwrap();
+    assert_eq!(out, page(7));
+    drop(dev);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn recompression_never_puts_back_a_page_overwritten_meanwhile() {
     let pool = pool();

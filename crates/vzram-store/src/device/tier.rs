@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 use super::{Device, Filter, RecompressReport, Spilled, Tier, WritebackReport};
 use crate::backing::AlignedPages;
@@ -15,6 +16,8 @@ use crate::{Page, PAGE_SIZE};
 
 /// Pages a writeback writes with one call.
 const BATCH: usize = 32;
+/// How long a writeback keeps coming back to slots it found locked.
+const BUSY_PATIENCE: Duration = Duration::from_millis(20);
 /// Bounds on the pages one spill moves out: enough to get below the low
 /// watermark in one go, few enough that one guest write never waits long.
 const SPILL_MIN: usize = 64;
@@ -137,6 +140,7 @@ impl Device {
         let tier = t.as_mut().expect("made above");
         let mut left = max_pages.unwrap_or(u64::MAX);
         let mut batch = Vec::with_capacity(BATCH);
+        let mut busy = Vec::new();
         let mut moved = 0;
         let mut result = Ok(());
         let from = if max_pages.is_some() {
@@ -159,13 +163,36 @@ impl Device {
                     tier.next_writeback = s + 1;
                 }
                 if batch.len() == BATCH {
-                    result = self.write_batch(tier, &batch).map(|n| moved += n);
+                    result = self
+                        .write_batch(tier, &batch, &mut busy)
+                        .map(|n| moved += n);
                     batch.clear();
                 }
             }
         }
         if result.is_ok() && !batch.is_empty() {
-            result = self.write_batch(tier, &batch).map(|n| moved += n);
+            result = self
+                .write_batch(tier, &batch, &mut busy)
+                .map(|n| moved += n);
+        }
+        // A slot is locked only for a moment (a request on it, or the
+        // background compressing it if it was staged), and a staged page
+        // changes its word once compressed: slots the pass found so are
+        // taken again (if the filter still takes them), so a writeback
+        // right after a burst moves every page it matches, not all but a few.
+        let until = Instant::now() + BUSY_PATIENCE;
+        while result.is_ok() && !busy.is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_micros(200));
+            let again: Vec<u64> = std::mem::take(&mut busy)
+                .into_iter()
+                .filter(|&s| filter.matches(self.table.word(s).load(Relaxed), self.codec.id()))
+                .collect();
+            for chunk in again.chunks(BATCH) {
+                result = self.write_batch(tier, chunk, &mut busy).map(|n| moved += n);
+                if result.is_err() {
+                    break;
+                }
+            }
         }
         drop(t);
         self.compact();
@@ -180,8 +207,10 @@ impl Device {
     /// words at the blocks. A slot that is locked, or changes while its
     /// page is being written, keeps its object and the block goes back:
     /// every slot holds its old content or the same content on disk, never
-    /// a block that was not fully written. Returns the pages moved.
-    fn write_batch(&self, tier: &mut Tier, slots: &[u64]) -> Result<usize> {
+    /// a block that was not fully written. Returns the pages moved; the
+    /// slots passed over because they were locked or changed are added to
+    /// `busy`.
+    fn write_batch(&self, tier: &mut Tier, slots: &[u64], busy: &mut Vec<u64>) -> Result<usize> {
         let b = self.backing.as_ref().expect("callers check");
         // Expand each page under its lock, without waiting for any: the
         // caller may hold a slot lock itself (a partial write that spills).
@@ -189,6 +218,7 @@ impl Device {
         for &s in slots {
             let w = self.table.word(s);
             let Some(g) = SlotGuard::try_lock(w) else {
+                busy.push(s);
                 continue;
             };
             if !slot::is_object(g.old()) {
@@ -244,7 +274,12 @@ impl Device {
                     self.retire(old, new, 0);
                     moved += 1;
                 }
-                _ => b.free(blk),
+                // Locked, or its page changed meanwhile (a staged page the
+                // background compressed, a rewrite): looked at again.
+                _ => {
+                    busy.push(s);
+                    b.free(blk);
+                }
             }
         }
         Ok(moved)
@@ -270,8 +305,11 @@ impl Device {
                 break;
             }
             let mut moved = 0;
+            // A locked victim is passed over: this writer may hold a slot
+            // lock itself, and waiting for another could deadlock.
+            let mut busy = Vec::new();
             for chunk in victims.chunks(BATCH) {
-                match self.write_batch(tier, chunk) {
+                match self.write_batch(tier, chunk, &mut busy) {
                     Ok(n) => moved += n,
                     Err(StoreError::BackingFull) => break,
                     Err(e) => return Err(e),

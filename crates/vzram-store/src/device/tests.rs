@@ -213,7 +213,11 @@ fn writeback_takes_a_slot_it_found_locked_once_let_go() {
         std::thread::spawn(move || {
             let g = crate::slot::SlotGuard::lock(dev.table.word(7));
             held.send(()).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            // Let go once the pass has written its first batch (slot 7's),
+            // not after a set time: a busy machine may run the pass late.
+            while dev.counters()[0].backed_writes.load(Relaxed) == 0 {
+                std::hint::spin_loop();
+            }
             drop(g);
         })
     };

@@ -17,7 +17,7 @@ use crate::{Page, PAGE_SIZE};
 /// Pages a writeback writes with one call.
 const BATCH: usize = 32;
 /// How long a writeback keeps coming back to slots it found locked.
-const BUSY_PATIENCE: Duration = Duration::from_millis(20);
+const BUSY_PATIENCE: Duration = Duration::from_millis(50);
 /// Bounds on the pages one spill moves out: enough to get below the low
 /// watermark in one go, few enough that one guest write never waits long.
 const SPILL_MIN: usize = 64;

@@ -2,7 +2,7 @@
 //! its worker while a frontend is connected, else the supervisor.
 
 use std::os::fd::OwnedFd;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vzram_store::cells::Phase;
 use vzram_store::migrate::Received;
@@ -32,12 +32,9 @@ pub fn execute_migration(dev: &Device, order: &Order, m: Migrating<'_>) -> Answe
         Order::Receive(_) | Order::Send(_) if m.conn.is_none() => {
             failed("no migration connection came with the order".into())
         }
-        Order::Receive(Receive {
-            within_secs,
-            resume,
-        }) => {
+        Order::Receive(Receive { within, resume }) => {
             let link = Link::plain(m.conn.expect("checked"));
-            let deadline = Instant::now() + Duration::from_secs(*within_secs);
+            let deadline = Instant::now() + *within;
             let r = migration::receive(
                 dev,
                 &link,

@@ -78,13 +78,14 @@ pub struct Writeback {
 
 /// Receive the device's pages from the migration connection sent along
 /// (a unix socket, or the plain end of the supervisor's TLS relay: no key
-/// ever travels in an order); the stream must be whole within
-/// `within_secs` of the order. With `resume`, the stream was begun by the
+/// ever travels in an order); the stream must be whole `within` the
+/// order's arrival (to the millisecond: whole seconds cut up to one off
+/// the operator's `--incoming-timeout`). With `resume`, the stream was begun by the
 /// device's owner before (the supervisor, holding a device no VM used
 /// yet): carry on from there.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Receive {
-    pub within_secs: u64,
+    pub within: std::time::Duration,
     pub resume: Option<Resume>,
 }
 

@@ -373,10 +373,7 @@ impl Supervisor {
                 Err(e) => break Err(Error::from(e)),
             };
             let order = order::Receive {
-                within_secs: deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_secs()
-                    .max(1),
+                within: deadline.saturating_duration_since(Instant::now()),
                 resume,
             };
             match self.on_owner(d, &order, Some(conn), MIGRATE_WAIT) {
@@ -391,7 +388,9 @@ impl Supervisor {
             }
         };
         drop(fd);
-        d.migration.set_arriving(None);
+        // The outcome is recorded before the stream counts as ended: until
+        // then `stat` shows a failure the owner marked as still receiving,
+        // never failed without its reason.
         match r {
             Ok((
                 Ok(order::Received {
@@ -415,6 +414,7 @@ impl Supervisor {
             Ok((Err(error), _)) => self.incoming_failed(d, error.0),
             Err(e) => self.incoming_failed(d, e.to_string()),
         }
+        d.migration.set_arriving(None);
     }
 
     /// After a receive stopped for a waiting frontend: until the loop has

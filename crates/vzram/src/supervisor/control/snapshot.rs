@@ -91,8 +91,15 @@ impl Control {
                     auto_recompress: t.auto_recompress,
                 };
                 let m = &d.cells.migration;
+                // The owner marks a move failed before this process has
+                // its reason: until then it is still under way.
+                let state = match m.phase() {
+                    Phase::Failed if d.migration.arriving() => MigrationState::Receiving,
+                    Phase::SendFailed if d.migration.sending() => MigrationState::Sending,
+                    p => migration_state(p),
+                };
                 let migration = MigrationStat {
-                    state: migration_state(m.phase()),
+                    state,
                     incoming: d.spec.incoming.as_ref().map(|a| a.to_string()),
                     error: d.migration.error(),
                     bytes: m.bytes.load(Ordering::Relaxed),

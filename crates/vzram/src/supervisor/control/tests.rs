@@ -5,6 +5,7 @@ use super::*;
 use crate::proto::control::cmd;
 use crate::proto::worker_spec::{LogLevel, SeccompMode};
 use serde_json::json;
+use vzram_store::cells::Phase;
 use vzram_store::{Codec, DeviceConfig, Pool, PoolConfig, StateSpec};
 
 /// One request line as the socket's server answers it.
@@ -302,4 +303,41 @@ fn requests() {
         .starts_with("no device 7; devices (by name or index): a (0), b (1)"));
     drop(c);
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A move its owner marked failed is shown under way until this process
+/// has its reason: `stat` never says failed without saying why.
+#[test]
+fn a_failed_move_shows_with_its_reason_or_as_under_way() {
+    let root = std::env::temp_dir().join(format!("vzram-control-mf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let c = control(&root);
+    let d = c.devices()[0].1.clone();
+    let state =
+        |c: &Control| handle_line(c, r#"{"cmd":"stat"}"#)["devices"][0]["migration"].clone();
+    let (ours, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    d.migration.set_arriving(Some(ours.into()));
+    d.cells.migration.set(Phase::Failed);
+    let m = state(&c);
+    assert_eq!(
+        (&m["state"], &m["error"]),
+        (&json!("receiving"), &Value::Null),
+        "{m}"
+    );
+    d.migration.set_error(Some("cut".into()));
+    d.migration.set_arriving(None);
+    let m = state(&c);
+    assert_eq!(
+        (&m["state"], &m["error"]),
+        (&json!("failed"), &json!("cut")),
+        "{m}"
+    );
+    // The same for a send.
+    let sending = d.migration.begin_send().unwrap();
+    d.cells.migration.set(Phase::SendFailed);
+    assert_eq!(state(&c)["state"], "sending");
+    drop(sending);
+    assert_eq!(state(&c)["state"], "send-failed");
+    let _ = std::fs::remove_dir_all(&root);
 }

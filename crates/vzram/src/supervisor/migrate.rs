@@ -197,10 +197,13 @@ impl Supervisor {
         Ok(d.cells.migration.state_name())
     }
 
+    /// Asks the sender and waits (a while) until it has acted and the send's
+    /// outcome is recorded here: `stat` right after says how it ended, and why.
     fn ask_sender(&self, d: &Served, ask: Ask) {
         d.cells.set_ask(ask);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while d.cells.migration.sending() && std::time::Instant::now() < deadline {
+        let acting = || d.cells.migration.sending() || d.migration.sending();
+        while acting() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
     }

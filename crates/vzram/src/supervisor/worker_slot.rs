@@ -3,7 +3,9 @@
 //! keeps failing, and the counters `vzram stat` shows.
 
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -260,6 +262,8 @@ impl WorkerSlot {
             // or tiering it.
             Phase::Busy => (WorkerState::Busy, None),
         };
+        // Before what `failed` sets ahead of it.
+        let failures = self.failures.load(Acquire);
         let failing = u64::from(self.failing());
         WorkerStatus {
             state: if failing > 0 && state != WorkerState::Running {
@@ -269,7 +273,7 @@ impl WorkerSlot {
             },
             pid,
             started: self.started.load(Relaxed),
-            failures: self.failures.load(Relaxed),
+            failures,
             failing,
             last_failure: lock(&self.last_failure).clone(),
             short_lived: self.restarts(Restart::Short),
@@ -320,7 +324,6 @@ impl WorkerSlot {
         why: String,
         ran: Duration,
     ) -> Duration {
-        self.failures.fetch_add(1, Relaxed);
         *lock(&self.last_failure) = Some(why.clone());
         let mut b = lock(&self.backoff);
         let n = match *b {
@@ -343,6 +346,9 @@ impl WorkerSlot {
                 "{why}; the device's state is kept; {n} failures in a row, next worker in {wait:?}"
             ),
         );
+        // Counted last: a `stat` that shows this failure shows its reason,
+        // its backoff and its log line too.
+        self.failures.fetch_add(1, Release);
         wait
     }
 

@@ -223,19 +223,7 @@ fn an_idle_pool_does_not_spin() {
     let q = c.q(0);
     let writes: Vec<(u64, u64, usize)> = (0..16).map(|i| (i * 8, i + 1, 8)).collect();
     batch(q, &writes, &[]);
-    // The supervisor hears of the worker's pid from the launcher, which on
-    // a busy machine may come after the worker already served.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let pid = loop {
-        if let Some(p) = d.stat().sole().worker.pid {
-            break p;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no worker pid in stat after 20 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let pid = d.sole_worker_pid();
     let ticks = || {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         let after = &stat[stat.rfind(')').unwrap() + 2..];

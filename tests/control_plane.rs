@@ -175,29 +175,61 @@ fn watchdogs(rx: &UnixDatagram, d: Duration) -> usize {
     n
 }
 
+/// Reads `rx` until the daemon says `READY=1`: its loop turns and it has
+/// its notifier.
+fn ready(rx: &UnixDatagram) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "no READY=1");
+        rx.set_read_timeout(Some(left)).unwrap();
+        if let Ok(k) = rx.recv(&mut buf) {
+            if buf[..k].split(|&b| b == b'\n').any(|l| l == b"READY=1") {
+                return;
+            }
+        }
+    }
+}
+
+/// Waits until the daemon's log at `log` holds `text`.
+fn logged(log: &Path, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = std::fs::read_to_string(log).unwrap_or_default();
+        if now.contains(text) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never logged {text:?}:\n{now}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn watchdog_keepalives_come_only_from_a_loop_that_turns() {
     let dir = TempDir::new("cp-dog");
     let name = format!("vzram-cp-dog-{}", std::process::id());
     let rx =
         UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
-    // WatchdogSec=0.4s: a keep-alive every 0.2 s; the loop hangs at 2 s.
+    // WatchdogSec=0.4s: a keep-alive every 0.2 s; the loop hangs 4 s
+    // after its first.
     let (mut child, log) = notified(
         &dir,
         &format!("@{name}"),
         &[
             ("WATCHDOG_USEC", "400000"),
-            ("VZRAM_TEST_HANG_LOOP_MS", "2000"),
+            ("VZRAM_TEST_HANG_LOOP_MS", "4000"),
         ],
     );
-    wait_for(&dir.join("control.sock"));
+    ready(&rx);
     let healthy = watchdogs(&rx, Duration::from_millis(1500));
     assert!(
         healthy >= 4,
         "{healthy} keep-alives in 1.5 s\n{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    std::thread::sleep(Duration::from_millis(800));
+    // Its last keep-alive was sent before this line was logged.
+    logged(&log, "the loop hangs now");
     drain(&rx);
     let hung = watchdogs(&rx, Duration::from_millis(1500));
     assert!(child.try_wait().unwrap().is_none(), "the daemon exited");
@@ -213,15 +245,15 @@ fn no_watchdog_keepalive_without_an_answering_launcher() {
     let name = format!("vzram-cp-dogl-{}", std::process::id());
     let rx =
         UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap()).unwrap();
-    let (mut child, _log) = notified(&dir, &format!("@{name}"), &[("WATCHDOG_USEC", "400000")]);
-    wait_for(&dir.join("control.sock"));
-    drain(&rx);
+    let (mut child, log) = notified(&dir, &format!("@{name}"), &[("WATCHDOG_USEC", "400000")]);
+    ready(&rx);
     assert!(watchdogs(&rx, Duration::from_millis(1000)) >= 2);
     // SIGSTOP, not SIGKILL: a launcher that is there but stuck.
     let l = launcher_of(child.id());
     // SAFETY: a signal to the daemon's own launcher.
     unsafe { libc::kill(l as libc::pid_t, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_millis(900));
+    // Logged after the last keep-alive, once the launcher is found silent.
+    logged(&log, "the launcher has not answered");
     drain(&rx);
     let stuck = watchdogs(&rx, Duration::from_millis(1200));
     // SAFETY: as above.

@@ -355,12 +355,16 @@ fn a_stream_that_failed_leaves_nothing_behind_either() {
         .arg(format!("unix:{}", h.incoming("vm7").display()))
         .output();
     assert!(!out.status.success(), "a size mismatch migrated: {out:?}");
-    let st = h.stat();
-    assert_eq!(
-        st.dev("vm7").migration.state,
-        MigrationState::Failed,
-        "{st}"
-    );
+    // The source hears the refusal before the destination has recorded it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = h.stat();
+        if st.dev("vm7").migration.state == MigrationState::Failed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{st}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     h.stop("vm7");
     assert_eq!(h.state("vm7"), None, "device left: {}", h.hook_log());
     assert!(!h.mark("vm7").exists(), "mark left behind");

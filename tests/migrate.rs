@@ -143,9 +143,8 @@ fn requests_to_an_incoming_device_wait_then_see_the_migrated_pages() {
     let sock_b = e.sock_b.clone();
     let reader = std::thread::spawn(move || {
         let mut c = Client::connect(&sock_b, 2).expect("connect to B");
-        let t0 = Instant::now();
         let first = c.q(1).read(0, PAGE).unwrap();
-        (first, t0.elapsed(), c)
+        (first, Instant::now(), c)
     });
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
@@ -153,14 +152,18 @@ fn requests_to_an_incoming_device_wait_then_see_the_migrated_pages() {
         "a read completed before the pages came"
     );
     assert_eq!(migration(&e.b).state, MigrationState::Incoming);
+    let began = Instant::now();
     let out = migrate(&e, &[]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (first, waited, mut c) = reader.join().unwrap();
-    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
+    let (first, done, mut c) = reader.join().unwrap();
+    assert!(
+        done > began,
+        "the read completed before the migration began"
+    );
     assert!(
         first == versioned_page_nonzero(0, 3),
         "the waiting read saw other data"
@@ -180,8 +183,8 @@ fn a_size_mismatch_is_refused_on_both_ends() {
         err.contains("sizes must match") && err.lines().count() == 1,
         "{err}"
     );
-    let m = migration(&e.b);
-    assert_eq!(m.state, MigrationState::Failed, "{m:?}");
+    // A hears the refusal before B has recorded it.
+    let m = wait_failed(&e.b, "a size mismatch");
     assert!(
         m.error.as_deref().unwrap().contains("sizes must match"),
         "{m:?}"

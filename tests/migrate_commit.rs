@@ -48,7 +48,7 @@ fn a_worker_killed_mid_send_leaves_the_source_serving_and_the_destination_waitin
     let m = spawn_migrate(&e, &e.incoming);
     wait_state(&e.a, MigrationState::Sending, Duration::from_secs(30));
     first_pass(&e, stored);
-    let pid = e.a.stat().worker("vm").pid.expect("a worker sends");
+    let pid = e.a.worker_pid("vm");
     // SAFETY: a signal to the worker process the test just looked up.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let out = m.wait_with_output().unwrap();

@@ -205,7 +205,7 @@ fn a_kill_of_the_worker_that_took_the_stream_on_fails_the_move_only() {
         rewritten,
         stored,
     } = stream_then_frontend("migordk");
-    let pid = e.b.stat().worker("vm").pid.expect("B's worker");
+    let pid = e.b.worker_pid("vm");
     wait_holds_stream(&e, pid);
     // SAFETY: a signal to the worker process the test just looked up.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
@@ -269,7 +269,7 @@ fn a_kill_of_the_destination_daemon_after_the_hand_over_fails_the_move_only() {
         rewritten,
         stored,
     } = stream_then_frontend("migordd");
-    let worker = e.b.stat().worker("vm").pid.expect("B's worker");
+    let worker = e.b.worker_pid("vm");
     e.b.kill9();
     let out = m.wait_with_output().unwrap();
     let text = said(&out);

@@ -139,7 +139,7 @@ fn systemd_socket_activation_by_path() {
     );
     // Workers must not see LISTEN_* (they would take the sockets as theirs).
     let _c = Client::connect(&a, 1).unwrap();
-    let pid = d.stat().worker("a").pid.expect("a worker for a");
+    let pid = d.worker_pid("a");
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     assert!(!env.is_empty());
     assert!(!String::from_utf8_lossy(&env).contains("LISTEN_"));

@@ -151,7 +151,7 @@ fn filter_is_on_by_default_on_every_thread_and_io_works() {
         threads.iter().any(|(n, _)| n == "vzram-compact"),
         "no compaction thread within 20 s: {threads:?}"
     );
-    let worker = d.stat().sole().worker.pid.expect("a worker pid");
+    let worker = d.sole_worker_pid();
     assert_ne!(worker, pid);
     assert_eq!(seccomp_of(worker).0, "2");
     assert_eq!(
@@ -209,7 +209,7 @@ fn queue_threads_serve_under_a_narrower_filter_than_the_rest_of_the_worker() {
         c.q(q).write(q as u64 * MIB, &data).unwrap();
         assert_eq!(c.q(q).read(q as u64 * MIB, data.len()).unwrap(), data);
     }
-    let worker = d.stat().sole().worker.pid.expect("a worker pid");
+    let worker = d.sole_worker_pid();
     let threads = thread_filters(worker);
     eprintln!("worker threads (name, filters): {threads:?}");
     let main = proc_status_field(worker, "Seccomp_filters")
@@ -271,7 +271,7 @@ fn idle_compress_threads_narrow_their_filter_before_any_job() {
     );
     // Connected, no request sent: no pool thread has had a job.
     let c = Client::connect(&sock, 1).unwrap_or_else(|e| panic!("connect: {e}"));
-    let worker = d.stat().sole().worker.pid.expect("a worker pid");
+    let worker = d.sole_worker_pid();
     let main = proc_status_field(worker, "Seccomp_filters")
         .and_then(|f| f.parse::<u32>().ok())
         .expect("the worker's Seccomp_filters");
@@ -641,7 +641,7 @@ fn a_worker_stopped_and_continued_keeps_serving() {
     let mut c =
         Client::connect(&sock, 1).unwrap_or_else(|e| panic!("connect: {e}\n{}", d.log_text()));
     c.q(0).write(0, &pattern(3, 0, 4 * PAGE)).unwrap();
-    let pid = d.stat().sole().worker.pid.expect("a worker") as i32;
+    let pid = d.sole_worker_pid() as i32;
     for _ in 0..3 {
         // SAFETY: kill only sends signals, to our daemon's worker.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);

@@ -261,15 +261,43 @@ impl Daemon {
         }
     }
 
+    /// The pid of the worker serving device `name` (None: the sole
+    /// device). The supervisor hears it from the launcher, which on a busy
+    /// machine may come after the worker has served: waits up to 20 s.
+    pub fn worker_pid_of(&self, name: Option<&str>) -> u32 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = self.stat();
+            let w = match name {
+                Some(n) => st.worker(n),
+                None => &st.sole().worker,
+            };
+            if let Some(pid) = w.pid {
+                return pid;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no worker pid for {name:?} in 20 s: {st}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// [`Daemon::worker_pid_of`] device `name`.
+    pub fn worker_pid(&self, name: &str) -> u32 {
+        self.worker_pid_of(Some(name))
+    }
+
+    /// [`Daemon::worker_pid_of`] the sole device.
+    pub fn sole_worker_pid(&self) -> u32 {
+        self.worker_pid_of(None)
+    }
+
     /// `/proc/PID/task/TID` of the sole device's worker's
     /// `vzram-compress-*` threads (the compress pool).
     pub fn compress_tasks(&self) -> Vec<PathBuf> {
-        let pid = self
-            .stat()
-            .sole()
-            .worker
-            .pid
-            .expect("a worker serves the device");
+        let pid = self.sole_worker_pid();
         std::fs::read_dir(format!("/proc/{pid}/task"))
             .unwrap()
             .flatten()

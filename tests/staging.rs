@@ -268,3 +268,55 @@ fn kill9_during_a_burst_and_during_background_compression_loses_no_page() {
     }
     assert!(caught, "no kill found pages staged in 10 bursts");
 }
+
+/// The spare spans a burst leaves (too few pages compressed for the
+/// background to compact) go back within a tick or two of the worker's
+/// once nothing stages: idle, they would hold host memory that another
+/// device's writes may be refused for.
+#[test]
+fn the_spares_of_a_burst_go_back_once_it_is_over() {
+    let dir = TempDir::new("staging-spares");
+    let a = dir.join("a.sock");
+    let d = Daemon::start(
+        &dir,
+        &["--compress-threads", "1", "--device", &spec("a", &a, "16M")],
+        &[&a],
+    );
+    // Pages that compress to some hundred bytes each: staged one span
+    // each, then a spare each once compressed.
+    let page = |i: u64| {
+        let mut p = vec![0u8; PAGE];
+        for (k, b) in p.iter_mut().take(64).enumerate() {
+            *b = (i + k as u64) as u8 | 1;
+        }
+        p
+    };
+    // 64 KiB writes, 192 pages: fewer than a compaction waits for.
+    let pages = 192u64;
+    let mut c = Client::connect(&a, 1).unwrap();
+    for w in 0..pages / 16 {
+        let data: Vec<u8> = (w * 16..w * 16 + 16).flat_map(page).collect();
+        c.q(0).write(w * 16 * PAGE as u64, &data).unwrap();
+    }
+    let st = d.settled();
+    assert_eq!(st.counters("a").staged_compressed, pages, "{st}");
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let st = d.stat();
+        // The compressed pages fit in a few spans.
+        if st.counters("a").mem_used_total <= 8 * PAGE as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the burst's spares were kept: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in 0..pages {
+        assert!(
+            c.q(0).read(i * PAGE as u64, PAGE).unwrap() == page(i),
+            "page {i}"
+        );
+    }
+}

@@ -67,6 +67,18 @@ impl Device {
         self.heap.spares()
     }
 
+    /// Gives the spare spans back if none was taken since the last call:
+    /// the burst they were kept for is over, and another device may be
+    /// refused for the host room they hold. The owner calls it every
+    /// second or so. Returns the pages given back.
+    pub fn release_unused_spares(&self) -> u64 {
+        let spares = self.heap.release_unused_spares(&self.pool, self.budget());
+        self.counters()[0]
+            .pages_compacted
+            .fetch_add(spares, Relaxed);
+        spares
+    }
+
     pub fn staging_budget(&self) -> u64 {
         self.staging.limit.load(Relaxed)
     }

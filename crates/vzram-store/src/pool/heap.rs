@@ -4,7 +4,7 @@
 //! once per object and never while compressing.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use super::arena::{Arena, SpanHeader, EVACUATING, IN_AVAIL, NONE, NO_OBJ};
@@ -39,6 +39,10 @@ pub struct Heap {
     spares: Mutex<Vec<u32>>,
     /// How many emptied spans may wait as spares ([`Heap::keep_spares`]).
     spare_limit: AtomicUsize,
+    /// Spares taken for new spans so far, and as [`Heap::release_unused_spares`]
+    /// last saw it.
+    spares_taken: AtomicU64,
+    spares_seen: AtomicU64,
 }
 
 /// Spares a device keeps at most, 4 MiB: a ring of 64K writes at QD8 to
@@ -108,6 +112,8 @@ impl Heap {
             shards,
             spares: Mutex::new(Vec::new()),
             spare_limit: AtomicUsize::new(0),
+            spares_taken: AtomicU64::new(0),
+            spares_seen: AtomicU64::new(0),
         }
     }
 
@@ -128,6 +134,17 @@ impl Heap {
             drop_span(&self.arena, pool, budget, b, one);
         }
         spares.len() as u64
+    }
+
+    /// Gives the spares back unless one was taken since the last call (the
+    /// device is staging): spares sitting unused hold room in the host's
+    /// budget that another device may need. For a caller that ticks.
+    pub fn release_unused_spares(&self, pool: &Pool, budget: &Budget) -> u64 {
+        let taken = self.spares_taken.load(Relaxed);
+        if self.spares_seen.swap(taken, Relaxed) != taken {
+            return 0;
+        }
+        self.release_spares(pool, budget)
     }
 
     /// Keeps an emptied span as a spare; whether it did. The span's
@@ -160,7 +177,11 @@ impl Heap {
         if self.spare_limit.load(Relaxed) == 0 {
             return None;
         }
-        self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        let b = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        if b.is_some() {
+            self.spares_taken.fetch_add(1, Relaxed);
+        }
+        b
     }
 
     pub fn arena(&self) -> &Arena {

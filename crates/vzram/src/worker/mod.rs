@@ -354,6 +354,8 @@ fn control_loop(
     busy: &std::sync::Mutex<()>,
 ) {
     loop {
+        // Spares a burst left that no staged page took for a tick go back.
+        store.release_unused_spares();
         store.stats();
         match guard::wait_fd(control.as_raw_fd(), libc::POLLIN, Some(PUBLISH_EVERY)) {
             Ok(false) => continue,

@@ -75,6 +75,81 @@ fn a_killed_launcher_makes_the_daemon_exit_non_zero() {
     d.shutdown();
 }
 
+/// A log that cannot be written stops nothing: with stderr on a full
+/// disk (`/dev/full`, as a log file's disk can fill), every device is
+/// served, workers come and go, and the control socket answers. A failed
+/// log write used to panic the thread that logged: the worker exited
+/// mid-request, and the supervisor's loop died, leaving a daemon that
+/// accepted frontends and never answered them.
+#[test]
+fn a_log_that_cannot_be_written_stops_nothing() {
+    let dir = TempDir::new("cp-full");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let control = dir.join("control.sock");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", r#"exec "$0" "$@" >/dev/full 2>&1"#])
+        .arg(vzram_bin())
+        .args([
+            "serve",
+            "--device",
+            &dev(&a, "a"),
+            "--device",
+            &dev(&b, "b"),
+        ])
+        .arg("--control")
+        .arg(&control);
+    let d = Daemon::start_command(cmd, &control, &dir.join("daemon.log"), &[&a, &b]);
+    for round in 1..=3u64 {
+        let mut ca = Client::connect(&a, 1).unwrap();
+        let mut cb = Client::connect(&b, 1).unwrap();
+        ca.q(0).write(0, &pattern(round, 0, 4096)).unwrap();
+        cb.q(0).write(4096, &pattern(round + 10, 0, 4096)).unwrap();
+        assert_eq!(ca.q(0).read(0, 4096).unwrap(), pattern(round, 0, 4096));
+        assert_eq!(
+            cb.q(0).read(4096, 4096).unwrap(),
+            pattern(round + 10, 0, 4096)
+        );
+    }
+    let st = d.stat();
+    for name in ["a", "b"] {
+        let w = st.worker(name);
+        assert_eq!((w.started, w.failures), (3, 0), "{name}: {w:?}");
+    }
+    d.shutdown();
+}
+
+/// A supervisor thread that panics takes the daemon down (code 1, for the
+/// service manager to restart it) instead of leaving it half alive: the
+/// loop that admits frontends gone, a VMM's connection would be accepted
+/// by the kernel and never answered.
+#[test]
+fn a_panic_in_the_supervisor_ends_the_daemon() {
+    let dir = TempDir::new("cp-panic");
+    let a = dir.join("a.sock");
+    let control = dir.join("control.sock");
+    let mut cmd = Command::new(vzram_bin());
+    cmd.env("VZRAM_TEST_PANIC_ON_FRONTEND", "1")
+        .args(["serve", "--device", &dev(&a, "a"), "--control"])
+        .arg(&control);
+    let mut d = Daemon::start_command(cmd, &control, &dir.join("daemon.log"), &[&a]);
+    let _vmm = std::os::unix::net::UnixStream::connect(&a).unwrap();
+    let st = d.wait_exit(Duration::from_secs(20)).unwrap_or_else(|| {
+        panic!(
+            "the daemon still runs 20 s after its loop panicked:\n{}",
+            d.log_text()
+        )
+    });
+    let log = d.log_text();
+    assert_eq!(st.code(), Some(1), "{st}\n{log}");
+    assert!(log.contains("the supervisor panicked"), "{log}");
+    // Started again, it serves.
+    let d = Daemon::start(&dir, &["--device", &dev(&a, "a")], &[&a]);
+    let mut c = Client::connect(&a, 1).unwrap();
+    c.q(0).write(0, &pattern(5, 0, 4096)).unwrap();
+    assert_eq!(c.q(0).read(0, 4096).unwrap(), pattern(5, 0, 4096));
+    d.shutdown();
+}
+
 /// A daemon whose notify socket is `addr`, with more variables in `env`.
 fn notified(dir: &TempDir, addr: &str, env: &[(&str, &str)]) -> (Child, std::path::PathBuf) {
     let sock = dir.join("vm.sock");

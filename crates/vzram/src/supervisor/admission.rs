@@ -175,6 +175,12 @@ impl Supervisor {
                         self.sync_devices(&ep, &mut watch)?;
                     }
                     Token::Listener(i) => {
+                        // A supervisor thread that panics, for the test that
+                        // the daemon then exits (debug builds only).
+                        #[cfg(debug_assertions)]
+                        if std::env::var_os("VZRAM_TEST_PANIC_ON_FRONTEND").is_some() {
+                            panic!("VZRAM_TEST_PANIC_ON_FRONTEND: a frontend connected");
+                        }
                         let Some(d) = self.device(i) else { continue };
                         self.on_listener(&ep, i, &d, &mut watch)?;
                     }

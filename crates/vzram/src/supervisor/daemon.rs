@@ -367,6 +367,14 @@ pub fn run(
     // process allowed to start workers.
     let launcher =
         launch::start(reload.as_ref().map(|r| r.path.as_path())).map_err(Error::Launcher)?;
+    // A supervisor thread that died (the loop that admits frontends, the
+    // control server) would leave a daemon that looks alive and serves
+    // nothing; one that exits is restarted by its service manager, which
+    // recovers every state, and the VMMs reconnect.
+    crate::sys::panic::exit_on_panic(
+        "the supervisor panicked; exiting (code 1) so that the service manager restarts the daemon",
+        1,
+    );
     // Taken before anything is bound: a second daemon on the same pid
     // file leaves the first one's sockets alone.
     let pidfile = pidfile.map(PidFile::take).transpose()?;

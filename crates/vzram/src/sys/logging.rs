@@ -1,8 +1,9 @@
 //! Logging, set up the same way in every process of the daemon.
 
 use std::fmt;
-use std::io::IsTerminal;
+use std::io::{self, IsTerminal};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -15,15 +16,16 @@ use crate::proto::worker_spec::{LogFormat, LogLevel};
 pub fn init(level: LogLevel, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level.as_str()));
+    let journal = format == LogFormat::Text && stderr_is_the_journal();
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(move || Lossy { journal });
     match format {
         LogFormat::Json => b.with_ansi(false).json().init(),
         // journald stamps each line itself, and takes `<N>` as the
         // priority: without it every line is info, and
         // `journalctl -p warning` misses the warnings.
-        LogFormat::Text if stderr_is_the_journal() => b
+        LogFormat::Text if journal => b
             .with_ansi(false)
             .event_format(Journal(
                 tracing_subscriber::fmt::format()
@@ -33,6 +35,42 @@ pub fn init(level: LogLevel, format: LogFormat) {
             .init(),
         // No colour codes in log files.
         LogFormat::Text => b.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+/// Log lines that could not be written, not yet said.
+static LOST: AtomicU64 = AtomicU64::new(0);
+
+/// stderr that never fails a logging thread. A line that cannot be
+/// written (the disk under a log file full, the journal gone) is lost and
+/// counted; the next one that can be says how many were. The formatter
+/// writes an event in one call, so a call is a line. Failing instead, the
+/// formatter would report it with `eprintln!`, which panics when stderr
+/// fails: a worker would exit mid-request, a supervisor thread would die.
+struct Lossy {
+    journal: bool,
+}
+
+impl io::Write for Lossy {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let mut err = io::stderr().lock();
+        let lost = LOST.load(Relaxed);
+        if lost > 0 {
+            let prefix = if self.journal { "<4>" } else { "" };
+            let note = format!("{prefix}vzram: {lost} log lines could not be written\n");
+            if err.write_all(note.as_bytes()).is_ok() {
+                LOST.fetch_sub(lost, Relaxed);
+            }
+        }
+        if err.write_all(buf).is_err() {
+            LOST.fetch_add(1, Relaxed);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let _ = io::stderr().flush();
+        Ok(())
     }
 }
 

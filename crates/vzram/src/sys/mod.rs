@@ -8,6 +8,7 @@ pub mod fds;
 pub mod listen;
 pub mod logging;
 pub mod notify;
+pub mod panic;
 pub mod seccomp;
 pub mod signals;
 pub mod socket;

@@ -77,22 +77,15 @@ pub fn main(spec_json: &str) -> i32 {
     }
 }
 
-/// Makes a panic on any thread end the process once the default hook has
-/// logged it: a queue thread that died would leave its queue wedged and the
-/// frontend waiting forever, while a new worker recovers the device from
-/// its shared state and the frontend reconnects. Installed before any
-/// thread starts.
+/// Makes a panic on any thread end the worker: a queue thread that died
+/// would leave its queue wedged and the frontend waiting forever, while a
+/// new worker recovers the device from its shared state and the frontend
+/// reconnects.
 fn exit_on_panic() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default(info);
-        tracing::error!("the worker panicked; exiting with code {EXIT_PANIC} for a new one");
-        // SAFETY: _exit (exit_group, which the worker's seccomp filter
-        // allows) ends the process at once, running no destructors or
-        // atexit handlers that could wait on locks the panicking thread
-        // holds; the device's state is in its shared files.
-        unsafe { libc::_exit(EXIT_PANIC) };
-    }));
+    crate::sys::panic::exit_on_panic(
+        "the worker panicked; exiting with code 101 for a new one",
+        EXIT_PANIC,
+    );
 }
 
 /// Why a worker could not serve: its exit code tells the supervisor

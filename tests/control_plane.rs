@@ -269,10 +269,15 @@ fn ready(rx: &UnixDatagram) {
 
 /// Waits until the daemon's log at `log` holds `text`.
 fn logged(log: &Path, text: &str) {
+    logged_more(log, text, 0)
+}
+
+/// Waits until the daemon's log at `log` holds `text` more than `seen` times.
+fn logged_more(log: &Path, text: &str, seen: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let now = std::fs::read_to_string(log).unwrap_or_default();
-        if now.contains(text) {
+        if now.matches(text).count() > seen {
             return;
         }
         assert!(Instant::now() < deadline, "never logged {text:?}:\n{now}");
@@ -323,12 +328,18 @@ fn no_watchdog_keepalive_without_an_answering_launcher() {
     let (mut child, log) = notified(&dir, &format!("@{name}"), &[("WATCHDOG_USEC", "400000")]);
     ready(&rx);
     assert!(watchdogs(&rx, Duration::from_millis(1000)) >= 2);
+    // Said once a silence: a launcher slow before may have been said.
+    const SILENT: &str = "the launcher has not answered";
+    let before = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .matches(SILENT)
+        .count();
     // SIGSTOP, not SIGKILL: a launcher that is there but stuck.
     let l = launcher_of(child.id());
     // SAFETY: a signal to the daemon's own launcher.
     unsafe { libc::kill(l as libc::pid_t, libc::SIGSTOP) };
     // Logged after the last keep-alive, once the launcher is found silent.
-    logged(&log, "the launcher has not answered");
+    logged_more(&log, SILENT, before);
     drain(&rx);
     let stuck = watchdogs(&rx, Duration::from_millis(1200));
     // SAFETY: as above.

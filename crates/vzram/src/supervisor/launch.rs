@@ -175,6 +175,10 @@ impl Launcher {
         };
         let in_time = answered || dog.ping_sent.is_some_and(|at| at.elapsed() < 2 * every);
         let health = if in_time {
+            // A silence after this one is said again.
+            if answered {
+                dog.warned = false;
+            }
             Health::Answering
         } else {
             let first = !dog.warned;

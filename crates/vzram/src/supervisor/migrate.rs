@@ -122,6 +122,9 @@ impl Supervisor {
             };
             tracing::info!(device = %d.spec.name, to = %to, attempt, keep, "migrating");
             let order = order::Send { keep };
+            // Until its outcome is recorded below (each arm returns or
+            // tries again once it is).
+            let _settling = d.migration.settle();
             match self.on_owner(d, &order, Some(fd), HOLD_WAIT) {
                 Ok((Err(error), _)) => {
                     d.migration.set_error(Some(error.to_string()));
@@ -156,8 +159,9 @@ impl Supervisor {
                 },
             }
         }
-        m.set(Phase::SendFailed);
+        // The reason first: `stat` never shows the failure without it.
         d.migration.set_error(Some(last.clone()));
+        m.set(Phase::SendFailed);
         Err(failed(d, last))
     }
 
@@ -202,7 +206,8 @@ impl Supervisor {
     fn ask_sender(&self, d: &Served, ask: Ask) {
         d.cells.set_ask(ask);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let acting = || d.cells.migration.sending() || d.migration.sending();
+        let m = &d.cells.migration;
+        let acting = || m.sending() || (m.phase() == Phase::SendFailed && d.migration.settling());
         while acting() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -5,7 +5,9 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Mutex, MutexGuard};
 
 use vzram_store::{Backing, Cells, DeviceCells, StateFiles, StoreError};
@@ -78,6 +80,9 @@ pub struct Served {
 #[derive(Default)]
 pub struct MigrationSlot {
     sending: AtomicBool,
+    /// The owner carries out a send: a failure it marks is not recorded
+    /// here yet.
+    settling: AtomicBool,
     listener: Mutex<Option<Listener>>,
     /// A copy of the arriving stream's socket, so `reset` and `remove` can
     /// cut it.
@@ -85,23 +90,36 @@ pub struct MigrationSlot {
     error: Mutex<Option<String>>,
 }
 
-/// A `vzram migrate` of the device under way; it ends when this drops.
+/// A `vzram migrate` of the device under way, or the owner's part of it
+/// ([`MigrationSlot::settle`]); it ends when this drops.
 pub struct Sending<'a>(&'a AtomicBool);
 
 impl Drop for Sending<'_> {
     fn drop(&mut self) {
-        self.0.store(false, Relaxed);
+        self.0.store(false, Release);
     }
 }
 
 impl MigrationSlot {
     /// The device's send, unless one is under way already.
     pub fn begin_send(&self) -> Option<Sending<'_>> {
-        (!self.sending.swap(true, Relaxed)).then_some(Sending(&self.sending))
+        (!self.sending.swap(true, AcqRel)).then_some(Sending(&self.sending))
     }
 
     pub fn sending(&self) -> bool {
-        self.sending.load(Relaxed)
+        self.sending.load(Acquire)
+    }
+
+    /// The owner is told to send; dropped once its outcome is recorded
+    /// (the error set), so that `stat` never shows a failure without it.
+    pub fn settle(&self) -> Sending<'_> {
+        self.settling.store(true, Release);
+        Sending(&self.settling)
+    }
+
+    /// Whether a send's outcome is still to be recorded.
+    pub fn settling(&self) -> bool {
+        self.settling.load(Acquire)
     }
 
     pub fn set_listener(&self, l: Option<Listener>) {

@@ -254,6 +254,9 @@ impl WorkerSlot {
 
     /// The worker's part of `vzram stat`.
     pub fn status(&self) -> WorkerStatus {
+        // Before what `failed` sets ahead of it (the phase is set before
+        // `failed` runs, too).
+        let failures = self.failures.load(Acquire);
         let (state, pid) = match &*self.phase() {
             Phase::Idle => (WorkerState::Idle, None),
             Phase::Pending { .. } => (WorkerState::Starting, None),
@@ -262,8 +265,6 @@ impl WorkerSlot {
             // or tiering it.
             Phase::Busy => (WorkerState::Busy, None),
         };
-        // Before what `failed` sets ahead of it.
-        let failures = self.failures.load(Acquire);
         let failing = u64::from(self.failing());
         WorkerStatus {
             state: if failing > 0 && state != WorkerState::Running {

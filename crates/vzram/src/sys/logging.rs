@@ -19,7 +19,7 @@ pub fn init(level: LogLevel, format: LogFormat) {
     let journal = format == LogFormat::Text && stderr_is_the_journal();
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(move || Lossy { journal });
+        .with_writer(move || Lossy { format, journal });
     match format {
         LogFormat::Json => b.with_ansi(false).json().init(),
         // journald stamps each line itself, and takes `<N>` as the
@@ -48,19 +48,30 @@ static LOST: AtomicU64 = AtomicU64::new(0);
 /// formatter would report it with `eprintln!`, which panics when stderr
 /// fails: a worker would exit mid-request, a supervisor thread would die.
 struct Lossy {
+    format: LogFormat,
     journal: bool,
+}
+
+impl Lossy {
+    /// The line that says `lost` lines were lost, in the log's format.
+    fn note(&self, lost: u64) -> String {
+        let what = format!("{lost} log lines could not be written");
+        match self.format {
+            LogFormat::Json => format!(
+                "{{\"level\":\"WARN\",\"fields\":{{\"message\":\"{what}\"}},\"target\":\"vzram\"}}\n"
+            ),
+            LogFormat::Text if self.journal => format!("<4>WARN vzram: {what}\n"),
+            LogFormat::Text => format!("WARN vzram: {what}\n"),
+        }
+    }
 }
 
 impl io::Write for Lossy {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut err = io::stderr().lock();
         let lost = LOST.load(Relaxed);
-        if lost > 0 {
-            let prefix = if self.journal { "<4>" } else { "" };
-            let note = format!("{prefix}vzram: {lost} log lines could not be written\n");
-            if err.write_all(note.as_bytes()).is_ok() {
-                LOST.fetch_sub(lost, Relaxed);
-            }
+        if lost > 0 && err.write_all(self.note(lost).as_bytes()).is_ok() {
+            LOST.fetch_sub(lost, Relaxed);
         }
         if err.write_all(buf).is_err() {
             LOST.fetch_add(1, Relaxed);
@@ -131,6 +142,21 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The note of lost lines reads as a line of the log's own format.
+    #[test]
+    fn the_note_of_lost_lines_is_a_line_of_the_log() {
+        let note = |format, journal| Lossy { format, journal }.note(3);
+        let json: serde_json::Value =
+            serde_json::from_str(note(LogFormat::Json, false).trim_end()).unwrap();
+        assert_eq!(json["level"], "WARN");
+        assert_eq!(
+            json["fields"]["message"],
+            "3 log lines could not be written"
+        );
+        assert!(note(LogFormat::Text, true).starts_with("<4>"));
+        assert!(note(LogFormat::Text, false).ends_with("could not be written\n"));
+    }
 
     #[test]
     fn priorities_follow_sd_daemon() {

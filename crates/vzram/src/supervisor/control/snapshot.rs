@@ -95,7 +95,7 @@ impl Control {
                 // its reason: until then it is still under way.
                 let state = match m.phase() {
                     Phase::Failed if d.migration.arriving() => MigrationState::Receiving,
-                    Phase::SendFailed if d.migration.sending() => MigrationState::Sending,
+                    Phase::SendFailed if d.migration.settling() => MigrationState::Sending,
                     p => migration_state(p),
                 };
                 let migration = MigrationStat {

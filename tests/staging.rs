@@ -271,16 +271,25 @@ fn kill9_during_a_burst_and_during_background_compression_loses_no_page() {
 
 /// The spare spans a burst leaves (too few pages compressed for the
 /// background to compact) go back within a tick or two of the worker's
-/// once nothing stages: idle, they would hold host memory that another
-/// device's writes may be refused for.
+/// once the host nears its memory limit and nothing stages: idle, they
+/// would hold room another device's writes may be refused for.
 #[test]
-fn the_spares_of_a_burst_go_back_once_it_is_over() {
+fn the_spares_of_a_burst_go_back_when_the_host_nears_its_limit() {
     let dir = TempDir::new("staging-spares");
-    let a = dir.join("a.sock");
+    let (a, b) = (dir.join("a.sock"), dir.join("b.sock"));
     let d = Daemon::start(
         &dir,
-        &["--compress-threads", "1", "--device", &spec("a", &a, "16M")],
-        &[&a],
+        &[
+            "--compress-threads",
+            "1",
+            "--host-mem-limit",
+            "2M",
+            "--device",
+            &spec("a", &a, "16M"),
+            "--device",
+            &spec("b", &b, "0"),
+        ],
+        &[&a, &b],
     );
     // Pages that compress to some hundred bytes each: staged one span
     // each, then a spare each once compressed.
@@ -293,17 +302,22 @@ fn the_spares_of_a_burst_go_back_once_it_is_over() {
     };
     // 64 KiB writes, 192 pages: fewer than a compaction waits for.
     let pages = 192u64;
-    let mut c = Client::connect(&a, 1).unwrap();
+    let mut ca = Client::connect(&a, 1).unwrap();
     for w in 0..pages / 16 {
         let data: Vec<u8> = (w * 16..w * 16 + 16).flat_map(page).collect();
-        c.q(0).write(w * 16 * PAGE as u64, &data).unwrap();
+        ca.q(0).write(w * 16 * PAGE as u64, &data).unwrap();
     }
     let st = d.settled();
     assert_eq!(st.counters("a").staged_compressed, pages, "{st}");
+    // b takes the host past 3/4 of its limit, with pages that stay raw.
+    let mut cb = Client::connect(&b, 1).unwrap();
+    for i in 0..400u64 {
+        cb.q(0).write(i * PAGE as u64, &noise(i, PAGE)).unwrap();
+    }
     let deadline = Instant::now() + DEADLINE;
     loop {
         let st = d.stat();
-        // The compressed pages fit in a few spans.
+        // a's compressed pages fit in a few spans.
         if st.counters("a").mem_used_total <= 8 * PAGE as u64 {
             break;
         }
@@ -315,8 +329,14 @@ fn the_spares_of_a_burst_go_back_once_it_is_over() {
     }
     for i in 0..pages {
         assert!(
-            c.q(0).read(i * PAGE as u64, PAGE).unwrap() == page(i),
+            ca.q(0).read(i * PAGE as u64, PAGE).unwrap() == page(i),
             "page {i}"
+        );
+    }
+    for i in 0..400u64 {
+        assert!(
+            cb.q(0).read(i * PAGE as u64, PAGE).unwrap() == noise(i, PAGE),
+            "b's page {i}"
         );
     }
 }

@@ -67,12 +67,17 @@ impl Device {
         self.heap.spares()
     }
 
-    /// Gives the spare spans back if none was taken since the last call:
-    /// the burst they were kept for is over, and another device may be
-    /// refused for the host room they hold. The owner calls it every
-    /// second or so. Returns the pages given back.
+    /// Gives the spare spans back if none was taken since the last call
+    /// (the burst they were kept for is over) and a memory limit is near
+    /// (past 3/4 of the device's or the host's): there another device may
+    /// be refused for the room they hold; away from the limits they cost
+    /// nothing and save the next burst making its spans. The owner calls
+    /// it every second or so. Returns the pages given back.
     pub fn release_unused_spares(&self) -> u64 {
-        let spares = self.heap.release_unused_spares(&self.pool, self.budget());
+        let near = self.near_limit();
+        let spares = self
+            .heap
+            .release_unused_spares(&self.pool, self.budget(), near);
         self.counters()[0]
             .pages_compacted
             .fetch_add(spares, Relaxed);

@@ -136,12 +136,12 @@ impl Heap {
         spares.len() as u64
     }
 
-    /// Gives the spares back unless one was taken since the last call (the
-    /// device is staging): spares sitting unused hold room in the host's
-    /// budget that another device may need. For a caller that ticks.
-    pub fn release_unused_spares(&self, pool: &Pool, budget: &Budget) -> u64 {
+    /// Gives the spares back if `wanted` and none was taken since the last
+    /// call (the device is not staging): spares sitting unused hold room
+    /// another device may need. For a caller that ticks.
+    pub fn release_unused_spares(&self, pool: &Pool, budget: &Budget, wanted: bool) -> u64 {
         let taken = self.spares_taken.load(Relaxed);
-        if self.spares_seen.swap(taken, Relaxed) != taken {
+        if self.spares_seen.swap(taken, Relaxed) != taken || !wanted {
             return 0;
         }
         self.release_spares(pool, budget)

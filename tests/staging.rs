@@ -144,22 +144,6 @@ fn with_two_compress_threads_multi_page_writes_go_to_the_pool() {
     check(&mut c, |_| 1, "after the background");
 }
 
-fn worker_pid(d: &Daemon) -> i32 {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let w = d.stat().worker("a").clone();
-        if let (WorkerState::Running, Some(pid)) = (w.state, w.pid) {
-            return pid as i32;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no worker: {w:?}\n{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn signal(pid: i32, sig: i32) {
     // SAFETY: signalling the worker pid the supervisor reports.
     assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
@@ -205,7 +189,7 @@ fn kill9_during_a_burst_and_during_background_compression_loses_no_page() {
         assert!(Instant::now() < deadline, "{}", d.log_text());
         std::thread::sleep(Duration::from_millis(1));
     }
-    signal(worker_pid(&d), libc::SIGKILL);
+    signal(d.worker_pid("a") as i32, libc::SIGKILL);
     wait_dead(&d, 1);
     // Its request in flight waits for blkio's timeout: not joined.
     drop(writer);
@@ -233,7 +217,7 @@ fn kill9_during_a_burst_and_during_background_compression_loses_no_page() {
     for round in 0..10u64 {
         let v = 3 + round;
         // Asked before: the stop follows the last write at once.
-        let pid = worker_pid(&d);
+        let pid = d.worker_pid("a") as i32;
         for first in (0..PAGES).step_by(512) {
             let data: Vec<u8> = (first..first + 512)
                 .flat_map(|i| versioned_page(i, v))
